@@ -1,0 +1,150 @@
+"""Training data: the builtin corpus or a local file, tokenized into fixed-length blocks.
+
+Local files: ``.jsonl`` (one JSON object a line), ``.json`` (a list of objects), ``.csv`` (a header
+row), ``.parquet`` (needs pyarrow) and ``.txt`` (one row per non-empty line). A row's text is
+``data.template.format(**row)`` when a template is given, else ``row[data.text_field]``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from runner.builtin import BUILTIN_PREFIX, PYDOC_CORPUS, corpus_documents
+
+if TYPE_CHECKING:
+    import torch
+
+    from runner.recipe import DataSection
+
+SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
+
+
+class DataError(ValueError):
+    """A data problem phrased for the user (names the field or file)."""
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """Token blocks ready for training: ``input_ids`` [rows, T]; ``attention_mask`` only when rows
+    are padded (``data.pack = false``)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor | None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.input_ids.shape[0]), int(self.input_ids.shape[1]))
+
+
+def check_source(source: str) -> None:
+    """Cheap pre-launch check of ``data.source`` (the file exists and has a known suffix)."""
+    if source.startswith(BUILTIN_PREFIX):
+        if source != PYDOC_CORPUS:
+            raise DataError(f"data.source: unknown builtin corpus {source!r} (have {PYDOC_CORPUS})")
+        return
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise DataError(f"data.source: file not found: {source}")
+    if path.suffix.lower() not in SUFFIXES:
+        raise DataError(f"data.source: {path.name}: unsupported format (use one of {', '.join(SUFFIXES)})")
+
+
+def read_texts(data: DataSection) -> list[str]:
+    """The texts of the data source, one per row, after ``rows`` is applied."""
+    check_source(data.source)
+    if data.source == PYDOC_CORPUS:
+        texts = corpus_documents()
+    else:
+        path = Path(data.source).expanduser()
+        texts = [_row_text(row, data, path, i) for i, row in enumerate(_read_rows(path))]
+    if data.rows:
+        texts = texts[: data.rows]
+    if not texts:
+        raise DataError(f"data.source: {data.source}: no rows")
+    return texts
+
+
+def load_blocks(data: DataSection, tokenizer: Any) -> Blocks:
+    """Tokenize the data source into blocks of ``data.context_length`` tokens."""
+    import torch
+
+    texts = read_texts(data)
+    T = data.context_length
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    eos = tokenizer.eos_token_id
+    if data.pack:
+        stream: list[int] = []
+        for ids in encoded:
+            stream.extend(ids)
+            if eos is not None:
+                stream.append(eos)
+        rows = len(stream) // T
+        if rows == 0:
+            raise DataError(f"data.context_length: {len(stream)} tokens of data cannot fill one block of {T}")
+        ids_tensor = torch.tensor(stream[: rows * T], dtype=torch.long).view(rows, T)
+        return Blocks(ids_tensor, None)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or 0)
+    ids_tensor = torch.full((len(encoded), T), pad, dtype=torch.long)
+    mask = torch.zeros((len(encoded), T), dtype=torch.long)
+    for i, ids in enumerate(encoded):
+        ids = ids[:T]
+        ids_tensor[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        mask[i, : len(ids)] = 1
+    return Blocks(ids_tensor, mask)
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".jsonl":
+            rows = []
+            with open(path, encoding="utf-8") as fh:
+                for number, line in enumerate(fh, 1):
+                    if line.strip():
+                        try:
+                            rows.append(json.loads(line))
+                        except json.JSONDecodeError as exc:
+                            raise DataError(f"{path}:{number}: invalid JSON line: {exc.msg}") from None
+            return rows
+        if suffix == ".json":
+            loaded = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(loaded, dict):  # {"data": [...]} or {"train": [...]}: take the one list
+                lists = [v for v in loaded.values() if isinstance(v, list)]
+                loaded = lists[0] if len(lists) == 1 else loaded
+            if not isinstance(loaded, list):
+                raise DataError(f"{path}: expected a JSON list of objects")
+            return loaded
+        if suffix == ".csv":
+            with open(path, encoding="utf-8", newline="") as fh:
+                return list(csv.DictReader(fh))
+        if suffix == ".parquet":
+            try:
+                import pyarrow.parquet as pq
+            except ImportError:
+                raise DataError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
+            return list(pq.read_table(path).to_pylist())
+        return [{"text": line} for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: invalid JSON: {exc.msg} (line {exc.lineno})") from None
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: not UTF-8 text") from None
+
+
+def _row_text(row: Any, data: DataSection, path: Path, index: int) -> str:
+    if not isinstance(row, dict):
+        raise DataError(f"{path}: row {index + 1} is not an object")
+    if data.template is not None:
+        try:
+            return data.template.format(**row)
+        except KeyError as exc:
+            raise DataError(f"data.template: row {index + 1} of {path.name} has no field {exc.args[0]!r}") from None
+    if data.text_field not in row:
+        raise DataError(
+            f"data.text_field: row {index + 1} of {path.name} has no field {data.text_field!r} "
+            f"(fields: {', '.join(map(str, row))})"
+        )
+    return str(row[data.text_field])

@@ -1,0 +1,404 @@
+"""Orchestration: prepare a run, start its process group, stream its journal into the store, end it.
+
+:func:`execute` is the one function both ``ftui run`` and the TUI call. Processes are spawned here
+and nowhere else, as argv lists (never a shell), in a new session so that the whole group (the
+accelerate launcher and every rank) can be signalled together.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from runner import events as ev
+from runner import strategies
+from runner.launch import LaunchSpec, build_launch
+from runner.paths import runs_dir
+from runner.recipe import Recipe, RecipeError
+from store import Store
+
+EventCallback = Callable[[dict[str, Any]], None]
+
+
+class PreflightError(RecipeError):
+    """A problem found before launch; one line naming the field or file."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A run that is recorded and has its folder written, but is not started."""
+
+    run_id: int | None
+    run_dir: Path
+    spec: LaunchSpec
+    recipe: Recipe
+
+
+@dataclass
+class Outcome:
+    """How a run ended."""
+
+    run_id: int
+    status: str
+    exit_code: int | None
+    error: str | None
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------- pre-flight
+
+
+def preflight(recipe: Recipe) -> list[str]:
+    """Check what can be checked before launch; raise :class:`PreflightError`, return warnings."""
+    from runner.data import DataError, check_source
+
+    warnings: list[str] = []
+    try:
+        check_source(recipe.data.source)
+    except DataError as exc:
+        raise PreflightError(str(exc)) from None
+    name = recipe.model.name
+    if not name.startswith("builtin:") and (name.startswith(("/", ".", "~")) or os.sep in name and Path(name).exists()):
+        folder = Path(name).expanduser()
+        if not (folder / "config.json").is_file():
+            raise PreflightError(f"model.name: {name}: not a model folder (no config.json)")
+    on_cpu = runs_on_cpu(recipe)
+    if recipe.method.type == "qlora" and on_cpu:
+        raise PreflightError("method.type: qlora needs a CUDA GPU (bitsandbytes 4-bit); none is visible here")
+    if recipe.train.precision == "fp16" and on_cpu:
+        raise PreflightError("train.precision: fp16 needs a GPU; use bf16 or fp32 on CPU")
+    if on_cpu and recipe.launch.strategy == "fsdp" and recipe.launch.nproc < 2:
+        raise PreflightError("launch.nproc: fsdp on CPU needs at least 2 processes to shard over")
+    if on_cpu and recipe.launch.strategy == "mp":
+        warnings.append("mp on a CPU-only machine: one device, so this is the single-process run")
+    return warnings
+
+
+def runs_on_cpu(recipe: Recipe) -> bool:
+    """Whether the ranks will train on CPU (no CUDA device visible, or the recipe asks for CPU)."""
+    if recipe.launch.device == "cpu":
+        return True
+    if recipe.launch.device == "cuda":
+        return False
+    return cuda_device_count() == 0
+
+
+def cuda_device_count() -> int:
+    """GPUs the trainer will see, through NVML (no torch import: ``ftui run`` stays fast)."""
+    try:
+        from runner.hardware import NvmlBackend
+    except ImportError:  # TEMPORARY until the telemetry branch lands
+        import torch
+
+        return int(torch.cuda.device_count())
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    count = NvmlBackend().device_count()
+    if visible is not None:
+        return min(count, len([v for v in visible.split(",") if v.strip()]))
+    return count
+
+
+def free_port() -> int:
+    """A TCP port free right now on this host, for the rendezvous of one run."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cpu_threads(recipe: Recipe) -> int | None:
+    """Threads per rank on CPU: the physical cores shared out (accelerate defaults to 1)."""
+    if not runs_on_cpu(recipe):
+        return None
+    import psutil
+
+    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    return max(1, cores // recipe.launch.nproc)
+
+
+# ---------------------------------------------------------------------- preparing and starting
+
+
+def prepare(
+    store: Store | None,
+    recipe: Recipe,
+    source: str | None = None,
+    sweep_id: str | None = None,
+    root: Path | None = None,
+) -> Prepared:
+    """Record the run (unless ``store`` is None: a dry run) and write its folder; start nothing."""
+    root = root or runs_dir()
+    run_id: int | None = None
+    if store is not None:
+        run_id = store.create_run(
+            name=recipe.name,
+            recipe_text=recipe.to_toml(),
+            recipe_hash=recipe.digest(),
+            recipe_source=source,
+            strategy=recipe.launch.strategy,
+            nproc=recipe.launch.nproc,
+            method=recipe.method.type,
+            model=recipe.model.name,
+            run_dir="",
+            sweep_id=sweep_id,
+        )
+        run_dir = root / f"{run_id:05d}-{_slug(recipe.name)}"
+    else:
+        run_dir = root / f"dry-run-{datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"
+    run_dir = run_dir.resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = build_launch(recipe, run_dir, port=free_port(), cpu_threads=cpu_threads(recipe))
+    for name, text in spec.files.items():
+        (run_dir / name).write_text(text)
+    (run_dir / ev.LAUNCH_FILE).write_text(json.dumps(spec.to_json(), indent=2) + "\n")
+    if store is not None and run_id is not None:
+        store.update_run(run_id, run_dir=str(run_dir))
+    return Prepared(run_id=run_id, run_dir=run_dir, spec=spec, recipe=recipe)
+
+
+def spawn(prepared: Prepared) -> subprocess.Popen[bytes]:
+    """Start the launch in its own session (process group). The only place ftui spawns a run."""
+    log = open(prepared.run_dir / ev.LAUNCHER_LOG, "ab")  # noqa: SIM115 (the child keeps it)
+    try:
+        return subprocess.Popen(
+            prepared.spec.argv,
+            env={**os.environ, **prepared.spec.env},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=prepared.run_dir,
+            start_new_session=True,
+        )
+    finally:
+        log.close()
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to a run's process group; False when the group is gone."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def stop_group(pgid: int, proc: subprocess.Popen[bytes] | None = None, grace: float = 15.0) -> None:
+    """SIGTERM every process of the run (ranks stop together after their current step), then
+    SIGKILL what is left after ``grace`` seconds."""
+    signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            break
+        if proc is None and not _group_alive(pgid):
+            break
+        time.sleep(0.1)
+    signal_group(pgid, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+# ---------------------------------------------------------------------- watching
+
+
+class _Watch:
+    """Streams one run's journal into the store in batches and tracks its state."""
+
+    FLUSH_S = 0.5
+
+    def __init__(self, store: Store, prepared: Prepared, on_event: EventCallback | None) -> None:
+        assert prepared.run_id is not None
+        self.store = store
+        self.run_id = prepared.run_id
+        self.prepared = prepared
+        self.on_event = on_event
+        self.reader = ev.JournalReader(prepared.run_dir / ev.EVENTS_FILE)
+        self.pending: list[dict[str, Any]] = []
+        self.last_flush = time.monotonic()
+        self.start: dict[str, Any] | None = None
+        self.end: dict[str, Any] | None = None
+        self.error: str | None = None
+        self.mismatch: str | None = None
+        self.first_step_time: float | None = None
+        self.last_step_time: float | None = None
+
+    def poll(self) -> None:
+        for event in self.reader.read_new():
+            self.pending.append(event)
+            kind = event["type"]
+            if kind == "start":
+                self.start = event
+                self._on_start(event)
+            elif kind == "step":
+                self.first_step_time = self.first_step_time or event["time"] - (event.get("step_time") or 0.0)
+                self.last_step_time = event["time"]
+            elif kind == "end":
+                self.end = event
+            elif kind == "error":
+                self.error = event.get("message")
+            if self.on_event is not None:
+                self.on_event(event)
+        urgent = any(e["type"] != "step" for e in self.pending)
+        if self.pending and (urgent or time.monotonic() - self.last_flush >= self.FLUSH_S):
+            self.flush()
+
+    def flush(self) -> None:
+        self.store.ingest(self.run_id, self.pending)
+        self.pending = []
+        self.last_flush = time.monotonic()
+
+    def _on_start(self, event: dict[str, Any]) -> None:
+        strategy = strategies.get(self.prepared.recipe.launch.strategy)
+        in_effect = event.get("distributed_type")
+        self.store.update_run(
+            self.run_id,
+            distributed_type=in_effect,
+            device_type=event.get("device_type"),
+            total_steps=event.get("total_steps"),
+            summary={k: event.get(k) for k in ("params", "trainable_params", "local_param_numel", "world_size",
+                                                 "tokens_per_step", "mixed_precision", "device_map", "pids")},
+        )
+        if in_effect not in strategy.expect:
+            self.mismatch = (
+                f"launch.strategy: asked for {strategy.name} ({' or '.join(sorted(strategy.expect))}) but "
+                f"accelerate ran {in_effect}; the run was stopped"
+            )
+
+
+def execute(
+    store: Store,
+    prepared: Prepared,
+    on_event: EventCallback | None = None,
+    stop: threading.Event | None = None,
+    poll_s: float = 0.1,
+) -> Outcome:
+    """Start a prepared run and follow it to the end, writing everything to the store.
+
+    Args:
+        store: the store (this function is the run's only writer).
+        prepared: from :func:`prepare`.
+        on_event: called with every journal event as it arrives (progress bars, the TUI).
+        stop: set it to stop the run gracefully (what Ctrl-C does for ``ftui run``).
+        poll_s: how often the journal is read.
+
+    Returns:
+        The outcome; the run's row holds the same status, exit code, error and summary.
+    """
+    assert prepared.run_id is not None, "a dry run cannot be executed"
+    run_id = prepared.run_id
+    proc = spawn(prepared)
+    pgid = proc.pid  # start_new_session: the launcher leads its own group
+    store.update_run(run_id, status="running", started_at=_utcnow(), pgid=pgid)
+    store.add_event(run_id, "launch", time.time(), {"argv": prepared.spec.argv, "pgid": pgid})
+    watch = _Watch(store, prepared, on_event)
+    stopped_by_user = False
+    try:
+        while True:
+            watch.poll()
+            if watch.mismatch:
+                stop_group(pgid, proc, grace=5.0)
+                break
+            if stop is not None and stop.is_set() and not stopped_by_user:
+                stopped_by_user = True
+                threading.Thread(target=stop_group, args=(pgid, proc), daemon=True).start()
+            if proc.poll() is not None:
+                break
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        stopped_by_user = True
+        stop_group(pgid, proc)
+    exit_code = proc.wait()
+    watch.poll()
+    watch.flush()
+    return _finish(store, watch, exit_code, stopped_by_user)
+
+
+def _finish(store: Store, watch: _Watch, exit_code: int, stopped_by_user: bool) -> Outcome:
+    end = watch.end or {}
+    error: str | None = None
+    if watch.mismatch:
+        status, error = "failed", watch.mismatch
+    elif stopped_by_user or end.get("status") == "stopped":
+        status = "stopped"
+    elif exit_code == 0 and end.get("status") == "completed":
+        status = "completed"
+    else:
+        status = "failed"
+        error = watch.error or _error_from_logs(watch.prepared.run_dir) or f"launcher exited with code {exit_code}"
+    summary: dict[str, Any] = {}
+    columns: dict[str, Any] = {}
+    if end:
+        ranks = end.get("ranks") or []
+        peaks = [r.get("peak_allocated_bytes") or r.get("peak_rss_bytes") for r in ranks]
+        peaks = [p for p in peaks if p]
+        summary = {
+            "train_seconds": end.get("train_seconds"),
+            "tokens_per_s": end.get("tokens_per_s"),
+            "final_loss": end.get("final_loss"),
+            "tokens": end.get("tokens"),
+            "steps": end.get("steps"),
+            "ranks": ranks,
+            "saved": end.get("saved"),
+            "first_step_time": watch.first_step_time,
+            "last_step_time": watch.last_step_time,
+        }
+        columns = {
+            "train_seconds": end.get("train_seconds"),
+            "tokens_per_s": end.get("tokens_per_s"),
+            "final_loss": end.get("final_loss"),
+            "steps_done": end.get("steps"),
+            "peak_mem_bytes": max(peaks) if peaks else None,
+        }
+    store.update_run(
+        watch.run_id,
+        status=status,
+        ended_at=_utcnow(),
+        exit_code=exit_code,
+        error=error,
+        summary=summary,
+        **columns,
+    )
+    store.add_event(watch.run_id, "exit", time.time(), {"exit_code": exit_code, "status": status})
+    return Outcome(run_id=watch.run_id, status=status, exit_code=exit_code, error=error, summary=summary)
+
+
+def _error_from_logs(run_dir: Path) -> str | None:
+    """The last exception line of any rank log (or of the launcher's), for a one-line reason."""
+    logs = sorted((run_dir / "logs").glob("rank*.log")) + [run_dir / ev.LAUNCHER_LOG]
+    for log in logs:
+        try:
+            lines = log.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in reversed(lines):
+            text = line.strip()
+            head = text.split(":", 1)[0]
+            if head.endswith(("Error", "Exception")) and " " not in head:
+                return f"{log.name}: {text}"[:500]
+    return None
+
+
+def _slug(name: str) -> str:
+    keep = "".join(c if c.isalnum() or c in "-_" else "-" for c in name.strip())
+    return keep.strip("-")[:40] or "run"
+
+
+def _utcnow() -> datetime:
+    from store.store import utcnow
+
+    return utcnow()

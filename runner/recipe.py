@@ -1,0 +1,271 @@
+"""Recipes: the TOML a user writes, validated strictly.
+
+Unknown keys and wrong types are refused (``batch_size = true`` is an error, not 1). Every problem
+is reported as one line naming the field path and, where the key appears in the file, its line.
+``--set a.b=value`` overrides go through the same validation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tomllib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from runner.builtin import PYDOC_CORPUS, TINY_LLAMA
+
+
+class RecipeError(ValueError):
+    """A recipe problem, already phrased as one line for the user (field path, file, line)."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+
+
+class ModelSection(_Section):
+    name: str = TINY_LLAMA
+    """``builtin:tiny-llama``, a local folder, or a Hugging Face hub id."""
+    dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """Dtype the weights are loaded in; ``auto`` follows train.precision for LoRA, fp32 for full."""
+    trust_remote_code: bool = False
+    revision: str | None = None
+
+
+class DataSection(_Section):
+    source: str = PYDOC_CORPUS
+    """``builtin:pydoc-topics`` or a local .jsonl/.json/.csv/.parquet/.txt file."""
+    text_field: str = "text"
+    template: str | None = None
+    """Format string over the row's fields, e.g. ``"### Q: {prompt}\\n### A: {response}"``."""
+    rows: NonNegInt = 0
+    """Use at most this many rows (0 = all)."""
+    context_length: PositiveInt = 256
+    pack: bool = True
+    """Concatenate documents and cut blocks of context_length (else pad/truncate each row)."""
+    shuffle: bool = True
+
+
+class LoraSection(_Section):
+    r: PositiveInt = 8
+    alpha: PositiveInt = 16
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+class MethodSection(_Section):
+    type: Literal["full", "lora", "qlora"] = "lora"
+    lora: LoraSection = LoraSection()
+
+
+class TrainSection(_Section):
+    batch_size: PositiveInt = 4
+    """Micro-batch per device (per process)."""
+    grad_accum: PositiveInt = 1
+    lr: Annotated[float, Field(gt=0.0)] = 1e-3
+    schedule: Literal["constant", "linear", "cosine"] = "cosine"
+    warmup_steps: NonNegInt = 0
+    max_steps: NonNegInt = 0
+    """Optimizer steps; 0 means train for ``epochs``."""
+    epochs: Annotated[float, Field(gt=0.0)] = 1.0
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    gradient_checkpointing: bool = False
+    max_grad_norm: Annotated[float, Field(ge=0.0)] = 1.0
+    """0 disables clipping."""
+    weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
+    seed: int = 0
+    log_every: PositiveInt = 1
+    save: bool = True
+    """Save the adapter (LoRA) or the model (full) into the run folder at the end."""
+
+
+class LaunchSection(_Section):
+    strategy: Literal["single", "mp", "ddp", "fsdp"] = "single"
+    nproc: PositiveInt = 1
+    """Processes (ranks). On a GPU box, one per GPU."""
+    gpus: list[Annotated[int, Field(ge=0)]] | None = None
+    """Physical GPU indices to use (CUDA_VISIBLE_DEVICES); None = all visible."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    fsdp_version: Literal[1, 2] = 2
+    accelerate_config: str | None = None
+    """An accelerate config file to use as is, instead of the generated one."""
+
+
+class Recipe(_Section):
+    """A whole recipe. Field docstrings are the reference for the TOML keys."""
+
+    name: str = "run"
+    description: str = ""
+    model: ModelSection = ModelSection()
+    data: DataSection = DataSection()
+    method: MethodSection = MethodSection()
+    train: TrainSection = TrainSection()
+    launch: LaunchSection = LaunchSection()
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> Recipe:
+        launch = self.launch
+        if launch.strategy in ("single", "mp") and launch.nproc != 1:
+            raise ValueError(f"launch.nproc: strategy {launch.strategy!r} runs one process, got nproc = {launch.nproc}")
+        if launch.strategy == "ddp" and launch.nproc < 2:
+            raise ValueError("launch.nproc: strategy 'ddp' needs at least 2 processes")
+        if launch.gpus is not None and launch.strategy in ("ddp", "fsdp") and len(launch.gpus) < launch.nproc:
+            raise ValueError(f"launch.gpus: {len(launch.gpus)} GPUs listed for nproc = {launch.nproc}")
+        if self.method.type == "qlora" and launch.device == "cpu":
+            raise ValueError("method.type: qlora needs a CUDA GPU (bitsandbytes 4-bit); launch.device is 'cpu'")
+        return self
+
+    def to_toml(self) -> str:
+        """The recipe as TOML text (every field, defaults included), loadable by :func:`parse_recipe`."""
+        return dump_toml(self.model_dump(mode="json"))
+
+    def digest(self) -> str:
+        """A stable hash of the resolved recipe (sha256 of its canonical TOML, 16 hex digits)."""
+        return hashlib.sha256(self.to_toml().encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_recipe(path: str | Path, overrides: Iterable[str] = ()) -> Recipe:
+    """Read, override and validate a recipe file.
+
+    Args:
+        path: the TOML file.
+        overrides: ``"a.b=value"`` strings; the value is parsed as a TOML value (bare words are
+            taken as strings), then validated like the file.
+
+    Raises:
+        RecipeError: one line naming the file, the field path and, where known, the line.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot read recipe: {exc.strerror or exc}") from None
+    return parse_recipe(text, source=str(path), overrides=overrides)
+
+
+def parse_recipe(text: str, source: str = "<recipe>", overrides: Iterable[str] = ()) -> Recipe:
+    """Validate recipe text; see :func:`load_recipe`."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise RecipeError(f"{source}: invalid TOML: {exc}") from None
+    for item in overrides:
+        apply_override(data, item)
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(_first_error(exc, text, source)) from None
+
+
+def apply_override(data: dict[str, Any], item: str) -> None:
+    """Apply one ``a.b=value`` override to raw recipe data, in place."""
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", key):
+        raise RecipeError(f"--set {item!r}: expected FIELD.PATH=VALUE, e.g. train.max_steps=50")
+    value = _parse_value(raw.strip())
+    *parents, leaf = key.split(".")
+    node = data
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise RecipeError(f"--set {key}: {part!r} is not a section")
+        node = child
+    node[leaf] = value
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw  # a bare word: a string
+
+
+def _first_error(exc: ValidationError, text: str, source: str) -> str:
+    errors = exc.errors()
+    err = errors[0]
+    loc = [str(p) for p in err["loc"] if not isinstance(p, int)]
+    path = ".".join(loc) or "recipe"
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field"
+    elif err["type"] == "value_error":
+        # Our own consistency checks already name their field: "launch.nproc: ..."
+        msg = msg.removeprefix("Value error, ")
+        field, sep, rest = msg.partition(": ")
+        if sep and "." in field and " " not in field:
+            path, msg = field, rest
+    elif "input" in err and err["type"] not in ("missing",):
+        msg = f"{msg} (got {err['input']!r})"
+    line = _find_line(text, path)
+    where = f"{source}:{line}" if line else source
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where}: {path}: {msg}{more}"
+
+
+def _find_line(text: str, path: str) -> int | None:
+    """Best-effort line of ``path`` in the TOML text (section headers and ``key =`` lines)."""
+    *section, key = path.split(".")
+    want = ".".join(section)
+    current = ""
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        header = re.fullmatch(r"\[\s*([\w.\-]+)\s*\]", stripped)
+        if header:
+            current = header.group(1)
+            if current == path:
+                return number
+            continue
+        match = re.match(r"([\w.\-]+)\s*=", stripped)
+        if not match:
+            continue
+        full = ".".join(p for p in (current, match.group(1)) if p)
+        if full == path or (current == want and match.group(1) == key):
+            return number
+    return None
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def dump_toml(data: dict[str, Any]) -> str:
+    """Write nested dicts of TOML scalars/lists as TOML text (scalars first, then sections)."""
+    lines: list[str] = []
+    _dump_table(data, [], lines)
+    return "\n".join(lines).strip() + "\n"
+
+
+def _dump_table(table: dict[str, Any], prefix: list[str], lines: list[str]) -> None:
+    scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
+    tables = {k: v for k, v in table.items() if isinstance(v, dict)}
+    if prefix and scalars:
+        lines.append(f"\n[{'.'.join(prefix)}]")
+    for key, value in scalars.items():
+        if value is None:
+            continue  # TOML has no null: an absent key means the default (None)
+        lines.append(f"{key} = {_toml_value(value)}")
+    for key, value in tables.items():
+        _dump_table(value, [*prefix, key], lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} as TOML")

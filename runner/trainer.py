@@ -1,0 +1,545 @@
+"""The training script that ``accelerate launch`` runs, one copy per rank.
+
+    accelerate launch --config_file RUN/accelerate.yaml -m runner.trainer --run-dir RUN
+
+It reads ``RUN/recipe.toml``, trains, and (rank 0 only) appends events to ``RUN/events.jsonl``.
+Each rank's stdout/stderr go to ``RUN/logs/rank{N}.log``; the trainer never touches the database.
+
+Data order is owned here, not by a sampler: the blocks are permuted once per epoch with the
+recipe's seed, and optimizer step ``s``, micro-step ``m`` of rank ``r`` takes rows
+``((s*GA + m)*W + r)*B ...`` of that order. So a run with W ranks of micro-batch B sees exactly the
+rows a one-process run of micro-batch W*B sees, and their losses can be compared step by step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import resource
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from runner import events as ev
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m runner.trainer")
+    parser.add_argument("--run-dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    run_dir: Path = args.run_dir.resolve()
+    rank = int(os.environ.get("RANK", "0"))
+
+    _redirect_output(ev.rank_log(run_dir, rank))
+    pid_file = ev.rank_pid_file(run_dir, rank)
+    pid_file.parent.mkdir(parents=True, exist_ok=True)
+    pid_file.write_text(str(os.getpid()))
+
+    journal = ev.JournalWriter(run_dir / ev.EVENTS_FILE) if rank == 0 else None
+    code = 0
+    try:
+        Trainer(run_dir, rank, journal).run()
+    except BaseException as exc:  # noqa: BLE001 (report every failure, then exit non-zero)
+        traceback.print_exc()
+        if journal is not None:
+            journal.emit("error", message=f"{type(exc).__name__}: {exc}".strip(), rank=rank)
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if journal is not None:
+            journal.close()
+    # Two-rank gloo runs abort at interpreter exit ~5% of the time ("terminate called without an
+    # active exception"); skipping interpreter teardown avoided it in 20/20 runs (CPU-FACTS.md).
+    os._exit(code)
+
+
+def _redirect_output(log: Path) -> None:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+
+class _StopFlag:
+    """Set by SIGTERM/SIGINT; the ranks agree on it at each step so they all stop together."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:  # a second signal: stop now
+            os._exit(128 + signum)
+        self.requested = True
+
+
+class Trainer:
+    """One rank of a run. ``run()`` does everything; the pieces are methods so that a reader can
+    follow the order: accelerator, tokenizer, data, model, optimizer, loop, save."""
+
+    def __init__(self, run_dir: Path, rank: int, journal: ev.JournalWriter | None) -> None:
+        from runner.recipe import load_recipe
+
+        self.run_dir = run_dir
+        self.rank = rank
+        self.journal = journal
+        self.recipe = load_recipe(run_dir / ev.RECIPE_FILE)
+        self.stop = _StopFlag()
+
+    def emit(self, type_: str, **payload: Any) -> None:
+        if self.journal is not None:
+            self.journal.emit(type_, **payload)
+
+    # ------------------------------------------------------------------ set-up
+
+    def make_accelerator(self) -> Any:
+        import torch
+        from accelerate import Accelerator
+
+        launch, train = self.recipe.launch, self.recipe.train
+        cpu = launch.device == "cpu" or (launch.device == "auto" and not torch.cuda.is_available())
+        self.on_cpu = cpu
+        if cpu and launch.strategy == "fsdp" and launch.fsdp_version == 1:
+            os.environ["ACCELERATE_TORCH_DEVICE"] = "cpu"
+        mixed = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[train.precision]
+        accelerator = Accelerator(cpu=cpu, mixed_precision=mixed)
+        if cpu and launch.strategy == "fsdp":
+            _force_fsdp_on_cpu(accelerator, launch.fsdp_version, mixed)
+        return accelerator
+
+    def load_tokenizer(self) -> Any:
+        from transformers import AutoTokenizer
+
+        from runner import builtin
+
+        model = self.recipe.model
+        if model.name.startswith(builtin.BUILTIN_PREFIX):
+            with self.accelerator.main_process_first():
+                folder = builtin.ensure_tokenizer(_cache_dir())
+            return AutoTokenizer.from_pretrained(str(folder))
+        tok = AutoTokenizer.from_pretrained(
+            model.name, trust_remote_code=model.trust_remote_code, revision=model.revision
+        )
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        return tok
+
+    def load_model(self) -> Any:
+        import torch
+
+        from runner import builtin
+
+        recipe = self.recipe
+        model_cfg, method = recipe.model, recipe.method
+        dtype = _load_dtype(model_cfg.dtype, method.type, recipe.train.precision)
+        mp = recipe.launch.strategy == "mp"
+        if model_cfg.name == builtin.TINY_LLAMA:
+            from transformers import LlamaForCausalLM
+
+            torch.manual_seed(recipe.train.seed)  # the init is part of the recipe
+            model = LlamaForCausalLM(builtin.tiny_llama_config(len(self.tokenizer)))
+            model = model.to(dtype)
+            if mp and not self.on_cpu:
+                model = _dispatch_over_gpus(model)
+        elif model_cfg.name.startswith(builtin.BUILTIN_PREFIX):
+            raise ValueError(f"model.name: unknown builtin model {model_cfg.name!r} (have {builtin.TINY_LLAMA})")
+        else:
+            from transformers import AutoModelForCausalLM
+
+            kwargs: dict[str, Any] = {
+                "dtype": dtype,
+                "trust_remote_code": model_cfg.trust_remote_code,
+                "revision": model_cfg.revision,
+            }
+            if method.type == "qlora":
+                from transformers import BitsAndBytesConfig
+
+                kwargs["quantization_config"] = BitsAndBytesConfig(
+                    load_in_4bit=True,
+                    bnb_4bit_quant_type="nf4",
+                    bnb_4bit_use_double_quant=True,
+                    bnb_4bit_compute_dtype=torch.bfloat16 if recipe.train.precision == "bf16" else torch.float16,
+                )
+                kwargs["device_map"] = {"": self.accelerator.local_process_index} if not mp else "auto"
+            elif mp:
+                kwargs["device_map"] = "auto"
+            model = AutoModelForCausalLM.from_pretrained(model_cfg.name, **kwargs)
+        self.total_params = sum(p.numel() for p in model.parameters())
+
+        if recipe.train.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.config.use_cache = False
+        if method.type in ("lora", "qlora"):
+            from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+            if method.type == "qlora":
+                model = prepare_model_for_kbit_training(
+                    model, use_gradient_checkpointing=recipe.train.gradient_checkpointing
+                )
+            elif recipe.train.gradient_checkpointing:
+                model.enable_input_require_grads()
+            lora = method.lora
+            model = get_peft_model(
+                model,
+                LoraConfig(
+                    r=lora.r,
+                    lora_alpha=lora.alpha,
+                    lora_dropout=lora.dropout,
+                    target_modules=list(lora.target_modules),
+                    task_type="CAUSAL_LM",
+                ),
+            )
+        self.trainable_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return model
+
+    def load_blocks(self) -> Any:
+        from runner.data import load_blocks
+
+        with self.accelerator.main_process_first():
+            return load_blocks(self.recipe.data, self.tokenizer)
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> None:
+        import torch
+
+        recipe = self.recipe
+        train = recipe.train
+        self.accelerator = acc = self.make_accelerator()
+        from accelerate.utils import set_seed
+
+        set_seed(train.seed)
+        self.tokenizer = self.load_tokenizer()
+        data = self.load_blocks()
+        blocks, mask = data.input_ids, data.attention_mask
+        world = acc.num_processes
+        B, GA = train.batch_size, train.grad_accum
+        rows_per_step = B * world * GA
+        steps_per_epoch = blocks.shape[0] // rows_per_step
+        if steps_per_epoch == 0:
+            raise ValueError(
+                f"train.batch_size: {blocks.shape[0]} rows of data cannot fill one optimizer step of "
+                f"{rows_per_step} rows (batch_size {B} x {world} processes x grad_accum {GA})"
+            )
+        total_steps = train.max_steps or max(1, math.floor(train.epochs * steps_per_epoch))
+
+        model = self.load_model()
+        optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=train.lr, weight_decay=train.weight_decay
+        )
+        mp = recipe.launch.strategy == "mp"
+        model, optimizer = acc.prepare(model, optimizer)
+        from transformers import get_scheduler
+
+        # Not prepared: accelerate's scheduler wrapper steps once per process, which would make the
+        # lr curve depend on the world size.
+        scheduler = get_scheduler(train.schedule, optimizer, train.warmup_steps, total_steps)
+        input_device = _input_device(model) if mp else acc.device
+
+        self.emit(
+            "start",
+            world_size=world,
+            distributed_type=acc.distributed_type.value,
+            strategy=recipe.launch.strategy,
+            device=str(acc.device),
+            device_type=acc.device.type,
+            mixed_precision=acc.mixed_precision,
+            fsdp_version=recipe.launch.fsdp_version if acc.distributed_type.value == "FSDP" else None,
+            params=self.total_params,
+            trainable_params=self.trainable_params,
+            local_param_numel=_local_numel(model),
+            rows=int(blocks.shape[0]),
+            context_length=int(blocks.shape[1]),
+            total_steps=total_steps,
+            steps_per_epoch=steps_per_epoch,
+            tokens_per_step=rows_per_step * int(blocks.shape[1]),
+            device_map=_device_map(model) if mp else None,
+            pids=_gather_list([os.getpid()]) if world > 1 else [os.getpid()],
+        )
+
+        tokens_per_step = rows_per_step * int(blocks.shape[1])
+        order = None
+        epoch = -1
+        first_step_start = last_step_end = time.perf_counter()
+        memory: dict[str, int] = {}
+        final_loss = float("nan")
+        status = "completed"
+        model.train()
+        for step in range(total_steps):
+            if step // steps_per_epoch != epoch:
+                epoch = step // steps_per_epoch
+                order = _epoch_order(blocks.shape[0], train.seed, epoch, recipe.data.shuffle)
+            t0 = time.perf_counter()
+            if step == 0:
+                first_step_start = t0
+            loss_sum = torch.zeros((), device=acc.device)
+            base = (step % steps_per_epoch) * rows_per_step
+            for micro in range(GA):
+                start = base + (micro * world + acc.process_index) * B
+                rows = order[start : start + B]
+                batch = blocks[rows].to(input_device)
+                if mask is None:
+                    inputs = {"input_ids": batch, "labels": batch}
+                else:
+                    batch_mask = mask[rows].to(input_device)
+                    inputs = {"input_ids": batch, "attention_mask": batch_mask,
+                              "labels": batch.masked_fill(batch_mask == 0, -100)}
+                ctx = acc.no_sync(model) if micro < GA - 1 else _nullcontext()
+                with ctx, acc.autocast():
+                    out = model(**inputs)
+                    loss = out.loss / GA
+                acc.backward(loss)
+                loss_sum += loss.detach().to(acc.device)
+            grad_norm = None
+            if train.max_grad_norm > 0:
+                grad_norm = acc.clip_grad_norm_(model.parameters(), train.max_grad_norm)
+            optimizer.step()
+            if step == 0:
+                memory = self.state_bytes(model, optimizer)
+            lr = scheduler.get_last_lr()[0]
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            # One collective per step carries both the loss and the stop request, so every rank
+            # leaves the loop after the same step.
+            stats = torch.stack([loss_sum.float(), torch.tensor(float(self.stop.requested), device=acc.device)])
+            if world > 1:
+                stats = acc.reduce(stats, reduction="sum")
+                stats[0] /= world
+            mean_loss = float(stats[0])
+            t1 = time.perf_counter()
+            last_step_end = t1
+            final_loss = mean_loss
+            if (step + 1) % train.log_every == 0 or step + 1 == total_steps:
+                self.emit(
+                    "step",
+                    step=step + 1,
+                    epoch=epoch,
+                    loss=mean_loss,
+                    lr=lr,
+                    grad_norm=None if grad_norm is None else float(grad_norm),
+                    tokens=(step + 1) * tokens_per_step,
+                    step_time=t1 - t0,
+                    tokens_per_s=tokens_per_step / (t1 - t0),
+                )
+            if float(stats[1]) > 0:
+                status = "stopped"
+                break
+        steps_done = step + 1 if total_steps else 0
+        train_seconds = last_step_end - first_step_start
+
+        saved = None
+        if train.save and status == "completed":
+            saved = self.save(model)
+        ranks = self.rank_memory(memory)
+        self.emit(
+            "end",
+            status=status,
+            steps=steps_done,
+            train_seconds=train_seconds,
+            tokens=steps_done * tokens_per_step,
+            tokens_per_s=steps_done * tokens_per_step / train_seconds if train_seconds > 0 else None,
+            final_loss=final_loss,
+            saved=saved,
+            ranks=ranks,
+        )
+        acc.end_training()
+
+    # ------------------------------------------------------------------ measurement and saving
+
+    def state_bytes(self, model: Any, optimizer: Any) -> dict[str, int]:
+        """Exact bytes of this rank's parameters, gradients and optimizer state (local shards)."""
+        params = grads = 0
+        for p in model.parameters():
+            params += _local_bytes(p)
+            if p.grad is not None:
+                grads += _local_bytes(p.grad)
+        opt = 0
+        for state in optimizer.state.values():
+            for value in state.values():
+                if hasattr(value, "untyped_storage"):
+                    opt += _local_bytes(value)
+        return {"param_bytes": params, "grad_bytes": grads, "optimizer_bytes": opt}
+
+    def rank_memory(self, memory: dict[str, int]) -> list[dict[str, Any]]:
+        import torch
+
+        mine: dict[str, Any] = {
+            "rank": self.accelerator.process_index,
+            "pid": os.getpid(),
+            **memory,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "source": "psutil/getrusage" if self.on_cpu else "torch.cuda",
+        }
+        if not self.on_cpu and torch.cuda.is_available():
+            mine["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+            mine["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+        if self.accelerator.num_processes == 1:
+            return [mine]
+        return _gather_list([mine])
+
+    def save(self, model: Any) -> str | None:
+        """Save the adapter (LoRA) or model (full) to RUN/output; verify that something was written."""
+        acc = self.accelerator
+        out = self.run_dir / ev.OUTPUT_DIR
+        state_dict = _full_state_dict(model, acc)
+        if acc.is_main_process:
+            unwrapped = acc.unwrap_model(model)
+            unwrapped.save_pretrained(str(out), state_dict=state_dict, safe_serialization=True)
+            self.tokenizer.save_pretrained(str(out))
+            _verify_saved(out)
+        acc.wait_for_everyone()
+        return str(out)
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _gather_list(items: list[Any]) -> list[Any]:
+    from accelerate.utils import gather_object
+
+    return list(gather_object(items))
+
+
+def _force_fsdp_on_cpu(accelerator: Any, version: int, mixed: str) -> None:
+    """Make FSDP real on CPU. accelerate only switches to FSDP for GPU-like devices and silently runs
+    plain multi-CPU DDP otherwise; setting the plugin and the distributed type on both state objects
+    before ``prepare`` gives real sharding over gloo (CPU-FACTS.md). The plugin reads the FSDP_*
+    variables that ``accelerate launch`` exported from the generated config."""
+    from accelerate import FullyShardedDataParallelPlugin
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    if accelerator.distributed_type not in (DistributedType.MULTI_CPU, DistributedType.NO):
+        return
+    if accelerator.num_processes < 2 and accelerator.distributed_type == DistributedType.NO:
+        return  # one process: there is nothing to shard over; the start event says NO
+    os.environ.setdefault("FSDP_VERSION", str(version))
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=version)
+    if mixed != "no":
+        plugin.set_mixed_precision(mixed)
+    state = AcceleratorState()
+    state.fsdp_plugin = plugin
+    state.distributed_type = DistributedType.FSDP
+    PartialState().distributed_type = DistributedType.FSDP
+
+
+def _load_dtype(dtype: str, method: str, precision: str) -> Any:
+    import torch
+
+    table = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    if dtype != "auto":
+        return table[dtype]
+    # Full fine-tuning keeps fp32 master weights (accelerate autocasts the compute); LoRA's frozen
+    # base can live in the compute dtype, which halves its memory.
+    if method in ("lora", "qlora") and precision != "fp32":
+        return table[precision]
+    return torch.float32
+
+
+def _dispatch_over_gpus(model: Any) -> Any:
+    from accelerate import dispatch_model, infer_auto_device_map
+    from accelerate.utils import get_balanced_memory
+
+    no_split = list(getattr(model, "_no_split_modules", None) or [])
+    max_memory = get_balanced_memory(model, no_split_module_classes=no_split)
+    device_map = infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=no_split)
+    return dispatch_model(model, device_map=device_map)
+
+
+def _device_map(model: Any) -> dict[str, str] | None:
+    base = model
+    for attr in ("base_model", "model"):
+        if hasattr(base, "hf_device_map"):
+            break
+        base = getattr(base, attr, base)
+    dm = getattr(base, "hf_device_map", None)
+    return {k: str(v) for k, v in dm.items()} if dm else None
+
+
+def _input_device(model: Any) -> Any:
+    import torch
+
+    dm = _device_map(model)
+    if dm:
+        first = next(iter(dm.values()))
+        return torch.device(f"cuda:{first}" if first.isdigit() else first)
+    return next(model.parameters()).device
+
+
+def _local_tensor(t: Any) -> Any:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _local_bytes(t: Any) -> int:
+    local = _local_tensor(t)
+    return int(local.numel() * local.element_size())
+
+
+def _local_numel(model: Any) -> int:
+    return int(sum(_local_tensor(p).numel() for p in model.parameters()))
+
+
+def _epoch_order(rows: int, seed: int, epoch: int, shuffle: bool) -> Any:
+    import torch
+
+    if not shuffle:
+        return torch.arange(rows)
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(rows, generator=gen)
+
+
+def _full_state_dict(model: Any, acc: Any) -> Any:
+    """A full (unsharded) state dict on rank 0 for FSDP, None otherwise (save_pretrained reads the
+    model). Uses torch's distributed-checkpoint API: accelerate's FSDP1 full-state-dict path
+    segfaulted on CPU (CPU-FACTS.md)."""
+    if acc.distributed_type.value != "FSDP":
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # FSDP1 wraps the model; strip its prefixes so the keys are the plain module's.
+    return {k.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", ""): v for k, v in sd.items()}
+
+
+def _verify_saved(out: Path) -> None:
+    """PEFT writes an EMPTY adapter under FSDP without complaint (CPU-FACTS.md): check the tensors."""
+    from safetensors import safe_open
+
+    files = list(out.glob("*.safetensors"))
+    if not files:
+        raise RuntimeError(f"save: no .safetensors file written in {out}")
+    count = 0
+    for file in files:
+        with safe_open(str(file), framework="pt") as fh:
+            count += len(list(fh.keys()))
+    if count == 0:
+        raise RuntimeError(f"save: {files[0].name} holds no tensors (an empty adapter)")
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _cache_dir() -> Path:
+    from runner.paths import cache_dir
+
+    return cache_dir()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""The database schema (SQLAlchemy 2.0 typed declarative models).
+
+Portable SQL only (SQLite today, PostgreSQL for a shared store later): JSON columns through
+SQLAlchemy's ``JSON`` type, times as timezone-naive UTC ``DateTime``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    __table_args__ = (
+        Index("ix_runs_status", "status"),
+        Index("ix_runs_sweep", "sweep_id"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    sweep_id: Mapped[str | None] = mapped_column(String(64), default=None)
+    recipe_text: Mapped[str] = mapped_column(Text)
+    recipe_hash: Mapped[str] = mapped_column(String(64))
+    recipe_source: Mapped[str | None] = mapped_column(String(1000), default=None)
+    strategy: Mapped[str] = mapped_column(String(32))
+    nproc: Mapped[int] = mapped_column(Integer)
+    method: Mapped[str] = mapped_column(String(16))
+    model: Mapped[str] = mapped_column(String(500))
+    status: Mapped[str] = mapped_column(String(16))
+    """created | running | completed | failed | stopped"""
+    distributed_type: Mapped[str | None] = mapped_column(String(32), default=None)
+    """What accelerate reported in effect (from the start event), not what was asked for."""
+    device_type: Mapped[str | None] = mapped_column(String(16), default=None)
+    host: Mapped[str] = mapped_column(String(255))
+    run_dir: Mapped[str] = mapped_column(String(1000))
+    pgid: Mapped[int | None] = mapped_column(Integer, default=None)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
+    exit_code: Mapped[int | None] = mapped_column(Integer, default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    # Summary figures (measured, from the trainer's end event), as columns so lists can sort.
+    total_steps: Mapped[int | None] = mapped_column(Integer, default=None)
+    steps_done: Mapped[int | None] = mapped_column(Integer, default=None)
+    train_seconds: Mapped[float | None] = mapped_column(Float, default=None)
+    tokens_per_s: Mapped[float | None] = mapped_column(Float, default=None)
+    final_loss: Mapped[float | None] = mapped_column(Float, default=None)
+    peak_mem_bytes: Mapped[int | None] = mapped_column(Integer, default=None)
+    mean_util: Mapped[float | None] = mapped_column(Float, default=None)
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    """Everything else: per-rank memory, params, telemetry summaries, estimates."""
+    tags: Mapped[list[str]] = mapped_column(JSON, default=list)
+    note: Mapped[str] = mapped_column(Text, default="")
+
+    metrics: Mapped[list[Metric]] = relationship(back_populates="run", cascade="all, delete-orphan", passive_deletes=True)
+
+
+class Metric(Base):
+    __tablename__ = "metrics"
+    __table_args__ = (UniqueConstraint("run_id", "step", name="uq_metrics_run_step"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    time: Mapped[float] = mapped_column(Float)
+    loss: Mapped[float | None] = mapped_column(Float)
+    lr: Mapped[float | None] = mapped_column(Float, default=None)
+    grad_norm: Mapped[float | None] = mapped_column(Float, default=None)
+    tokens: Mapped[int | None] = mapped_column(Integer, default=None)
+    step_time: Mapped[float | None] = mapped_column(Float, default=None)
+    tokens_per_s: Mapped[float | None] = mapped_column(Float, default=None)
+
+    run: Mapped[Run] = relationship(back_populates="metrics")
+
+
+class DeviceSampleRow(Base):
+    __tablename__ = "device_samples"
+    __table_args__ = (Index("ix_device_samples_run_time", "run_id", "time"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    time: Mapped[float] = mapped_column(Float)
+    host: Mapped[str] = mapped_column(String(255))
+    kind: Mapped[str] = mapped_column(String(8))
+    """gpu | rank | host"""
+    index: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(200))
+    util_pct: Mapped[float | None] = mapped_column(Float, default=None)
+    mem_used: Mapped[int | None] = mapped_column(Integer, default=None)
+    mem_total: Mapped[int | None] = mapped_column(Integer, default=None)
+    power_w: Mapped[float | None] = mapped_column(Float, default=None)
+    temp_c: Mapped[float | None] = mapped_column(Float, default=None)
+    sm_clock_mhz: Mapped[int | None] = mapped_column(Integer, default=None)
+    pid: Mapped[int | None] = mapped_column(Integer, default=None)
+    source: Mapped[str] = mapped_column(String(16))
+    """nvml | psutil | fake-nvml"""
+
+
+class ProcessSampleRow(Base):
+    __tablename__ = "process_samples"
+    __table_args__ = (Index("ix_process_samples_run_time", "run_id", "time"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    time: Mapped[float] = mapped_column(Float)
+    host: Mapped[str] = mapped_column(String(255))
+    gpu_index: Mapped[int] = mapped_column(Integer)
+    pid: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int | None] = mapped_column(Integer, default=None)
+    used_bytes: Mapped[int | None] = mapped_column(Integer, default=None)
+    source: Mapped[str] = mapped_column(String(16))
+
+
+class Event(Base):
+    __tablename__ = "events"
+    __table_args__ = (
+        UniqueConstraint("run_id", "source", "seq", name="uq_events_run_source_seq"),
+        Index("ix_events_run", "run_id"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    source: Mapped[str] = mapped_column(String(16))
+    """trainer (the run's journal, seq is the journal's) | orchestrator"""
+    seq: Mapped[int] = mapped_column(Integer)
+    type: Mapped[str] = mapped_column(String(32))
+    time: Mapped[float] = mapped_column(Float)
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)

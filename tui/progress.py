@@ -1,0 +1,59 @@
+"""The live progress line of headless ``ftui run``: step/total, loss, tokens/s, ETA (rich)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+
+class RunProgress:
+    """Feeds trainer events into a rich progress bar; use as a context manager."""
+
+    def __init__(self, console: Console) -> None:
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[tps]} tok/s"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        )
+        self.task = self.progress.add_task("starting", total=None, loss="-", tps="-")
+
+    def __enter__(self) -> RunProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        kind = event["type"]
+        if kind == "start":
+            dist = event.get("distributed_type")
+            self.progress.update(
+                self.task,
+                description=f"training ({dist}, {event.get('world_size')} proc)",
+                total=event.get("total_steps"),
+            )
+            self.progress.console.print(
+                f"start: {event.get('distributed_type')} on {event.get('device_type')} × {event.get('world_size')}, "
+                f"{event.get('params', 0) / 1e6:.1f}M params, {event.get('trainable_params', 0) / 1e6:.2f}M trainable"
+            )
+        elif kind == "step":
+            self.progress.update(
+                self.task,
+                completed=event["step"],
+                loss=f"{event['loss']:.4f}",
+                tps=f"{event['tokens_per_s']:,.0f}",
+            )
+        elif kind == "end":
+            self.progress.update(self.task, description=f"{event.get('status')}")
+        elif kind == "error":
+            self.progress.console.print(f"[red]error:[/] {event.get('message')}")

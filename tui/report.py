@@ -1,0 +1,154 @@
+"""Rich renderings of runs for the command line: lists, one run, JSON for scripts.
+
+Every figure says where it comes from: "measured" figures come from the trainer's own events,
+memory from getrusage/psutil on CPU and the CUDA allocator on GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from store import MetricPoint, RunInfo
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def fmt_seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 60:
+        return f"{s:.1f}s"
+    m, sec = divmod(int(round(s)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m{sec:02d}s" if h else f"{m}m{sec:02d}s"
+
+
+def _num(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+STATUS_STYLE = {"completed": "green", "failed": "red", "stopped": "yellow", "running": "cyan", "created": "dim"}
+
+
+def runs_table(runs: list[RunInfo]) -> Table:
+    table = Table(title="runs", caption="tokens/s, loss and time: measured by the trainer")
+    for col in ("id", "name", "strategy", "method", "nproc", "status", "dist. type", "started", "train time",
+                "tokens/s", "final loss"):
+        table.add_column(col, justify="right" if col in ("id", "nproc", "tokens/s", "final loss") else "left")
+    for r in runs:
+        table.add_row(
+            str(r.id),
+            r.name,
+            r.strategy,
+            r.method,
+            str(r.nproc),
+            Text(r.status, style=STATUS_STYLE.get(r.status, "")),
+            r.distributed_type or "-",
+            r.started_at.strftime("%Y-%m-%d %H:%M:%S") if r.started_at else "-",
+            fmt_seconds(r.train_seconds),
+            _num(r.tokens_per_s, ",.0f"),
+            _num(r.final_loss, ".4f"),
+        )
+    return table
+
+
+def run_summary_table(run: RunInfo | None) -> Table:
+    """The end-of-run table: time, throughput, loss, peak memory per rank."""
+    table = Table(title=f"run {run.id if run else '?'} summary", show_header=True)
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    table.add_column("source")
+    if run is None:
+        return table
+    table.add_row("status", Text(run.status, style=STATUS_STYLE.get(run.status, "")), "orchestrator")
+    table.add_row("distributed type", run.distributed_type or "-", "accelerate (in effect)")
+    table.add_row("steps", f"{run.steps_done or 0}/{run.total_steps or '?'}", "trainer")
+    table.add_row("training time", fmt_seconds(run.train_seconds), "measured (first to last step)")
+    table.add_row("tokens/s", _num(run.tokens_per_s, ",.0f"), "measured")
+    table.add_row("final loss", _num(run.final_loss, ".4f"), "measured (mean over ranks)")
+    for rank in run.summary.get("ranks") or []:
+        peak = rank.get("peak_allocated_bytes") or rank.get("peak_rss_bytes")
+        src = "CUDA allocator" if rank.get("peak_allocated_bytes") else "getrusage (RSS)"
+        table.add_row(f"rank {rank['rank']} peak memory", fmt_bytes(peak), src)
+        states = sum(rank.get(k) or 0 for k in ("param_bytes", "grad_bytes", "optimizer_bytes"))
+        table.add_row(f"rank {rank['rank']} model states", fmt_bytes(states), "measured (tensor bytes)")
+    telemetry = run.summary.get("telemetry") or {}
+    for dev in telemetry.get("devices", []):
+        table.add_row(
+            f"{dev['label']} mean util (active)",
+            _num(dev.get("mean_util_active"), ".0f") + "%",
+            dev.get("source", ""),
+        )
+    if run.error:
+        table.add_row("error", Text(run.error, style="red"), "")
+    return table
+
+
+def run_detail(run: RunInfo, metrics: list[MetricPoint]) -> Group:
+    parts: list[Any] = [run_summary_table(run)]
+    if metrics:
+        table = Table(title="metrics (measured)")
+        for col in ("step", "loss", "lr", "grad norm", "tokens/s", "step time"):
+            table.add_column(col, justify="right")
+        shown = metrics if len(metrics) <= 20 else metrics[:5] + metrics[-15:]
+        for m in shown:
+            table.add_row(str(m.step), _num(m.loss, ".4f"), _num(m.lr, ".2e"), _num(m.grad_norm, ".3f"),
+                          _num(m.tokens_per_s, ",.0f"), _num(m.step_time, ".3f"))
+        parts.append(table)
+    parts.append(Text(f"run folder: {run.run_dir}", style="dim"))
+    return Group(*parts)
+
+
+def run_to_json(run: RunInfo, metrics: list[MetricPoint] | None = None) -> dict[str, Any]:
+    """The scripting contract of ``ftui runs/show --format json``."""
+    data: dict[str, Any] = {
+        "id": run.id,
+        "name": run.name,
+        "status": run.status,
+        "strategy": run.strategy,
+        "nproc": run.nproc,
+        "method": run.method,
+        "model": run.model,
+        "distributed_type": run.distributed_type,
+        "device_type": run.device_type,
+        "sweep_id": run.sweep_id,
+        "host": run.host,
+        "run_dir": run.run_dir,
+        "created_at": run.created_at.isoformat() + "Z",
+        "started_at": run.started_at.isoformat() + "Z" if run.started_at else None,
+        "ended_at": run.ended_at.isoformat() + "Z" if run.ended_at else None,
+        "exit_code": run.exit_code,
+        "error": run.error,
+        "total_steps": run.total_steps,
+        "steps_done": run.steps_done,
+        "summary": {
+            **run.summary,
+            "train_seconds": run.train_seconds,
+            "tokens_per_s": run.tokens_per_s,
+            "final_loss": run.final_loss,
+            "peak_mem_bytes": run.peak_mem_bytes,
+            "mean_util": run.mean_util,
+        },
+        "tags": run.tags,
+        "note": run.note,
+    }
+    if metrics is not None:
+        data["recipe"] = run.recipe_text
+        data["metrics"] = [
+            {"step": m.step, "loss": m.loss, "lr": m.lr, "grad_norm": m.grad_norm, "tokens": m.tokens,
+             "step_time": m.step_time, "tokens_per_s": m.tokens_per_s, "time": m.time}
+            for m in metrics
+        ]
+    return data
