@@ -102,26 +102,33 @@ def _open_app(args: argparse.Namespace) -> int:
 
 
 def load_run_recipe(args: argparse.Namespace) -> Any:
-    """The recipe of ``ftui run`` with its flags applied, validated (UsageError on any problem)."""
+    """The recipe of ``ftui run`` with its flags applied, validated (UsageError on any problem).
+
+    ``--strategy ddp|fsdp`` without ``--nproc`` on a one-process recipe takes one process per
+    visible GPU (at least 2); ``--strategy single|mp`` takes one process.
+    """
     from runner.recipe import RecipeError, load_recipe
 
     overrides = list(args.overrides)
-    if args.strategy:
-        overrides.append(f"launch.strategy={args.strategy}")
-        if args.nproc is None and args.strategy in ("single", "mp"):
-            overrides.append("launch.nproc=1")
-    if args.nproc is not None:
-        overrides.append(f"launch.nproc={args.nproc}")
     if args.name:
         overrides.append(f"name={json.dumps(args.name)}")
+    nproc = args.nproc
     try:
-        recipe = load_recipe(args.recipe, overrides)
+        if args.strategy:
+            overrides.append(f"launch.strategy={args.strategy}")
+            if nproc is None and args.strategy in ("single", "mp"):
+                nproc = 1
+            elif nproc is None:
+                base = load_recipe(args.recipe, [o for o in overrides if not o.startswith("launch.")])
+                if base.launch.nproc == 1:
+                    from runner.orchestrator import cuda_device_count
+
+                    nproc = max(2, cuda_device_count())
+        if nproc is not None:
+            overrides.append(f"launch.nproc={nproc}")
+        return load_recipe(args.recipe, overrides)
     except RecipeError as exc:
-        if args.strategy in ("ddp", "fsdp") and args.nproc is None and "launch.nproc" in str(exc):
-            recipe = load_recipe(args.recipe, [*overrides, "launch.nproc=2"])
-        else:
-            raise UsageError(str(exc)) from None
-    return recipe
+        raise UsageError(str(exc)) from None
 
 
 def cmd_run(args: argparse.Namespace) -> int:

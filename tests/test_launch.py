@@ -1,0 +1,67 @@
+"""The launch is data: exact argv/env/config for each strategy (like accelerate's tests/test_cli.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+
+from runner.launch import build_launch
+from runner.recipe import parse_recipe
+
+RUN = Path("/runs/00007-quickstart")
+
+
+def _argv(config: str, threads: list[str] | None = None) -> list[str]:
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config, *(threads or []),
+            "-m", "runner.trainer", "--run-dir", str(RUN)]
+
+
+def test_single_on_cpu() -> None:
+    spec = build_launch(parse_recipe(""), RUN, port=29555, cpu_threads=2)
+    assert spec.argv == _argv(f"{RUN}/accelerate.yaml", ["--num_cpu_threads_per_process", "2"])
+    assert spec.env == {"PYTHONUNBUFFERED": "1"}
+    config = yaml.safe_load(spec.files["accelerate.yaml"])
+    assert (config["distributed_type"], config["num_processes"], config["main_process_port"]) == ("NO", 1, 29555)
+    assert config["use_cpu"] is False
+    assert parse_recipe(spec.files["recipe.toml"]) == parse_recipe("")
+
+
+def test_ddp_on_gpus() -> None:
+    recipe = parse_recipe("[launch]\nstrategy='ddp'\nnproc=2\ngpus=[2,3]\n[train]\nprecision='bf16'\n")
+    spec = build_launch(recipe, RUN, port=29600)
+    assert spec.argv == _argv(f"{RUN}/accelerate.yaml")
+    assert spec.env == {"PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "2,3"}
+    config = yaml.safe_load(spec.accelerate_config_text or "")
+    assert config["distributed_type"] == "MULTI_GPU"
+    assert (config["num_processes"], config["gpu_ids"], config["mixed_precision"]) == (2, "2,3", "bf16")
+    assert "fsdp_config" not in config
+
+
+def test_fsdp2_and_fsdp1_configs() -> None:
+    two = yaml.safe_load(build_launch(parse_recipe("[launch]\nstrategy='fsdp'\nnproc=2\n"), RUN, 1).files["accelerate.yaml"])
+    assert two["distributed_type"] == "FSDP"
+    assert two["fsdp_config"]["fsdp_version"] == 2
+    assert two["fsdp_config"]["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+    assert two["fsdp_config"]["fsdp_reshard_after_forward"] is True
+    one = yaml.safe_load(
+        build_launch(parse_recipe("[launch]\nstrategy='fsdp'\nnproc=2\nfsdp_version=1\n"), RUN, 1).files["accelerate.yaml"]
+    )
+    assert one["fsdp_config"]["fsdp_version"] == 1
+    assert one["fsdp_config"]["fsdp_use_orig_params"] is True
+    assert one["fsdp_config"]["fsdp_sync_module_states"] is False
+
+
+def test_a_recipes_own_accelerate_config_is_used_as_is(tmp_path: Path) -> None:
+    own = tmp_path / "mine.yaml"
+    own.write_text("distributed_type: NO\n")
+    spec = build_launch(parse_recipe(f"[launch]\naccelerate_config='{own}'\n"), RUN, 1)
+    assert spec.argv == _argv(str(own))
+    assert spec.accelerate_config == str(own)
+    assert "accelerate.yaml" not in spec.files
+
+
+def test_cpu_device_hides_gpus() -> None:
+    spec = build_launch(parse_recipe("[launch]\ndevice='cpu'\n"), RUN, 1, cpu_threads=1)
+    assert spec.env["CUDA_VISIBLE_DEVICES"] == ""
