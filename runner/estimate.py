@@ -35,7 +35,7 @@ the dtype of the residual stream; ``kv``: kv heads; ``d``: head dim; ``I``: inte
 * after the layers: the final norm, the lm_head input if it trains, and the logits' ``log_softmax`` in
   fp32 for the loss (``4*V`` per token, the largest term for small models) plus the int64 labels.
 
-Full fine-tuning in fp32 is ``8h + 8*kv*d + 4*(8h + 4I) + 8 + 4a`` = ``4*(10h + 2*kv*d + 4I) + 8 + 4a``
+Full fine-tuning in fp32 is ``4*(8h + 2*kv*d + 4I) + 8 + 4a``
 bytes per token per layer (Korthikanti's ``34h`` becomes about ``20h + 4*kv*d + 8I`` at 16 bit). With
 gradient checkpointing (HF checkpoints each decoder layer) the forward keeps only the layer inputs
 (``w*h`` per token per layer) plus the post-layer terms, and backward recomputes one layer at a time, so
