@@ -1,0 +1,274 @@
+"""The memory estimate: the seed's and the ZeRO paper's hand-computed cases, exact LoRA counts against peft,
+and the activation formula against what the builtin tiny Llama really saves for backward."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from runner.builtin import tiny_llama_config
+from runner.estimate import (
+    GIB,
+    NF4_DOUBLE_QUANT_OVERHEAD_BITS,
+    EstimateInput,
+    LinearSpec,
+    ModelShape,
+    activation_bytes,
+    estimate,
+    estimate_report,
+    gpus_needed,
+    lora_trainable_params,
+    recommend,
+    shape_from_config,
+    shape_from_params,
+)
+
+ALL_LLAMA_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+MICRO_BATCH, SEQ = 4, 256
+
+
+@pytest.fixture(scope="module")
+def tiny_shape() -> ModelShape:
+    return shape_from_config(tiny_llama_config())
+
+
+def test_shape_from_config_counts_every_linear(tiny_shape: ModelShape) -> None:
+    cfg = tiny_llama_config()
+    real = AutoModelForCausalLM.from_config(cfg)
+    assert tiny_shape.total_params == sum(p.numel() for p in real.parameters())
+    linear_weights = sum(m.weight.numel() for m in real.modules() if isinstance(m, torch.nn.Linear))
+    assert tiny_shape.linear_params == linear_weights
+    assert tiny_shape.linears["k_proj"] == LinearSpec(384, 128, 6)
+    assert tiny_shape.linears["lm_head"] == LinearSpec(384, 4096, 1)
+    assert (tiny_shape.layers, tiny_shape.kv_heads, tiny_shape.head_dim) == (6, 2, 64)
+
+
+def test_shape_from_params_picks_nearest_llama() -> None:
+    shape = shape_from_params(34e9)
+    assert shape.total_params == 34_000_000_000
+    assert (shape.layers, shape.hidden, shape.kv_heads, shape.intermediate) == (48, 8192, 8, 22016)
+    # Linear layers sum to the reference model's size, within a few percent of the requested count.
+    assert shape.linear_params == pytest.approx(34e9, rel=0.05)
+    assert shape_from_params(6.5e9, layers=32).hidden == 4096  # 12 * L * h**2 = n
+
+
+def test_seed_full_finetune_7b_is_16_bytes_per_param() -> None:
+    shape = shape_from_params(7e9)
+    fp32_weights = estimate(EstimateInput(shape, method="full", precision="bf16"))
+    assert fp32_weights.model_states == 112 * 10**9
+    assert (fp32_weights.params, fp32_weights.grads, fp32_weights.optimizer, fp32_weights.master) == (
+        28 * 10**9,
+        28 * 10**9,
+        56 * 10**9,
+        0,
+    )
+    # The seed's split: 16-bit weights and grads, fp32 Adam moments and an fp32 master copy.
+    bf16_weights = estimate(EstimateInput(shape, method="full", precision="bf16", param_dtype="bf16"))
+    assert (bf16_weights.params, bf16_weights.grads, bf16_weights.optimizer, bf16_weights.master) == (
+        14 * 10**9,
+        14 * 10**9,
+        56 * 10**9,
+        28 * 10**9,
+    )
+    assert bf16_weights.model_states == 112 * 10**9
+
+
+def test_seed_lora_rank_8_on_1024_square_trains_one_64th() -> None:
+    shape = ModelShape(
+        1024 * 1024, 1, 1024, 8, 8, 128, 4096, 32000, False, {"q_proj": LinearSpec(1024, 1024, 1)}
+    )
+    trainable = lora_trainable_params(shape, 8, ["q_proj"])
+    assert trainable == 2 * 8 * 1024
+    assert trainable / (1024 * 1024) == 1 / 64
+
+
+@pytest.mark.parametrize(
+    ("strategy", "gb"),
+    [("ddp", 120.0), ("zero1", 31.4), ("zero2", 16.6), ("zero3", 1.9), ("fsdp", 1.9)],
+)
+def test_zero_paper_figure_1(strategy: str, gb: float) -> None:
+    """7.5B parameters, K=12, N=64 (Rajbhandari et al. 2020, figure 1)."""
+    inp = EstimateInput(shape_from_params(7.5e9), precision="bf16", strategy=strategy, n_devices=64)  # type: ignore[arg-type]
+    assert round(estimate(inp).model_states / 1e9, 1) == gb
+
+
+@pytest.mark.parametrize(
+    ("r", "targets"),
+    [(8, ["q_proj", "v_proj"]), (16, ALL_LLAMA_LINEARS), (4, ["lm_head", "down_proj"]), (8, "all-linear")],
+)
+def test_lora_count_is_exactly_peft(tiny_shape: ModelShape, r: int, targets: list[str] | str) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(
+        AutoModelForCausalLM.from_config(tiny_llama_config()), LoraConfig(r=r, target_modules=targets)
+    )
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert lora_trainable_params(tiny_shape, r, targets) == trainable
+
+
+def _saved_bytes(method: str, checkpointing: bool) -> tuple[int, int]:
+    """Bytes autograd saves in one fp32 forward of the tiny Llama, and what decoder layer 1 saves.
+
+    Unique storages only (views and reuse counted once); parameters skipped.
+    """
+    torch.manual_seed(0)
+    cfg = tiny_llama_config()
+    model = AutoModelForCausalLM.from_config(cfg)
+    if method == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+        if method == "lora":
+            model.enable_input_require_grads()
+    model.train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+    where = ["outside"]
+    in_layer_1 = [0]
+    for name, module in model.named_modules():
+        if name.endswith("model.layers.1") or name.endswith("model.layers.2"):
+            module.register_forward_pre_hook(lambda mod, args, name=name: where.__setitem__(0, name[-1]))
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params and ptr not in seen:
+            seen[ptr] = t.untyped_storage().nbytes()
+            if where[0] == "1":
+                in_layer_1[0] += seen[ptr]
+        return t
+
+    ids = torch.randint(0, cfg.vocab_size, (MICRO_BATCH, SEQ))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, labels=ids)
+    return sum(seen.values()), in_layer_1[0]
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_activations_match_saved_tensors(tiny_shape: ModelShape, method: str) -> None:
+    inp = EstimateInput(
+        tiny_shape,
+        method=method,
+        precision="fp32",
+        micro_batch=MICRO_BATCH,
+        seq_len=SEQ,
+        lora_r=8,  # type: ignore[arg-type]
+    )
+    measured, layer_1 = _saved_bytes(method, checkpointing=False)
+    est = activation_bytes(inp)
+    assert est.stored == pytest.approx(measured, rel=0.15)
+    assert est.per_layer == pytest.approx(layer_1, rel=0.15)
+    assert est.recompute == 0
+
+    measured_ckpt, _ = _saved_bytes(method, checkpointing=True)
+    est_ckpt = activation_bytes(replace(inp, gradient_checkpointing=True))
+    assert est_ckpt.stored == pytest.approx(measured_ckpt, rel=0.15)
+    # Backward recomputes one layer: its full activations, as measured without checkpointing.
+    assert est_ckpt.recompute == pytest.approx(layer_1, rel=0.15)
+    assert est_ckpt.peak < est.peak
+
+
+def test_logits_dominate_small_checkpointed_models(tiny_shape: ModelShape) -> None:
+    inp = EstimateInput(tiny_shape, micro_batch=4, seq_len=256, precision="bf16", gradient_checkpointing=True)
+    est = activation_bytes(inp)
+    assert est.logits == 4 * 256 * 4096 * 4  # fp32 log-softmax even in bf16
+    assert est.logits > est.stored / 2
+
+
+def test_qlora_base_is_four_bits_plus_constants(tiny_shape: ModelShape) -> None:
+    qlora = estimate(EstimateInput(tiny_shape, method="qlora", precision="bf16", micro_batch=1, seq_len=16))
+    quantized = tiny_shape.linear_params - 384 * 4096  # lm_head stays 16 bit
+    adapters = lora_trainable_params(tiny_shape, 8, ["q_proj", "v_proj"])
+    base = quantized * (4 + NF4_DOUBLE_QUANT_OVERHEAD_BITS) / 8 + (tiny_shape.total_params - quantized) * 2
+    assert qlora.params == round(base + adapters * 4)
+    assert (qlora.grads, qlora.optimizer, qlora.master) == (adapters * 4, adapters * 8, 0)
+    assert NF4_DOUBLE_QUANT_OVERHEAD_BITS == pytest.approx(0.127, abs=1e-3)
+
+
+def test_offload_moves_states_off_the_device() -> None:
+    inp = EstimateInput(shape_from_params(7.5e9), strategy="zero3", n_devices=8, precision="bf16")
+    kept = estimate(inp)
+    moved = estimate(replace(inp, offload_optimizer=True, offload_params=True))
+    assert (moved.optimizer, moved.master, moved.params) == (0, 0, 0)
+    assert moved.offloaded == {"optimizer": kept.optimizer, "master": kept.master, "params": kept.params}
+    assert moved.total == kept.total - kept.optimizer - kept.master - kept.params
+
+
+def test_model_parallel_splits_states_across_devices() -> None:
+    inp = EstimateInput(shape_from_params(34e9), method="lora", precision="bf16", micro_batch=1, seq_len=1024)
+    one = estimate(inp)
+    four = estimate(replace(inp, strategy="mp", n_devices=4))
+    assert four.params == pytest.approx(one.params / 4, rel=0.05)  # busiest device: ~1/N plus an end
+    assert four.params > one.params / 4
+
+
+def test_recommend_ddp_for_tinyllama_lora() -> None:
+    cfg = LlamaConfig(
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        vocab_size=32000,
+    )
+    inp = EstimateInput(shape_from_config(cfg), method="lora", precision="bf16", micro_batch=16, seq_len=1024)
+    rec = recommend(inp, 48 * GIB, 4)
+    assert rec.strategy == "ddp"
+    assert rec.method == "lora"
+    assert rec.fits["ddp"] and rec.fits["fsdp"] and rec.fits["single"]
+    assert "48.0 GiB" in rec.reason
+    assert recommend(inp, 48 * GIB, 1).strategy == "single"
+
+
+def test_recommend_fsdp_for_34b_lora() -> None:
+    inp = EstimateInput(
+        shape_from_params(34e9),
+        method="lora",
+        precision="bf16",
+        micro_batch=4,
+        seq_len=1024,
+        gradient_checkpointing=True,
+    )
+    # 34B in 16 bit is 68 GB: more than one 48 GiB GPU, so neither DDP nor ZeRO-2 fits.
+    assert estimate(inp).params > 48 * GIB
+    rec = recommend(inp, 48 * GIB, 4)
+    assert rec.strategy == "fsdp"
+    assert not rec.fits["ddp"] and not rec.fits["zero2"]
+    assert rec.fits["zero3"] and rec.fits["mp"]
+    assert gpus_needed(replace(inp, strategy="fsdp"), 48 * GIB) == 2
+    assert gpus_needed(replace(inp, strategy="ddp"), 48 * GIB) is None
+
+
+def test_recommend_falls_back_to_lora_when_full_fits_nowhere() -> None:
+    inp = EstimateInput(
+        shape_from_params(34e9), precision="bf16", micro_batch=1, seq_len=1024, gradient_checkpointing=True
+    )
+    rec = recommend(inp, 48 * GIB, 4)
+    assert not any(rec.fits.values())
+    assert rec.method == "lora" and rec.strategy == "fsdp"
+
+
+def test_report_shape_is_json_ready(tiny_shape: ModelShape) -> None:
+    inp = EstimateInput(tiny_shape, method="lora", micro_batch=2, seq_len=128)
+    report = estimate_report(inp, 8 * GIB, 2, ["ddp", "zero2", "fsdp"])
+    assert json.loads(json.dumps(report)) == report
+    assert set(report) == {"strategies", "recommendation"}
+    assert set(report["strategies"]) == {"ddp", "zero2", "fsdp"}
+    for entry in report["strategies"].values():
+        assert set(entry) == {"per_device_bytes", "fits", "gpus_needed"}
+        assert set(entry["per_device_bytes"]) == {
+            "params",
+            "grads",
+            "optimizer",
+            "master",
+            "activations",
+            "total",
+        }
+        assert entry["fits"] is True and entry["gpus_needed"] == 1
+    assert report["recommendation"]["strategy"] == "ddp"
+    assert set(report["recommendation"]) == {"strategy", "reason"}
