@@ -68,7 +68,17 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--format", choices=["text", "json"], default="text")
     _db_option(show)
     show.set_defaults(handler=cmd_show)
+
+    # Further commands live in their own modules, each with ``add_parser(subparsers)``; they import
+    # their heavy dependencies inside the handler so that ``ftui --help`` stays fast.
+    import importlib
+
+    for module in EXTRA_COMMANDS:
+        importlib.import_module(module).add_parser(sub, _db_option)
     return parser
+
+
+EXTRA_COMMANDS: list[str] = []
 
 
 def _db_option(parser: argparse.ArgumentParser) -> None:
