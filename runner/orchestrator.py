@@ -286,15 +286,23 @@ def execute(
     on_event: EventCallback | None = None,
     stop: threading.Event | None = None,
     poll_s: float = 0.1,
+    probe: Any | None = None,
+    sample_interval_s: float = 0.5,
+    hang_after_s: float = 300.0,
 ) -> Outcome:
     """Start a prepared run and follow it to the end, writing everything to the store.
 
     Args:
-        store: the store (this function is the run's only writer).
+        store: the store (this function is the run's only writer: samples from the telemetry
+            thread are queued and written here, in batches).
         prepared: from :func:`prepare`.
-        on_event: called with every journal event as it arrives (progress bars, the TUI).
+        on_event: called with every journal event as it arrives (progress bars), and with the
+            orchestrator's own ``hang`` events.
         stop: set it to stop the run gracefully (what Ctrl-C does for ``ftui run``).
         poll_s: how often the journal is read.
+        probe: the telemetry probe (:class:`runner.hardware.Probe`); default: NVML + psutil.
+        sample_interval_s: seconds between telemetry readings; 0 turns telemetry off.
+        hang_after_s: flag a hang when no step came for this long and a device is idle.
 
     Returns:
         The outcome; the run's row holds the same status, exit code, error and summary.
@@ -303,13 +311,17 @@ def execute(
     run_id = prepared.run_id
     proc = spawn(prepared)
     pgid = proc.pid  # start_new_session: the launcher leads its own group
-    store.update_run(run_id, status="running", started_at=_utcnow(), pgid=pgid)
-    store.add_event(run_id, "launch", time.time(), {"argv": prepared.spec.argv, "pgid": pgid})
+    launched = time.time()
+    store.update_run(run_id, status="running", started_at=_utcnow(), pgid=pgid,
+                     summary={"orchestrator_pid": os.getpid()})
+    store.add_event(run_id, "launch", launched, {"argv": prepared.spec.argv, "pgid": pgid})
     watch = _Watch(store, prepared, on_event)
+    telemetry = _Telemetry(store, prepared, probe, sample_interval_s, hang_after_s, launched)
     stopped_by_user = False
     try:
         while True:
             watch.poll()
+            telemetry.poll(watch)
             if watch.mismatch:
                 stop_group(pgid, proc, grace=5.0)
                 break
@@ -323,9 +335,73 @@ def execute(
         stopped_by_user = True
         stop_group(pgid, proc)
     exit_code = proc.wait()
+    telemetry.close()
     watch.poll()
     watch.flush()
     return _finish(store, watch, exit_code, stopped_by_user)
+
+
+class _Telemetry:
+    """The sampler of one run, its queue to the writer (this thread) and the hang detector."""
+
+    def __init__(self, store: Store, prepared: Prepared, probe: Any | None, interval_s: float,
+                 hang_after_s: float, launched: float) -> None:
+        from collections import deque
+        from queue import SimpleQueue
+
+        self.store = store
+        self.run_id = prepared.run_id
+        self.run_dir = prepared.run_dir
+        self.queue: SimpleQueue[tuple[list[Any], list[Any]]] = SimpleQueue()
+        self.recent: deque[Any] = deque(maxlen=2000)
+        self.sampler = None
+        self.last_write = 0.0
+        self.last_hang_check = 0.0
+        if interval_s <= 0:
+            return
+        from runner.hardware import Probe
+        from runner.telemetry import HangDetector, Sampler
+
+        self.hang = HangDetector(hang_after_s=hang_after_s, window_s=min(30.0, hang_after_s), started_at=launched)
+        self.sampler = Sampler(
+            probe if probe is not None else Probe(),
+            lambda: ev.read_rank_pids(self.run_dir),
+            lambda samples, procs: self.queue.put((samples, procs)),
+            interval_s=interval_s,
+            flush_every_s=1.0,
+        )
+        self.sampler.start()
+
+    def poll(self, watch: _Watch) -> None:
+        if self.sampler is None:
+            return
+        now = time.time()
+        self._write()
+        if now - self.last_hang_check >= 1.0 and watch.end is None:
+            self.last_hang_check = now
+            event = self.hang.check(now, watch.last_step_time, self.recent)
+            if event is not None:
+                assert self.run_id is not None
+                self.store.add_event(self.run_id, "hang", now, event)
+                if watch.on_event is not None:
+                    watch.on_event({"type": "hang", **event})
+
+    def _write(self) -> None:
+        samples: list[Any] = []
+        procs: list[Any] = []
+        while not self.queue.empty():
+            more, more_procs = self.queue.get()
+            samples.extend(more)
+            procs.extend(more_procs)
+        if (samples or procs) and self.run_id is not None:
+            self.store.add_samples(self.run_id, samples, procs)
+            self.recent.extend(samples)
+
+    def close(self) -> None:
+        if self.sampler is None:
+            return
+        self.sampler.stop()
+        self._write()
 
 
 def _finish(store: Store, watch: _Watch, exit_code: int, stopped_by_user: bool) -> Outcome:
@@ -364,6 +440,11 @@ def _finish(store: Store, watch: _Watch, exit_code: int, stopped_by_user: bool) 
             "steps_done": end.get("steps"),
             "peak_mem_bytes": max(peaks) if peaks else None,
         }
+    telemetry = _telemetry_summary(store, watch)
+    if telemetry is not None:
+        summary["telemetry"] = telemetry
+        overall = telemetry.get("active") or telemetry.get("whole") or {}
+        columns["mean_util"] = overall.get("util_mean")
     store.update_run(
         watch.run_id,
         status=status,
@@ -375,6 +456,21 @@ def _finish(store: Store, watch: _Watch, exit_code: int, stopped_by_user: bool) 
     )
     store.add_event(watch.run_id, "exit", time.time(), {"exit_code": exit_code, "status": status})
     return Outcome(run_id=watch.run_id, status=status, exit_code=exit_code, error=error, summary=summary)
+
+
+def _telemetry_summary(store: Store, watch: _Watch) -> dict[str, Any] | None:
+    """Per-device and overall utilisation of the run (definitions: :func:`runner.telemetry.summarise`);
+    the active window runs from the start of the first step to the end of the last."""
+    samples = store.samples(watch.run_id)
+    if not samples:
+        return None
+    from runner.telemetry import summarise
+
+    window = None
+    if watch.first_step_time is not None and watch.last_step_time is not None:
+        window = (watch.first_step_time, watch.last_step_time)
+    result = summarise(samples, window)  # type: ignore[arg-type]  # SampleInfo has DeviceSample's fields
+    return json.loads(json.dumps(result))
 
 
 def _error_from_logs(run_dir: Path) -> str | None:
@@ -402,3 +498,64 @@ def _utcnow() -> datetime:
     from store.store import utcnow
 
     return utcnow()
+
+
+# ---------------------------------------------------------------------- detached runs
+
+
+def load_prepared(run_id: int, run_dir: Path) -> Prepared:
+    """A prepared run read back from its folder (recipe.toml and launch.json)."""
+    from runner.recipe import load_recipe
+
+    launch = json.loads((run_dir / ev.LAUNCH_FILE).read_text())
+    spec = LaunchSpec(argv=launch["argv"], env=launch["env"], accelerate_config=launch["accelerate_config"])
+    return Prepared(run_id=run_id, run_dir=run_dir, spec=spec, recipe=load_recipe(run_dir / ev.RECIPE_FILE))
+
+
+def start_detached(db_url: str, prepared: Prepared, fake_gpus: int = 0) -> subprocess.Popen[bytes]:
+    """Follow a prepared run from a background orchestrator in a session of its own, so that the
+    run and its recording outlive the caller (the TUI). Stop it with SIGTERM to that process, or
+    to the run's process group (``pgid`` in the store)."""
+    import sys
+
+    assert prepared.run_id is not None
+    argv = [sys.executable, "-m", "runner.orchestrator", "--db", db_url, "--run-id", str(prepared.run_id),
+            "--fake-gpus", str(fake_gpus)]
+    log = open(prepared.run_dir / "orchestrator.log", "ab")  # noqa: SIM115
+    try:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                cwd=prepared.run_dir, start_new_session=True)
+    finally:
+        log.close()
+
+
+def probe_for(fake_gpus: int = 0) -> Any:
+    """The telemetry probe: real NVML + psutil, or ``fake_gpus`` scripted GPUs (demo mode)."""
+    from runner.hardware import Probe
+
+    return Probe.fake(fake_gpus) if fake_gpus else Probe()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m runner.orchestrator --db URL --run-id N``: follow a prepared run to its end."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m runner.orchestrator")
+    parser.add_argument("--db", required=True)
+    parser.add_argument("--run-id", type=int, required=True)
+    parser.add_argument("--fake-gpus", type=int, default=0)
+    args = parser.parse_args(argv)
+    store = Store(args.db)
+    run = store.get_run(args.run_id)
+    if run is None:
+        print(f"run {args.run_id}: no such run in {args.db}")
+        return 2
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    outcome = execute(store, load_prepared(run.id, Path(run.run_dir)), stop=stop, probe=probe_for(args.fake_gpus))
+    return 0 if outcome.status == "completed" else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
