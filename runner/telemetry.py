@@ -52,6 +52,7 @@ class Sampler:
 
     Reading ``k`` is due at ``start + k * interval_s`` (monotonic), so the rate does not drift with
     the cost of each reading; when a reading overruns, the missed slots are skipped, not bunched.
+    Flushes follow the same slot grid (every ``flush_every_s`` of slot time), plus one on stop.
     A probe or sink exception is logged (with its traceback the first time) and sampling goes on.
 
     Args:
@@ -123,11 +124,14 @@ class Sampler:
         k = 0
         while True:
             self._read()
-            now = time.monotonic()
-            if now - last_flush >= self.flush_every_s:
+            # Flush on the schedule's slot times, not on measured ones, whose jitter would let a
+            # flush slip by a whole interval now and then.
+            slot = start + k * self.interval_s
+            if slot - last_flush >= self.flush_every_s - 1e-9:
                 self._flush()
-                last_flush = now
+                last_flush = slot
             self.thread_cpu_s = time.thread_time() - cpu0
+            now = time.monotonic()
             k += 1
             due = start + k * self.interval_s
             if due < now:  # overran: skip to the next slot still ahead

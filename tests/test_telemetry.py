@@ -59,6 +59,8 @@ def test_sampler_rate_batches_and_final_flush(sleeper: subprocess.Popen[bytes]) 
     # Every reading: 2 GPUs, 1 rank, 1 host; all of them reached the sink (stop flushed the rest).
     assert len(sink.samples) == 4 * readings
     assert 3 <= len(sink.batches) <= 5 and all(len(b) < len(sink.samples) for b, _ in sink.batches)
+    if sampler.skipped == 0:  # flushes follow the slot grid: 5 readings of 4 samples between two
+        assert [len(b) for b, _ in sink.batches[1:-1]] == [20] * (len(sink.batches) - 2)
     assert sink.threads == {"ftui-sampler"}
     # Monotonic schedule: reading k lands at start + k * interval, without accumulated drift.
     times = sorted({s.time for s in sink.samples if s.kind == "host"})
