@@ -155,6 +155,10 @@ class GpuInfo:
 # --------------------------------------------------------------------------------------------------
 # The one NVML helper
 
+# nvidia-ml-py raises this (not an NVMLError) when an unversioned function such as
+# nvmlDeviceGetComputeRunningProcesses maps to a versioned symbol the installed driver lacks.
+_LIBRARY_MISMATCH: type[Exception] = getattr(pynvml, "NVMLLibraryMismatchError", pynvml.NVMLError)
+
 _reported: set[tuple[str, str]] = set()
 _reported_lock = threading.Lock()
 
@@ -179,7 +183,8 @@ def nvml_query(func: Callable[..., _T] | None, *args: Any, default: _T | None = 
 
     Returns:
         The function's result, or ``default`` when it raised ``pynvml.NVMLError`` (not supported,
-        GPU lost, function missing from an old driver, library not initialised...) or is missing.
+        GPU lost, function missing from an old driver, library not initialised...) or
+        ``NVMLLibraryMismatchError`` (a driver older than the binding), or when it is missing.
         Each distinct failure is logged once at debug level.
     """
     name = getattr(func, "__name__", "?")
@@ -187,7 +192,7 @@ def nvml_query(func: Callable[..., _T] | None, *args: Any, default: _T | None = 
         return default
     try:
         return func(*args)
-    except pynvml.NVMLError as exc:
+    except (pynvml.NVMLError, _LIBRARY_MISMATCH) as exc:
         _report_once(name, type(exc).__name__)
         return default
 
@@ -439,7 +444,10 @@ class NvmlBackend:
             handle = self._handle(info.index)
             if handle is None:
                 continue
-            for proc in self._query("nvmlDeviceGetComputeRunningProcesses", handle, default=[]):
+            listed = self._query("nvmlDeviceGetComputeRunningProcesses", handle)
+            if listed is None:  # a driver without the _v3 call the binding maps this name to
+                listed = self._query("nvmlDeviceGetComputeRunningProcesses_v2", handle, default=[])
+            for proc in listed:
                 pid = int(proc.pid)
                 used = getattr(proc, "usedGpuMemory", None)
                 records.append(

@@ -249,6 +249,19 @@ def test_function_missing_from_binding_reads_as_none() -> None:
     assert s.sm_clock_mhz is None and s.util_pct == 7
 
 
+def test_old_driver_process_list_falls_back_to_v2() -> None:
+    class OldDriver(FakeNvml):
+        def nvmlDeviceGetComputeRunningProcesses(self, handle):  # type: ignore[no-untyped-def]
+            raise pynvml.NVMLLibraryMismatchError("driver lacks nvmlDeviceGetComputeRunningProcesses_v3")
+
+        def nvmlDeviceGetComputeRunningProcesses_v2(self, handle):  # type: ignore[no-untyped-def]
+            return FakeNvml.nvmlDeviceGetComputeRunningProcesses(self, handle)
+
+    fake = OldDriver([FakeGpu(processes=[(1234, GIB)])])
+    (p,) = NvmlBackend(lib=fake).process_memory({}, owners={})
+    assert (p.pid, p.used_bytes, p.rank) == (1234, GIB, None)
+
+
 def test_nvml_query_turns_any_nvml_error_into_default() -> None:
     def not_found() -> int:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
