@@ -95,12 +95,8 @@ def runs_on_cpu(recipe: Recipe) -> bool:
 
 def cuda_device_count() -> int:
     """GPUs the trainer will see, through NVML (no torch import: ``ftui run`` stays fast)."""
-    try:
-        from runner.hardware import NvmlBackend
-    except ImportError:  # TEMPORARY until the telemetry branch lands
-        import torch
+    from runner.hardware import NvmlBackend
 
-        return int(torch.cuda.device_count())
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     count = NvmlBackend().device_count()
     if visible is not None:

@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-EXTRA_COMMANDS: list[str] = []
+EXTRA_COMMANDS: list[str] = ["tui.cmd_gpus"]
 
 
 def _db_option(parser: argparse.ArgumentParser) -> None:
@@ -151,6 +151,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except RecipeError as exc:
         raise UsageError(f"{args.recipe}: {exc}") from None
     out = _console(stderr=args.format == "json")
+    warnings += _gpu_warnings(recipe)
     for warning in warnings:
         out.print(f"[yellow]warning:[/] {warning}")
     if args.dry_run:
@@ -185,6 +186,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     out.print(f"[red]failed:[/] {outcome.error}")
     return EXIT_FAILED
+
+
+def _gpu_warnings(recipe: Any) -> list[str]:
+    """Busy or full GPUs among those the run will use, and the CUDA_VISIBLE_DEVICES mapping."""
+    import os
+
+    from runner.hardware import check_gpus_free, visible_mapping
+    from runner.orchestrator import probe_for
+
+    probe = probe_for()
+    count = probe.nvml.device_count()
+    if count == 0 or recipe.launch.device == "cpu":
+        return []
+    visible = ",".join(map(str, recipe.launch.gpus)) if recipe.launch.gpus is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
+    mapping = visible_mapping(visible, count)[: recipe.launch.nproc if recipe.launch.strategy != "mp" else None]
+    notes = ["GPUs (CUDA index -> physical): " + ", ".join(f"cuda:{lo} -> GPU {phys}" for lo, phys in mapping)]
+    return notes + check_gpus_free(probe, [phys for _, phys in mapping])
 
 
 # ---------------------------------------------------------------------- runs, show

@@ -85,12 +85,24 @@ def run_summary_table(run: RunInfo | None) -> Table:
         states = sum(rank.get(k) or 0 for k in ("param_bytes", "grad_bytes", "optimizer_bytes"))
         table.add_row(f"rank {rank['rank']} model states", fmt_bytes(states), "measured (tensor bytes)")
     telemetry = run.summary.get("telemetry") or {}
-    for dev in telemetry.get("devices", []):
+    labels = {"nvml": "NVML", "fake-nvml": "fake NVML", "psutil": "psutil"}
+    for key, dev in (telemetry.get("devices") or {}).items():
+        if dev["kind"] == "host":
+            continue
+        stats = dev.get("active") or dev["whole"]
+        span = "active" if dev.get("active") else "whole run"
+        unit = "% GPU" if dev["kind"] == "gpu" else "% of a core"
         table.add_row(
-            f"{dev['label']} mean util (active)",
-            _num(dev.get("mean_util_active"), ".0f") + "%",
-            dev.get("source", ""),
+            f"{key} util mean/peak",
+            f"{_num(stats.get('util_mean'), '.0f')}/{_num(stats.get('util_peak'), '.0f')}{unit}",
+            f"{labels.get(dev['source'], dev['source'])}, {span}, {stats['n']} samples",
         )
+        table.add_row(f"{key} memory peak", fmt_bytes(stats.get("mem_peak")), labels.get(dev["source"], dev["source"]))
+    overall = telemetry.get("active") or telemetry.get("whole")
+    if overall and overall.get("util_mean") is not None:
+        table.add_row("mean device util", f"{overall['util_mean']:.0f}%",
+                      f"mean over {overall['devices']} {overall['kind']} device(s), "
+                      + ("active window" if telemetry.get("active") else "whole run"))
     if run.error:
         table.add_row("error", Text(run.error, style="red"), "")
     return table

@@ -1,0 +1,41 @@
+"""``ftui gpus``: the devices now (like nvidia-smi / gpustat); ``--watch`` refreshes."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def add_parser(sub: Any, db_option: Callable[[argparse.ArgumentParser], None]) -> None:
+    gpus = sub.add_parser("gpus", help="show the GPUs now (or the host's CPU/memory without NVML)")
+    gpus.add_argument("--watch", nargs="?", const=1.0, type=float, metavar="SECONDS",
+                      help="refresh every SECONDS (default 1) until Ctrl-C")
+    gpus.set_defaults(handler=cmd_gpus)
+
+
+def cmd_gpus(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from runner.orchestrator import probe_for
+
+    probe = probe_for(getattr(args, "fake_gpus", 0))
+    console = Console(highlight=False)
+    if not args.watch:
+        probe.sample({})  # psutil's CPU% needs a baseline reading
+        time.sleep(0.2)
+        console.print(_render(probe))
+        return 0
+    from rich.live import Live
+
+    with Live(_render(probe), console=console, auto_refresh=False) as live:
+        while True:
+            time.sleep(args.watch)
+            live.update(_render(probe), refresh=True)
+
+
+def _render(probe: Any) -> Any:
+    from runner.hardware import format_gpus
+
+    return format_gpus(probe)
