@@ -98,7 +98,7 @@ def _train_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
         show_progress=False,
     )
     tok.train_from_iterator(corpus_documents(), trainer=trainer)
-    return PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok,
         eos_token="<|endoftext|>",
         bos_token="<|endoftext|>",

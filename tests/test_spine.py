@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from safetensors import safe_open
-
 from conftest import QUICKSTART, ROOT, STEPS, Ftui
+from safetensors import safe_open
 
 # fp32 on CPU, same rows per optimizer step: measured differences are ~1e-6.
 LOSS_TOLERANCE = 1e-4

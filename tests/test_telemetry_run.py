@@ -6,8 +6,8 @@ from collections import Counter
 from typing import Any
 
 import pytest
-
 from conftest import Ftui
+
 from store import Store
 
 

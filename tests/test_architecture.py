@@ -1,0 +1,23 @@
+"""The boundaries a reader relies on: the headless core never imports the TUI, only
+runner/hardware.py reaches NVML."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def test_import_linter_contracts_hold() -> None:
+    exe = shutil.which("lint-imports")
+    assert exe, "import-linter is a test dependency"
+    proc = subprocess.run([exe], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_only_the_hardware_module_imports_pynvml() -> None:
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--select", "TID251", "runner", "store", "tui"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
