@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> None:
     rank = int(os.environ.get("RANK", "0"))
 
     _redirect_output(ev.rank_log(run_dir, rank))
+    import faulthandler
+
+    faulthandler.enable()  # a segfault in a native library leaves its Python stack in the rank log
     pid_file = ev.rank_pid_file(run_dir, rank)
     pid_file.parent.mkdir(parents=True, exist_ok=True)
     pid_file.write_text(str(os.getpid()))
@@ -392,10 +395,13 @@ class Trainer:
         """Save the adapter (LoRA) or model (full) to RUN/output; verify that something was written."""
         acc = self.accelerator
         out = self.run_dir / ev.OUTPUT_DIR
-        state_dict = _full_state_dict(model, acc)
+        state_dict = _full_state_dict(model, acc, trainable_only=self.recipe.method.type != "full")
         if acc.is_main_process:
             unwrapped = acc.unwrap_model(model)
-            unwrapped.save_pretrained(str(out), state_dict=state_dict, safe_serialization=True)
+            if state_dict is not None and self.recipe.method.type != "full":
+                _save_adapter(unwrapped, state_dict, out)
+            else:
+                unwrapped.save_pretrained(str(out), state_dict=state_dict, safe_serialization=True)
             self.tokenizer.save_pretrained(str(out))
             _verify_saved(out)
         acc.wait_for_everyone()
@@ -499,7 +505,7 @@ def _epoch_order(rows: int, seed: int, epoch: int, shuffle: bool) -> Any:
     return torch.randperm(rows, generator=gen)
 
 
-def _full_state_dict(model: Any, acc: Any) -> Any:
+def _full_state_dict(model: Any, acc: Any, trainable_only: bool) -> Any:
     """A full (unsharded) state dict on rank 0 for FSDP, None otherwise (save_pretrained reads the
     model). Uses torch's distributed-checkpoint API: accelerate's FSDP1 full-state-dict path
     segfaulted on CPU (CPU-FACTS.md)."""
@@ -507,9 +513,41 @@ def _full_state_dict(model: Any, acc: Any) -> Any:
         return None
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    # FSDP1 wraps the model; strip its prefixes so the keys are the plain module's.
-    return {k.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", ""): v for k, v in sd.items()}
+    if getattr(getattr(acc.state, "fsdp_plugin", None), "fsdp_version", 2) == 1:
+        # torch's state-dict hooks segfaulted under FSDP1 on CPU (cloning an unsharded parameter);
+        # summoning the full parameters and copying them ourselves works on CPU and GPU alike.
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        wanted = {_clean_fqn(n) for n, p in model.named_parameters() if p.requires_grad or not trainable_only}
+        with FSDP.summon_full_params(model, writeback=False):
+            sd = {
+                _clean_fqn(n): p.detach().to("cpu", copy=True)
+                for n, p in model.named_parameters()
+                if _clean_fqn(n) in wanted
+            }
+    else:
+        # An adapter needs only the trainable tensors; gathering the frozen base too costs memory.
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only)
+        sd = get_model_state_dict(model, options=options)
+    return {_clean_fqn(k): v for k, v in sd.items()}
+
+
+def _save_adapter(peft_model: Any, state_dict: dict[str, Any], out: Path) -> None:
+    """Write a gathered LoRA state dict in peft's adapter format. peft's own save_pretrained matches
+    keys against the module tree, which under FSDP1 still holds the FSDP wrappers, and silently
+    writes an empty adapter (CPU-FACTS.md); the gathered keys are already clean."""
+    from safetensors.torch import save_file
+
+    adapter = next(iter(peft_model.peft_config))
+    tensors = {k.replace(f".{adapter}.", "."): v.contiguous() for k, v in state_dict.items() if "lora_" in k}
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    peft_model.peft_config[adapter].save_pretrained(str(out))
+
+
+def _clean_fqn(name: str) -> str:
+    """A parameter name without FSDP1's and activation checkpointing's wrapper prefixes."""
+    return name.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", "")
 
 
 def _verify_saved(out: Path) -> None:

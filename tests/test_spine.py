@@ -125,3 +125,21 @@ def _wait_for(probe: Any, timeout: float = 180.0) -> Any:
             return value
         time.sleep(0.5)
     raise AssertionError("timed out")
+
+
+def test_fsdp1_trains_and_saves_a_loadable_adapter(ftui: Ftui, strategy_runs: dict[str, Any]) -> None:
+    proc = ftui.run("run", str(QUICKSTART), "--strategy", "fsdp", "--nproc", "2", "--set", "launch.fsdp_version=1",
+                    "--set", "train.batch_size=2", "--set", "train.max_steps=3", "--name", "t-fsdp1")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = ftui.show(next(r["id"] for r in ftui.runs() if r["name"] == "t-fsdp1"))
+    assert run["distributed_type"] == "FSDP"
+    single = [m["loss"] for m in strategy_runs["single"]["metrics"]][:3]
+    assert [m["loss"] for m in run["metrics"]] == pytest.approx(single, abs=LOSS_TOLERANCE)
+    from peft import PeftModel
+    from transformers import LlamaForCausalLM
+
+    from runner import builtin
+
+    model = PeftModel.from_pretrained(LlamaForCausalLM(builtin.tiny_llama_config()), run["summary"]["saved"])
+    lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
+    assert len(lora_b) == 24 and all(float(p.abs().sum()) > 0 for p in lora_b), "trained, non-empty adapter"

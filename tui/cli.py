@@ -184,7 +184,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if outcome.status == "stopped":
         out.print("[yellow]stopped[/]")
         return EXIT_INTERRUPTED
-    out.print(f"[red]failed:[/] {outcome.error}")
+    from rich.markup import escape
+
+    out.print(f"[red]failed:[/] {escape(outcome.error or '')}")
     return EXIT_FAILED
 
 
