@@ -157,8 +157,33 @@ def prepare(
         (run_dir / name).write_text(text)
     (run_dir / ev.LAUNCH_FILE).write_text(json.dumps(spec.to_json(), indent=2) + "\n")
     if store is not None and run_id is not None:
-        store.update_run(run_id, run_dir=str(run_dir))
+        store.update_run(run_id, run_dir=str(run_dir), summary={"estimate": estimate_summary(recipe)})
     return Prepared(run_id=run_id, run_dir=run_dir, spec=spec, recipe=recipe)
+
+
+def estimate_summary(recipe: Recipe) -> dict[str, Any]:
+    """The memory estimate of one device of this run (``runner.estimate``), stored in the run's summary
+    at prepare time so that ``ftui show`` can set it against the measured bytes. Never fails a run:
+    a model whose shape cannot be had offline gets ``{"error": ...}``."""
+    from runner.estimate import breakdown_json, estimate, inputs_from_recipe, resolve_model_shape
+
+    try:
+        source = resolve_model_shape(recipe.model.name, allow_network=False)
+        inp = inputs_from_recipe(recipe, shape=source.shape)
+        if runs_on_cpu(recipe) and inp.strategy == "mp":
+            from dataclasses import replace
+
+            inp = replace(inp, n_devices=1)  # one device on CPU: mp is the single-process run
+        return {
+            "per_device_bytes": breakdown_json(estimate(inp)),
+            "strategy": inp.strategy,
+            "n_devices": inp.n_devices,
+            "micro_batch": inp.micro_batch,
+            "seq_len": inp.seq_len,
+            "model": source.note,
+        }
+    except Exception as exc:  # noqa: BLE001 (an estimate is informative only)
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
 
 
 def spawn(prepared: Prepared) -> subprocess.Popen[bytes]:
