@@ -10,7 +10,7 @@ import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 ALL_STRATEGIES = ["single", "mp", "ddp", "fsdp", "zero1", "zero2", "zero3"]
 
@@ -50,7 +50,7 @@ def add_parser(sub: Any, db_option: Callable[[argparse.ArgumentParser], None]) -
     p.set_defaults(handler=cmd_estimate)
 
 
-def _fail(msg: str) -> Any:
+def _fail(msg: str) -> NoReturn:
     """One line on stderr, exit code 2 (what ``tui.cli.UsageError`` does; raised here directly because
     ``python -m tui.cli`` runs the command line as ``__main__``, another copy of that class)."""
     import sys
@@ -64,7 +64,7 @@ def _nvml_gpus() -> list[int]:
     try:
         from runner.hardware import NvmlBackend
 
-        return [int(g.mem_total) for g in NvmlBackend().gpu_infos() if getattr(g, "mem_total", None)]
+        return [int(g.mem_total) for g in NvmlBackend().gpu_infos() if g.mem_total]
     except Exception:  # noqa: BLE001 (no NVML: the caller asks for --gpu-mem)
         return []
 
