@@ -56,6 +56,8 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
+    from runner.recipe import Recipe
+
 Method = Literal["full", "lora", "qlora"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Strategy = Literal["single", "mp", "ddp", "fsdp", "zero1", "zero2", "zero3"]
@@ -734,3 +736,178 @@ def estimate_report(
         }
     rec = recommend(base_inputs, gpu_mem_bytes, n_gpus)
     return {"strategies": out, "recommendation": {"strategy": rec.strategy, "reason": rec.reason}}
+
+
+# ---------------------------------------------------------------------- recipes
+
+
+def llama_shape(
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    intermediate: int,
+    vocab: int,
+    tied_embeddings: bool = False,
+    head_dim: int | None = None,
+) -> ModelShape:
+    """The exact shape of an HF Llama (no biases), computed without torch.
+
+    Parameters: the linears, the input embedding, two RMSNorms per layer and the final norm (the tests
+    compare it with ``shape_from_config`` on the meta device).
+    """
+    d = head_dim or hidden // heads
+    linears = _llama_linears(layers, hidden, heads, kv_heads, d, intermediate, vocab)
+    shape = ModelShape(0, layers, hidden, heads, kv_heads, d, intermediate, vocab, tied_embeddings, linears)
+    total = shape.linear_params + vocab * hidden + (2 * layers + 1) * hidden
+    return replace(shape, total_params=total)
+
+
+class _Known(NamedTuple):
+    match: str
+    shape: _Ref
+
+
+# Hub ids whose published config.json values are built in, so that ``ftui estimate`` works offline.
+KNOWN_HUB_MODELS: tuple[_Known, ...] = (
+    _Known("tinyllama-1.1b", LLAMA_REFERENCE_SHAPES[0]),
+    _Known("codellama-34b", LLAMA_REFERENCE_SHAPES[5]),
+)
+
+
+class ModelSource(NamedTuple):
+    """Where a recipe's model shape came from: ``shape`` and a short human note."""
+
+    shape: ModelShape
+    note: str
+
+
+def resolve_model_shape(name: str, allow_network: bool = True) -> ModelSource:
+    """The shape of ``model.name``: the builtin tiny Llama, a local folder, the local HF cache, a built-in
+    table of known hub ids, or the hub (only when ``allow_network`` and reachable).
+
+    Raises:
+        ValueError: one line when the shape cannot be had.
+    """
+    from runner import builtin
+
+    if name == builtin.TINY_LLAMA:
+        s = builtin.TINY_LLAMA_SHAPE
+        shape = llama_shape(
+            int(s["num_hidden_layers"]),
+            int(s["hidden_size"]),
+            int(s["num_attention_heads"]),
+            int(s["num_key_value_heads"]),
+            int(s["intermediate_size"]),
+            builtin.TOKENIZER_VOCAB,
+            bool(s["tie_word_embeddings"]),
+        )
+        return ModelSource(shape, f"{name} (builtin config)")
+    if name.startswith(builtin.BUILTIN_PREFIX):
+        raise ValueError(f"model.name: unknown builtin model {name!r}")
+    from pathlib import Path
+
+    folder = Path(name).expanduser()
+    if (folder / "config.json").is_file():
+        return ModelSource(shape_from_config(_auto_config(str(folder), local_only=True)), f"{name} (local config.json)")
+    try:
+        cfg = _auto_config(name, local_only=True)
+        return ModelSource(shape_from_config(cfg), f"{name} (config from the local Hugging Face cache)")
+    except Exception:  # noqa: BLE001 (not cached: try the table, then the hub)
+        pass
+    low = name.lower()
+    for known in KNOWN_HUB_MODELS:
+        if known.match in low:
+            r = known.shape
+            shape = llama_shape(r.layers, r.hidden, r.heads, r.kv_heads, r.intermediate, r.vocab)
+            return ModelSource(shape, f"{name} (built-in table of {r.name}'s published config; hub not used)")
+    if not allow_network:
+        raise ValueError(f"model.name: {name}: config not in the local cache and not in the built-in table")
+    try:
+        cfg = _auto_config(name, local_only=False)
+    except Exception as exc:  # noqa: BLE001 (one line for the user)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(
+            f"model.name: {name}: cannot read its config from the hub ({first[:160]}); "
+            "use a local folder or --params/--layers/--hidden"
+        ) from None
+    return ModelSource(shape_from_config(cfg), f"{name} (config from the Hugging Face hub)")
+
+
+def _auto_config(name: str, local_only: bool) -> PretrainedConfig:
+    from transformers import AutoConfig
+
+    cfg: PretrainedConfig = AutoConfig.from_pretrained(name, local_files_only=local_only)
+    return cfg
+
+
+def recipe_param_dtype(model_dtype: str, method: str, precision: str) -> Precision:
+    """The dtype the trainer stores the weights in (``runner.trainer._load_dtype`` without torch)."""
+    if model_dtype != "auto":
+        return model_dtype  # type: ignore[return-value]
+    if method in ("lora", "qlora") and precision != "fp32":
+        return precision  # type: ignore[return-value]
+    return "fp32"
+
+
+def inputs_from_recipe(
+    recipe: Recipe, n_devices: int | None = None, shape: ModelShape | None = None, allow_network: bool = True
+) -> EstimateInput:
+    """The estimate's input for a recipe, with the trainer's semantics (fp32 weights unless
+    ``model.dtype`` or a 16-bit LoRA says otherwise; micro-batch = ``train.batch_size``; sequence =
+    ``data.context_length``).
+
+    Args:
+        recipe: A validated recipe.
+        n_devices: Devices to spread over (default: ``launch.nproc``, or the listed GPUs for ``mp``).
+        shape: The model's shape, if already resolved (else :func:`resolve_model_shape`).
+        allow_network: Whether the hub may be asked for an unknown model's config.
+
+    Raises:
+        ValueError: the model's shape cannot be had.
+    """
+    if shape is None:
+        shape = resolve_model_shape(recipe.model.name, allow_network).shape
+    launch, train, method = recipe.launch, recipe.train, recipe.method
+    if n_devices is None:
+        n_devices = len(launch.gpus) if launch.strategy == "mp" and launch.gpus else launch.nproc
+    return EstimateInput(
+        shape=shape,
+        method=method.type,
+        precision=train.precision,
+        param_dtype=recipe_param_dtype(recipe.model.dtype, method.type, train.precision),
+        strategy=launch.strategy,
+        n_devices=max(1, n_devices),
+        micro_batch=train.batch_size,
+        seq_len=recipe.data.context_length,
+        gradient_checkpointing=train.gradient_checkpointing,
+        lora_r=method.lora.r,
+        lora_targets=tuple(method.lora.target_modules),
+    )
+
+
+def breakdown_json(b: MemoryBreakdown) -> dict[str, int]:
+    """The per-device bytes a run's summary stores as ``estimate``."""
+    return {
+        "params": b.params,
+        "grads": b.grads,
+        "optimizer": b.optimizer,
+        "master": b.master,
+        "activations": b.activations,
+        "buffers": b.buffers,
+        "total": b.total,
+    }
+
+
+def parse_bytes(text: str) -> int:
+    """``48GiB``, ``80GB``, ``3.5GiB``, ``512MiB`` or a plain byte count."""
+    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+             "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    s = text.strip().lower().replace(" ", "")
+    i = len(s)
+    while i > 0 and not (s[i - 1].isdigit() or s[i - 1] == "."):
+        i -= 1
+    num, unit = s[:i], s[i:]
+    if not num or unit not in units:
+        raise ValueError(f"{text!r}: expected a size like 48GiB, 80GB, 512MiB or a byte count")
+    return int(float(num) * units[unit])

@@ -157,8 +157,33 @@ def prepare(
         (run_dir / name).write_text(text)
     (run_dir / ev.LAUNCH_FILE).write_text(json.dumps(spec.to_json(), indent=2) + "\n")
     if store is not None and run_id is not None:
-        store.update_run(run_id, run_dir=str(run_dir))
+        store.update_run(run_id, run_dir=str(run_dir), summary={"estimate": estimate_summary(recipe)})
     return Prepared(run_id=run_id, run_dir=run_dir, spec=spec, recipe=recipe)
+
+
+def estimate_summary(recipe: Recipe) -> dict[str, Any]:
+    """The memory estimate of one device of this run (``runner.estimate``), stored in the run's summary
+    at prepare time so that ``ftui show`` can set it against the measured bytes. Never fails a run:
+    a model whose shape cannot be had offline gets ``{"error": ...}``."""
+    from runner.estimate import breakdown_json, estimate, inputs_from_recipe, resolve_model_shape
+
+    try:
+        source = resolve_model_shape(recipe.model.name, allow_network=False)
+        inp = inputs_from_recipe(recipe, shape=source.shape)
+        if runs_on_cpu(recipe) and inp.strategy == "mp":
+            from dataclasses import replace
+
+            inp = replace(inp, n_devices=1)  # one device on CPU: mp is the single-process run
+        return {
+            "per_device_bytes": breakdown_json(estimate(inp)),
+            "strategy": inp.strategy,
+            "n_devices": inp.n_devices,
+            "micro_batch": inp.micro_batch,
+            "seq_len": inp.seq_len,
+            "model": source.note,
+        }
+    except Exception as exc:  # noqa: BLE001 (an estimate is informative only)
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
 
 
 def spawn(prepared: Prepared) -> subprocess.Popen[bytes]:
@@ -494,6 +519,101 @@ def _utcnow() -> datetime:
     from store.store import utcnow
 
     return utcnow()
+
+
+# ---------------------------------------------------------------------- batch-size finder
+
+
+@dataclass(frozen=True)
+class BatchTrial:
+    """One short real run of the batch-size finder."""
+
+    batch_size: int
+    run_id: int
+    status: str
+    measured_bytes: int | None
+    """Busiest rank: CUDA peak allocated on GPU; on CPU params + grads + optimizer + activations."""
+    fits: bool
+    error: str | None = None
+
+
+def trial_bytes(ranks: list[dict[str, Any]]) -> int | None:
+    """The memory a run needed on its busiest rank, as the finder compares it with the budget."""
+    values = []
+    for r in ranks:
+        if r.get("peak_allocated_bytes"):
+            values.append(int(r["peak_allocated_bytes"]))
+        elif r.get("activation_bytes") is not None:
+            values.append(sum(int(r.get(k) or 0) for k in ("param_bytes", "grad_bytes", "optimizer_bytes",
+                                                             "activation_bytes")))
+    return max(values) if values else None
+
+
+def find_batch_size(
+    store: Store,
+    recipe: Recipe,
+    cap_bytes: int,
+    source: str | None = None,
+    on_trial: Callable[[BatchTrial], None] | None = None,
+    max_trials: int = 6,
+    max_batch: int = 64,
+    steps: int = 2,
+) -> dict[str, Any]:
+    """The largest micro-batch (``train.batch_size``) that fits ``cap_bytes`` per rank, found with short
+    real runs: start at 1, double while it fits, then bisect between the last fit and the first miss.
+
+    Each trial is a normal run (``steps`` steps, ``train.save = false``) of the recipe's strategy and
+    process count, recorded in the store with a shared sweep id ``find-batch-...``. A trial misses when it
+    fails (out of memory, or anything else: its error is kept) or when its measured bytes
+    (:func:`trial_bytes`) exceed the cap. The result is also stored on the last trial: a
+    ``batch_size_found`` event and ``summary["find_batch"]``.
+
+    Returns:
+        ``{"sweep_id", "chosen" (None when batch 1 misses), "cap_bytes", "trials": [...]}``.
+    """
+    sweep_id = f"find-batch-{datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"
+    trials: list[BatchTrial] = []
+    good, bad, b = 0, None, 1
+    while len(trials) < max_trials:
+        train = recipe.train.model_copy(update={"batch_size": b, "max_steps": steps, "save": False})
+        trial_recipe = recipe.model_copy(update={"train": train, "name": f"{recipe.name}-find-bs{b}"})
+        prepared = prepare(store, trial_recipe, source=source, sweep_id=sweep_id)
+        outcome = execute(store, prepared)
+        ranks = outcome.summary.get("ranks") or []
+        used = trial_bytes(ranks)
+        fits = outcome.status == "completed" and used is not None and used <= cap_bytes
+        trial = BatchTrial(b, outcome.run_id, outcome.status, used, fits, outcome.error)
+        trials.append(trial)
+        if on_trial is not None:
+            on_trial(trial)
+        if outcome.status == "stopped":
+            break
+        if fits:
+            good = b
+        else:
+            bad = b
+        if bad is not None and good == 0:
+            break
+        if bad is None:
+            if b >= max_batch:
+                break
+            b = min(2 * b, max_batch)
+        else:
+            if bad - good <= 1:
+                break
+            b = (good + bad) // 2
+    result: dict[str, Any] = {
+        "sweep_id": sweep_id,
+        "chosen": good or None,
+        "cap_bytes": cap_bytes,
+        "strategy": recipe.launch.strategy,
+        "nproc": recipe.launch.nproc,
+        "trials": [t.__dict__ for t in trials],
+    }
+    last = trials[-1].run_id
+    store.add_event(last, "batch_size_found", time.time(), result)
+    store.update_run(last, summary={"find_batch": result})
+    return result
 
 
 # ---------------------------------------------------------------------- detached runs

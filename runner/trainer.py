@@ -276,6 +276,7 @@ class Trainer:
         epoch = -1
         first_step_start = last_step_end = time.perf_counter()
         memory: dict[str, int] = {}
+        memory_acts: dict[str, Any] = {}
         final_loss = float("nan")
         status = "completed"
         model.train()
@@ -299,9 +300,13 @@ class Trainer:
                     inputs = {"input_ids": batch, "attention_mask": batch_mask,
                               "labels": batch.masked_fill(batch_mask == 0, -100)}
                 ctx = acc.no_sync(model) if micro < GA - 1 else _nullcontext()
-                with ctx, acc.autocast():
+                # One forward (step 1, micro-step 0) measures what autograd saves; no hooks otherwise.
+                meter = _SavedBytes(model, acc.device) if step == 0 and micro == 0 else _nullcontext()
+                with ctx, acc.autocast(), meter:
                     out = model(**inputs)
                     loss = out.loss / GA
+                if isinstance(meter, _SavedBytes):
+                    memory_acts = meter.result()
                 acc.backward(loss)
                 loss_sum += loss.detach().to(acc.device)
             grad_norm = None
@@ -309,7 +314,7 @@ class Trainer:
                 grad_norm = acc.clip_grad_norm_(model.parameters(), train.max_grad_norm)
             optimizer.step()
             if step == 0:
-                memory = self.state_bytes(model, optimizer)
+                memory = {**self.state_bytes(model, optimizer), **memory_acts}
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -563,6 +568,82 @@ def _verify_saved(out: Path) -> None:
             count += len(list(fh.keys()))
     if count == 0:
         raise RuntimeError(f"save: {files[0].name} holds no tensors (an empty adapter)")
+
+
+class _SavedBytes:
+    """Bytes autograd saves for backward during one forward, parameters excluded.
+
+    The method of ``tests/test_estimate.py``: a ``saved_tensors_hooks`` pack hook sums the unique
+    storages (deduplicated by ``data_ptr``) of what is saved. Parameters are recognised by storage while
+    their module runs (pre/post forward hooks), which also catches FSDP's all-gathered weights, whose
+    memory is freed and can be reused by later activations. On CUDA the allocator's growth across the
+    forward is reported too (``activation_alloc_bytes``), which includes what the hooks cannot see
+    (e.g. tensors kept by non-reentrant checkpointing).
+    """
+
+    def __init__(self, model: Any, device: Any) -> None:
+        self.model = model
+        self.cuda = getattr(device, "type", "") == "cuda"
+        self.live: dict[int, int] = {}
+        self.seen: dict[int, int] = {}
+        self.handles: list[Any] = []
+        self.ctx: Any = None
+        self.alloc0 = 0
+        self.alloc1 = 0
+
+    def _pre(self, module: Any, args: Any) -> None:
+        for p in module.parameters(recurse=False):
+            ptr = _local_tensor(p).untyped_storage().data_ptr()
+            self.live[ptr] = self.live.get(ptr, 0) + 1
+
+    def _post(self, module: Any, args: Any, out: Any) -> None:
+        for p in module.parameters(recurse=False):
+            ptr = _local_tensor(p).untyped_storage().data_ptr()
+            if self.live.get(ptr, 0) > 1:
+                self.live[ptr] -= 1
+            else:
+                self.live.pop(ptr, None)
+
+    def _pack(self, t: Any) -> Any:
+        import torch
+
+        if isinstance(t, torch.nn.Parameter):
+            return t
+        storage = _local_tensor(t).untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in self.live and ptr not in self.seen:
+            self.seen[ptr] = int(storage.nbytes())
+        return t
+
+    def __enter__(self) -> None:
+        import torch
+
+        for module in self.model.modules():
+            self.handles.append(module.register_forward_pre_hook(self._pre))
+            self.handles.append(module.register_forward_hook(self._post))
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.alloc0 = torch.cuda.memory_allocated()
+        self.ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self.ctx.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        import torch
+
+        self.ctx.__exit__(*exc)
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.alloc1 = torch.cuda.memory_allocated()
+
+    def result(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"activation_bytes": sum(self.seen.values()),
+                               "activation_source": "saved_tensors_hooks (one forward, step 1)"}
+        if self.cuda:
+            out["activation_alloc_bytes"] = self.alloc1 - self.alloc0
+        return out
 
 
 class _nullcontext:

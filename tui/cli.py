@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--name", help="override the recipe's name")
     run.add_argument("--dry-run", action="store_true", help="print the launch (argv, env, config) and run nothing")
     run.add_argument("--format", choices=["text", "json"], default="text")
+    run.add_argument("--find-batch-size", action="store_true",
+                     help="find the largest micro-batch that fits with short real runs, then stop")
+    run.add_argument("--mem-cap", metavar="SIZE", help="with --find-batch-size: budget per rank, e.g. 3GiB")
     _db_option(run)
     run.set_defaults(handler=cmd_run)
 
@@ -78,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-EXTRA_COMMANDS: list[str] = ["tui.cmd_gpus"]
+EXTRA_COMMANDS: list[str] = ["tui.cmd_gpus", "tui.cmd_estimate"]
 
 
 def _db_option(parser: argparse.ArgumentParser) -> None:
@@ -154,6 +157,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     warnings += _gpu_warnings(recipe)
     for warning in warnings:
         out.print(f"[yellow]warning:[/] {warning}")
+    if args.find_batch_size:
+        from tui.cmd_estimate import run_finder
+
+        return run_finder(args, recipe, args.mem_cap, str(args.recipe))
     if args.dry_run:
         prepared = orchestrator.prepare(None, recipe, source=str(args.recipe))
         if args.format == "json":

@@ -84,6 +84,8 @@ def run_summary_table(run: RunInfo | None) -> Table:
         table.add_row(f"rank {rank['rank']} peak memory", fmt_bytes(peak), src)
         states = sum(rank.get(k) or 0 for k in ("param_bytes", "grad_bytes", "optimizer_bytes"))
         table.add_row(f"rank {rank['rank']} model states", fmt_bytes(states), "measured (tensor bytes)")
+    for row in estimate_rows(run.summary):
+        table.add_row(*row)
     telemetry = run.summary.get("telemetry") or {}
     labels = {"nvml": "NVML", "fake-nvml": "fake NVML", "psutil": "psutil"}
     for key, dev in (telemetry.get("devices") or {}).items():
@@ -106,6 +108,40 @@ def run_summary_table(run: RunInfo | None) -> Table:
     if run.error:
         table.add_row("error", Text(run.error, style="red"), "")
     return table
+
+
+ESTIMATE_KINDS = (("params", "param_bytes"), ("grads", "grad_bytes"), ("optimizer", "optimizer_bytes"),
+                  ("activations", "activation_bytes"))
+
+
+def estimate_vs_measured(summary: dict[str, Any]) -> list[tuple[str, int, float | None, float | None]]:
+    """(kind, estimated bytes per device, measured bytes (mean over ranks), error in percent) for params,
+    grads, optimizer and activations; empty when the run has no estimate."""
+    per_device = (summary.get("estimate") or {}).get("per_device_bytes")
+    if not per_device:
+        return []
+    ranks = summary.get("ranks") or []
+    out: list[tuple[str, int, float | None, float | None]] = []
+    for kind, key in ESTIMATE_KINDS:
+        est = int(per_device.get(kind) or 0) + (int(per_device.get("master") or 0) if kind == "optimizer" else 0)
+        values = [r[key] for r in ranks if r.get(key) is not None]
+        measured = sum(values) / len(values) if values else None
+        err = (est - measured) / measured * 100 if measured else None
+        out.append((kind, est, measured, err))
+    return out
+
+
+def estimate_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
+    rows = []
+    n = len(summary.get("ranks") or [])
+    for kind, est, measured, err in estimate_vs_measured(summary):
+        value = f"{fmt_bytes(est)} est. / {fmt_bytes(measured)} meas."
+        note = "estimated (runner.estimate) vs measured " + (
+            "(activations: saved tensors, one forward)" if kind == "activations" else "(tensor bytes)")
+        if n > 1:
+            note += f", mean of {n} ranks"
+        rows.append((f"{kind} per device", value + ("" if err is None else f" ({err:+.1f}%)"), note))
+    return rows
 
 
 def run_detail(run: RunInfo, metrics: list[MetricPoint]) -> Group:

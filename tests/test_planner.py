@@ -1,0 +1,169 @@
+"""The planner through the real command line: ``ftui estimate`` on the seed's cases, the estimate of every
+run against the bytes its ranks really held (real CPU runs), and the batch-size finder."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from runner.estimate import (
+    estimate,
+    inputs_from_recipe,
+    resolve_model_shape,
+    shape_from_config,
+)
+from runner.recipe import load_recipe
+from tests.conftest import QUICKSTART, ROOT, Ftui
+from tui.report import estimate_vs_measured
+
+STATES = ("params", "grads", "optimizer")
+
+
+def _estimate_json(ftui: Ftui, *args: str) -> dict[str, Any]:
+    return json.loads(ftui.run("estimate", *args, "--format", "json", check=True).stdout)
+
+
+def test_seed_7b_full_finetune_is_112_gb_of_model_states(ftui: Ftui) -> None:
+    report = _estimate_json(ftui, "--params", "7e9", "--method", "full", "--precision", "bf16", "--gpus", "1",
+                            "--gpu-mem", "80GiB")
+    single = report["strategies"]["single"]["per_device_bytes"]
+    assert single["params"] + single["grads"] + single["optimizer"] + single["master"] == 112 * 10**9
+    assert set(report) == {"strategies", "recommendation"}
+    assert set(single) == {"params", "grads", "optimizer", "master", "activations", "total"}
+
+
+def test_seed_tinyllama_lora_on_4_gpus_recommends_ddp(ftui: Ftui) -> None:
+    proc = ftui.run("estimate", "recipes/tinyllama-1.1b-lora.toml", "--gpu-mem", "48GiB", "--gpus", "4", check=True)
+    assert "built-in table" in proc.stdout  # no hub: the published config values
+    assert "ESTIMATED" in proc.stdout and "recommendation (estimated)" in proc.stdout
+    report = _estimate_json(ftui, "recipes/tinyllama-1.1b-lora.toml", "--gpu-mem", "48GiB", "--gpus", "4")
+    assert report["recommendation"]["strategy"] == "ddp"
+    assert report["strategies"]["ddp"]["fits"]
+
+
+def test_seed_codellama_34b_lora_on_4_gpus_recommends_sharding(ftui: Ftui) -> None:
+    # The seed's demo: 4 x 48 GB, batch 4, 1024 context.
+    report = _estimate_json(ftui, "--params", "34e9", "--method", "lora", "--gpus", "4", "--gpu-mem", "48GiB",
+                            "--micro-batch", "4", "--seq", "1024", "--grad-ckpt")
+    assert report["recommendation"]["strategy"] in ("fsdp", "zero3")
+    assert not report["strategies"]["ddp"]["fits"]
+    plain = _estimate_json(ftui, "--params", "34e9", "--method", "lora", "--gpus", "4", "--gpu-mem", "48GiB")
+    assert plain["recommendation"]["strategy"] in ("fsdp", "zero3")
+    recipe = _estimate_json(ftui, "recipes/codellama-34b-lora-fsdp.toml", "--gpus", "4", "--gpu-mem", "48GiB")
+    assert recipe["recommendation"]["strategy"] in ("fsdp", "zero3")
+
+
+def test_estimate_needs_gpu_memory_without_nvml(ftui: Ftui) -> None:
+    from runner.hardware import NvmlBackend
+
+    if NvmlBackend().device_count():
+        pytest.skip("NVML sees GPUs here")
+    proc = ftui.run("estimate", "--params", "7e9")
+    assert proc.returncode == 2
+    assert "--gpu-mem" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_estimate_help_does_not_import_torch() -> None:
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "tui.cli", "estimate", "--help"],
+                          cwd=ROOT, capture_output=True, text=True, check=True)
+    assert "torch" not in proc.stderr
+
+
+def test_builtin_and_table_shapes_are_exact() -> None:
+    from transformers import LlamaConfig
+
+    from runner.builtin import tiny_llama_config
+
+    assert resolve_model_shape("builtin:tiny-llama").shape == shape_from_config(tiny_llama_config())
+    cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+                      num_key_value_heads=4, vocab_size=32000)
+    tl = resolve_model_shape("TinyLlama/TinyLlama-1.1B-Chat-v1.0", allow_network=False)
+    assert tl.shape == shape_from_config(cfg)
+    inp = inputs_from_recipe(load_recipe(ROOT / "recipes" / "tinyllama-1.1b-lora.toml"), shape=tl.shape)
+    assert (inp.method, inp.precision, inp.param_dtype, inp.micro_batch, inp.seq_len) == ("lora", "bf16", "bf16", 16,
+                                                                                          1024)
+    assert inp.gradient_checkpointing and inp.n_devices == 4 and inp.lora_targets[-1] == "down_proj"
+    quick = inputs_from_recipe(load_recipe(QUICKSTART))
+    assert quick.param_dtype == "fp32" and quick.method == "lora"  # CPU fp32: the trainer keeps fp32 weights
+
+
+# ---------------------------------------------------------------------- estimate vs measured
+
+
+def _check_against_measured(name: str, run: dict[str, Any]) -> list[str]:
+    summary = run["summary"]
+    est = summary["estimate"]
+    assert "per_device_bytes" in est, est
+    rows = {kind: (e, m, err) for kind, e, m, err in estimate_vs_measured(summary)}
+    assert all(rows[k][1] for k in (*STATES, "activations")), rows
+    states_est = sum(rows[k][0] for k in STATES)
+    states_meas = sum(rows[k][1] or 0 for k in STATES)
+    assert states_est == pytest.approx(states_meas, rel=0.02), (name, rows)
+    assert rows["activations"][0] == pytest.approx(rows["activations"][1], rel=0.15), (name, rows)
+    return [f"{name} {k}: est {e} meas {m:.0f} ({err:+.2f}%)" for k, (e, m, err) in rows.items()]
+
+
+@pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp"])
+def test_lora_runs_match_their_estimate(ftui: Ftui, strategy_runs: dict[str, dict[str, Any]], strategy: str) -> None:
+    run = strategy_runs[strategy]
+    print("\n".join(_check_against_measured(f"lora/{strategy}", run)))
+    assert all("activation_bytes" in r for r in run["summary"]["ranks"])
+    shown = ftui.run("show", str(run["id"]), check=True).stdout
+    assert "est." in shown and "meas." in shown
+
+
+FULL_PLANS = {
+    "single": ["--strategy", "single", "--set", "train.batch_size=2"],
+    "ddp": ["--strategy", "ddp", "--nproc", "2", "--set", "train.batch_size=2"],
+    "fsdp": ["--strategy", "fsdp", "--nproc", "2", "--set", "train.batch_size=2"],
+}
+
+
+@pytest.fixture(scope="module")
+def full_runs(ftui: Ftui) -> dict[str, dict[str, Any]]:
+    """quickstart as a full fine-tune, 2 steps, under single, ddp and fsdp (real CPU runs)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, flags in FULL_PLANS.items():
+        proc = ftui.run("run", str(QUICKSTART), *flags, "--set", "method.type=full", "--set", "train.max_steps=2",
+                        "--set", "train.save=false", "--name", f"full-{name}")
+        assert proc.returncode == 0, f"{name}: {proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        run = next(r for r in ftui.runs() if r["name"] == f"full-{name}")
+        out[name] = ftui.show(run["id"])
+    return out
+
+
+@pytest.mark.parametrize("strategy", list(FULL_PLANS))
+def test_full_finetune_runs_match_their_estimate(full_runs: dict[str, dict[str, Any]], strategy: str) -> None:
+    run = full_runs[strategy]
+    print("\n".join(_check_against_measured(f"full/{strategy}", run)))
+    per_device = run["summary"]["estimate"]["per_device_bytes"]
+    if strategy == "fsdp":  # sharded over 2 ranks: half the single run's model states
+        single = full_runs["single"]["summary"]["estimate"]["per_device_bytes"]
+        assert per_device["optimizer"] == pytest.approx(single["optimizer"] / 2, rel=1e-6)
+
+
+# ---------------------------------------------------------------------- batch-size finder
+
+
+def test_batch_finder_stops_at_the_cap(ftui: Ftui) -> None:
+    inp = inputs_from_recipe(load_recipe(QUICKSTART))
+    one, two = estimate(replace(inp, micro_batch=1)), estimate(replace(inp, micro_batch=2))
+    cap = (one.total + two.total) // 2  # batch 1 fits, batch 2 does not
+    proc = ftui.run("run", str(QUICKSTART), "--find-batch-size", "--mem-cap", str(cap), "--format", "json",
+                    timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["chosen"] == 1
+    assert [t["batch_size"] for t in result["trials"]] == [1, 2]
+    assert [t["fits"] for t in result["trials"]] == [True, False]
+    sweep = [r for r in ftui.runs() if r["sweep_id"] == result["sweep_id"]]
+    assert sorted(r["id"] for r in sweep) == sorted(t["run_id"] for t in result["trials"])
+    assert result["sweep_id"].startswith("find-batch-")
+    last = ftui.show(result["trials"][-1]["run_id"])
+    assert last["summary"]["find_batch"]["chosen"] == 1
+    assert all(r["status"] == "completed" for r in sweep)

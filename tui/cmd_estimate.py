@@ -1,0 +1,232 @@
+"""``ftui estimate``: per-device memory of a run under every strategy, and the strategy to use.
+
+Everything printed is an estimate from ``runner.estimate`` (formulas in docs/memory-model.md);
+``--probe`` instead measures the largest micro-batch with short real runs (the batch-size finder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+ALL_STRATEGIES = ["single", "mp", "ddp", "fsdp", "zero1", "zero2", "zero3"]
+
+
+class _Usage(Exception):
+    pass
+
+
+def add_parser(sub: Any, db_option: Callable[[argparse.ArgumentParser], None]) -> None:
+    p = sub.add_parser(
+        "estimate",
+        help="estimate GPU memory per device for every strategy, and recommend one",
+        description="Estimate the memory of a fine-tuning run per device (weights, grads, optimizer, "
+        "fp32 master, activations) under every strategy, and recommend one. From a recipe, or from a "
+        "raw size (--params). Every figure is an estimate; --probe measures with short real runs.",
+    )
+    p.add_argument("recipe", nargs="?", type=Path, help="recipe TOML file (or give --params)")
+    p.add_argument("--params", type=float, help="total parameters, e.g. 7.5e9 (instead of a recipe)")
+    p.add_argument("--layers", type=int, help="decoder layers (with --params)")
+    p.add_argument("--hidden", type=int, help="hidden size (with --params)")
+    p.add_argument("--method", choices=["full", "lora", "qlora"], help="default: the recipe's, else full")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], help="default: the recipe's, else bf16")
+    p.add_argument("--strategy", choices=ALL_STRATEGIES, action="append",
+                   help="strategies to show (repeatable; default: all)")
+    p.add_argument("--gpus", type=int, help="GPUs available (default: NVML count, else the recipe's nproc, else 1)")
+    p.add_argument("--gpu-mem", metavar="SIZE", help="memory of one GPU, e.g. 48GiB (default: NVML)")
+    p.add_argument("--micro-batch", type=int, help="sequences per device per step")
+    p.add_argument("--seq", type=int, help="tokens per sequence")
+    p.add_argument("--grad-ckpt", action="store_true", default=None, help="gradient checkpointing")
+    p.add_argument("--offload-optimizer", action="store_true", help="optimizer states on the host")
+    p.add_argument("--lora-r", type=int, help="LoRA rank (with --params; default 8)")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.add_argument("--probe", action="store_true",
+                   help="find the largest micro-batch with short real runs of the recipe (batch-size finder)")
+    p.add_argument("--mem-cap", metavar="SIZE", help="with --probe: memory budget per rank (required on CPU)")
+    db_option(p)
+    p.set_defaults(handler=cmd_estimate)
+
+
+def _fail(msg: str) -> NoReturn:
+    """One line on stderr, exit code 2 (what ``tui.cli.UsageError`` does; raised here directly because
+    ``python -m tui.cli`` runs the command line as ``__main__``, another copy of that class)."""
+    import sys
+
+    print(f"ftui: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _nvml_gpus() -> list[int]:
+    """Total memory of each visible GPU, from NVML (empty without NVML)."""
+    try:
+        from runner.hardware import NvmlBackend
+
+        return [int(g.mem_total) for g in NvmlBackend().gpu_infos() if g.mem_total]
+    except Exception:  # noqa: BLE001 (no NVML: the caller asks for --gpu-mem)
+        return []
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from runner import estimate as E
+
+    if args.probe:
+        return _probe(args)
+    if args.recipe is None and args.params is None:
+        _fail("estimate: give a recipe file or --params N")
+    notes: list[str] = []
+    recipe = None
+    if args.params is not None:
+        shape = E.shape_from_params(args.params, layers=args.layers, hidden=args.hidden)
+        notes.append(f"model: {args.params:.3g} parameters, Llama-like shape ({shape.layers} layers, hidden "
+                     f"{shape.hidden}; sizes approximate)")
+        inp = E.EstimateInput(shape, method=args.method or "full", precision=args.precision or "bf16",
+                              lora_r=args.lora_r or 8)
+    else:
+        from runner.recipe import RecipeError, load_recipe
+
+        try:
+            recipe = load_recipe(args.recipe)
+            source = E.resolve_model_shape(recipe.model.name)
+        except (RecipeError, ValueError) as exc:
+            return _fail(f"{args.recipe}: {exc}")
+        notes.append(f"model: {source.note}")
+        inp = E.inputs_from_recipe(recipe, shape=source.shape)
+        if args.method and args.method != inp.method:
+            inp = replace(inp, method=args.method, param_dtype=E.recipe_param_dtype(
+                recipe.model.dtype, args.method, args.precision or inp.precision))
+        if args.precision:
+            inp = replace(inp, precision=args.precision, param_dtype=E.recipe_param_dtype(
+                recipe.model.dtype, inp.method, args.precision))
+    if args.micro_batch:
+        inp = replace(inp, micro_batch=args.micro_batch)
+    if args.seq:
+        inp = replace(inp, seq_len=args.seq)
+    if args.grad_ckpt:
+        inp = replace(inp, gradient_checkpointing=True)
+    if args.offload_optimizer:
+        inp = replace(inp, offload_optimizer=True)
+
+    nvml = _nvml_gpus()
+    if args.gpu_mem:
+        try:
+            gpu_mem = E.parse_bytes(args.gpu_mem)
+        except ValueError as exc:
+            return _fail(f"--gpu-mem: {exc}")
+        notes.append(f"GPU memory: {args.gpu_mem} (--gpu-mem)")
+    elif nvml:
+        gpu_mem = min(nvml)
+        notes.append(f"GPU memory: {gpu_mem / E.GIB:.1f} GiB (NVML, smallest of {len(nvml)} GPUs)")
+    else:
+        return _fail("estimate: no GPU visible (NVML): give the memory of one GPU with --gpu-mem, e.g. 48GiB")
+    n_gpus = args.gpus or len(nvml) or (recipe.launch.nproc if recipe is not None else 1)
+    strategies = args.strategy or ALL_STRATEGIES
+    report = E.estimate_report(inp, gpu_mem, n_gpus, strategies)  # type: ignore[arg-type]
+    if args.format == "json":
+        print(json.dumps(report, indent=2))
+        return 0
+    _print_text(report, inp, gpu_mem, n_gpus, notes)
+    return 0
+
+
+def _print_text(report: dict[str, Any], inp: Any, gpu_mem: int, n_gpus: int, notes: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from tui.report import fmt_bytes
+
+    con = Console(highlight=False, width=max(Console().width, 110))
+    title = (f"ESTIMATED memory per device · {inp.method} · {inp.precision} · micro-batch {inp.micro_batch} × "
+             f"{inp.seq_len} tokens{' · grad ckpt' if inp.gradient_checkpointing else ''} · {n_gpus} GPU(s) of "
+             f"{fmt_bytes(gpu_mem)}")
+    table = Table(title=title, caption="every figure is estimated (runner.estimate; docs/memory-model.md)")
+    cols = ("strategy", "params", "grads", "optimizer", "master", "activations", "total", "fits", "GPUs needed")
+    for col in cols:
+        table.add_column(col, justify="left" if col == "strategy" else "right", no_wrap=True)
+    rec = report["recommendation"]["strategy"]
+    for name, entry in report["strategies"].items():
+        b = entry["per_device_bytes"]
+        table.add_row(
+            Text(name + (" ★" if name == rec else ""), style="bold" if name == rec else ""),
+            *(fmt_bytes(b[k]) for k in ("params", "grads", "optimizer", "master", "activations", "total")),
+            Text("yes", style="green") if entry["fits"] else Text("no", style="red"),
+            "-" if entry["gpus_needed"] is None else str(entry["gpus_needed"]),
+        )
+    con.print(table)
+    for note in notes:
+        con.print(f"[dim]{note}[/]")
+    con.print(f"[bold]recommendation (estimated):[/] {report['recommendation']['reason']}")
+
+
+def _probe(args: argparse.Namespace) -> int:
+    if args.recipe is None:
+        return _fail("estimate --probe: needs a recipe file")
+    from runner import orchestrator
+    from runner.recipe import RecipeError, load_recipe
+
+    try:
+        recipe = load_recipe(args.recipe)
+        orchestrator.preflight(recipe)
+    except RecipeError as exc:
+        return _fail(f"{args.recipe}: {exc}")
+    return run_finder(args, recipe, args.mem_cap, str(args.recipe))
+
+
+def run_finder(args: argparse.Namespace, recipe: Any, mem_cap: str | None, source: str) -> int:
+    """The batch-size finder for ``ftui run --find-batch-size`` and ``ftui estimate --probe``."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from runner import orchestrator
+    from runner.estimate import parse_bytes
+    from tui.cli import UsageError, _store
+    from tui.report import fmt_bytes
+
+    con = Console(highlight=False, stderr=getattr(args, "format", "text") == "json")
+    if mem_cap:
+        try:
+            cap = parse_bytes(mem_cap)
+        except ValueError as exc:
+            return _fail(f"--mem-cap: {exc}")
+        origin = "--mem-cap"
+    elif not orchestrator.runs_on_cpu(recipe) and _nvml_gpus():
+        cap = min(_nvml_gpus())
+        origin = "NVML (GPU memory)"
+    else:
+        return _fail("find batch size: on CPU give the memory budget per rank with --mem-cap, e.g. 3GiB")
+    try:
+        store = _store(args)
+    except UsageError as exc:
+        return _fail(str(exc))
+    con.print(f"finding the micro-batch for {recipe.launch.strategy} × {recipe.launch.nproc} within "
+              f"{fmt_bytes(cap)} per rank ({origin}); short real runs of 2 steps, at most 6")
+
+    def show(t: Any) -> None:
+        verdict = "fits" if t.fits else ("over the cap" if t.status == "completed" else f"failed: {t.error}")
+        con.print(f"  batch {t.batch_size:>3}: run {t.run_id}, measured {fmt_bytes(t.measured_bytes)} per rank"
+                  f" → {verdict}")
+
+    result = orchestrator.find_batch_size(store, recipe, cap, source=source, on_trial=show)
+    if getattr(args, "format", "text") == "json":
+        print(json.dumps(result, indent=2))
+    else:
+        table = Table(title=f"batch-size finder · sweep {result['sweep_id']}",
+                      caption="measured: CUDA peak allocated on GPU; on CPU params+grads+optimizer+activations "
+                      "(tensor bytes) of the busiest rank")
+        for col in ("micro-batch", "run", "status", "measured per rank", "fits"):
+            table.add_column(col, justify="right")
+        for t in result["trials"]:
+            table.add_row(str(t["batch_size"]), str(t["run_id"]), t["status"], fmt_bytes(t["measured_bytes"]),
+                          "yes" if t["fits"] else "no")
+        con.print(table)
+    if result["chosen"] is None:
+        con.print("[red]no micro-batch fits[/] (even 1 missed the budget)")
+        return 1
+    con.print(f"[bold]chosen micro-batch: {result['chosen']}[/] (measured) — run with "
+              f"--set train.batch_size={result['chosen']}")
+    return 0
