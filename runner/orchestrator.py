@@ -491,7 +491,8 @@ def _telemetry_summary(store: Store, watch: _Watch) -> dict[str, Any] | None:
     if watch.first_step_time is not None and watch.last_step_time is not None:
         window = (watch.first_step_time, watch.last_step_time)
     result = summarise(samples, window)  # type: ignore[arg-type]  # SampleInfo has DeviceSample's fields
-    return json.loads(json.dumps(result))
+    plain: dict[str, Any] = json.loads(json.dumps(result))  # tuples -> lists, as stored
+    return plain
 
 
 def _error_from_logs(run_dir: Path) -> str | None:

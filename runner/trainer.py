@@ -151,7 +151,7 @@ class Trainer:
             from transformers import LlamaForCausalLM
 
             torch.manual_seed(recipe.train.seed)  # the init is part of the recipe
-            model = LlamaForCausalLM(builtin.tiny_llama_config(len(self.tokenizer)))
+            model: Any = LlamaForCausalLM(builtin.tiny_llama_config(len(self.tokenizer)))
             model = model.to(dtype)
             if mp and not self.on_cpu:
                 model = _dispatch_over_gpus(model)
@@ -168,7 +168,7 @@ class Trainer:
             if method.type == "qlora":
                 from transformers import BitsAndBytesConfig
 
-                kwargs["quantization_config"] = BitsAndBytesConfig(
+                kwargs["quantization_config"] = BitsAndBytesConfig(  # type: ignore[no-untyped-call]
                     load_in_4bit=True,
                     bnb_4bit_quant_type="nf4",
                     bnb_4bit_use_double_quant=True,
@@ -181,17 +181,17 @@ class Trainer:
         self.total_params = sum(p.numel() for p in model.parameters())
 
         if recipe.train.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[no-untyped-call]
             model.config.use_cache = False
         if method.type in ("lora", "qlora"):
             from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
             if method.type == "qlora":
-                model = prepare_model_for_kbit_training(
+                model = prepare_model_for_kbit_training(  # type: ignore[no-untyped-call]
                     model, use_gradient_checkpointing=recipe.train.gradient_checkpointing
                 )
             elif recipe.train.gradient_checkpointing:
-                model.enable_input_require_grads()
+                model.enable_input_require_grads()  # type: ignore[no-untyped-call]
             lora = method.lora
             model = get_peft_model(
                 model,
@@ -272,7 +272,7 @@ class Trainer:
         )
 
         tokens_per_step = rows_per_step * int(blocks.shape[1])
-        order = None
+        order: Any = None
         epoch = -1
         first_step_start = last_step_end = time.perf_counter()
         memory: dict[str, int] = {}
