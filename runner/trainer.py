@@ -181,7 +181,7 @@ class Trainer:
         self.total_params = sum(p.numel() for p in model.parameters())
 
         if recipe.train.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[no-untyped-call]
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
         if method.type in ("lora", "qlora"):
             from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
@@ -191,7 +191,7 @@ class Trainer:
                     model, use_gradient_checkpointing=recipe.train.gradient_checkpointing
                 )
             elif recipe.train.gradient_checkpointing:
-                model.enable_input_require_grads()  # type: ignore[no-untyped-call]
+                model.enable_input_require_grads()
             lora = method.lora
             model = get_peft_model(
                 model,
