@@ -21,3 +21,8 @@ def test_only_the_hardware_module_imports_pynvml() -> None:
     proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--select", "TID251", "runner", "store", "tui"],
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_core_is_mypy_strict_clean() -> None:
+    proc = subprocess.run([sys.executable, "-m", "mypy", "runner", "store"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
