@@ -356,6 +356,13 @@ def execute(
         stopped_by_user = True
         stop_group(pgid, proc)
     exit_code = proc.wait()
+    # The launcher can exit before its ranks (a SIGTERM to the group kills accelerate's launcher at
+    # once while each rank finishes its step and journals "stopped"): let the group drain first.
+    deadline = time.monotonic() + 20.0
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        watch.poll()
+        time.sleep(poll_s)
+    signal_group(pgid, signal.SIGKILL)
     telemetry.close()
     watch.poll()
     watch.flush()

@@ -143,3 +143,21 @@ def test_fsdp1_trains_and_saves_a_loadable_adapter(ftui: Ftui, strategy_runs: di
     model = PeftModel.from_pretrained(LlamaForCausalLM(builtin.tiny_llama_config()), run["summary"]["saved"])
     lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
     assert len(lora_b) == 24 and all(float(p.abs().sum()) > 0 for p in lora_b), "trained, non-empty adapter"
+
+
+def test_sigterm_to_the_run_group_is_recorded_as_stopped(ftui: Ftui) -> None:
+    """Stopping a run from outside (another terminal, the TUI): the ranks finish their step, journal
+    'stopped', and the orchestrator records it so."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tui.cli", "run", str(QUICKSTART), "--strategy", "ddp", "--nproc", "2",
+         "--set", "train.max_steps=500", "--set", "train.batch_size=2", "--name", "t-sigterm"],
+        env=ftui.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    run = _wait_for(lambda: next((r for r in ftui.runs() if r["name"] == "t-sigterm" and (r["steps_done"] or 0) >= 2), None))
+    from store import Store
+
+    pgid = Store(ftui.db).get_run(run["id"]).pgid  # type: ignore[union-attr]
+    os.killpg(pgid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 130, out + err
+    assert ftui.show(run["id"])["status"] == "stopped"
