@@ -5,6 +5,7 @@ memory estimate."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,10 +93,10 @@ def override(field: Field, text: str) -> str | None:
     return f"{field.path}={json.dumps(text)}"
 
 
-def field_error(message: str, path: str) -> str:
-    """The part of a RecipeError line after the field path."""
-    marker = f"{path}: "
-    return message.split(marker, 1)[1] if marker in message else message
+def split_error(message: str) -> tuple[str, str]:
+    """``(field.path, problem)`` of a RecipeError line ``source[:line]: field.path: problem``."""
+    match = re.match(r"^[^:]*(?::\d+)?: ([\w.]+): (.*)$", message, re.S)
+    return (match.group(1), match.group(2)) if match else ("recipe", message)
 
 
 class ComposeScreen(Screen[None]):
@@ -183,6 +184,8 @@ class ComposeScreen(Screen[None]):
     def validate(self) -> Recipe | None:
         """Validate each field alone, then the whole form; show errors next to their fields."""
         self.errors = {}
+        paths = {f.path for f in FIELDS}
+        other = ""
         for f in FIELDS:
             o = override(f, self.field_text(f))
             if o is None:
@@ -190,17 +193,22 @@ class ComposeScreen(Screen[None]):
             try:
                 parse_recipe(self.base_text, source="form", overrides=[o])
             except RecipeError as exc:
-                self.errors[f.path] = field_error(str(exc), f.path)
+                path, msg = split_error(str(exc))
+                # A consistency check may name another field (strategy ddp -> launch.nproc).
+                target = path if path in paths else f.path
+                self.errors.setdefault(target, msg)
         whole_error = ""
         recipe: Recipe | None = None
         if not self.errors:
             try:
                 recipe = parse_recipe(self.base_text, source="form", overrides=self.overrides())
             except RecipeError as exc:
-                whole_error = str(exc).removeprefix("form: ")
-                for f in FIELDS:
-                    if whole_error.startswith(f.path + ":"):
-                        self.errors[f.path] = field_error(whole_error, f.path)
+                path, msg = split_error(str(exc))
+                if path in paths:
+                    self.errors[path] = msg
+                else:
+                    other = f"{path}: {msg}"
+        whole_error = other
         for f in FIELDS:
             err = self.query_one("#err-" + field_id(f.path), Static)
             err.update(Text(self.errors.get(f.path, ""), style="red"))

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual import work
@@ -150,7 +151,14 @@ class MonitorScreen(Screen[None]):
         if run is None or not run.pgid or run.status not in ("running", "created"):
             self.notify(f"run {self.run_id} is not running", severity="warning")
             return
-        if signal_group(run.pgid, sig):
+        orchestrator = _orchestrator_pid(run)
+        if sig == signal.SIGTERM and orchestrator is not None:
+            # The detached orchestrator stops the group itself (SIGTERM, then SIGKILL after a grace
+            # period) and records the run as stopped; a bare SIGTERM to the group kills the accelerate
+            # launcher first, and the run would be recorded as failed.
+            os.kill(orchestrator, sig)
+            self.notify(f"{what} sent to run {run.id} (its orchestrator, pid {orchestrator})")
+        elif signal_group(run.pgid, sig):
             self.notify(f"{what} sent to run {run.id} (process group {run.pgid})")
         else:
             self.notify(f"run {run.id}: process group {run.pgid} is gone (another machine, or ended)",
@@ -165,3 +173,19 @@ class MonitorScreen(Screen[None]):
                 self._signal(signal.SIGKILL, "SIGKILL")
 
         self.app.push_screen(ConfirmScreen(f"Kill run {self.run_id} (SIGKILL every process)?"), done)
+
+
+def _orchestrator_pid(run: Any) -> int | None:
+    """The pid of the run's detached orchestrator, when it runs on this host and is still alive."""
+    import socket
+
+    import psutil
+
+    pid = run.summary.get("orchestrator_pid")
+    if not pid or run.host != socket.gethostname():
+        return None
+    try:
+        cmdline = " ".join(psutil.Process(pid).cmdline())
+    except (psutil.Error, OSError):
+        return None
+    return int(pid) if "runner.orchestrator" in cmdline and f"--run-id {run.id}" in cmdline else None
