@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from functools import lru_cache
@@ -28,6 +29,7 @@ class FtuiApp(App[int]):
     TITLE = "ftui"
     MODES = {"runs": RunsScreen, "compose": ComposeScreen}
     DEFAULT_MODE = "runs"
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
     BINDINGS = [
         Binding("f1,1", "switch_mode('runs')", "Runs"),
         Binding("f2,2", "switch_mode('compose')", "Compose"),
@@ -35,7 +37,7 @@ class FtuiApp(App[int]):
     ]
 
     def __init__(self, store: Store, probe: Any = None, fake_gpus: int = 0, now: Callable[[], datetime] = utcnow,
-                 refresh_s: float = 1.0, monitor_s: float = 0.5) -> None:
+                 refresh_s: float = 1.0, monitor_s: float = 0.5, python: str = sys.executable) -> None:
         super().__init__()
         self.store = store
         self.probe = probe
@@ -44,6 +46,8 @@ class FtuiApp(App[int]):
         """The clock for durations of running runs (frozen in snapshot tests)."""
         self.refresh_s = refresh_s
         self.monitor_s = monitor_s
+        self.python = python
+        """The interpreter runs are launched with (shown in the Compose preview)."""
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)

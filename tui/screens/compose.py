@@ -208,7 +208,7 @@ class ComposeScreen(Screen[None]):
                     self.errors[path] = msg
                 else:
                     other = f"{path}: {msg}"
-        whole_error = other
+        whole_error = other or next((f"{p}: {m}" for p, m in self.errors.items()), "")
         for f in FIELDS:
             err = self.query_one("#err-" + field_id(f.path), Static)
             err.update(Text(self.errors.get(f.path, ""), style="red"))
@@ -230,7 +230,8 @@ class ComposeScreen(Screen[None]):
             return
         from runner.launch import build_launch
 
-        spec = build_launch(recipe, PLACEHOLDER_RUN_DIR, port=29500, cpu_threads=self.ftui.cpu_threads(recipe))
+        spec = build_launch(recipe, PLACEHOLDER_RUN_DIR, port=29500, cpu_threads=self.ftui.cpu_threads(recipe),
+                            python=self.ftui.python)
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items())
         preview.update(Text.assemble(("launch command", "bold"), " (run folder and port are set at launch)\n",
                                      f"{env} {shlex.join(spec.argv)}"))

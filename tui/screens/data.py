@@ -113,7 +113,7 @@ class MonitorFeed:
         devices = []
         for kind, index, name, util, used, total, source, _pid in shown:
             key = f"{kind}:{index}"
-            label = f"GPU {index} {name}" if kind == "gpu" else f"rank {index} (CPU process)"
+            label = f"GPU {index} {_short(name)}" if kind == "gpu" else f"rank {index} (CPU process)"
             devices.append(DeviceView(key=key, label=label, source=SOURCE_LABEL.get(source, source), util=util,
                                       mem_used=used, mem_total=total,
                                       util_history=list(self._util.get(key, ())),
@@ -214,3 +214,8 @@ def _flatten(data: dict[str, Any], prefix: str = ""):  # type: ignore[no-untyped
             yield from _flatten(value, path + ".")
         else:
             yield path, value
+
+
+def _short(gpu_name: str) -> str:
+    name = gpu_name.removeprefix("NVIDIA ").removeprefix("Tesla ")
+    return name if len(name) <= 14 else name[:13] + "…"

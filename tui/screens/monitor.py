@@ -26,8 +26,8 @@ from tui.widgets.plot import LinePlot, bar, spark
 if TYPE_CHECKING:
     from tui.app import FtuiApp
 
-SPARK = 16
-BAR = 12
+SPARK = 12
+BAR = 10
 
 
 class MonitorScreen(Screen[None]):
@@ -66,7 +66,7 @@ class MonitorScreen(Screen[None]):
         for col in ("device", "source", "util", "util history", "memory", "mem history"):
             devices.add_column(col, key=col)
         ranks = self.query_one("#ranks", DataTable)
-        for col in ("rank", "pid", "CPU % (1 core=100)", "RSS", "GPU memory", "source"):
+        for col in ("rank", "pid", "CPU %/core", "RSS", "GPU memory", "source (CPU, RSS / GPU)"):
             ranks.add_column(col, key=col)
         self.title = f"run {self.run_id}"
         self.follow()
@@ -125,7 +125,7 @@ class MonitorScreen(Screen[None]):
         for d in snap.devices:
             is_gpu = d.key.startswith("gpu")
             util_top = 100.0 if is_gpu else max([100.0, *d.util_history])
-            util = "-" if d.util is None else f"{d.util:.0f}%" + ("" if is_gpu else " of a core")
+            util = "-" if d.util is None else f"{d.util:.0f}%" + ("" if is_gpu else "/core")
             frac = None if d.mem_used is None or not d.mem_total else d.mem_used / d.mem_total
             devices.add_row(
                 d.label, d.source,
@@ -135,12 +135,13 @@ class MonitorScreen(Screen[None]):
                 Text(spark(d.mem_history, SPARK, 100.0), style="magenta"),
                 key=d.key,
             )
+        gpu_source = snap.devices[0].source if snap.devices and snap.devices[0].key.startswith("gpu") else "NVML"
         ranks = self.query_one("#ranks", DataTable)
         ranks.clear()
         for r in snap.ranks:
             ranks.add_row(str(r.rank), str(r.pid or "-"), "-" if r.cpu_pct is None else f"{r.cpu_pct:.0f}",
                           fmt_bytes(r.rss), fmt_bytes(r.gpu_mem) if r.gpu_mem is not None else "- (no GPU)",
-                          r.source, key=str(r.rank))
+                          r.source + (f" / {gpu_source}" if r.gpu_mem is not None else ""), key=str(r.rank))
 
     # ------------------------------------------------------------------ stop and kill
 
