@@ -168,7 +168,9 @@ class ComposeScreen(Screen[None]):
                 if f.kind == "choice":
                     self.query_one("#" + field_id(f.path), Select).value = str(value)
                 else:
-                    self.query_one("#" + field_id(f.path), Input).value = display(value, f.kind)
+                    widget = self.query_one("#" + field_id(f.path), Input)
+                    widget.value = display(value, f.kind)
+                    widget.placeholder = f"empty: the recipe's {display(value, f.kind) or 'default'}"
         self.validate()
 
     def field_text(self, f: Field) -> str:
