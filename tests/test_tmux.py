@@ -7,8 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from tests.tmux_drive import drive
+from tmux_drive import drive  # tests/ is on sys.path (rootdir conftest, no package)
 
 
 def _tmux() -> str | None:
