@@ -1,0 +1,195 @@
+"""Pilot tests of the Textual app: a real store, a real (tiny) CPU run launched from Compose."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from textual.widgets import DataTable, Input
+
+from store import Store
+from tui.app import make_app
+from tui.messages import MonitorUpdate, RunsLoaded
+from tui.screens.compare import CompareScreen
+from tui.screens.compose import ComposeScreen, field_id
+from tui.screens.monitor import MonitorScreen
+from tui.screens.runs import RunsScreen
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
+    monkeypatch.setenv("FTUI_HOME", str(tmp_path))
+    monkeypatch.delenv("FTUI_DB", raising=False)
+    monkeypatch.chdir(ROOT)
+    return Store(f"sqlite:///{tmp_path}/ftui.db")
+
+
+async def wait_for(pilot, predicate, timeout: float = 15.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await pilot.pause(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def add_finished_run(store: Store, name: str, lr: float) -> int:
+    from runner.recipe import load_recipe
+
+    recipe = load_recipe(ROOT / "recipes" / "quickstart.toml", [f"name={name}", f"train.lr={lr}"])
+    run_id = store.create_run(name=name, recipe_text=recipe.to_toml(), recipe_hash=recipe.digest(),
+                              strategy="single", nproc=1, method="lora", model=recipe.model.name, run_dir="")
+    store.ingest(run_id, [{"seq": i, "type": "step", "time": 1000.0 + i, "step": i, "loss": 5.0 - 0.1 * i * lr * 1000,
+                           "tokens_per_s": 1000.0, "step_time": 0.5} for i in range(1, 6)])
+    store.update_run(run_id, status="completed", final_loss=4.0, tokens_per_s=1000.0, train_seconds=2.5)
+    return run_id
+
+
+async def test_runs_screen_filter_sort_tags_note_compare_delete(store: Store) -> None:
+    a = add_finished_run(store, "alpha", 1e-3)
+    b = add_finished_run(store, "beta", 2e-3)
+    seen: list = []
+    app = make_app(store, refresh_s=0.2)
+    async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
+        await wait_for(pilot, lambda: any(isinstance(m, RunsLoaded) for m in seen), what="runs loaded")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, RunsScreen)
+        table = screen.query_one(DataTable)
+        assert table.row_count == 2
+        # filter
+        await pilot.press("slash", *"beta", "enter")
+        await pilot.pause()
+        assert table.row_count == 1 and screen.current_id() == b
+        screen.query_one("#filter", Input).value = ""
+        await pilot.pause()
+        assert table.row_count == 2
+        # sort cycles
+        await pilot.press("s")
+        assert screen.sort_column == "name"
+        # tags and note through the prompts
+        await pilot.press("t", *"lr,sweep", "enter")
+        await pilot.press("n", *"first try", "enter")
+        await pilot.pause()
+        run = store.get_run(screen.current_id() or 0)
+        assert run is not None and run.tags == ["lr", "sweep"] and run.note == "first try"
+        # select both, compare
+        await pilot.press("space", "up", "space")
+        await pilot.pause()
+        assert screen.selected == {a, b}, (screen.selected, app.focused)
+        await pilot.press("c")
+        await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen), what="compare screen")
+        await wait_for(pilot, lambda: app.screen.query_one("#diff", DataTable).row_count > 0, what="diff")
+        diff = app.screen.query_one("#diff", DataTable)
+        fields = [diff.get_row_at(i)[0] for i in range(diff.row_count)]
+        assert fields == ["name", "train.lr"]
+        await pilot.press("escape")
+        # delete with confirmation (n keeps it, y deletes)
+        await pilot.press("d", "n")
+        await pilot.pause()
+        assert len(store.list_runs()) == 2
+        await pilot.press("d", "y")
+        await wait_for(pilot, lambda: len(store.list_runs()) == 1, what="delete")
+        assert {r.id for r in store.list_runs()} <= {a, b}
+
+
+async def test_compose_validates_as_you_type(store: Store) -> None:
+    app = make_app(store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("2")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, ComposeScreen)
+        assert screen.valid
+        batch = screen.query_one("#" + field_id("train.batch_size"), Input)
+        err = screen.query_one("#err-" + field_id("train.batch_size"))
+        batch.value = "0"
+        await pilot.pause()
+        assert not screen.valid and "greater than 0" in str(err.render())
+        batch.value = "abc"
+        await pilot.pause()
+        assert "valid integer" in str(err.render())
+        batch.value = "4"
+        await pilot.pause()
+        assert screen.valid and str(err.render()) == ""
+        # a cross-field problem (ddp with one process) is attributed to launch.nproc
+        screen.query_one("#" + field_id("launch.strategy")).value = "ddp"
+        await pilot.pause()
+        assert not screen.valid
+        assert "at least 2" in str(screen.query_one("#err-" + field_id("launch.nproc")).render())
+        screen.query_one("#" + field_id("launch.strategy")).value = "single"
+        await pilot.pause()
+        assert screen.valid
+        assert "accelerate.commands.launch" in str(screen.query_one("#preview").render())
+        assert "recommended" in str(screen.query_one("#estimate").render())
+
+
+async def test_compose_save_and_load(store: Store, tmp_path: Path) -> None:
+    app = make_app(store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("2")
+        await pilot.pause()
+        screen = app.screen
+        screen.query_one("#" + field_id("train.max_steps"), Input).value = "7"
+        path = tmp_path / "mine.toml"
+        screen.query_one("#recipe-path", Input).value = str(path)
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        from runner.recipe import load_recipe
+
+        assert load_recipe(path).train.max_steps == 7
+        screen.query_one("#" + field_id("train.max_steps"), Input).value = "9"
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        assert screen.query_one("#" + field_id("train.max_steps"), Input).value == "7"
+
+
+@pytest.mark.slow
+async def test_launch_monitor_stop_compare(store: Store) -> None:
+    """Compose quickstart, launch a real CPU run, watch it, stop it, find it in Runs, compare."""
+    other = add_finished_run(store, "earlier", 1e-3)
+    seen: list = []
+    app = make_app(store, refresh_s=0.3, monitor_s=0.3)
+    async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
+        await pilot.press("2")
+        await pilot.pause()
+        screen = app.screen
+        screen.query_one("#" + field_id("train.max_steps"), Input).value = "200"
+        screen.query_one("#" + field_id("name"), Input).value = "pilot-run"
+        await pilot.pause()
+        assert screen.valid
+        await pilot.press("ctrl+l")
+        await wait_for(pilot, lambda: isinstance(app.screen, MonitorScreen), timeout=60, what="monitor")
+        monitor = app.screen
+        assert isinstance(monitor, MonitorScreen)
+
+        def snap():  # type: ignore[no-untyped-def]
+            return monitor.snapshot
+
+        await wait_for(pilot, lambda: snap() is not None and snap().loss_steps >= 2 and snap().devices,
+                       timeout=180, what="loss and device rows")
+        assert snap().devices[0].label.startswith("rank 0 (CPU process)")
+        assert snap().devices[0].source == "psutil"
+        assert monitor.query_one("#devices", DataTable).row_count >= 1
+        assert any(isinstance(m, MonitorUpdate) for m in seen)
+        await pilot.press("s")
+        await wait_for(pilot, lambda: snap().run.status in ("stopped", "completed", "failed"), timeout=90,
+                       what="run to stop")
+        assert snap().run.status == "stopped", snap().run.error
+        launched = snap().run.id
+        await pilot.press("escape", "1")
+        await pilot.pause(1.0)
+        runs = app.screen
+        assert isinstance(runs, RunsScreen)
+        await wait_for(pilot, lambda: any(r.id == launched and r.status == "stopped" for r in runs.runs),
+                       what="stopped run in Runs")
+        runs.selected = frozenset({launched, other})
+        await pilot.press("c")
+        await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen), what="compare")
+        await wait_for(pilot, lambda: app.screen.query_one("#compare-table", DataTable).row_count == 2,
+                       what="compare rows")
+    await asyncio.sleep(0)

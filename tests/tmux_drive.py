@@ -1,0 +1,125 @@
+"""Drive ``ftui`` in tmux as a person would: open it, compose quickstart with a few steps, launch,
+watch the monitor, quit while the run goes on, reopen and find the run (re-attach = read the store).
+
+    python tests/tmux_drive.py [--home DIR] [--steps 4]
+
+Prints what it saw and the first-paint time; exits non-zero when a step fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Tmux:
+    def __init__(self, name: str, env: dict[str, str], width: int = 120, height: int = 40) -> None:
+        self.name, self.env, self.width, self.height = name, env, width, height
+
+    def start(self, command: list[str]) -> float:
+        """Start ``command`` in a detached session; return the monotonic start time."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        started = time.monotonic()
+        subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", str(self.width), "-y", str(self.height),
+                        f"cd {shlex.quote(str(ROOT))} && env {env} {shlex.join(command)}; sleep 30"], check=True)
+        return started
+
+    def keys(self, *keys: str) -> None:
+        for key in keys:
+            subprocess.run(["tmux", "send-keys", "-t", self.name, key], check=True)
+            time.sleep(0.05)
+
+    def text(self, *chars: str) -> None:
+        subprocess.run(["tmux", "send-keys", "-t", self.name, "-l", "".join(chars)], check=True)
+
+    def screen(self) -> str:
+        return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True).stdout
+
+    def wait(self, pattern: str, timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        screen = ""
+        while time.monotonic() < deadline:
+            screen = self.screen()
+            if re.search(pattern, screen):
+                return screen
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {pattern!r}; screen:\n{screen}")
+
+    def kill(self) -> None:
+        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
+
+
+def drive(home: Path, steps: int = 4, log=print) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    home.mkdir(parents=True, exist_ok=True)
+    env = {"FTUI_HOME": str(home), "FTUI_DB": f"sqlite:///{home / 'ftui.db'}", "PYTHONPATH": str(ROOT),
+           "TERM": "xterm-256color", "PATH": os.environ.get("PATH", "")}
+    command = [sys.executable, "-m", "tui.cli"]
+    tmux = Tmux(f"ftui-drive-{os.getpid()}", env)
+    timings: dict[str, float] = {}
+    try:
+        started = tmux.start(command)
+        tmux.wait(r"filter: name", timeout=30)
+        timings["first_paint_s"] = time.monotonic() - started
+        log(f"1. ftui opened on Runs (first paint {timings['first_paint_s']:.2f}s)")
+
+        tmux.keys("2")
+        tmux.wait(r"launch command", timeout=30)
+        # Nothing is focused on arrival; 16 tabs reach "max steps" (file, Load, Save, then the fields).
+        tmux.keys(*["Tab"] * 16, "C-e", "C-u")
+        time.sleep(0.3)
+        tmux.text(str(steps))
+        screen = tmux.wait(rf"max steps\W+{steps}\b", timeout=10)
+        assert "✓ valid recipe" in screen, screen
+        log(f"2. Compose: quickstart with max steps {steps}, valid; launch preview shown")
+
+        tmux.keys("C-l")
+        screen = tmux.wait(r"run \d+ quickstart", timeout=60)
+        run_id = re.search(r"run (\d+) quickstart", screen).group(1)  # type: ignore[union-attr]
+        screen = tmux.wait(r"rank 0 \(CPU process\)", timeout=120)
+        log(f"3. Monitor of run {run_id}: device rows from psutil")
+        tmux.keys("q")
+        time.sleep(1.0)
+        tmux.kill()
+        log("4. quit ftui (the run is detached and goes on)")
+
+        tmux = Tmux(f"ftui-drive2-{os.getpid()}", env)
+        started = tmux.start(command)
+        screen = tmux.wait(rf"\b{run_id}\s+quickstart", timeout=30)
+        timings["reopen_paint_s"] = time.monotonic() - started
+        screen = tmux.wait(rf"\b{run_id}\s+quickstart\s+single\s+lora\s+completed", timeout=180)
+        log(f"5. reopened: run {run_id} is in Runs, completed (read back from the store)")
+        tmux.keys("Enter")
+        screen = tmux.wait(rf"step {steps}/{steps}", timeout=30)
+        log(f"6. its monitor shows step {steps}/{steps}")
+        tmux.keys("Escape", "q")
+    finally:
+        tmux.kill()
+    return timings
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--home", type=Path)
+    parser.add_argument("--steps", type=int, default=4)
+    args = parser.parse_args()
+    home = args.home or Path(tempfile.mkdtemp(prefix="ftui-tmux-"))
+    try:
+        timings = drive(home, args.steps)
+    except AssertionError as exc:
+        print(f"FAILED: {exc}")
+        return 1
+    print(timings)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,116 @@
+"""Messages shared between screens and their workers (workers post these; they never touch widgets).
+
+High-rate messages (``RunsLoaded`` at 1 Hz, ``MonitorUpdate`` at 2 Hz) do not bubble and coalesce:
+each carries a whole snapshot, so a newer one can replace an older one still in the queue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from textual.message import Message
+
+from store import RunInfo
+
+
+@dataclass
+class RunsLoaded(Message, bubble=False):
+    """Every run in the store, newest first (a whole snapshot)."""
+
+    runs: list[RunInfo]
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, RunsLoaded)
+
+
+@dataclass
+class DeviceView:
+    """One device row of the monitor: a GPU, or a rank process on CPU."""
+
+    key: str
+    label: str
+    source: str
+    util: float | None
+    mem_used: int | None
+    mem_total: int | None
+    util_history: list[float] = field(default_factory=list)
+    mem_history: list[float] = field(default_factory=list)
+
+
+@dataclass
+class RankView:
+    """One rank's process: CPU % of one core, RSS, and the GPU memory NVML attributes to it."""
+
+    rank: int
+    pid: int | None
+    cpu_pct: float | None
+    rss: int | None
+    gpu_mem: int | None
+    source: str
+
+
+@dataclass
+class MonitorSnapshot:
+    """What the monitor shows of one run; built by the feed in a worker thread."""
+
+    run: RunInfo | None
+    loss: list[float]
+    """Loss per logged step, downsampled for display (the feed keeps every point)."""
+    loss_steps: int
+    step: int
+    total: int | None
+    tokens_per_s: float | None
+    lr: float | None
+    last_loss: float | None
+    eta_s: float | None
+    devices: list[DeviceView]
+    ranks: list[RankView]
+    log_tail: list[str]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class MonitorUpdate(Message, bubble=False):
+    """A fresh snapshot of the monitored run."""
+
+    snapshot: MonitorSnapshot
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, MonitorUpdate)
+
+
+@dataclass
+class RunLaunched(Message):
+    """A run was prepared and started detached; open its monitor."""
+
+    run_id: int
+
+
+@dataclass
+class LaunchFailed(Message):
+    """Preparing or starting a run failed; one line for the user."""
+
+    error: str
+
+
+@dataclass
+class OpenRun(Message):
+    """Open the monitor of a run."""
+
+    run_id: int
+
+
+@dataclass
+class CompareRuns(Message):
+    """Open the comparison of these runs."""
+
+    run_ids: list[int]
+
+
+@dataclass
+class CompareLoaded(Message, bubble=False):
+    """The runs to compare and their loss curves, read from the store."""
+
+    runs: list[RunInfo]
+    losses: dict[int, list[float]]

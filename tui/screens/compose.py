@@ -1,0 +1,289 @@
+"""The Compose screen: a form over the recipe schema, validated as you type by the recipe's own
+validator (``parse_recipe`` with ``--set``-style overrides), beside the exact launch command and the
+memory estimate."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
+
+from runner.recipe import Recipe, RecipeError, parse_recipe
+from tui.messages import LaunchFailed, RunLaunched
+from tui.screens.data import launch_run
+
+if TYPE_CHECKING:
+    from tui.app import FtuiApp
+
+PLACEHOLDER_RUN_DIR = Path("<run-dir>")
+
+
+@dataclass(frozen=True)
+class Field:
+    path: str
+    label: str
+    kind: str  # str, num, list, ints, choice
+    choices: tuple[str, ...] = ()
+
+
+FIELDS = (
+    Field("name", "run name", "str"),
+    Field("model.name", "model", "str"),
+    Field("data.source", "data source", "str"),
+    Field("data.context_length", "context length", "num"),
+    Field("method.type", "method", "choice", ("full", "lora", "qlora")),
+    Field("method.lora.r", "LoRA r", "num"),
+    Field("method.lora.alpha", "LoRA alpha", "num"),
+    Field("method.lora.dropout", "LoRA dropout", "num"),
+    Field("method.lora.target_modules", "LoRA targets", "list"),
+    Field("train.batch_size", "batch size", "num"),
+    Field("train.grad_accum", "grad accum", "num"),
+    Field("train.lr", "learning rate", "num"),
+    Field("train.max_steps", "max steps", "num"),
+    Field("train.precision", "precision", "choice", ("fp32", "bf16", "fp16")),
+    Field("launch.strategy", "strategy", "choice", ("single", "mp", "ddp", "fsdp")),
+    Field("launch.nproc", "processes", "num"),
+    Field("launch.gpus", "GPUs (e.g. 0,1)", "ints"),
+)
+
+
+def field_id(path: str) -> str:
+    return "f-" + path.replace(".", "-")
+
+
+def value_of(recipe: Recipe, path: str) -> Any:
+    node: Any = recipe
+    for part in path.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def display(value: Any, kind: str) -> str:
+    if value is None:
+        return ""
+    if kind in ("list", "ints"):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def override(field: Field, text: str) -> str | None:
+    """The ``--set`` override for a field's text (None: leave the recipe's value)."""
+    text = text.strip()
+    if field.kind == "num":
+        return f"{field.path}={text}" if text else None
+    if field.kind == "list":
+        items = [json.dumps(t.strip()) for t in text.split(",") if t.strip()]
+        return f"{field.path}=[{', '.join(items)}]"
+    if field.kind == "ints":
+        if not text:
+            return None
+        return f"{field.path}=[{', '.join(t.strip() for t in text.split(','))}]"
+    return f"{field.path}={json.dumps(text)}"
+
+
+def split_error(message: str) -> tuple[str, str]:
+    """``(field.path, problem)`` of a RecipeError line ``source[:line]: field.path: problem``."""
+    match = re.match(r"^[^:]*(?::\d+)?: ([\w.]+): (.*)$", message, re.S)
+    return (match.group(1), match.group(2)) if match else ("recipe", message)
+
+
+class ComposeScreen(Screen[None]):
+    """Build a recipe, see its launch and estimate, save it or launch it."""
+
+    BINDINGS = [
+        Binding("ctrl+l", "launch", "Launch", priority=True),
+        Binding("ctrl+s", "save", "Save TOML", priority=True),
+        Binding("ctrl+o", "load", "Load file", priority=True),
+    ]
+
+    recipe_path: reactive[str] = reactive("recipes/quickstart.toml")
+    """The recipe file the form was loaded from (and is saved to by default)."""
+    valid: reactive[bool] = reactive(True)
+    """Whether the whole form validates."""
+
+    def __init__(self, recipe_path: str | None = None) -> None:
+        super().__init__()
+        self.base_text = ""
+        self.recipe: Recipe | None = None
+        self.errors: dict[str, str] = {}
+        if recipe_path:
+            self.set_reactive(ComposeScreen.recipe_path, recipe_path)
+
+    @property
+    def ftui(self) -> FtuiApp:
+        return self.app  # type: ignore[return-value]
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="compose"):
+            with VerticalScroll(id="form"):
+                with Horizontal(classes="file-row"):
+                    yield Input(self.recipe_path, id="recipe-path", placeholder="recipe file")
+                    yield Button("Load", id="load")
+                    yield Button("Save", id="save")
+                for f in FIELDS:
+                    with Horizontal(classes="field"):
+                        yield Label(f.label, classes="field-label")
+                        if f.kind == "choice":
+                            yield Select([(c, c) for c in f.choices], id=field_id(f.path), allow_blank=False)
+                        else:
+                            yield Input(id=field_id(f.path))
+                        yield Static("", id="err-" + field_id(f.path), classes="field-error")
+                yield Button("Launch (ctrl+l)", id="launch", variant="success")
+            with Vertical(id="side"):
+                yield Static("", id="form-status")
+                yield Static("", id="preview")
+                yield Static("", id="estimate")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.load(self.recipe_path)
+
+    # ------------------------------------------------------------------ loading and validating
+
+    def load(self, path: str) -> None:
+        try:
+            text = Path(path).expanduser().read_text()
+            recipe = parse_recipe(text, source=path)
+        except (OSError, RecipeError) as exc:
+            self.notify(str(exc), severity="error")
+            return
+        self.base_text = text
+        self.recipe_path = path
+        with self.prevent(Input.Changed, Select.Changed):
+            for f in FIELDS:
+                value = value_of(recipe, f.path)
+                if f.kind == "choice":
+                    self.query_one("#" + field_id(f.path), Select).value = str(value)
+                else:
+                    widget = self.query_one("#" + field_id(f.path), Input)
+                    widget.value = display(value, f.kind)
+                    widget.placeholder = f"empty: the recipe's {display(value, f.kind) or 'default'}"
+        self.validate()
+
+    def field_text(self, f: Field) -> str:
+        widget = self.query_one("#" + field_id(f.path))
+        if isinstance(widget, Select):
+            return str(widget.value)
+        assert isinstance(widget, Input)
+        return widget.value
+
+    def overrides(self) -> list[str]:
+        return [o for f in FIELDS if (o := override(f, self.field_text(f))) is not None]
+
+    def validate(self) -> Recipe | None:
+        """Validate each field alone, then the whole form; show errors next to their fields."""
+        self.errors = {}
+        paths = {f.path for f in FIELDS}
+        other = ""
+        for f in FIELDS:
+            o = override(f, self.field_text(f))
+            if o is None:
+                continue
+            try:
+                parse_recipe(self.base_text, source="form", overrides=[o])
+            except RecipeError as exc:
+                path, msg = split_error(str(exc))
+                # A consistency check may name another field (strategy ddp -> launch.nproc).
+                target = path if path in paths else f.path
+                self.errors.setdefault(target, msg)
+        whole_error = ""
+        recipe: Recipe | None = None
+        if not self.errors:
+            try:
+                recipe = parse_recipe(self.base_text, source="form", overrides=self.overrides())
+            except RecipeError as exc:
+                path, msg = split_error(str(exc))
+                if path in paths:
+                    self.errors[path] = msg
+                else:
+                    other = f"{path}: {msg}"
+        whole_error = other or next((f"{p}: {m}" for p, m in self.errors.items()), "")
+        for f in FIELDS:
+            err = self.query_one("#err-" + field_id(f.path), Static)
+            err.update(Text(self.errors.get(f.path, ""), style="red"))
+            self.query_one("#" + field_id(f.path)).set_class(f.path in self.errors, "-invalid")
+        self.recipe = recipe
+        self.valid = recipe is not None
+        status = self.query_one("#form-status", Static)
+        if recipe is None:
+            status.update(Text(f"✗ {whole_error or 'fix the fields marked in red'}", style="red"))
+        else:
+            status.update(Text(f"✓ valid recipe (validated by runner.recipe) · {self.recipe_path}", style="green"))
+        self.show_preview(recipe)
+        return recipe
+
+    def show_preview(self, recipe: Recipe | None) -> None:
+        preview = self.query_one("#preview", Static)
+        estimate = self.query_one("#estimate", Static)
+        if recipe is None:
+            return
+        from runner.launch import build_launch
+
+        spec = build_launch(recipe, PLACEHOLDER_RUN_DIR, port=29500, cpu_threads=self.ftui.cpu_threads(recipe),
+                            python=self.ftui.python)
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items())
+        preview.update(Text.assemble(("launch command", "bold"), " (run folder and port are set at launch)\n",
+                                     f"{env} {shlex.join(spec.argv)}"))
+        estimate.update(self.ftui.estimate_text(recipe))
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id and event.input.id.startswith("f-"):
+            self.validate()
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        self.validate()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "recipe-path":
+            self.action_load()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        {"load": self.action_load, "save": self.action_save, "launch": self.action_launch}[event.button.id or "launch"]()
+
+    # ------------------------------------------------------------------ actions
+
+    def action_load(self) -> None:
+        self.load(self.query_one("#recipe-path", Input).value)
+
+    def action_save(self) -> None:
+        recipe = self.validate()
+        if recipe is None:
+            self.notify("not saved: the recipe does not validate", severity="error")
+            return
+        path = Path(self.query_one("#recipe-path", Input).value).expanduser()
+        try:
+            path.write_text(recipe.to_toml())
+        except OSError as exc:
+            self.notify(f"{path}: {exc.strerror}", severity="error")
+            return
+        self.notify(f"saved {path}")
+
+    def action_launch(self) -> None:
+        recipe = self.validate()
+        if recipe is None:
+            self.notify("not launched: the recipe does not validate", severity="error")
+            return
+        self.notify(f"launching {recipe.name} ({recipe.launch.strategy} × {recipe.launch.nproc})…")
+        self.launch(recipe, self.recipe_path)
+
+    @work(thread=True, group="launch")
+    def launch(self, recipe: Recipe, source: str) -> None:
+        try:
+            run_id = launch_run(self.ftui.store, recipe, source, self.ftui.fake_gpus)
+        except (RecipeError, OSError) as exc:
+            self.post_message(LaunchFailed(str(exc)))
+            return
+        self.post_message(RunLaunched(run_id))

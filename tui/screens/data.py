@@ -1,0 +1,221 @@
+"""Reading the store for the screens (in worker threads) and starting runs.
+
+The store is the only source: a run may belong to another process or machine, and re-attaching
+after a restart is just reading the store again. The monitor feed reads incrementally (rows newer
+than the last it saw) so that an 8-GPU run sampled at 2 Hz stays cheap to watch.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from store import Store
+from store.models import DeviceSampleRow, Metric, ProcessSampleRow
+from store.store import utcnow
+from tui.messages import DeviceView, MonitorSnapshot, RankView
+
+HISTORY = 40
+"""Samples of history kept per device for the sparklines."""
+
+SOURCE_LABEL = {"nvml": "NVML", "fake-nvml": "fake NVML", "psutil": "psutil"}
+
+Clock = Callable[[], datetime]
+
+
+def downsample(values: list[float], width: int) -> list[float]:
+    """Bucket means so that at most ``width`` points remain (the data itself is kept)."""
+    if width <= 0 or len(values) <= width:
+        return list(values)
+    size = len(values) / width
+    out = []
+    for i in range(width):
+        chunk = values[int(i * size): max(int((i + 1) * size), int(i * size) + 1)]
+        out.append(sum(chunk) / len(chunk))
+    return out
+
+
+def tail_lines(path: Path, n: int, max_bytes: int = 4096) -> list[str]:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            data = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    lines = [line.rstrip() for line in data.splitlines() if line.strip()]
+    return lines[-n:]
+
+
+class MonitorFeed:
+    """Everything the monitor shows about one run, updated from the store by :meth:`poll`.
+
+    Used by one worker thread at a time; the snapshots it returns are new objects.
+    """
+
+    def __init__(self, store: Store, run_id: int, log_lines: int = 8, plot_width: int = 200) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.log_lines = log_lines
+        self.plot_width = plot_width
+        self.losses: list[float] = []
+        self.metrics: list[Any] = []
+        self._last_step = -1
+        self._last_sample_id = 0
+        self._last_proc_id = 0
+        self._util: dict[str, deque[float]] = {}
+        self._mem: dict[str, deque[float]] = {}
+        self._latest: dict[str, Any] = {}
+        self._rank_gpu: dict[int, dict[int, int]] = {}
+
+    def poll(self) -> MonitorSnapshot:
+        run = self.store.get_run(self.run_id)
+        with self.store.sessions.begin() as s:
+            rows = list(s.scalars(select(Metric).where(Metric.run_id == self.run_id, Metric.step > self._last_step)
+                                  .order_by(Metric.step)))
+            for m in rows:
+                self.metrics.append((m.step, m.loss, m.lr, m.tokens_per_s, m.step_time))
+                if m.loss is not None:
+                    self.losses.append(m.loss)
+                self._last_step = m.step
+            samples = list(s.scalars(select(DeviceSampleRow).where(
+                DeviceSampleRow.run_id == self.run_id, DeviceSampleRow.id > self._last_sample_id)
+                .order_by(DeviceSampleRow.id)))
+            for d in samples:
+                key = f"{d.kind}:{d.index}"
+                self._latest[key] = (d.kind, d.index, d.name, d.util_pct, d.mem_used, d.mem_total, d.source, d.pid)
+                if d.util_pct is not None:
+                    self._util.setdefault(key, deque(maxlen=HISTORY)).append(d.util_pct)
+                if d.mem_used is not None and d.mem_total:
+                    self._mem.setdefault(key, deque(maxlen=HISTORY)).append(100.0 * d.mem_used / d.mem_total)
+                self._last_sample_id = d.id
+            procs = list(s.scalars(select(ProcessSampleRow).where(
+                ProcessSampleRow.run_id == self.run_id, ProcessSampleRow.id > self._last_proc_id)
+                .order_by(ProcessSampleRow.id)))
+            for p in procs:
+                if p.rank is not None and p.used_bytes is not None:
+                    self._rank_gpu.setdefault(p.rank, {})[p.gpu_index] = p.used_bytes
+                self._last_proc_id = p.id
+        return self.snapshot(run)
+
+    def snapshot(self, run: Any) -> MonitorSnapshot:
+        gpus = sorted((v for v in self._latest.values() if v[0] == "gpu"), key=lambda v: v[1])
+        ranks = sorted((v for v in self._latest.values() if v[0] == "rank"), key=lambda v: v[1])
+        shown = gpus or ranks
+        devices = []
+        for kind, index, name, util, used, total, source, _pid in shown:
+            key = f"{kind}:{index}"
+            label = f"GPU {index} {_short(name)}" if kind == "gpu" else f"rank {index} (CPU process)"
+            devices.append(DeviceView(key=key, label=label, source=SOURCE_LABEL.get(source, source), util=util,
+                                      mem_used=used, mem_total=total,
+                                      util_history=list(self._util.get(key, ())),
+                                      mem_history=list(self._mem.get(key, ()))))
+        rank_rows = [
+            RankView(rank=index, pid=pid, cpu_pct=util, rss=used,
+                     gpu_mem=sum(self._rank_gpu[index].values()) if index in self._rank_gpu else None,
+                     source=SOURCE_LABEL.get(source, source))
+            for _k, index, _n, util, used, _t, source, pid in ranks
+        ]
+        step = self.metrics[-1][0] if self.metrics else (run.steps_done or 0 if run else 0)
+        total = run.total_steps if run else None
+        recent = self.metrics[-10:]
+        step_times = [m[4] for m in recent if m[4]]
+        eta = None
+        if total and step_times and run is not None and run.status == "running":
+            eta = max(0, total - step) * sum(step_times) / len(step_times)
+        tps = recent[-1][3] if recent else (run.tokens_per_s if run else None)
+        return MonitorSnapshot(
+            run=run,
+            loss=downsample(self.losses, self.plot_width),
+            loss_steps=len(self.losses),
+            step=step,
+            total=total,
+            tokens_per_s=tps,
+            lr=recent[-1][2] if recent else None,
+            last_loss=self.losses[-1] if self.losses else (run.final_loss if run else None),
+            eta_s=eta,
+            devices=devices,
+            ranks=rank_rows,
+            log_tail=self.log_tail(run),
+        )
+
+    def log_tail(self, run: Any) -> list[str]:
+        if run is None or not run.run_dir:
+            return []
+        logs = sorted((Path(run.run_dir) / "logs").glob("rank*.log"))
+        lines: list[str] = []
+        for log in logs:
+            tag = log.stem.replace("rank", "r")
+            lines.extend(f"[{tag}] {line}" for line in tail_lines(log, self.log_lines))
+        if not lines:
+            lines = [f"[launcher] {line}" for line in tail_lines(Path(run.run_dir) / "launcher.log", self.log_lines)]
+        return lines[-self.log_lines:]
+
+
+def run_duration(run: Any, now: Clock = utcnow) -> float | None:
+    """Wall time from start to end, or to ``now()`` while running (``now`` is frozen in snapshots)."""
+    if run.started_at is None:
+        return None
+    end = run.ended_at or now()
+    return (end - run.started_at).total_seconds()
+
+
+def launch_run(store: Store, recipe: Any, source: str | None, fake_gpus: int) -> int:
+    """Record, prepare and start a run detached (it outlives the TUI). Blocking: call from a worker."""
+    from runner import orchestrator
+
+    orchestrator.preflight(recipe)
+    prepared = orchestrator.prepare(store, recipe, source=source)
+    orchestrator.start_detached(store.url, prepared, fake_gpus=fake_gpus)
+    assert prepared.run_id is not None
+    # Wait (briefly) until the detached orchestrator has recorded the process group, so that the
+    # monitor can stop the run straight away.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        run = store.get_run(prepared.run_id)
+        if run is not None and run.pgid:
+            break
+        time.sleep(0.1)
+    return prepared.run_id
+
+
+def recipe_diff(texts: dict[int, str]) -> list[tuple[str, dict[int, Any]]]:
+    """The recipe fields whose values differ between runs: ``[(field.path, {run_id: value})]``."""
+    import tomllib
+
+    flat: dict[int, dict[str, Any]] = {}
+    for run_id, text in texts.items():
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError:
+            data = {}
+        flat[run_id] = dict(_flatten(data))
+    keys = sorted({k for d in flat.values() for k in d})
+    out = []
+    for key in keys:
+        values = {rid: d.get(key) for rid, d in flat.items()}
+        if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1:
+            out.append((key, values))
+    return out
+
+
+def _flatten(data: dict[str, Any], prefix: str = ""):  # type: ignore[no-untyped-def]
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from _flatten(value, path + ".")
+        else:
+            yield path, value
+
+
+def _short(gpu_name: str) -> str:
+    name = gpu_name.removeprefix("NVIDIA ").removeprefix("Tesla ")
+    return name if len(name) <= 14 else name[:13] + "…"

@@ -1,0 +1,192 @@
+"""The Monitor screen: one run, live from the store (devices, ranks, loss, progress, logs)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import TYPE_CHECKING, Any
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Static
+from textual.worker import get_current_worker
+
+from tui.messages import MonitorSnapshot, MonitorUpdate
+from tui.report import STATUS_STYLE, fmt_bytes, fmt_seconds
+from tui.screens.data import MonitorFeed
+from tui.screens.modals import ConfirmScreen
+from tui.widgets.plot import LinePlot, bar, spark
+
+if TYPE_CHECKING:
+    from tui.app import FtuiApp
+
+SPARK = 12
+BAR = 10
+
+
+class MonitorScreen(Screen[None]):
+    """Watch one run; stop it (SIGTERM to its process group) or kill it (SIGKILL, confirmed)."""
+
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("s", "stop", "Stop"),
+        Binding("k", "kill", "Kill"),
+    ]
+
+    snapshot: reactive[MonitorSnapshot | None] = reactive(None, always_update=True)
+    """The latest snapshot of the run from the feed."""
+
+    def __init__(self, run_id: int) -> None:
+        super().__init__()
+        self.run_id = run_id
+
+    @property
+    def ftui(self) -> FtuiApp:
+        return self.app  # type: ignore[return-value]
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Vertical(id="monitor"):
+            yield Static(f"run {self.run_id}: loading…", id="progress")
+            with Horizontal(id="monitor-top"):
+                yield LinePlot(id="loss")
+                yield Static("", id="logs")
+            yield DataTable(id="devices", cursor_type="none", zebra_stripes=True)
+            yield DataTable(id="ranks", cursor_type="none")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        devices = self.query_one("#devices", DataTable)
+        for col in ("device", "source", "util", "util history", "memory", "mem history"):
+            devices.add_column(col, key=col)
+        ranks = self.query_one("#ranks", DataTable)
+        for col in ("rank", "pid", "CPU %/core", "RSS", "GPU memory", "source (CPU, RSS / GPU)"):
+            ranks.add_column(col, key=col)
+        self.title = f"run {self.run_id}"
+        self.follow()
+
+    @work(thread=True, exclusive=True, group="monitor")
+    def follow(self) -> None:
+        worker = get_current_worker()
+        feed = MonitorFeed(self.ftui.store, self.run_id)
+        while not worker.is_cancelled:
+            try:
+                snap = feed.poll()
+            except Exception as exc:  # noqa: BLE001 (a busy or vanished database: keep trying)
+                self.log.warning(f"monitor poll: {exc}")
+            else:
+                self.post_message(MonitorUpdate(snap))
+                if snap.run is not None and snap.run.status in ("completed", "failed", "stopped"):
+                    # Finished runs do not change; one last read and the worker rests.
+                    return
+            for _ in range(5):
+                if worker.is_cancelled:
+                    return
+                time.sleep(self.ftui.monitor_s / 5)
+
+    def on_monitor_update(self, message: MonitorUpdate) -> None:
+        self.snapshot = message.snapshot
+
+    def watch_snapshot(self, snap: MonitorSnapshot | None) -> None:
+        if snap is None or not self.is_mounted:
+            return
+        run = snap.run
+        if run is None:
+            self.query_one("#progress", Static).update(Text(f"run {self.run_id}: not in the store", style="red"))
+            return
+        self.sub_title = f"{run.name} · {run.status}"
+        line = Text.assemble(
+            (f"run {run.id} {run.name}  ", "bold"),
+            (run.status, STATUS_STYLE.get(run.status, "")),
+            f"  {run.strategy} × {run.nproc} · {run.method}",
+            f"  step {snap.step}/{snap.total or '?'}",
+            f"  tokens/s {'-' if snap.tokens_per_s is None else format(snap.tokens_per_s, ',.0f')}",
+            f"  loss {'-' if snap.last_loss is None else format(snap.last_loss, '.4f')}",
+            f"  lr {'-' if snap.lr is None else format(snap.lr, '.2e')}",
+            f"  ETA {fmt_seconds(snap.eta_s)}",
+            ("  (measured by the trainer)", "dim"),
+        )
+        if run.error:
+            line.append(f"\nerror: {run.error}", style="red")
+        self.query_one("#progress", Static).update(line)
+        plot = self.query_one("#loss", LinePlot)
+        plot.title = f"loss (measured, {snap.loss_steps} steps)"
+        plot.series = [("loss", snap.loss)]
+        self.query_one("#logs", Static).update(Text("\n".join(snap.log_tail) or "no rank logs yet", style="dim",
+                                                    no_wrap=True, overflow="ellipsis"))
+        devices = self.query_one("#devices", DataTable)
+        devices.clear()
+        for d in snap.devices:
+            is_gpu = d.key.startswith("gpu")
+            util_top = 100.0 if is_gpu else max([100.0, *d.util_history])
+            util = "-" if d.util is None else f"{d.util:.0f}%" + ("" if is_gpu else "/core")
+            frac = None if d.mem_used is None or not d.mem_total else d.mem_used / d.mem_total
+            devices.add_row(
+                d.label, d.source,
+                bar(None if d.util is None else d.util / util_top, BAR) + Text(f" {util}"),
+                Text(spark(d.util_history, SPARK, util_top), style="cyan"),
+                bar(frac, BAR, "magenta") + Text(f" {fmt_bytes(d.mem_used)}/{fmt_bytes(d.mem_total)}"),
+                Text(spark(d.mem_history, SPARK, 100.0), style="magenta"),
+                key=d.key,
+            )
+        gpu_source = snap.devices[0].source if snap.devices and snap.devices[0].key.startswith("gpu") else "NVML"
+        ranks = self.query_one("#ranks", DataTable)
+        ranks.clear()
+        for r in snap.ranks:
+            ranks.add_row(str(r.rank), str(r.pid or "-"), "-" if r.cpu_pct is None else f"{r.cpu_pct:.0f}",
+                          fmt_bytes(r.rss), fmt_bytes(r.gpu_mem) if r.gpu_mem is not None else "- (no GPU)",
+                          r.source + (f" / {gpu_source}" if r.gpu_mem is not None else ""), key=str(r.rank))
+
+    # ------------------------------------------------------------------ stop and kill
+
+    def _signal(self, sig: int, what: str) -> None:
+        from runner.orchestrator import signal_group
+
+        run = self.ftui.store.get_run(self.run_id)
+        if run is None or not run.pgid or run.status not in ("running", "created"):
+            self.notify(f"run {self.run_id} is not running", severity="warning")
+            return
+        orchestrator = _orchestrator_pid(run)
+        if sig == signal.SIGTERM and orchestrator is not None:
+            # The detached orchestrator stops the group itself (SIGTERM, then SIGKILL after a grace
+            # period) and records the run as stopped; a bare SIGTERM to the group kills the accelerate
+            # launcher first, and the run would be recorded as failed.
+            os.kill(orchestrator, sig)
+            self.notify(f"{what} sent to run {run.id} (its orchestrator, pid {orchestrator})")
+        elif signal_group(run.pgid, sig):
+            self.notify(f"{what} sent to run {run.id} (process group {run.pgid})")
+        else:
+            self.notify(f"run {run.id}: process group {run.pgid} is gone (another machine, or ended)",
+                        severity="warning")
+
+    def action_stop(self) -> None:
+        self._signal(signal.SIGTERM, "SIGTERM (graceful stop)")
+
+    def action_kill(self) -> None:
+        def done(yes: bool | None) -> None:
+            if yes:
+                self._signal(signal.SIGKILL, "SIGKILL")
+
+        self.app.push_screen(ConfirmScreen(f"Kill run {self.run_id} (SIGKILL every process)?"), done)
+
+
+def _orchestrator_pid(run: Any) -> int | None:
+    """The pid of the run's detached orchestrator, when it runs on this host and is still alive."""
+    import socket
+
+    import psutil
+
+    pid = run.summary.get("orchestrator_pid")
+    if not pid or run.host != socket.gethostname():
+        return None
+    try:
+        cmdline = " ".join(psutil.Process(pid).cmdline())
+    except (psutil.Error, OSError):
+        return None
+    return int(pid) if "runner.orchestrator" in cmdline and f"--run-id {run.id}" in cmdline else None

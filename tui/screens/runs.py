@@ -1,0 +1,261 @@
+"""The Runs screen: every run in the store, live (a thread worker reads the store every second)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Input, Static
+from textual.worker import get_current_worker
+
+from store import RunInfo
+from tui.messages import CompareRuns, LaunchFailed, OpenRun, RunLaunched, RunsLoaded
+from tui.report import STATUS_STYLE, fmt_seconds
+from tui.screens.data import launch_run, run_duration
+from tui.screens.modals import ConfirmScreen, PromptScreen
+
+if TYPE_CHECKING:
+    from tui.app import FtuiApp
+
+COLUMNS = ("sel", "id", "name", "strategy", "method", "status", "started", "duration", "tokens/s",
+           "final loss", "util", "tags")
+SORTS = ("id", "name", "status", "duration", "tokens/s", "final loss")
+
+
+def _sort_key(run: RunInfo, column: str, now: Any) -> Any:
+    value: Any = {
+        "id": run.id, "name": run.name, "status": run.status, "duration": run_duration(run, now),
+        "tokens/s": run.tokens_per_s, "final loss": run.final_loss,
+    }[column]
+    return (value is None, value if value is not None else 0)
+
+
+class RunsScreen(Screen[None]):
+    """Every run: filter, sort, tag, note, open, compare, delete, re-run."""
+
+    BINDINGS = [
+        Binding("enter", "open", "Open", priority=False),
+        Binding("space", "toggle_select", "Select"),
+        Binding("c", "compare", "Compare"),
+        Binding("s", "cycle_sort", "Sort"),
+        Binding("slash", "focus_filter", "Filter"),
+        Binding("t", "tags", "Tags"),
+        Binding("n", "note", "Note"),
+        Binding("r", "rerun", "Re-run"),
+        Binding("d", "delete", "Delete"),
+    ]
+
+    filter_text: reactive[str] = reactive("")
+    """Only runs whose id, name, strategy, method, status, tags or note contain this (any case)."""
+    sort_column: reactive[str] = reactive("id")
+    """Column the table is sorted by (descending for id, ascending otherwise)."""
+    selected: reactive[frozenset[int]] = reactive(frozenset)
+    """Runs marked for comparison."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs: list[RunInfo] = []
+        self._shown: tuple[Any, ...] = ()
+
+    @property
+    def ftui(self) -> FtuiApp:
+        return self.app  # type: ignore[return-value]
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Input(placeholder="filter: name, status, strategy, tag… (/)", id="filter")
+        yield DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
+        yield Static("", id="runs-status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        for col in COLUMNS:
+            table.add_column(col, key=col)
+        table.focus()
+        self.poll_runs()
+
+    @work(thread=True, exclusive=True, group="runs")
+    def poll_runs(self) -> None:
+        worker = get_current_worker()
+        while not worker.is_cancelled:
+            try:
+                self.post_message(RunsLoaded(self.ftui.store.list_runs()))
+            except Exception as exc:  # noqa: BLE001 (a locked or vanished database: say so, keep polling)
+                self.post_message(LaunchFailed(f"store: {exc}"))
+            for _ in range(10):
+                if worker.is_cancelled:
+                    return
+                time.sleep(self.ftui.refresh_s / 10)
+
+    def on_runs_loaded(self, message: RunsLoaded) -> None:
+        self.runs = message.runs
+        self.refresh_table()
+
+    def watch_filter_text(self) -> None:
+        self.refresh_table()
+
+    def watch_sort_column(self) -> None:
+        self.refresh_table()
+
+    def watch_selected(self) -> None:
+        self.refresh_table()
+
+    def visible_runs(self) -> list[RunInfo]:
+        needle = self.filter_text.lower().strip()
+        runs = [r for r in self.runs if not needle or needle in " ".join(
+            [str(r.id), r.name, r.strategy, r.method, r.status, r.note, *r.tags]).lower()]
+        now = self.ftui.now
+        runs.sort(key=lambda r: _sort_key(r, self.sort_column, now), reverse=self.sort_column == "id")
+        return runs
+
+    def refresh_table(self) -> None:
+        if not self.is_mounted:
+            return
+        table = self.query_one(DataTable)
+        now = self.ftui.now
+        rows = []
+        for r in self.visible_runs():
+            rows.append((str(r.id), (
+                "✓" if r.id in self.selected else " ",
+                str(r.id), r.name, r.strategy, r.method,
+                Text(r.status, style=STATUS_STYLE.get(r.status, "")),
+                r.started_at.strftime("%m-%d %H:%M") if r.started_at else "-",
+                fmt_seconds(run_duration(r, now)),
+                "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
+                "-" if r.final_loss is None else f"{r.final_loss:.4f}",
+                "-" if r.mean_util is None else f"{r.mean_util:.0f}%",
+                ",".join(r.tags),
+            )))
+        shown = tuple((k, tuple(str(c) for c in cells)) for k, cells in rows)
+        if shown != self._shown:
+            self._shown = shown
+            current = self.current_id()
+            table.clear()
+            for key, cells in rows:
+                table.add_row(*cells, key=key)
+            if current is not None:
+                try:
+                    table.move_cursor(row=table.get_row_index(str(current)), animate=False)
+                except Exception:  # noqa: BLE001 (the run is filtered out or deleted)
+                    pass
+        self.query_one("#runs-status", Static).update(
+            f"{len(rows)} of {len(self.runs)} runs · sort: {self.sort_column} · selected: "
+            f"{', '.join(map(str, sorted(self.selected))) or 'none'} · tokens/s, loss: measured; util: telemetry mean"
+        )
+
+    def current_id(self) -> int | None:
+        table = self.query_one(DataTable)
+        if table.row_count == 0:
+            return None
+        try:
+            key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key
+        except Exception:  # noqa: BLE001
+            return None
+        return int(key.value) if key.value is not None else None
+
+    def current_run(self) -> RunInfo | None:
+        run_id = self.current_id()
+        return next((r for r in self.runs if r.id == run_id), None)
+
+    # ------------------------------------------------------------------ events and actions
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "filter":
+            self.filter_text = event.value
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.query_one(DataTable).focus()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self.action_open()
+
+    def action_focus_filter(self) -> None:
+        self.query_one("#filter", Input).focus()
+
+    def action_open(self) -> None:
+        run_id = self.current_id()
+        if run_id is not None:
+            self.post_message(OpenRun(run_id))
+
+    def action_toggle_select(self) -> None:
+        run_id = self.current_id()
+        if run_id is not None:
+            self.selected = self.selected ^ {run_id}
+
+    def action_compare(self) -> None:
+        ids = sorted(self.selected)
+        if len(ids) < 2:
+            self.notify("select two runs or more with space, then press c", severity="warning")
+            return
+        self.post_message(CompareRuns(ids))
+
+    def action_cycle_sort(self) -> None:
+        self.sort_column = SORTS[(SORTS.index(self.sort_column) + 1) % len(SORTS)]
+
+    def action_tags(self) -> None:
+        run = self.current_run()
+        if run is None:
+            return
+
+        def done(text: str | None) -> None:
+            if text is not None:
+                tags = [t.strip() for t in text.split(",") if t.strip()]
+                self.ftui.store.update_run(run.id, tags=tags)
+                self.poll_runs()
+
+        self.app.push_screen(PromptScreen(f"tags of run {run.id} (comma separated)", ",".join(run.tags)), done)
+
+    def action_note(self) -> None:
+        run = self.current_run()
+        if run is None:
+            return
+
+        def done(text: str | None) -> None:
+            if text is not None:
+                self.ftui.store.update_run(run.id, note=text)
+                self.poll_runs()
+
+        self.app.push_screen(PromptScreen(f"note on run {run.id}", run.note), done)
+
+    def action_delete(self) -> None:
+        run = self.current_run()
+        if run is None:
+            return
+        if run.status == "running":
+            self.notify(f"run {run.id} is running: stop it first (open it, press s)", severity="warning")
+            return
+
+        def done(yes: bool | None) -> None:
+            if yes:
+                self.ftui.store.delete_run(run.id)
+                self.selected = self.selected - {run.id}
+                self.notify(f"deleted run {run.id} from the store (its folder stays: {run.run_dir})")
+                self.poll_runs()
+
+        self.app.push_screen(ConfirmScreen(f"Delete run {run.id} ({run.name}) from the store?"), done)
+
+    def action_rerun(self) -> None:
+        run = self.current_run()
+        if run is None:
+            return
+        self.notify(f"re-running run {run.id}'s recipe…")
+        self.rerun(run)
+
+    @work(thread=True, group="launch")
+    def rerun(self, run: RunInfo) -> None:
+        from runner.recipe import RecipeError, parse_recipe
+
+        try:
+            recipe = parse_recipe(run.recipe_text, source=f"run {run.id}")
+            run_id = launch_run(self.ftui.store, recipe, run.recipe_source, self.ftui.fake_gpus)
+        except (RecipeError, OSError) as exc:
+            self.post_message(LaunchFailed(str(exc)))
+            return
+        self.post_message(RunLaunched(run_id))
