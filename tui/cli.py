@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-EXTRA_COMMANDS: list[str] = ["tui.cmd_gpus"]
+EXTRA_COMMANDS: list[str] = ["tui.cmd_gpus", "tui.cmd_compare"]
 
 
 def _db_option(parser: argparse.ArgumentParser) -> None:
