@@ -168,7 +168,7 @@ def _recipe(run: RunInfo) -> dict[str, Any]:
         return {}
 
 
-def model_dims(recipe: Mapping[str, Any]) -> dict[str, int] | None:
+def model_dims(recipe: Mapping[str, Any]) -> dict[str, Any] | None:
     """Layers, heads, head size and context length of a recipe's model (builtin, or a local folder
     whose config transformers can read offline); None when unknown."""
     model = recipe.get("model", {}).get("name", "")
@@ -190,7 +190,12 @@ def model_dims(recipe: Mapping[str, Any]) -> dict[str, int] | None:
     layers = int(getattr(cfg, "num_hidden_layers", 0) or 0)
     if not (heads and head_dim and layers and seq):
         return None
-    return {"layers": layers, "heads": heads, "head_dim": head_dim, "seq_len": seq, "config": cfg}  # type: ignore[dict-item]
+    # The input embedding is a lookup, not a matmul: it costs no FLOPs (PaLM counts non-embedding N).
+    # An untied output head is a matmul and stays in N.
+    tied = bool(getattr(cfg, "tie_word_embeddings", False))
+    embedding = 0 if tied else int(getattr(cfg, "vocab_size", 0) or 0) * hidden
+    return {"layers": layers, "heads": heads, "head_dim": head_dim, "seq_len": seq, "embedding_params": embedding,
+            "config": cfg}
 
 
 def estimated_memory(run: RunInfo, recipe: Mapping[str, Any], dims: Mapping[str, Any] | None) -> tuple[int | None, str]:
@@ -264,7 +269,8 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
     params = run.summary.get("params")
     if tps and peak and dims and params:
         trainable = run.summary.get("trainable_params") if run.method != "full" else None
-        fpt = flops_per_token(int(params), dims["layers"], dims["heads"], dims["head_dim"], dims["seq_len"], trainable)
+        matmul_params = int(params) - int(dims.get("embedding_params", 0))
+        fpt = flops_per_token(matmul_params, dims["layers"], dims["heads"], dims["head_dim"], dims["seq_len"], trainable)
         m = compute_mfu(fpt, tps, peak, devices)
         mfu, achieved = m.mfu, m.achieved_flops / 1e12
     mem, mem_source = _mem_measured(run)

@@ -67,7 +67,7 @@ def _emit(args: argparse.Namespace, cmp: Any) -> None:
         else:
             print(text)
     if args.plot:
-        console.print(rep.loss_plot(cmp))
+        console.print(rep.loss_plot(cmp, width=max(20, min(100, console.width - 12))))
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
