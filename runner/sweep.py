@@ -112,7 +112,7 @@ def run_sweep(
         extra = {"sweep_note": item.note, "sweep_grid": item.grid}
         try:
             recipe: Recipe = load_recipe(recipe_path, item.overrides)
-            orchestrator.preflight(recipe)
+            warnings = orchestrator.preflight(recipe)
         except RecipeError as exc:
             run_id = _refused(store, recipe_path, item, sweep_id, f"refused before launch: {exc}")
             result = SweepResult(run_id, "failed", f"refused before launch: {exc}")
@@ -122,6 +122,8 @@ def run_sweep(
             continue
         prepared = orchestrator.prepare(store, recipe, source=str(recipe_path), sweep_id=sweep_id)
         assert prepared.run_id is not None
+        if warnings:  # e.g. "mp on a CPU-only machine: ... the single-process run"
+            extra["sweep_note"] = "; ".join([item.note, *warnings])
         store.update_run(prepared.run_id, summary=extra)
         if on_start:
             on_start(item, prepared.run_id)
@@ -138,6 +140,7 @@ def run_sweep(
 def _refused(store: Store, recipe_path: Path, item: SweepItem, sweep_id: str, reason: str) -> int:
     """Record a strategy that could not start as a failed run with its reason (no run folder)."""
     base_overrides = [o for o in item.overrides if not o.startswith("launch.")]
+    method: str
     try:
         base = load_recipe(recipe_path, base_overrides)
         data = base.model_dump(mode="json")

@@ -177,9 +177,7 @@ def test_html_report_renders_in_headless_chromium(cftui: Ftui, sweep: dict[str, 
     )
     assert png.exists(), f"no screenshot: exit {proc.returncode}\n{proc.stderr[-2000:]}"
     assert png.stat().st_size > 30_000, png.stat().st_size  # a blank page is a few KB
-    keep = ROOT / "bench" / "compare-screenshot.png"
-    if keep.parent.is_dir():
-        shutil.copy(png, keep)  # for a person to look at
+    print(f"screenshot: {png}")  # pytest -s shows where to look
 
 
 # ---------------------------------------------------------------------- unit tests

@@ -173,10 +173,10 @@ def to_json(cmp: Comparison) -> str:
 # ---------------------------------------------------------------------- html
 
 
-def svg_lines(series: Sequence[tuple[str, str, Sequence[tuple[float, float]]]], title: str, xlabel: str,
+def svg_lines(series: Sequence[tuple[str, str, Sequence[tuple[float, float | None]]]], title: str, xlabel: str,
               ylabel: str, width: int = 640, height: int = 300, yfmt: Callable[[float], str] = lambda v: f"{v:.3g}") -> str:
     """An inline SVG line chart: axes, 5 ticks each, one polyline per series and a legend."""
-    pts = [p for _, _, s in series for p in s if p[1] is not None]
+    pts = [(x, y) for _, _, s in series for x, y in s if y is not None]
     left, right, top, bottom = 70, 20, 30, 60
     w, h = width - left - right, height - top - bottom
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
@@ -192,7 +192,7 @@ def svg_lines(series: Sequence[tuple[str, str, Sequence[tuple[float, float]]]], 
     if y1 == y0:
         y0, y1 = y0 - 0.5, y1 + 0.5
     pad = (y1 - y0) * 0.05
-    y0, y1 = y0 - pad, y1 + pad
+    y0, y1 = (y0 - pad if y0 - pad >= 0 or y0 < 0 else 0.0), y1 + pad  # a non-negative figure stays >= 0
 
     def sx(x: float) -> float:
         return left + (x - x0) / (x1 - x0) * w
@@ -211,14 +211,18 @@ def svg_lines(series: Sequence[tuple[str, str, Sequence[tuple[float, float]]]], 
     out.append(f'<text x="14" y="{top + h / 2}" text-anchor="middle" transform="rotate(-90 14 {top + h / 2})">'
                f'{html.escape(ylabel)}</text>')
     lx = left
-    for label, colour, s in series:
-        good = [(x, y) for x, y in s if y is not None]
+    n = len(series)
+    for k, (label, colour, s) in enumerate(series):
+        # Earlier series are drawn wider and later ones dashed, so that curves that coincide (same seed,
+        # same global batch) all stay visible.
+        stroke = f'stroke-width="{2 + 2.5 * (n - 1 - k):.1f}"' + (f' stroke-dasharray="{6 + 2 * k},{4 + k}"' if k else "")
+        good = [(x, float(y)) for x, y in s if y is not None]
         if len(good) == 1:
             x, y = good[0]
             out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{colour}"/>')
         elif good:
             path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in good)
-            out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
+            out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" {stroke} stroke-opacity="0.85"/>')
         out.append(f'<rect x="{lx}" y="{height - 14}" width="12" height="4" fill="{colour}"/>'
                    f'<text x="{lx + 16}" y="{height - 9}">{html.escape(label)}</text>')
         lx += 16 + 7 * len(label) + 18
@@ -253,10 +257,16 @@ def to_html(cmp: Comparison) -> str:
                          f"run {r.run_id} {cmp.label(r)}: utilisation per device", "seconds", "util %",
                          width=440, height=240, yfmt=lambda v: f"{v:.0f}")
         mem = svg_lines([(d, PALETTE[i % len(PALETTE)], [(t, float(m) if m is not None else None) for t, _, m in pts])
-                         for i, (d, pts) in enumerate(devices.items())],  # type: ignore[misc]
+                         for i, (d, pts) in enumerate(devices.items())],
                         f"run {r.run_id} {cmp.label(r)}: memory per device", "seconds", "memory",
                         width=440, height=240, yfmt=_gib)
         timelines.append(f'<div class="pair">{util}{mem}</div>')
+    curves = [tuple(cmp.curves.get(r.run_id, [])) for r in cmp.rows if cmp.curves.get(r.run_id)]
+    same = ""
+    if len(curves) > 1 and all(len(c) == len(curves[0]) and all(abs(a[1] - b[1]) < 1e-3 for a, b in zip(c, curves[0], strict=True))
+                               for c in curves):
+        same = ("<p>The curves coincide (within 0.001): the runs train the same global batch from the same seed, so "
+                "every strategy computes the same updates; only the time they take differs.</p>")
     diff = ""
     if cmp.recipe_diff:
         dh = "".join(f"<th>run {r.run_id}</th>" for r in cmp.rows)
@@ -282,7 +292,7 @@ tr.fastest td {{ background: #e6f5e6; font-weight: bold; }}
 <table><tr>{head}</tr>{"".join(body)}</table>
 <div class="verdict">{verdict}</div>
 <ul>{notes}</ul>
-<h2>Loss</h2>{loss}
+<h2>Loss</h2>{loss}{same}
 <h2>Utilisation and memory per device</h2>{"".join(timelines) or "<p>no telemetry samples</p>"}
 {diff}
 </body></html>
@@ -325,14 +335,14 @@ def loss_plot(cmp: Comparison, width: int = 72, height: int = 16) -> RenderableT
     for i, line in enumerate(grid):
         yv = y1 - (y1 - y0) * i / (height - 1)
         text.append(f"{yv:8.3f} ┤" if i % 4 == 0 or i == height - 1 else "         │")
-        for c in line:
-            text.append(c[0] if c else " ", style=c[1] if c else "")
+        for mark in line:
+            text.append(mark[0] if mark else " ", style=mark[1] if mark else "")
         text.append("\n")
     text.append("         └" + "─" * width + "\n")
     text.append(f"          step {x0:g}{' ' * max(1, width - 12 - len(f'{x0:g}{x1:g}'))}step {x1:g}\n")
-    for i, (r, _) in enumerate(series):
+    for i, (run, _) in enumerate(series):
         text.append("  ● ", style=RICH_COLOURS[i % len(RICH_COLOURS)])
-        text.append(f"run {r.run_id} {cmp.label(r)}")
+        text.append(f"run {run.run_id} {cmp.label(run)}")
     return Group(Text("loss (measured, per step)", style="bold"), text)
 
 
