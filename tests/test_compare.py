@@ -253,3 +253,12 @@ def test_speedups_against_the_baseline() -> None:
     assert cmp.recommendation().startswith("Use ddp x4 (run 2): the fastest that completed, 390 tokens/s")
     assert "1 did not complete" in cmp.recommendation()
     assert build_comparison(runs, metrics, baseline_id=2).rows[0].speedup == pytest.approx(100 / 390)
+
+
+def test_bad_input_is_one_line_and_exit_2(cftui: Ftui) -> None:
+    for args in (["compare"], ["compare", "9999"], ["compare", "--sweep", "no-such-sweep"],
+                 ["sweep", str(QUICKSTART), "--strategies", "single,warp"],
+                 ["sweep", str(QUICKSTART), "--grid", "train.batch_size"]):
+        proc = cftui.run(*args)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert proc.stderr.startswith("ftui: ") and "Traceback" not in proc.stderr, proc.stderr

@@ -8,6 +8,29 @@ from pathlib import Path
 from typing import Any
 
 FORMATS = ["text", "md", "csv", "json", "html"]
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class _Usage(Exception):
+    """Bad input. Handled here, not with ``tui.cli.UsageError``: under ``python -m tui.cli`` that module
+    runs as ``__main__``, so an imported ``tui.cli.UsageError`` would not be the class main() catches."""
+
+
+def _usage(exc: _Usage) -> int:
+    import sys
+
+    print(f"ftui: {exc}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _store(args: argparse.Namespace) -> Any:
+    from runner.paths import default_db_url
+    from store import Store, StoreError
+
+    try:
+        return Store(getattr(args, "db", None) or default_db_url())
+    except StoreError as exc:
+        raise _Usage(str(exc)) from None
 
 
 def add_parser(sub: Any, db_option: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -71,8 +94,14 @@ def _emit(args: argparse.Namespace, cmp: Any) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    try:
+        return _compare(args)
+    except _Usage as exc:
+        return _usage(exc)
+
+
+def _compare(args: argparse.Namespace) -> int:
     from runner.compare import load_comparison, sweep_run_ids
-    from tui.cli import EXIT_OK, UsageError, _store
 
     store = _store(args)
     ids = list(args.run_ids)
@@ -80,33 +109,39 @@ def cmd_compare(args: argparse.Namespace) -> int:
         in_sweep = sweep_run_ids(store, args.sweep)
         ids = in_sweep + [i for i in ids if i not in in_sweep]
         if not ids:
-            raise UsageError(f"--sweep {args.sweep}: no runs with that sweep id in {store.url}")
+            raise _Usage(f"--sweep {args.sweep}: no runs with that sweep id in {store.url}")
     if not ids:
-        raise UsageError("compare: give RUN_IDs or --sweep SWEEP_ID")
+        raise _Usage("compare: give RUN_IDs or --sweep SWEEP_ID")
     try:
         cmp = load_comparison(store, ids, baseline_id=args.baseline, peak_tflops=args.peak_tflops,
                               sweep_id=args.sweep, with_samples=args.format == "html")
     except KeyError as exc:
-        raise UsageError(f"run {exc.args[0]}: no such run in {store.url}") from None
+        raise _Usage(f"run {exc.args[0]}: no such run in {store.url}") from None
     _emit(args, cmp)
     return EXIT_OK
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    try:
+        return _sweep(args)
+    except _Usage as exc:
+        return _usage(exc)
+
+
+def _sweep(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from runner import sweep as sw
     from runner.compare import load_comparison
     from runner.orchestrator import cuda_device_count
     from runner.recipe import RecipeError
-    from tui.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UsageError, _store
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     try:
         items = sw.plan(args.recipe, strategies, args.nproc, args.overrides, args.grid,
                         default_nproc=max(2, cuda_device_count()))
     except RecipeError as exc:
-        raise UsageError(str(exc)) from None
+        raise _Usage(str(exc)) from None
     store = _store(args)
     console = Console(highlight=False, stderr=args.format != "text" and args.output is None)
     sweep_id = sw.new_sweep_id()
