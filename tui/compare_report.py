@@ -78,7 +78,7 @@ def sources(cmp: Comparison) -> list[str]:
     if est:
         out.append("peak mem estimated: " + "; ".join(est))
     base = cmp.row(cmp.baseline_id)
-    if base:
+    if base and base.tokens_per_s:
         out.append(f"speed-up: tokens/s over the baseline's, run {base.run_id} ({cmp.label(base)})")
     notes = sorted({f"{r.strategy}: {r.note}" for r in cmp.rows if r.note})
     out += [f"batch: {n}" for n in notes]
