@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-EXTRA_COMMANDS: list[str] = ["tui.cmd_gpus", "tui.cmd_estimate"]
+EXTRA_COMMANDS: list[str] = ["tui.cmd_gpus", "tui.cmd_estimate", "tui.cmd_compare"]
 
 
 def _db_option(parser: argparse.ArgumentParser) -> None:
@@ -253,4 +253,8 @@ def _console(stderr: bool = False) -> Any:
 
 
 if __name__ == "__main__":
-    _exit()
+    # Run the imported module's main, not this __main__ copy: command modules raise
+    # tui.cli.UsageError, which must be the class main() catches.
+    from tui.cli import main as _main
+
+    sys.exit(_main())

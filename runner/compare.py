@@ -1,0 +1,398 @@
+"""Compare runs side by side: the figures of each run, speed-ups against a baseline, the recipe diff.
+
+:func:`build_comparison` is pure (stored runs and their metrics in, a :class:`Comparison` out);
+:func:`load_comparison` reads the store and resolves MFU peaks (which may run a short CPU benchmark).
+Rendering lives in ``tui/compare_report.py``.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from runner.mfu import Peak, compute_mfu, flops_per_token
+from store import MetricPoint, RunInfo, SampleInfo, Store
+
+PeakResolver = Callable[[RunInfo, Mapping[str, Any]], Peak | None]
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """The figures of one run (None where unknown)."""
+
+    run_id: int
+    name: str
+    strategy: str
+    method: str
+    devices: int
+    device_type: str | None
+    micro_batch: int | None
+    grad_accum: int | None
+    global_batch: int | None
+    util_mean: float | None
+    util_source: str
+    train_seconds: float | None
+    tokens_per_s: float | None
+    tokens_per_s_per_device: float | None
+    mfu: float | None
+    achieved_tflops: float | None
+    peak_source: str | None
+    mem_measured: int | None
+    mem_measured_source: str
+    mem_estimated: int | None
+    mem_estimated_source: str
+    final_loss: float | None
+    best_loss: float | None
+    status: str
+    reason: str | None
+    note: str | None
+    speedup: float | None = None
+    """tokens/s of this run over the baseline's (same tokens per step: the same as time ratio)."""
+    grid: str = ""
+    """The sweep's grid values for this run (``train.batch_size=2``), empty outside a grid."""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Runs side by side."""
+
+    rows: list[RunRow]
+    baseline_id: int | None
+    fastest_id: int | None
+    recipe_diff: dict[str, list[str]]
+    """Dotted recipe key to each run's value (in row order), only keys whose values differ."""
+    curves: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    """Run id to (step, loss)."""
+    timelines: dict[int, dict[str, list[tuple[float, float | None, int | None]]]] = field(default_factory=dict)
+    """Run id to device key (``gpu:0``, ``rank:1``) to (seconds since the run's first sample, util %, memory)."""
+    sweep_id: str | None = None
+
+    def row(self, run_id: int | None) -> RunRow | None:
+        return next((r for r in self.rows if r.run_id == run_id), None)
+
+    def label(self, row: RunRow) -> str:
+        """``ddp x2`` (plus the grid values), unique enough to name a run in a sentence."""
+        base = row.strategy + (f" x{row.devices}" if row.devices > 1 else "")
+        return f"{base} [{row.grid}]" if row.grid else base
+
+    def speedup_sentences(self) -> list[str]:
+        """``ddp x2 1.9x faster than single`` for each run against the baseline."""
+        base = self.row(self.baseline_id)
+        if base is None:
+            return []
+        out = []
+        for r in self.rows:
+            if r.run_id == base.run_id or r.speedup is None:
+                continue
+            if r.speedup >= 1:
+                out.append(f"{self.label(r)} (run {r.run_id}) {r.speedup:.2f}x faster than {self.label(base)} (run {base.run_id})")
+            else:
+                out.append(f"{self.label(r)} (run {r.run_id}) {1 / r.speedup:.2f}x slower than {self.label(base)} (run {base.run_id})")
+        return out
+
+    def recommendation(self) -> str:
+        """One sentence: the fastest run that completed, with its numbers."""
+        best = self.row(self.fastest_id)
+        if best is None:
+            return "No run completed, so there is nothing to recommend; see the reasons above."
+        parts = [f"{best.tokens_per_s:,.0f} tokens/s" if best.tokens_per_s else None,
+                 f"{best.train_seconds:.1f}s of training" if best.train_seconds else None,
+                 f"MFU {best.mfu * 100:.2f}%" if best.mfu is not None else None]
+        text = f"Use {self.label(best)} (run {best.run_id}): the fastest that completed, " + ", ".join(p for p in parts if p)
+        base = self.row(self.baseline_id)
+        if base is not None and base.run_id != best.run_id and best.speedup:
+            text += f", {best.speedup:.2f}x the throughput of {self.label(base)} (run {base.run_id})"
+        others = [r for r in self.rows if r.status != "completed"]
+        if others:
+            text += f"; {len(others)} did not complete"
+        return text + "."
+
+
+# ---------------------------------------------------------------------- recipe diff
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested TOML tables as dotted keys: ``{"train": {"lr": 1}}`` -> ``{"train.lr": 1}``."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def recipe_diff(recipe_texts: Sequence[str]) -> dict[str, list[str]]:
+    """The recipe fields whose values differ between runs, as dotted keys; ``-`` where a recipe lacks
+    the key. Keys in sorted order; values rendered as JSON-like text."""
+    import json
+
+    flats = []
+    for text in recipe_texts:
+        try:
+            flats.append(flatten(tomllib.loads(text)))
+        except tomllib.TOMLDecodeError:
+            flats.append({})
+    keys = sorted(set().union(*flats)) if flats else []
+    missing = object()
+    diff: dict[str, list[str]] = {}
+    for key in keys:
+        values = [f.get(key, missing) for f in flats]
+        rendered = ["-" if v is missing else (v if isinstance(v, str) else json.dumps(v)) for v in values]
+        if len(set(rendered)) > 1:
+            diff[key] = rendered
+    return diff
+
+
+# ---------------------------------------------------------------------- figures
+
+
+def speedups(tokens_per_s: Sequence[float | None], baseline: int) -> list[float | None]:
+    """Each throughput over the baseline's (index ``baseline``); None where either is unknown."""
+    base = tokens_per_s[baseline] if 0 <= baseline < len(tokens_per_s) else None
+    return [None if (t is None or not base) else t / base for t in tokens_per_s]
+
+
+def best_loss(metrics: Sequence[MetricPoint]) -> float | None:
+    losses = [m.loss for m in metrics if m.loss is not None]
+    return min(losses) if losses else None
+
+
+def _recipe(run: RunInfo) -> dict[str, Any]:
+    try:
+        return tomllib.loads(run.recipe_text)
+    except tomllib.TOMLDecodeError:
+        return {}
+
+
+def model_dims(recipe: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Layers, heads, head size and context length of a recipe's model (builtin, or a local folder
+    whose config transformers can read offline); None when unknown."""
+    model = recipe.get("model", {}).get("name", "")
+    seq = int(recipe.get("data", {}).get("context_length", 0) or 0)
+    try:
+        if model == "builtin:tiny-llama":
+            from runner.builtin import tiny_llama_config
+
+            cfg: Any = tiny_llama_config()
+        else:
+            from transformers import AutoConfig
+
+            cfg = AutoConfig.from_pretrained(model, local_files_only=True)
+    except Exception:  # noqa: BLE001 (no config here: MFU is shown as '-')
+        return None
+    heads = int(getattr(cfg, "num_attention_heads", 0) or 0)
+    hidden = int(getattr(cfg, "hidden_size", 0) or 0)
+    head_dim = int(getattr(cfg, "head_dim", 0) or 0) or (hidden // heads if heads else 0)
+    layers = int(getattr(cfg, "num_hidden_layers", 0) or 0)
+    if not (heads and head_dim and layers and seq):
+        return None
+    # The input embedding is a lookup, not a matmul: it costs no FLOPs (PaLM counts non-embedding N).
+    # An untied output head is a matmul and stays in N.
+    tied = bool(getattr(cfg, "tie_word_embeddings", False))
+    embedding = 0 if tied else int(getattr(cfg, "vocab_size", 0) or 0) * hidden
+    return {"layers": layers, "heads": heads, "head_dim": head_dim, "seq_len": seq, "embedding_params": embedding,
+            "config": cfg}
+
+
+def estimated_memory(run: RunInfo, recipe: Mapping[str, Any], dims: Mapping[str, Any] | None) -> tuple[int | None, str]:
+    """Per-device bytes predicted for the run: ``summary["estimate"]`` when stored, else
+    :func:`runner.estimate.estimate` for a model whose config is at hand."""
+    stored = run.summary.get("estimate")
+    if isinstance(stored, (int, float)):
+        return int(stored), "stored estimate"
+    if isinstance(stored, Mapping):
+        for key in ("total", "total_bytes", "per_device", "bytes"):
+            if isinstance(stored.get(key), (int, float)):
+                return int(stored[key]), "stored estimate"
+    if dims is None:
+        return None, "-"
+    try:
+        from runner.estimate import EstimateInput, estimate, shape_from_config
+
+        train, method, launch = recipe.get("train", {}), recipe.get("method", {}), recipe.get("launch", {})
+        lora = method.get("lora", {})
+        inp = EstimateInput(
+            shape=shape_from_config(dims["config"]),
+            method=method.get("type", "lora"),
+            precision=train.get("precision", "fp32"),
+            strategy=launch.get("strategy", "single"),
+            n_devices=int(launch.get("nproc", 1)),
+            micro_batch=int(train.get("batch_size", 1)),
+            seq_len=int(dims["seq_len"]),
+            gradient_checkpointing=bool(train.get("gradient_checkpointing", False)),
+            lora_r=int(lora.get("r", 8)),
+            lora_targets=tuple(lora.get("target_modules", ("q_proj", "v_proj"))),
+        )
+        return estimate(inp).total, "runner.estimate (training tensors)"
+    except Exception:  # noqa: BLE001 (an estimate we cannot make is a '-')
+        return None, "-"
+
+
+def util_source(run: RunInfo) -> str:
+    tel = run.summary.get("telemetry") or {}
+    overall = tel.get("active") or tel.get("whole") or {}
+    kind = overall.get("kind")
+    window = "active window" if tel.get("active") else "whole run"
+    if kind == "gpu":
+        return f"NVML GPU utilisation %, {window}"
+    if kind == "rank":
+        return f"psutil CPU% of one core per rank, {window}"
+    return "-"
+
+
+def _mem_measured(run: RunInfo) -> tuple[int | None, str]:
+    ranks = run.summary.get("ranks") or []
+    peaks = [r.get("peak_allocated_bytes") or r.get("peak_rss_bytes") for r in ranks]
+    peaks = [p for p in peaks if p]
+    if peaks:
+        gpu = any(r.get("peak_allocated_bytes") for r in ranks)
+        return max(peaks), ("CUDA allocator peak, busiest rank" if gpu else "getrusage peak RSS, busiest rank")
+    return run.peak_mem_bytes, "stored peak"
+
+
+def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
+              dims: Mapping[str, Any] | None, grid: str = "") -> RunRow:
+    """The figures of one run (pure, apart from a memory estimate computed from the recipe)."""
+    recipe = _recipe(run)
+    train = recipe.get("train", {})
+    micro = train.get("batch_size")
+    ga = train.get("grad_accum")
+    devices = int(run.summary.get("world_size") or run.nproc or 1)
+    global_batch = micro * ga * (run.nproc if run.strategy in ("ddp", "fsdp") else 1) if micro and ga else None
+    tps = run.tokens_per_s
+    mfu = achieved = None
+    peak_source = peak.source if peak else None
+    params = run.summary.get("params")
+    if tps and peak and dims and params:
+        trainable = run.summary.get("trainable_params") if run.method != "full" else None
+        matmul_params = int(params) - int(dims.get("embedding_params", 0))
+        fpt = flops_per_token(matmul_params, dims["layers"], dims["heads"], dims["head_dim"], dims["seq_len"], trainable)
+        m = compute_mfu(fpt, tps, peak, devices)
+        mfu, achieved = m.mfu, m.achieved_flops / 1e12
+    mem, mem_source = _mem_measured(run)
+    est, est_source = estimated_memory(run, recipe, dims)
+    reason = run.error if run.status != "completed" else None
+    return RunRow(
+        run_id=run.id, name=run.name, strategy=run.strategy, method=run.method, devices=devices,
+        device_type=run.device_type, micro_batch=micro, grad_accum=ga, global_batch=global_batch,
+        util_mean=run.mean_util, util_source=util_source(run), train_seconds=run.train_seconds,
+        tokens_per_s=tps, tokens_per_s_per_device=tps / devices if tps else None,
+        mfu=mfu, achieved_tflops=achieved, peak_source=peak_source,
+        mem_measured=mem, mem_measured_source=mem_source, mem_estimated=est, mem_estimated_source=est_source,
+        final_loss=run.final_loss, best_loss=best_loss(metrics), status=run.status, reason=reason,
+        note=run.summary.get("sweep_note"), grid=grid or str(run.summary.get("sweep_grid") or ""),
+    )
+
+
+def build_comparison(
+    runs: Sequence[RunInfo],
+    metrics: Mapping[int, Sequence[MetricPoint]],
+    peaks: Mapping[int, Peak | None] | None = None,
+    dims: Mapping[int, Mapping[str, Any] | None] | None = None,
+    baseline_id: int | None = None,
+    samples: Mapping[int, Sequence[SampleInfo]] | None = None,
+    sweep_id: str | None = None,
+) -> Comparison:
+    """Put runs side by side (in the given order).
+
+    Args:
+        runs: The runs.
+        metrics: Per-step metrics by run id (for the best loss and the loss curves).
+        peaks: Peak FLOP/s per device by run id (MFU is '-' without one).
+        dims: Model dimensions by run id (:func:`model_dims`).
+        baseline_id: The run speed-ups are measured against; default the first run that has a throughput.
+        samples: Telemetry samples by run id, for the timelines.
+        sweep_id: The sweep the runs belong to, if any.
+
+    Returns:
+        The comparison; ``fastest_id`` is the completed run with the highest tokens/s.
+    """
+    peaks = peaks or {}
+    dims = dims or {}
+    rows = [build_row(r, metrics.get(r.id, []), peaks.get(r.id), dims.get(r.id)) for r in runs]
+    if baseline_id is None or not any(r.run_id == baseline_id for r in rows):
+        baseline_id = next((r.run_id for r in rows if r.tokens_per_s), rows[0].run_id if rows else None)
+    index = next((i for i, r in enumerate(rows) if r.run_id == baseline_id), 0)
+    ratios = speedups([r.tokens_per_s for r in rows], index)
+    rows = [_with(r, speedup=s) for r, s in zip(rows, ratios, strict=True)]
+    done = [r for r in rows if r.status == "completed" and r.tokens_per_s]
+    fastest = max(done, key=lambda r: r.tokens_per_s or 0.0).run_id if done else None
+    curves = {r.id: [(m.step, m.loss) for m in metrics.get(r.id, []) if m.loss is not None] for r in runs}
+    timelines = {r.id: timeline(samples.get(r.id, [])) for r in runs} if samples else {}
+    return Comparison(rows=rows, baseline_id=baseline_id, fastest_id=fastest,
+                      recipe_diff=recipe_diff([r.recipe_text for r in runs]),
+                      curves=curves, timelines=timelines, sweep_id=sweep_id)
+
+
+def _with(row: RunRow, **changes: Any) -> RunRow:
+    from dataclasses import replace
+
+    return replace(row, **changes)
+
+
+def timeline(samples: Sequence[SampleInfo]) -> dict[str, list[tuple[float, float | None, int | None]]]:
+    """Per compute device (GPUs, else ranks), (seconds since the first sample, util %, memory bytes)."""
+    gpu = any(s.kind == "gpu" for s in samples)
+    keep = [s for s in samples if s.kind == ("gpu" if gpu else "rank")]
+    if not keep:
+        return {}
+    t0 = min(s.time for s in keep)
+    out: dict[str, list[tuple[float, float | None, int | None]]] = {}
+    for s in sorted(keep, key=lambda s: s.time):
+        out.setdefault(f"{s.kind}:{s.index}", []).append((s.time - t0, s.util_pct, s.mem_used))
+    return out
+
+
+# ---------------------------------------------------------------------- from the store
+
+
+def default_peak(run: RunInfo, recipe: Mapping[str, Any], peak_tflops: float | None = None,
+                 samples: Sequence[SampleInfo] = ()) -> Peak | None:
+    """The peak FLOP/s of one of the run's devices: ``peak_tflops`` when given, the datasheet figure
+    of its GPU, or on CPU the measured matmul peak with the threads each rank used."""
+    from runner import mfu
+
+    if peak_tflops:
+        return Peak(peak_tflops * 1e12, f"given (--peak-tflops {peak_tflops:g})")
+    precision = recipe.get("train", {}).get("precision", "fp32")
+    gpu_names = [s.name for s in samples if s.kind == "gpu"]
+    if run.device_type == "cuda" or gpu_names:
+        return mfu.gpu_peak(gpu_names[0], precision) if gpu_names else None
+    if run.device_type != "cpu":
+        return None
+    import os
+
+    import psutil
+
+    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    threads = max(1, cores // max(1, run.nproc))  # what the orchestrator gave each rank
+    return mfu.cpu_peak(threads)
+
+
+def load_comparison(store: Store, run_ids: Sequence[int], baseline_id: int | None = None,
+                    peak_tflops: float | None = None, sweep_id: str | None = None,
+                    with_samples: bool = False) -> Comparison:
+    """Read runs from the store (in ``run_ids`` order) and compare them; raise KeyError for a
+    missing run."""
+    runs = []
+    for rid in run_ids:
+        run = store.get_run(rid)
+        if run is None:
+            raise KeyError(rid)
+        runs.append(run)
+    metrics = {r.id: store.metrics(r.id) for r in runs}
+    samples = {r.id: store.samples(r.id) for r in runs}
+    dims = {r.id: model_dims(_recipe(r)) for r in runs}
+    peaks = {r.id: default_peak(r, _recipe(r), peak_tflops, samples[r.id]) if r.status == "completed" else None
+             for r in runs}
+    return build_comparison(runs, metrics, peaks, dims, baseline_id,
+                            samples if with_samples else None, sweep_id)
+
+
+def sweep_run_ids(store: Store, sweep_id: str) -> list[int]:
+    """The runs of a sweep, oldest first."""
+    return sorted(r.id for r in store.list_runs(sweep_id=sweep_id))

@@ -1,0 +1,264 @@
+"""``ftui sweep`` and ``ftui compare``: a real sweep of quickstart over every strategy on CPU (real
+subprocesses, real SQLite, real training), its comparison in every format, the HTML page rendered by
+headless Chromium; and unit tests of the MFU formula, the recipe diff and the speed-ups."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+import shutil
+import subprocess
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import QUICKSTART, ROOT, Ftui
+
+from runner import mfu
+from runner.compare import build_comparison, flatten, recipe_diff, speedups
+from store import MetricPoint, RunInfo
+
+GOLDEN = ROOT / "tests" / "golden" / "compare.md"
+STRATEGIES = ["single", "mp", "ddp", "fsdp"]
+STEPS = 5
+
+
+# ---------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def cftui(tmp_path_factory: pytest.TempPathFactory) -> Ftui:
+    """A home of its own, so that the sweeps here are the only runs in the store."""
+    home = tmp_path_factory.mktemp("ftui-compare-home")
+    return Ftui(home=home, db=f"sqlite:///{home / 'ftui.db'}")
+
+
+def _sweep_id(output: str) -> str:
+    match = re.search(r"reopen with: ftui compare --sweep (\S+)", output)
+    assert match, output[-3000:]
+    return match.group(1)
+
+
+@pytest.fixture(scope="module")
+def sweep(cftui: Ftui) -> dict[str, Any]:
+    """quickstart under single, mp, ddp and fsdp (2 processes), 5 steps each, one sweep id."""
+    proc = cftui.run("sweep", str(QUICKSTART), "--strategies", ",".join(STRATEGIES), "--nproc", "2",
+                     "--set", f"train.max_steps={STEPS}", "--format", "md", timeout=900)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return {"id": _sweep_id(proc.stdout + proc.stderr), "stdout": proc.stdout, "stderr": proc.stderr}
+
+
+@pytest.fixture(scope="module")
+def refused(cftui: Ftui) -> dict[str, Any]:
+    """fsdp with one process on CPU: pre-flight refuses it, and the sweep records why."""
+    proc = cftui.run("sweep", str(QUICKSTART), "--strategies", "fsdp", "--nproc", "1",
+                     "--set", f"train.max_steps={STEPS}", "--format", "json", timeout=300)
+    return {"proc": proc, "id": _sweep_id(proc.stdout + proc.stderr), "json": json.loads(proc.stdout)}
+
+
+def _compare(cftui: Ftui, *args: str) -> str:
+    return cftui.run("compare", *args, check=True).stdout
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Headless Chromium from Debian, installed when missing (needs root and the package mirror)."""
+    path = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+    if path:
+        return path
+    if shutil.which("apt-get") is None:
+        pytest.skip("chromium is not installed and apt-get is not available to install it")
+    try:
+        subprocess.run(["apt-get", "update", "-qq"], check=True, capture_output=True, timeout=600)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], check=True, capture_output=True,
+                       timeout=900, env={"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, PermissionError) as exc:
+        pytest.skip(f"chromium is not installed and could not be installed with apt-get: {exc}")
+    path = shutil.which("chromium")
+    if path is None:
+        pytest.skip("apt-get install chromium ran but no chromium binary appeared")
+    return path
+
+
+# ---------------------------------------------------------------------- the real sweep
+
+
+def mask(md: str) -> str:
+    """The shape of a markdown comparison: its table and heading lines, numbers and ids masked."""
+    lines = [line for line in md.splitlines() if line.startswith(("|", "#"))]
+    text = "\n".join(lines)
+    text = re.sub(r"sweep-\d{8}-\d{6}-[0-9a-f]{4}", "SWEEP", text)
+    text = re.sub(r"\d[\d,.]*", "#", text)
+    text = re.sub(r"(#h)?(#m)?#s\b", "#s", text)  # 59.0s and 1m05s are the same shape
+    return re.sub(r"# (B|KiB|MiB|GiB|TiB)\b", "# B", text) + "\n"
+
+
+def test_sweep_markdown_matches_the_golden_shape(cftui: Ftui, sweep: dict[str, Any]) -> None:
+    md = _compare(cftui, "--sweep", sweep["id"], "--format", "md")
+    assert mask(md) == GOLDEN.read_text(), f"got:\n{mask(md)}"
+    # The sweep printed the same comparison and one recommendation with numbers.
+    assert mask(sweep["stdout"]) == GOLDEN.read_text()
+    verdict = [line for line in md.splitlines() if line.startswith("Use ")]
+    assert len(verdict) == 1 and "tokens/s" in verdict[0] and "the fastest that completed" in verdict[0]
+    assert "global batch 4 kept" in md  # the fairness rule is stated
+
+
+def test_every_format_has_one_plausible_row_per_strategy(cftui: Ftui, sweep: dict[str, Any]) -> None:
+    data = json.loads(_compare(cftui, "--sweep", sweep["id"], "--format", "json"))
+    rows = data["runs"]
+    assert [r["strategy"] for r in rows] == STRATEGIES
+    for r in rows:
+        assert r["status"] == "completed", r
+        assert r["devices"] == (2 if r["strategy"] in ("ddp", "fsdp") else 1)
+        assert r["global_batch"] == 4  # micro-batch 2 x 2 processes for ddp/fsdp
+        assert r["train_seconds"] > 0 and r["tokens_per_s"] > 0
+        assert r["tokens_per_s_per_device"] == pytest.approx(r["tokens_per_s"] / r["devices"])
+        assert 0 < r["util_mean"] <= 100 * 4 and "psutil" in r["util_source"]
+        assert 0 < r["mfu"] < 2, r["mfu"]  # CPU peak measured on a shared host: loose upper bound
+        assert r["peak_source"].startswith(mfu.CPU_PEAK_SOURCE)
+        assert r["mem_measured"] > 50 * 2**20 and r["mem_estimated"] > 0
+        assert 0 < r["final_loss"] < 20 and math.isfinite(r["best_loss"]) and r["best_loss"] <= r["final_loss"]
+        assert r["speedup"] > 0
+    assert rows[0]["speedup"] == 1.0 and data["baseline_id"] == rows[0]["run_id"]
+    fastest = max(rows, key=lambda r: r["tokens_per_s"])
+    assert data["fastest_id"] == fastest["run_id"]
+    assert data["recipe_diff"]["launch.strategy"] == STRATEGIES
+    assert data["recipe_diff"]["train.batch_size"] == ["4", "4", "2", "2"]
+    assert "train.lr" not in data["recipe_diff"]
+
+    table = list(csv.DictReader(io.StringIO(_compare(cftui, "--sweep", sweep["id"], "--format", "csv"))))
+    assert [r["strategy"] for r in table] == STRATEGIES and all(float(r["tokens_per_s"]) > 0 for r in table)
+
+    text = _compare(cftui, "--sweep", sweep["id"], "--plot")
+    for r in rows:
+        assert f"run {r['run_id']}" in text
+    assert "loss (measured, per step)" in text and "●" in text
+    assert "faster than" in text or "slower than" in text
+
+    other = _compare(cftui, *[str(r["run_id"]) for r in rows], "--baseline", str(rows[2]["run_id"]), "--format", "json")
+    assert json.loads(other)["baseline_id"] == rows[2]["run_id"]
+
+
+def test_a_strategy_that_cannot_run_is_a_row_with_its_reason(cftui: Ftui, sweep: dict[str, Any],
+                                                              refused: dict[str, Any]) -> None:
+    proc = refused["proc"]
+    assert proc.returncode == 1, proc.stderr  # nothing completed, but no crash
+    assert "Traceback" not in proc.stderr
+    (row,) = refused["json"]["runs"]
+    assert row["strategy"] == "fsdp" and row["status"] == "failed"
+    assert "fsdp on CPU needs at least 2 processes" in row["reason"]
+    assert refused["json"]["recommendation"].startswith("No run completed")
+
+    ids = [str(r["run_id"]) for r in json.loads(_compare(cftui, "--sweep", sweep["id"], "--format", "json"))["runs"]]
+    md = _compare(cftui, *ids, str(row["run_id"]), "--format", "md")
+    last = [line for line in md.splitlines() if line.startswith(f"| {row['run_id']} |")]
+    assert len(last) == 1 and "failed: refused before launch" in last[0] and "needs at least 2 processes" in last[0]
+    assert "1 did not complete" in md
+
+
+def test_html_report_renders_in_headless_chromium(cftui: Ftui, sweep: dict[str, Any], chromium: str,
+                                                  tmp_path: Path) -> None:
+    page = tmp_path / "compare.html"
+    cftui.run("compare", "--sweep", sweep["id"], "--format", "html", "-o", str(page), check=True)
+    html = page.read_text()
+    assert "<svg" in html and "training loss, all runs" in html and "utilisation per device" in html
+    assert "Recipe differences" in html
+    assert not re.search(r"""(src|href)=["']?https?:""", html), "the page must not load anything"
+    png = tmp_path / "compare.png"
+    proc = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+         f"--screenshot={png}", "--window-size=1400,1800", page.as_uri()],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert png.exists(), f"no screenshot: exit {proc.returncode}\n{proc.stderr[-2000:]}"
+    assert png.stat().st_size > 30_000, png.stat().st_size  # a blank page is a few KB
+    print(f"screenshot: {png}")  # pytest -s shows where to look
+
+
+# ---------------------------------------------------------------------- unit tests
+
+
+def test_flops_per_token_by_hand() -> None:
+    # N = 1000, L = 2, H = 4, Q = 8, T = 16: 6*1000 + 12*2*4*8*16 = 6000 + 12288
+    assert mfu.flops_per_token(1000, 2, 4, 8, 16) == 18288
+    # LoRA: 900 frozen, 100 trainable: 4*900 + 6*100 + 12288
+    assert mfu.flops_per_token(1000, 2, 4, 8, 16, trainable_params=100) == 3600 + 600 + 12288
+    m = mfu.compute_mfu(18288, tokens_per_s=1000, peak=mfu.Peak(1e8, "x"), devices=2)
+    assert m.achieved_flops == 18_288_000 and m.mfu == pytest.approx(18_288_000 / 2e8)
+
+
+def test_gpu_peaks_match_the_right_model() -> None:
+    a100 = mfu.gpu_peak("NVIDIA A100-SXM4-80GB", "bf16")
+    assert a100 is not None and a100.flops == 312e12
+    a10 = mfu.gpu_peak("NVIDIA A10", "bf16")
+    assert a10 is not None and a10.flops == 125e12
+    assert mfu.gpu_peak("NVIDIA L40S", "fp32").flops == 91.6e12  # type: ignore[union-attr]
+    assert mfu.gpu_peak("NVIDIA L4", "bf16").flops == 121e12  # type: ignore[union-attr]
+    assert mfu.gpu_peak("NVIDIA H100 PCIe", "bf16").flops == 756e12  # type: ignore[union-attr]
+    assert mfu.gpu_peak("NVIDIA H100 80GB HBM3", "bf16").flops == 989.4e12  # type: ignore[union-attr]
+    assert mfu.gpu_peak("NVIDIA GeForce RTX 4090", "fp16").flops == 165.2e12  # type: ignore[union-attr]
+    assert mfu.gpu_peak("Tesla T4", "bf16").flops == 65e12  # type: ignore[union-attr]  # fp16 rate
+    assert mfu.gpu_peak("Some Future GPU", "bf16") is None
+
+
+def test_cpu_peak_is_cached_per_host_and_threads(tmp_path: Path) -> None:
+    import socket
+
+    (tmp_path / "mfu-cpu-peak.json").write_text(json.dumps({f"{socket.gethostname()}|threads=3": 1.5e10}))
+    peak = mfu.cpu_peak(3, cache=tmp_path)
+    assert peak.flops == 1.5e10 and peak.source.startswith(mfu.CPU_PEAK_SOURCE)
+
+
+def test_recipe_diff_keeps_only_the_fields_that_differ() -> None:
+    a = 'name = "q"\n[train]\nbatch_size = 4\nlr = 0.002\n[launch]\nstrategy = "single"\n'
+    b = 'name = "q"\n[train]\nbatch_size = 2\nlr = 0.002\n[launch]\nstrategy = "ddp"\nnproc = 2\n'
+    assert flatten({"a": {"b": {"c": 1}}, "d": 2}) == {"a.b.c": 1, "d": 2}
+    assert recipe_diff([a, b]) == {
+        "launch.nproc": ["-", "2"],
+        "launch.strategy": ["single", "ddp"],
+        "train.batch_size": ["4", "2"],
+    }
+    assert recipe_diff([a, a]) == {}
+
+
+def _run(id_: int, strategy: str, nproc: int, tps: float | None, status: str = "completed") -> RunInfo:
+    now = datetime(2026, 1, 1)
+    return RunInfo(id=id_, name="q", sweep_id=None, recipe_text=f'[launch]\nstrategy = "{strategy}"\n',
+                   recipe_hash="", recipe_source=None, strategy=strategy, nproc=nproc, method="lora",
+                   model="builtin:tiny-llama", status=status, distributed_type=None, device_type="cpu", host="h",
+                   run_dir="", pgid=None, created_at=now, started_at=now, ended_at=now, exit_code=0,
+                   error=None if status == "completed" else "boom", total_steps=5, steps_done=5,
+                   train_seconds=10.0, tokens_per_s=tps, final_loss=2.0, peak_mem_bytes=None, mean_util=50.0,
+                   summary={"world_size": nproc})
+
+
+def test_speedups_against_the_baseline() -> None:
+    assert speedups([100.0, 390.0, None], 0) == [1.0, 3.9, None]
+    assert speedups([None, 390.0], 0) == [None, None]
+    runs = [_run(1, "mp", 1, 100.0), _run(2, "ddp", 4, 390.0), _run(3, "fsdp", 4, 50.0), _run(4, "fsdp", 2, None, "failed")]
+    metrics = {1: [MetricPoint(1, 0.0, 3.0, None, None, None, None, None), MetricPoint(2, 1.0, 2.5, None, None, None, None, None)]}
+    cmp = build_comparison(runs, metrics)
+    assert cmp.baseline_id == 1 and cmp.fastest_id == 2
+    assert [r.speedup for r in cmp.rows] == [1.0, 3.9, 0.5, None]
+    assert cmp.rows[0].best_loss == 2.5 and cmp.rows[3].reason == "boom"
+    assert cmp.speedup_sentences() == [
+        "ddp x4 (run 2) 3.90x faster than mp (run 1)",
+        "fsdp x4 (run 3) 2.00x slower than mp (run 1)",
+    ]
+    assert cmp.recommendation().startswith("Use ddp x4 (run 2): the fastest that completed, 390 tokens/s")
+    assert "1 did not complete" in cmp.recommendation()
+    assert build_comparison(runs, metrics, baseline_id=2).rows[0].speedup == pytest.approx(100 / 390)
+
+
+def test_bad_input_is_one_line_and_exit_2(cftui: Ftui) -> None:
+    for args in (["compare"], ["compare", "9999"], ["compare", "--sweep", "no-such-sweep"],
+                 ["sweep", str(QUICKSTART), "--strategies", "single,warp"],
+                 ["sweep", str(QUICKSTART), "--grid", "train.batch_size"]):
+        proc = cftui.run(*args)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert proc.stderr.startswith("ftui: ") and "Traceback" not in proc.stderr, proc.stderr

@@ -1,0 +1,166 @@
+"""``ftui compare`` (runs side by side) and ``ftui sweep`` (one recipe under several strategies)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+FORMATS = ["text", "md", "csv", "json", "html"]
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class _Usage(Exception):
+    """Bad input. Handled here, not with ``tui.cli.UsageError``: under ``python -m tui.cli`` that module
+    runs as ``__main__``, so an imported ``tui.cli.UsageError`` would not be the class main() catches."""
+
+
+def _usage(exc: _Usage) -> int:
+    import sys
+
+    print(f"ftui: {exc}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _store(args: argparse.Namespace) -> Any:
+    from runner.paths import default_db_url
+    from store import Store, StoreError
+
+    try:
+        return Store(getattr(args, "db", None) or default_db_url())
+    except StoreError as exc:
+        raise _Usage(str(exc)) from None
+
+
+def add_parser(sub: Any, db_option: Callable[[argparse.ArgumentParser], None]) -> None:
+    cmp = sub.add_parser("compare", help="compare runs side by side (or a sweep)",
+                         description="Compare runs: throughput, utilisation, MFU, memory, loss, recipe diff.")
+    cmp.add_argument("run_ids", type=int, nargs="*", metavar="RUN_ID")
+    cmp.add_argument("--sweep", metavar="SWEEP_ID", help="compare the runs of a sweep")
+    cmp.add_argument("--baseline", type=int, metavar="ID", help="speed-ups against this run (default: the first)")
+    _common(cmp)
+    db_option(cmp)
+    cmp.set_defaults(handler=cmd_compare)
+
+    sweep = sub.add_parser("sweep", help="run one recipe under several strategies and compare",
+                           description="Run a recipe under each strategy one after another (and over a grid of "
+                                       "field values), stored under one sweep id, then compare. For ddp/fsdp "
+                                       "with N processes the micro-batch is divided by N when it divides "
+                                       "evenly, so that every run trains the same global batch.")
+    sweep.add_argument("recipe", type=Path)
+    sweep.add_argument("--strategies", default="single,mp,ddp,fsdp", help="comma-separated (default: all four)")
+    sweep.add_argument("--nproc", type=int, help="processes for ddp/fsdp (default: GPUs visible, at least 2)")
+    sweep.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                       help="override a recipe field for every run (repeatable)")
+    sweep.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2",
+                       help="sweep a field over values too (repeatable: the product)")
+    _common(sweep)
+    db_option(sweep)
+    sweep.set_defaults(handler=cmd_sweep)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=FORMATS, default="text")
+    p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write the comparison here (html: default compare.html)")
+    p.add_argument("--plot", action="store_true", help="draw the loss curves in the terminal")
+    p.add_argument("--peak-tflops", type=float, metavar="T", help="peak TFLOP/s per device for MFU (overrides the table)")
+
+
+def _emit(args: argparse.Namespace, cmp: Any) -> None:
+    from rich.console import Console
+
+    from tui import compare_report as rep
+
+    console = Console(highlight=False)
+    out = args.output
+    if args.format == "html" and out is None:
+        out = Path("compare.html")
+    if args.format == "text":
+        if out is not None:
+            with out.open("w") as fh:
+                Console(file=fh, width=160, highlight=False).print(rep.rich_table(cmp))
+        else:
+            console.print(rep.rich_table(cmp))
+    else:
+        text = rep.RENDERERS[args.format](cmp)
+        if out is not None:
+            out.write_text(text)
+            console.print(f"wrote {out}", markup=False)
+        else:
+            print(text)
+    if args.plot:
+        console.print(rep.loss_plot(cmp, width=max(20, min(100, console.width - 12))))
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    try:
+        return _compare(args)
+    except _Usage as exc:
+        return _usage(exc)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from runner.compare import load_comparison, sweep_run_ids
+
+    store = _store(args)
+    ids = list(args.run_ids)
+    if args.sweep:
+        in_sweep = sweep_run_ids(store, args.sweep)
+        ids = in_sweep + [i for i in ids if i not in in_sweep]
+        if not ids:
+            raise _Usage(f"--sweep {args.sweep}: no runs with that sweep id in {store.url}")
+    if not ids:
+        raise _Usage("compare: give RUN_IDs or --sweep SWEEP_ID")
+    try:
+        cmp = load_comparison(store, ids, baseline_id=args.baseline, peak_tflops=args.peak_tflops,
+                              sweep_id=args.sweep, with_samples=args.format == "html")
+    except KeyError as exc:
+        raise _Usage(f"run {exc.args[0]}: no such run in {store.url}") from None
+    _emit(args, cmp)
+    return EXIT_OK
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    try:
+        return _sweep(args)
+    except _Usage as exc:
+        return _usage(exc)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from runner import sweep as sw
+    from runner.compare import load_comparison
+    from runner.orchestrator import cuda_device_count
+    from runner.recipe import RecipeError
+
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    try:
+        items = sw.plan(args.recipe, strategies, args.nproc, args.overrides, args.grid,
+                        default_nproc=max(2, cuda_device_count()))
+    except RecipeError as exc:
+        raise _Usage(str(exc)) from None
+    store = _store(args)
+    console = Console(highlight=False, stderr=args.format != "text" and args.output is None)
+    sweep_id = sw.new_sweep_id()
+    console.print(f"sweep [bold]{sweep_id}[/]: {len(items)} runs, one after another")
+
+    def on_start(item: sw.SweepItem, run_id: int) -> None:
+        grid = f" [{item.grid}]" if item.grid else ""
+        console.print(f"run {run_id} · {item.strategy} x {item.nproc}{grid} · {item.note}")
+
+    def on_done(item: sw.SweepItem, result: sw.SweepResult) -> None:
+        style = {"completed": "green", "failed": "red"}.get(result.status, "yellow")
+        reason = f": {result.reason}" if result.reason else ""
+        console.print(f"  run {result.run_id} {item.strategy}: [{style}]{result.status}[/]{reason}", soft_wrap=True)
+
+    _, results = sw.run_sweep(store, args.recipe, items, sweep_id=sweep_id, on_start=on_start, on_done=on_done)
+    cmp = load_comparison(store, [r.run_id for r in results], peak_tflops=args.peak_tflops, sweep_id=sweep_id,
+                          with_samples=args.format == "html")
+    _emit(args, cmp)
+    console.print(f"reopen with: ftui compare --sweep {sweep_id}", markup=False)
+    if any(r.status == "stopped" for r in results):
+        return EXIT_INTERRUPTED
+    return EXIT_OK if cmp.fastest_id is not None else EXIT_FAILED
