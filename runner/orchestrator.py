@@ -306,7 +306,7 @@ def execute(
     prepared: Prepared,
     on_event: EventCallback | None = None,
     stop: threading.Event | None = None,
-    poll_s: float = 0.1,
+    poll_s: float = 0.25,
     probe: Any | None = None,
     sample_interval_s: float = 0.5,
     hang_after_s: float = 300.0,

@@ -30,6 +30,7 @@ class RunProgress:
             TimeRemainingColumn(),
             console=console,
             transient=False,
+            refresh_per_second=2,
         )
         self.task = self.progress.add_task("starting", total=None, loss="-", tps="-")
 
