@@ -98,6 +98,20 @@ class SampleInfo:
     sm_clock_mhz: int | None
     pid: int | None
     source: str
+    id: int = 0
+    """Row id: increases with every write, so a reader can ask for what came after it."""
+
+
+@dataclass(frozen=True)
+class ProcessSampleInfo:
+    id: int
+    time: float
+    host: str
+    gpu_index: int
+    pid: int
+    rank: int | None
+    used_bytes: int | None
+    source: str
 
 
 @dataclass(frozen=True)
@@ -268,10 +282,13 @@ class Store:
             )
             s.add(Event(run_id=run_id, source="orchestrator", seq=int(seq or 0), type=type_, time=time, payload=payload))
 
-    def metrics(self, run_id: int) -> list[MetricPoint]:
+    def metrics(self, run_id: int, after_step: int | None = None) -> list[MetricPoint]:
+        """Per-step metrics of a run, by step; only those after ``after_step`` when given (live views)."""
         with self._begin() as s:
-            rows = s.scalars(select(Metric).where(Metric.run_id == run_id).order_by(Metric.step))
-            return [_frozen(MetricPoint, r) for r in rows]
+            query = select(Metric).where(Metric.run_id == run_id).order_by(Metric.step)
+            if after_step is not None:
+                query = query.where(Metric.step > after_step)
+            return [_frozen(MetricPoint, r) for r in s.scalars(query)]
 
     def events(self, run_id: int, type_: str | None = None) -> list[EventInfo]:
         with self._begin() as s:
@@ -290,12 +307,23 @@ class Store:
             s.add_all(DeviceSampleRow(run_id=run_id, **{c: getattr(x, c) for c in device_cols}) for x in samples)
             s.add_all(ProcessSampleRow(run_id=run_id, **{c: getattr(x, c) for c in proc_cols}) for x in processes)
 
-    def samples(self, run_id: int) -> list[SampleInfo]:
+    def samples(self, run_id: int, after_id: int | None = None) -> list[SampleInfo]:
+        """Device samples of a run in write order; only rows after ``after_id`` when given."""
         with self._begin() as s:
-            rows = s.scalars(
-                select(DeviceSampleRow).where(DeviceSampleRow.run_id == run_id).order_by(DeviceSampleRow.time, DeviceSampleRow.id)
-            )
-            return [_frozen(SampleInfo, r) for r in rows]
+            query = select(DeviceSampleRow).where(DeviceSampleRow.run_id == run_id)
+            if after_id is not None:
+                query = query.where(DeviceSampleRow.id > after_id).order_by(DeviceSampleRow.id)
+            else:
+                query = query.order_by(DeviceSampleRow.time, DeviceSampleRow.id)
+            return [_frozen(SampleInfo, r) for r in s.scalars(query)]
+
+    def process_samples(self, run_id: int, after_id: int = 0) -> list[ProcessSampleInfo]:
+        """GPU memory per process of a run (NVML), in write order, after ``after_id``."""
+        with self._begin() as s:
+            query = (select(ProcessSampleRow)
+                     .where(ProcessSampleRow.run_id == run_id, ProcessSampleRow.id > after_id)
+                     .order_by(ProcessSampleRow.id))
+            return [_frozen(ProcessSampleInfo, r) for r in s.scalars(query)]
 
     def close(self) -> None:
         self.engine.dispose()

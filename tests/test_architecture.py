@@ -26,3 +26,13 @@ def test_only_the_hardware_module_imports_pynvml() -> None:
 def test_the_core_is_mypy_strict_clean() -> None:
     proc = subprocess.run([sys.executable, "-m", "mypy", "runner", "store"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_the_tui_reads_the_store_through_its_api_only() -> None:
+    """Views get frozen dataclasses from store.Store, never ORM rows or SQL (STYLE.md)."""
+    offenders = [
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "tui").rglob("*.py")
+        if "sqlalchemy" in path.read_text() or "store.models" in path.read_text()
+    ]
+    assert offenders == []

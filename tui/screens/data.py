@@ -15,10 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
-
 from store import Store
-from store.models import DeviceSampleRow, Metric, ProcessSampleRow
 from store.store import utcnow
 from tui.messages import DeviceView, MonitorSnapshot, RankView
 
@@ -78,32 +75,23 @@ class MonitorFeed:
 
     def poll(self) -> MonitorSnapshot:
         run = self.store.get_run(self.run_id)
-        with self.store.sessions.begin() as s:
-            rows = list(s.scalars(select(Metric).where(Metric.run_id == self.run_id, Metric.step > self._last_step)
-                                  .order_by(Metric.step)))
-            for m in rows:
-                self.metrics.append((m.step, m.loss, m.lr, m.tokens_per_s, m.step_time))
-                if m.loss is not None:
-                    self.losses.append(m.loss)
-                self._last_step = m.step
-            samples = list(s.scalars(select(DeviceSampleRow).where(
-                DeviceSampleRow.run_id == self.run_id, DeviceSampleRow.id > self._last_sample_id)
-                .order_by(DeviceSampleRow.id)))
-            for d in samples:
-                key = f"{d.kind}:{d.index}"
-                self._latest[key] = (d.kind, d.index, d.name, d.util_pct, d.mem_used, d.mem_total, d.source, d.pid)
-                if d.util_pct is not None:
-                    self._util.setdefault(key, deque(maxlen=HISTORY)).append(d.util_pct)
-                if d.mem_used is not None and d.mem_total:
-                    self._mem.setdefault(key, deque(maxlen=HISTORY)).append(100.0 * d.mem_used / d.mem_total)
-                self._last_sample_id = d.id
-            procs = list(s.scalars(select(ProcessSampleRow).where(
-                ProcessSampleRow.run_id == self.run_id, ProcessSampleRow.id > self._last_proc_id)
-                .order_by(ProcessSampleRow.id)))
-            for p in procs:
-                if p.rank is not None and p.used_bytes is not None:
-                    self._rank_gpu.setdefault(p.rank, {})[p.gpu_index] = p.used_bytes
-                self._last_proc_id = p.id
+        for m in self.store.metrics(self.run_id, after_step=self._last_step):
+            self.metrics.append((m.step, m.loss, m.lr, m.tokens_per_s, m.step_time))
+            if m.loss is not None:
+                self.losses.append(m.loss)
+            self._last_step = m.step
+        for d in self.store.samples(self.run_id, after_id=self._last_sample_id):
+            key = f"{d.kind}:{d.index}"
+            self._latest[key] = (d.kind, d.index, d.name, d.util_pct, d.mem_used, d.mem_total, d.source, d.pid)
+            if d.util_pct is not None:
+                self._util.setdefault(key, deque(maxlen=HISTORY)).append(d.util_pct)
+            if d.mem_used is not None and d.mem_total:
+                self._mem.setdefault(key, deque(maxlen=HISTORY)).append(100.0 * d.mem_used / d.mem_total)
+            self._last_sample_id = d.id
+        for p in self.store.process_samples(self.run_id, after_id=self._last_proc_id):
+            if p.rank is not None and p.used_bytes is not None:
+                self._rank_gpu.setdefault(p.rank, {})[p.gpu_index] = p.used_bytes
+            self._last_proc_id = p.id
         return self.snapshot(run)
 
     def snapshot(self, run: Any) -> MonitorSnapshot:
