@@ -78,7 +78,18 @@ def app_for(store: Store):  # type: ignore[no-untyped-def]
 
 
 async def settle(pilot) -> None:  # type: ignore[no-untyped-def]
-    await pilot.pause(0.6)
+    """Wait until the store reads (thread workers) have filled every table on screen, then let the
+    tables' deferred column sizing and a repaint happen, so that load on the machine cannot change
+    what the snapshot sees."""
+    from textual.widgets import DataTable
+
+    await pilot.pause(0.3)
+    for _ in range(100):
+        tables = list(pilot.app.screen.query(DataTable))
+        if all(t.row_count > 0 for t in tables if t.id != "diff"):
+            break
+        await pilot.pause(0.1)
+    await pilot.pause(0.4)
     await pilot.pause()
 
 
@@ -104,6 +115,10 @@ def test_monitor(snap_compare, store: Store, size, run_id) -> None:  # type: ign
     async def before(pilot) -> None:  # type: ignore[no-untyped-def]
         await settle(pilot)
         pilot.app.open_run(run_id)
+        for _ in range(50):  # the monitor's first read lands from a worker thread
+            if getattr(pilot.app.screen, "snapshot", None) is not None:
+                break
+            await pilot.pause(0.1)
         await settle(pilot)
 
     assert snap_compare(app_for(store), terminal_size=size, run_before=before)

@@ -37,7 +37,7 @@ class FtuiApp(App[int]):
     ]
 
     def __init__(self, store: Store, probe: Any = None, fake_gpus: int = 0, now: Callable[[], datetime] = utcnow,
-                 refresh_s: float = 1.0, monitor_s: float = 0.5, python: str = sys.executable) -> None:
+                 refresh_s: float = 1.0, monitor_s: float = 1.0, python: str = sys.executable) -> None:
         super().__init__()
         self.store = store
         self.probe = probe

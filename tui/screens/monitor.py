@@ -45,6 +45,7 @@ class MonitorScreen(Screen[None]):
     def __init__(self, run_id: int) -> None:
         super().__init__()
         self.run_id = run_id
+        self._shown: dict[str, str] = {}
 
     @property
     def ftui(self) -> FtuiApp:
@@ -114,34 +115,39 @@ class MonitorScreen(Screen[None]):
         )
         if run.error:
             line.append(f"\nerror: {run.error}", style="red")
-        self.query_one("#progress", Static).update(line)
+        self._update_static("#progress", line)
         plot = self.query_one("#loss", LinePlot)
         plot.title = f"loss (measured, {snap.loss_steps} steps)"
         plot.series = [("loss", snap.loss)]
-        self.query_one("#logs", Static).update(Text("\n".join(snap.log_tail) or "no rank logs yet", style="dim",
-                                                    no_wrap=True, overflow="ellipsis"))
+        self._update_static("#logs", Text("\n".join(snap.log_tail) or "no rank logs yet", style="dim",
+                                          no_wrap=True, overflow="ellipsis"))
         devices = self.query_one("#devices", DataTable)
-        devices.clear()
         for d in snap.devices:
             is_gpu = d.key.startswith("gpu")
             util_top = 100.0 if is_gpu else max([100.0, *d.util_history])
             util = "-" if d.util is None else f"{d.util:.0f}%" + ("" if is_gpu else "/core")
             frac = None if d.mem_used is None or not d.mem_total else d.mem_used / d.mem_total
-            devices.add_row(
+            _upsert(
+                devices, d.key,
                 d.label, d.source,
                 bar(None if d.util is None else d.util / util_top, BAR) + Text(f" {util}"),
                 Text(spark(d.util_history, SPARK, util_top), style="cyan"),
                 bar(frac, BAR, "magenta") + Text(f" {fmt_bytes(d.mem_used)}/{fmt_bytes(d.mem_total)}"),
                 Text(spark(d.mem_history, SPARK, 100.0), style="magenta"),
-                key=d.key,
             )
         gpu_source = snap.devices[0].source if snap.devices and snap.devices[0].key.startswith("gpu") else "NVML"
         ranks = self.query_one("#ranks", DataTable)
-        ranks.clear()
         for r in snap.ranks:
-            ranks.add_row(str(r.rank), str(r.pid or "-"), "-" if r.cpu_pct is None else f"{r.cpu_pct:.0f}",
+            _upsert(ranks, str(r.rank), str(r.rank), str(r.pid or "-"), "-" if r.cpu_pct is None else f"{r.cpu_pct:.0f}",
                           fmt_bytes(r.rss), fmt_bytes(r.gpu_mem) if r.gpu_mem is not None else "- (no GPU)",
-                          r.source + (f" / {gpu_source}" if r.gpu_mem is not None else ""), key=str(r.rank))
+                    r.source + (f" / {gpu_source}" if r.gpu_mem is not None else ""))
+
+    def _update_static(self, selector: str, content: Text) -> None:
+        """Update a Static only when its text changed: each update costs a layout pass."""
+        if self._shown.get(selector) == content.plain:
+            return
+        self._shown[selector] = content.plain
+        self.query_one(selector, Static).update(content)
 
     # ------------------------------------------------------------------ stop and kill
 
@@ -190,3 +196,13 @@ def _orchestrator_pid(run: Any) -> int | None:
     except (psutil.Error, OSError):
         return None
     return int(pid) if "runner.orchestrator" in cmdline and f"--run-id {run.id}" in cmdline else None
+
+
+def _upsert(table: DataTable[Any], key: str, *cells: Any) -> None:
+    """Update a row's cells in place (a cheap repaint), or add the row the first time its key is seen.
+    Clearing and re-adding every row forces a layout pass per update."""
+    if key not in table.rows:
+        table.add_row(*cells, key=key)
+        return
+    for column, value in zip(table.columns, cells, strict=False):
+        table.update_cell(key, column, value)
