@@ -38,6 +38,10 @@ def main(argv: list[str] | None = None) -> None:
     import faulthandler
 
     faulthandler.enable()  # a segfault in a native library leaves its Python stack in the rank log
+    import warnings
+
+    # transformers 5 deprecates names that peft still calls every step; the log should show our own.
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     pid_file = ev.rank_pid_file(run_dir, rank)
     pid_file.parent.mkdir(parents=True, exist_ok=True)
     pid_file.write_text(str(os.getpid()))

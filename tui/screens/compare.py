@@ -11,9 +11,9 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header
 
+from runner.compare import recipe_diff
 from tui.messages import CompareLoaded
 from tui.report import fmt_bytes, fmt_seconds
-from tui.screens.data import recipe_diff
 from tui.widgets.plot import LinePlot
 
 if TYPE_CHECKING:
@@ -72,9 +72,9 @@ class CompareScreen(Screen[None]):
         diff.add_column("recipe field (differs)", key="field")
         for r in runs:
             diff.add_column(f"run {r.id}", key=str(r.id))
-        rows = recipe_diff({r.id: r.recipe_text for r in runs})
-        for path, values in rows:
-            diff.add_row(path, *["-" if values[r.id] is None else str(values[r.id]) for r in runs])
+        rows = recipe_diff([r.recipe_text for r in runs])
+        for path, values in rows.items():
+            diff.add_row(path, *values)
         if not rows:
             diff.add_row("(recipes identical)", *["" for _ in runs])
         plot = self.query_one("#compare-loss", LinePlot)

@@ -7,7 +7,6 @@ than the last it saw) so that an 8-GPU run sampled at 2 Hz stays cheap to watch.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from collections.abc import Callable
@@ -173,35 +172,6 @@ def launch_run(store: Store, recipe: Any, source: str | None, fake_gpus: int) ->
             break
         time.sleep(0.1)
     return prepared.run_id
-
-
-def recipe_diff(texts: dict[int, str]) -> list[tuple[str, dict[int, Any]]]:
-    """The recipe fields whose values differ between runs: ``[(field.path, {run_id: value})]``."""
-    import tomllib
-
-    flat: dict[int, dict[str, Any]] = {}
-    for run_id, text in texts.items():
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError:
-            data = {}
-        flat[run_id] = dict(_flatten(data))
-    keys = sorted({k for d in flat.values() for k in d})
-    out = []
-    for key in keys:
-        values = {rid: d.get(key) for rid, d in flat.items()}
-        if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1:
-            out.append((key, values))
-    return out
-
-
-def _flatten(data: dict[str, Any], prefix: str = ""):  # type: ignore[no-untyped-def]
-    for key, value in data.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict):
-            yield from _flatten(value, path + ".")
-        else:
-            yield path, value
 
 
 def _short(gpu_name: str) -> str:
