@@ -161,3 +161,33 @@ def test_sigterm_to_the_run_group_is_recorded_as_stopped(ftui: Ftui) -> None:
     out, err = proc.communicate(timeout=90)
     assert proc.returncode == 130, out + err
     assert ftui.show(run["id"])["status"] == "stopped"
+
+
+def test_a_local_model_folder_and_a_local_jsonl_train(ftui: Ftui, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a user with their own model and data does: a folder saved by transformers, a .jsonl file
+    with a prompt/response template, full fine-tuning."""
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from runner import builtin
+    from runner.paths import cache_dir
+
+    monkeypatch.setenv("FTUI_HOME", str(ftui.home))
+    tokenizer = AutoTokenizer.from_pretrained(str(builtin.ensure_tokenizer(cache_dir())))
+    torch.manual_seed(0)
+    folder = tmp_path / "my-model"
+    LlamaForCausalLM(builtin.tiny_llama_config(len(tokenizer))).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"What is {i} + {i}?", "response": str(2 * i)}) + "\n"
+                            for i in range(64)))
+    proc = ftui.run("run", str(QUICKSTART), "--name", "t-local",
+                    "--set", f"model.name={json.dumps(str(folder))}",
+                    "--set", f"data.source={json.dumps(str(data))}",
+                    "--set", 'data.template="Q: {prompt}\\nA: {response}"', "--set", "data.context_length=32",
+                    "--set", "method.type=full", "--set", "train.max_steps=3")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = ftui.show(next(r["id"] for r in ftui.runs() if r["name"] == "t-local"))
+    assert run["status"] == "completed" and run["method"] == "full" and len(run["metrics"]) == 3
+    assert run["summary"]["trainable_params"] == run["summary"]["params"]
+    assert (Path(run["summary"]["saved"]) / "model.safetensors").is_file()
