@@ -14,6 +14,7 @@ rows a one-process run of micro-batch W*B sees, and their losses can be compared
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import resource
@@ -303,9 +304,9 @@ class Trainer:
                     batch_mask = mask[rows].to(input_device)
                     inputs = {"input_ids": batch, "attention_mask": batch_mask,
                               "labels": batch.masked_fill(batch_mask == 0, -100)}
-                ctx = acc.no_sync(model) if micro < GA - 1 else _nullcontext()
+                ctx = acc.no_sync(model) if micro < GA - 1 else contextlib.nullcontext()
                 # One forward (step 1, micro-step 0) measures what autograd saves; no hooks otherwise.
-                meter = _SavedBytes(model, acc.device) if step == 0 and micro == 0 else _nullcontext()
+                meter = _SavedBytes(model, acc.device) if step == 0 and micro == 0 else contextlib.nullcontext()
                 with ctx, acc.autocast(), meter:
                     out = model(**inputs)
                     loss = out.loss / GA
@@ -648,14 +649,6 @@ class _SavedBytes:
         if self.cuda:
             out["activation_alloc_bytes"] = self.alloc1 - self.alloc0
         return out
-
-
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def _cache_dir() -> Path:

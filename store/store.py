@@ -62,14 +62,6 @@ class RunInfo:
     tags: list[str] = field(default_factory=list)
     note: str = ""
 
-    @property
-    def duration_s(self) -> float | None:
-        """Wall time from start to end (or to now while running)."""
-        if self.started_at is None:
-            return None
-        end = self.ended_at or utcnow()
-        return (end - self.started_at).total_seconds()
-
 
 @dataclass(frozen=True)
 class MetricPoint:

@@ -230,10 +230,6 @@ def svg_lines(series: Sequence[tuple[str, str, Sequence[tuple[float, float | Non
     return "".join(out)
 
 
-def _gib(v: float) -> str:
-    return fmt_bytes(v)
-
-
 def to_html(cmp: Comparison) -> str:
     """One self-contained page: the table, the loss curves overlaid, utilisation and memory per
     device for each run, the recipe diff. Inline CSS and SVG only: it opens offline."""
@@ -259,7 +255,7 @@ def to_html(cmp: Comparison) -> str:
         mem = svg_lines([(d, PALETTE[i % len(PALETTE)], [(t, float(m) if m is not None else None) for t, _, m in pts])
                          for i, (d, pts) in enumerate(devices.items())],
                         f"run {r.run_id} {cmp.label(r)}: memory per device", "seconds", "memory",
-                        width=440, height=240, yfmt=_gib)
+                        width=440, height=240, yfmt=fmt_bytes)
         timelines.append(f'<div class="pair">{util}{mem}</div>')
     curves = [tuple(cmp.curves.get(r.run_id, [])) for r in cmp.rows if cmp.curves.get(r.run_id)]
     same = ""
