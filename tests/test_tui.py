@@ -128,6 +128,30 @@ async def test_compose_validates_as_you_type(store: Store) -> None:
         assert "recommended" in str(screen.query_one("#estimate").render())
 
 
+async def test_compose_palette_goes_to_a_field(store: Store) -> None:
+    """ctrl+p "max steps" Enter focuses the field; keys typed then edit it and the form revalidates."""
+    app = make_app(store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("2")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, ComposeScreen)
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*"go to field: max steps")
+        await wait_for(pilot, lambda: "Go to field: max steps" in str(app.screen.query("CommandList").first()
+                                                                        .get_option_at_index(0).prompt),
+                       what="the palette's first hit")
+        await pilot.press("enter")
+        await pilot.pause()
+        field = screen.query_one("#" + field_id("train.max_steps"), Input)
+        assert app.screen is screen and screen.focused is field
+        await pilot.press("ctrl+u", "1", "2")
+        await pilot.pause()
+        assert field.value == "12" and screen.valid
+        assert screen.recipe is not None and screen.recipe.train.max_steps == 12
+
+
 async def test_compose_save_and_load(store: Store, tmp_path: Path) -> None:
     app = make_app(store)
     async with app.run_test(size=(120, 40)) as pilot:

@@ -54,6 +54,16 @@ class Tmux:
             time.sleep(0.1)
         raise AssertionError(f"timed out waiting for {pattern!r}; screen:\n{screen}")
 
+    def wait_gone(self, pattern: str, timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        screen = ""
+        while time.monotonic() < deadline:
+            screen = self.screen()
+            if not re.search(pattern, screen):
+                return screen
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {pattern!r} to go; screen:\n{screen}")
+
     def kill(self) -> None:
         subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
 
@@ -73,9 +83,15 @@ def drive(home: Path, steps: int = 4, log=print) -> dict[str, float]:  # type: i
 
         tmux.keys("2")
         tmux.wait(r"launch command", timeout=30)
-        # Nothing is focused on arrival; 16 tabs reach "max steps" (file, Load, Save, then the fields).
-        tmux.keys(*["Tab"] * 16, "C-e", "C-u")
-        time.sleep(0.3)
+        # The palette's "Go to field" focuses a field by name (counting Tabs raced the form's mount).
+        tmux.keys("C-p")
+        tmux.wait(r"Search for commands", timeout=10)
+        tmux.text("go to field: max steps")
+        tmux.wait(r"Go to field: max steps", timeout=10)
+        tmux.keys("Enter")
+        tmux.wait_gone(r"Search for commands", timeout=10)  # the palette closed
+        time.sleep(0.2)
+        tmux.keys("C-e", "C-u")
         tmux.text(str(steps))
         screen = tmux.wait(rf"max steps\W+{steps}\b", timeout=10)
         assert "✓ valid recipe" in screen, screen

@@ -17,7 +17,7 @@ from store import Store
 from store.store import utcnow
 from tui.messages import CompareRuns, LaunchFailed, OpenRun, RunLaunched
 from tui.screens.compare import CompareScreen
-from tui.screens.compose import ComposeScreen
+from tui.screens.compose import FIELDS, ComposeScreen
 from tui.screens.monitor import MonitorScreen
 from tui.screens.runs import RunsScreen
 
@@ -53,6 +53,10 @@ class FtuiApp(App[int]):
         yield from super().get_system_commands(screen)
         yield SystemCommand("Runs", "Every run in the store", lambda: self.switch_mode("runs"))
         yield SystemCommand("Compose", "Build, validate and launch a recipe", lambda: self.switch_mode("compose"))
+        if isinstance(screen, ComposeScreen):
+            for field in FIELDS:
+                yield SystemCommand(f"Go to field: {field.label}", field.path,
+                                    lambda path=field.path: screen.focus_field(path))
         for run in self.store.list_runs()[:20]:
             yield SystemCommand(f"Open run {run.id} {run.name}", f"{run.status} · {run.strategy}",
                                 lambda run_id=run.id: self.open_run(run_id))

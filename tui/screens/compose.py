@@ -173,6 +173,13 @@ class ComposeScreen(Screen[None]):
                     widget.placeholder = f"empty: the recipe's {display(value, f.kind) or 'default'}"
         self.validate()
 
+    def focus_field(self, path: str) -> None:
+        """Focus a field's widget (the palette's "Go to field"), cursor at the end of its text."""
+        widget = self.query_one("#" + field_id(path))
+        widget.focus()
+        if isinstance(widget, Input):
+            widget.cursor_position = len(widget.value)
+
     def field_text(self, f: Field) -> str:
         widget = self.query_one("#" + field_id(f.path))
         if isinstance(widget, Select):
