@@ -55,7 +55,8 @@ def test_sampler_rate_batches_and_final_flush(sleeper: subprocess.Popen[bytes]) 
     sampler.stop()
     assert not sampler._thread or not sampler._thread.is_alive()
     readings = sampler.readings
-    assert 13 <= readings <= 17, readings  # 1.5 s at 10 Hz, plus the reading at t=0
+    slots = readings + sampler.skipped  # a loaded machine may skip slots; it never bunches them
+    assert 13 <= slots <= 17, (readings, sampler.skipped)  # 1.5 s at 10 Hz, plus the reading at t=0
     # Every reading: 2 GPUs, 1 rank, 1 host; all of them reached the sink (stop flushed the rest).
     assert len(sink.samples) == 4 * readings
     assert 3 <= len(sink.batches) <= 5 and all(len(b) < len(sink.samples) for b, _ in sink.batches)
@@ -65,7 +66,7 @@ def test_sampler_rate_batches_and_final_flush(sleeper: subprocess.Popen[bytes]) 
     # Monotonic schedule: reading k lands at start + k * interval, without accumulated drift.
     times = sorted({s.time for s in sink.samples if s.kind == "host"})
     assert len(times) == readings
-    assert abs((times[-1] - times[0]) - (readings - 1) * 0.1) < 0.05
+    assert abs((times[-1] - times[0]) - (slots - 1) * 0.1) < 0.05
     assert sampler.errors == 0 and sampler.thread_cpu_s > 0
 
 
