@@ -132,3 +132,32 @@ def test_compare(snap_compare, store: Store, size) -> None:  # type: ignore[no-u
         await settle(pilot)
 
     assert snap_compare(app_for(store), terminal_size=size, run_before=before)
+
+
+async def test_monitor_relayouts_on_resize(store: Store) -> None:
+    """Wide: a source column; narrowed to 80 columns: the source moves into the headers, no column
+    is lost off-screen; widened again: back as it was, rows kept."""
+    from textual.widgets import DataTable
+
+    app = app_for(store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        app.open_run(4)
+        for _ in range(50):
+            if getattr(app.screen, "snapshot", None) is not None:
+                break
+            await pilot.pause(0.1)
+        await settle(pilot)
+        devices = app.screen.query_one("#devices", DataTable)
+
+        def labels() -> list[str]:
+            return [str(c.label) for c in devices.columns.values()]
+
+        assert "source" in labels() and devices.row_count == 8
+        await pilot.resize_terminal(80, 24)
+        await settle(pilot)
+        assert labels()[:2] == ["device", "util (fake NVML)"] and devices.row_count == 8
+        assert sum(c.get_render_width(devices) for c in devices.columns.values()) <= 78
+        await pilot.resize_terminal(120, 40)
+        await settle(pilot)
+        assert "source" in labels() and devices.row_count == 8

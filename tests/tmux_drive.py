@@ -30,7 +30,10 @@ class Tmux:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
         started = time.monotonic()
         subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", str(self.width), "-y", str(self.height),
-                        f"cd {shlex.quote(str(ROOT))} && env {env} {shlex.join(command)}; sleep 30"], check=True)
+                        # COLUMNS/LINES inherited from a parent (pytest's set them) would override the pane's
+                        # real size in shutil.get_terminal_size, which Textual reads.
+                        f"cd {shlex.quote(str(ROOT))} && env -u COLUMNS -u LINES {env} {shlex.join(command)}; "
+                        "sleep 30"], check=True)
         return started
 
     def keys(self, *keys: str) -> None:
@@ -100,7 +103,9 @@ def drive(home: Path, steps: int = 4, log=print) -> dict[str, float]:  # type: i
         tmux.keys("C-l")
         screen = tmux.wait(r"run \d+ quickstart", timeout=60)
         run_id = re.search(r"run (\d+) quickstart", screen).group(1)  # type: ignore[union-attr]
-        screen = tmux.wait(r"rank 0 \(CPU process\)", timeout=120)
+        # Wide: "rank 0 (CPU process)" in the device column; under 100 columns: "rank 0" under a
+        # psutil-labelled header.
+        screen = tmux.wait(r"rank 0 \(CPU process\)|\(psutil\)[\s\S]*\brank 0\b", timeout=120)
         log(f"3. Monitor of run {run_id}: device rows from psutil")
         tmux.keys("q")
         time.sleep(1.0)

@@ -37,6 +37,11 @@ class DeviceView:
     util_history: list[float] = field(default_factory=list)
     mem_history: list[float] = field(default_factory=list)
 
+    @property
+    def short_label(self) -> str:
+        """``GPU 0`` or ``rank 0``: the label for narrow terminals."""
+        return " ".join(self.label.split()[:2])
+
 
 @dataclass
 class RankView:

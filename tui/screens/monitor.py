@@ -63,14 +63,42 @@ class MonitorScreen(Screen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        devices = self.query_one("#devices", DataTable)
-        for col in ("device", "source", "util", "util history", "memory", "mem history"):
-            devices.add_column(col, key=col)
-        ranks = self.query_one("#ranks", DataTable)
-        for col in ("rank", "pid", "CPU %/core", "RSS", "GPU memory", "source (CPU, RSS / GPU)"):
-            ranks.add_column(col, key=col)
         self.title = f"run {self.run_id}"
+        self._layout_tables()
         self.follow()
+
+    @property
+    def narrow(self) -> bool:
+        """Under 100 columns (the app's breakpoint) the tables drop the source column and name the
+        source in the column headers instead, and bars and sparklines shrink, so 80x24 needs no
+        sideways scrolling."""
+        return self.app.size.width < 100
+
+    def _layout_tables(self, util_header: str = "util", gpu_source: str = "") -> None:
+        """(Re)build the columns for the width and the sources now known; rows are re-added."""
+        layout = (self.narrow, util_header, gpu_source)
+        if getattr(self, "_layout", None) == layout:
+            return
+        self._layout = layout
+        devices = self.query_one("#devices", DataTable)
+        ranks = self.query_one("#ranks", DataTable)
+        devices.clear(columns=True)
+        ranks.clear(columns=True)
+        if self.narrow:
+            device_cols = ("device", util_header, "history", "memory", "history ")
+            rank_cols = ("rank", "pid", "CPU %/core (psutil)", "RSS (psutil)", f"GPU mem ({gpu_source or 'NVML'})")
+        else:
+            device_cols = ("device", "source", "util", "util history", "memory", "mem history")
+            rank_cols = ("rank", "pid", "CPU %/core", "RSS", "GPU memory", "source (CPU, RSS / GPU)")
+        for col in device_cols:
+            devices.add_column(col, key=col)
+        for col in rank_cols:
+            ranks.add_column(col, key=col)
+
+    def on_resize(self) -> None:
+        if getattr(self, "_layout", (None,))[0] != self.narrow:
+            self._layout_tables(*self._layout[1:])
+            self.watch_snapshot(self.snapshot)
 
     @work(thread=True, exclusive=True, group="monitor")
     def follow(self) -> None:
@@ -121,26 +149,37 @@ class MonitorScreen(Screen[None]):
         plot.series = [("loss", snap.loss)]
         self._update_static("#logs", Text("\n".join(snap.log_tail) or "no rank logs yet", style="dim",
                                           no_wrap=True, overflow="ellipsis"))
+        gpu_source = snap.devices[0].source if snap.devices and snap.devices[0].key.startswith("gpu") else "NVML"
+        sources = {d.source for d in snap.devices}
+        source = f" ({sources.pop()})" if len(sources) == 1 else ""
+        all_ranks = bool(snap.devices) and all(d.key.startswith("rank") for d in snap.devices)
+        self._layout_tables(("CPU %/core" if all_ranks else "util") + source, gpu_source)
+        narrow = self.narrow
+        bar_w, spark_w = (6, 8) if narrow else (BAR, SPARK)
         devices = self.query_one("#devices", DataTable)
         for d in snap.devices:
             is_gpu = d.key.startswith("gpu")
             util_top = 100.0 if is_gpu else max([100.0, *d.util_history])
-            util = "-" if d.util is None else f"{d.util:.0f}%" + ("" if is_gpu else "/core")
+            util = "-" if d.util is None else f"{d.util:.0f}%" + ("" if is_gpu or narrow else "/core")
             frac = None if d.mem_used is None or not d.mem_total else d.mem_used / d.mem_total
-            _upsert(
-                devices, d.key,
-                d.label, d.source,
-                bar(None if d.util is None else d.util / util_top, BAR) + Text(f" {util}"),
-                Text(spark(d.util_history, SPARK, util_top), style="cyan"),
-                bar(frac, BAR, "magenta") + Text(f" {fmt_bytes(d.mem_used)}/{fmt_bytes(d.mem_total)}"),
-                Text(spark(d.mem_history, SPARK, 100.0), style="magenta"),
-            )
-        gpu_source = snap.devices[0].source if snap.devices and snap.devices[0].key.startswith("gpu") else "NVML"
+            memory = fmt_pair(d.mem_used, d.mem_total) if narrow else f"{fmt_bytes(d.mem_used)}/{fmt_bytes(d.mem_total)}"
+            cells: list[Any] = [
+                d.short_label if narrow else d.label,
+                bar(None if d.util is None else d.util / util_top, bar_w) + Text(f" {util}"),
+                Text(spark(d.util_history, spark_w, util_top), style="cyan"),
+                bar(frac, bar_w, "magenta") + Text(f" {memory}"),
+                Text(spark(d.mem_history, spark_w, 100.0), style="magenta"),
+            ]
+            if not narrow:
+                cells.insert(1, d.source)
+            _upsert(devices, d.key, *cells)
         ranks = self.query_one("#ranks", DataTable)
         for r in snap.ranks:
-            _upsert(ranks, str(r.rank), str(r.rank), str(r.pid or "-"), "-" if r.cpu_pct is None else f"{r.cpu_pct:.0f}",
-                          fmt_bytes(r.rss), fmt_bytes(r.gpu_mem) if r.gpu_mem is not None else "- (no GPU)",
-                    r.source + (f" / {gpu_source}" if r.gpu_mem is not None else ""))
+            cells = [str(r.rank), str(r.pid or "-"), "-" if r.cpu_pct is None else f"{r.cpu_pct:.0f}",
+                     fmt_bytes(r.rss), fmt_bytes(r.gpu_mem) if r.gpu_mem is not None else "- (no GPU)"]
+            if not narrow:
+                cells.append(r.source + (f" / {gpu_source}" if r.gpu_mem is not None else ""))
+            _upsert(ranks, str(r.rank), *cells)
 
     def _update_static(self, selector: str, content: Text) -> None:
         """Update a Static only when its text changed: each update costs a layout pass."""
@@ -196,6 +235,15 @@ def _orchestrator_pid(run: Any) -> int | None:
     except (psutil.Error, OSError):
         return None
     return int(pid) if "runner.orchestrator" in cmdline and f"--run-id {run.id}" in cmdline else None
+
+
+def fmt_pair(used: int | None, total: int | None) -> str:
+    """``20.0/80.0 GiB``: used and total in the unit of the total (the narrow memory cell)."""
+    if used is None or not total:
+        return fmt_bytes(used)
+    unit, scale = next(((u, f) for u, f in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+                        if total >= f), ("B", 1))
+    return f"{used / scale:.1f}/{total / scale:.1f} {unit}" if scale > 1 else f"{used}/{total} B"
 
 
 def _upsert(table: DataTable[Any], key: str, *cells: Any) -> None:
