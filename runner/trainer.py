@@ -304,15 +304,18 @@ class Trainer:
                     batch_mask = mask[rows].to(input_device)
                     inputs = {"input_ids": batch, "attention_mask": batch_mask,
                               "labels": batch.masked_fill(batch_mask == 0, -100)}
+                # The backward must run inside no_sync too: FSDP (1 and 2) reads the sync flag while
+                # reducing gradients in backward, DDP at forward time.
                 ctx = acc.no_sync(model) if micro < GA - 1 else contextlib.nullcontext()
                 # One forward (step 1, micro-step 0) measures what autograd saves; no hooks otherwise.
                 meter = _SavedBytes(model, acc.device) if step == 0 and micro == 0 else contextlib.nullcontext()
-                with ctx, acc.autocast(), meter:
-                    out = model(**inputs)
-                    loss = out.loss / GA
-                if isinstance(meter, _SavedBytes):
-                    memory_acts = meter.result()
-                acc.backward(loss)
+                with ctx:
+                    with acc.autocast(), meter:
+                        out = model(**inputs)
+                        loss = out.loss / GA
+                    if isinstance(meter, _SavedBytes):
+                        memory_acts = meter.result()
+                    acc.backward(loss)
                 loss_sum += loss.detach().to(acc.device)
             grad_norm = None
             if train.max_grad_norm > 0:

@@ -191,3 +191,24 @@ def test_a_local_model_folder_and_a_local_jsonl_train(ftui: Ftui, tmp_path: Path
     assert run["status"] == "completed" and run["method"] == "full" and len(run["metrics"]) == 3
     assert run["summary"]["trainable_params"] == run["summary"]["params"]
     assert (Path(run["summary"]["saved"]) / "model.safetensors").is_file()
+
+
+def test_gradient_accumulation_matches_single_process_under_ddp_and_fsdp(ftui: Ftui) -> None:
+    """grad_accum=2: the non-final micro-step runs forward AND backward under no_sync (FSDP reads the
+    flag in backward), and every strategy still sees the same 8 rows per optimizer step."""
+    plans = {
+        "single": ["--strategy", "single", "--set", "train.batch_size=4"],
+        "ddp": ["--strategy", "ddp", "--nproc", "2", "--set", "train.batch_size=2"],
+        "fsdp": ["--strategy", "fsdp", "--nproc", "2", "--set", "train.batch_size=2"],
+    }
+    losses: dict[str, list[float]] = {}
+    for name, flags in plans.items():
+        proc = ftui.run("run", str(QUICKSTART), *flags, "--set", "train.grad_accum=2", "--set", "train.max_steps=3",
+                        "--set", "train.save=false", "--name", f"t-ga2-{name}")
+        assert proc.returncode == 0, f"{name}: {proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        run = ftui.show(next(r["id"] for r in ftui.runs() if r["name"] == f"t-ga2-{name}"))
+        assert run["summary"]["tokens_per_step"] == 8 * 256
+        losses[name] = [m["loss"] for m in run["metrics"]]
+    assert len(losses["single"]) == 3 and losses["single"][-1] < losses["single"][0]
+    assert losses["ddp"] == pytest.approx(losses["single"], abs=LOSS_TOLERANCE)
+    assert losses["fsdp"] == pytest.approx(losses["single"], abs=LOSS_TOLERANCE)
