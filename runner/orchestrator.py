@@ -72,6 +72,9 @@ def preflight(recipe: Recipe) -> list[str]:
         folder = Path(name).expanduser()
         if not (folder / "config.json").is_file():
             raise PreflightError(f"model.name: {name}: not a model folder (no config.json)")
+    config = recipe.launch.accelerate_config
+    if config is not None and not Path(config).expanduser().is_file():
+        raise PreflightError(f"launch.accelerate_config: {config}: no such file")
     on_cpu = runs_on_cpu(recipe)
     if recipe.method.type == "qlora" and on_cpu:
         raise PreflightError("method.type: qlora needs a CUDA GPU (bitsandbytes 4-bit); none is visible here")
@@ -499,6 +502,17 @@ def _telemetry_summary(store: Store, watch: _Watch) -> dict[str, Any] | None:
         window = (watch.first_step_time, watch.last_step_time)
     result = summarise(samples, window)  # type: ignore[arg-type]  # SampleInfo has DeviceSample's fields
     plain: dict[str, Any] = json.loads(json.dumps(result))  # tuples -> lists, as stored
+    # Each rank's own GPU memory (NVML's per-process figure, summed over the GPUs it touches in one
+    # reading), peak over the run: what a rank really held, beside the device-wide peaks above.
+    per_reading: dict[tuple[int, float], int] = {}
+    for p in store.process_samples(watch.run_id):
+        if p.rank is not None and p.used_bytes is not None:
+            per_reading[(p.rank, p.time)] = per_reading.get((p.rank, p.time), 0) + p.used_bytes
+    peaks: dict[str, int] = {}
+    for (rank, _), used in per_reading.items():
+        peaks[str(rank)] = max(peaks.get(str(rank), 0), used)
+    if peaks:
+        plain["rank_gpu_mem_peak"] = dict(sorted(peaks.items(), key=lambda kv: int(kv[0])))
     return plain
 
 

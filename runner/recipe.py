@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from runner.builtin import PYDOC_CORPUS, TINY_LLAMA
+from runner.builtin import BUILTIN_PREFIX, PYDOC_CORPUS, TINY_LLAMA
 
 
 class RecipeError(ValueError):
@@ -24,7 +24,8 @@ class RecipeError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    # TOML has inf and nan literals; no field of a recipe means either.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -81,7 +82,8 @@ class TrainSection(_Section):
     max_grad_norm: Annotated[float, Field(ge=0.0)] = 1.0
     """0 disables clipping."""
     weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
-    seed: int = 0
+    seed: Annotated[int, Field(ge=0, lt=2**32)] = 0
+    """numpy's and torch's seeds take 0 <= seed < 2**32."""
     log_every: PositiveInt = 1
     save: bool = True
     """Save the adapter (LoRA) or the model (full) into the run folder at the end."""
@@ -113,6 +115,8 @@ class Recipe(_Section):
     @model_validator(mode="after")
     def _check_consistency(self) -> Recipe:
         launch = self.launch
+        if self.model.name.startswith(BUILTIN_PREFIX) and self.model.name != TINY_LLAMA:
+            raise ValueError(f"model.name: unknown builtin model {self.model.name!r} (have {TINY_LLAMA})")
         if launch.strategy in ("single", "mp") and launch.nproc != 1:
             raise ValueError(f"launch.nproc: strategy {launch.strategy!r} runs one process, got nproc = {launch.nproc}")
         if launch.strategy == "ddp" and launch.nproc < 2:
@@ -151,6 +155,8 @@ def load_recipe(path: str | Path, overrides: Iterable[str] = ()) -> Recipe:
         text = path.read_text()
     except OSError as exc:
         raise RecipeError(f"{path}: cannot read recipe: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise RecipeError(f"{path}: not a TOML recipe (TOML is UTF-8 text)") from None
     return parse_recipe(text, source=str(path), overrides=overrides)
 
 
@@ -160,16 +166,15 @@ def parse_recipe(text: str, source: str = "<recipe>", overrides: Iterable[str] =
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise RecipeError(f"{source}: invalid TOML: {exc}") from None
-    for item in overrides:
-        apply_override(data, item)
+    overridden = {apply_override(data, item) for item in overrides}
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:
-        raise RecipeError(_first_error(exc, text, source)) from None
+        raise RecipeError(_first_error(exc, text, source, overridden)) from None
 
 
-def apply_override(data: dict[str, Any], item: str) -> None:
-    """Apply one ``a.b=value`` override to raw recipe data, in place."""
+def apply_override(data: dict[str, Any], item: str) -> str:
+    """Apply one ``a.b=value`` override to raw recipe data, in place; return the field path."""
     key, sep, raw = item.partition("=")
     key = key.strip()
     if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", key):
@@ -183,6 +188,7 @@ def apply_override(data: dict[str, Any], item: str) -> None:
             raise RecipeError(f"--set {key}: {part!r} is not a section")
         node = child
     node[leaf] = value
+    return key
 
 
 def _parse_value(raw: str) -> Any:
@@ -192,7 +198,7 @@ def _parse_value(raw: str) -> Any:
         return raw  # a bare word: a string
 
 
-def _first_error(exc: ValidationError, text: str, source: str) -> str:
+def _first_error(exc: ValidationError, text: str, source: str, overridden: set[str] = frozenset()) -> str:
     errors = exc.errors()
     err = errors[0]
     loc = [str(p) for p in err["loc"] if not isinstance(p, int)]
@@ -208,6 +214,9 @@ def _first_error(exc: ValidationError, text: str, source: str) -> str:
             path, msg = field, rest
     elif "input" in err and err["type"] not in ("missing",):
         msg = f"{msg} (got {err['input']!r})"
+    if path in overridden:  # the value came from the command line, not from the file's line
+        where = f"--set {path}"
+        return f"{where}: {msg}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
     line = _find_line(text, path)
     where = f"{source}:{line}" if line else source
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""

@@ -203,6 +203,7 @@ class OverallStats(TypedDict):
     kind: str | None
     devices: int
     util_mean: float | None
+    util_peak: float | None
     power_mean_w: float | None
     power_total_w: float | None
     mem_peak: int | None
@@ -240,12 +241,14 @@ def _overall(per_device: Sequence[tuple[str, DeviceStats]]) -> OverallStats:
     kind = "gpu" if "gpu" in kinds else "rank" if "rank" in kinds else None
     chosen = [st for k, st in per_device if k == kind and st["n"]]
     utils = [u for st in chosen if (u := st["util_mean"]) is not None]
+    peaks = [u for st in chosen if (u := st["util_peak"]) is not None]
     powers = [p for st in chosen if (p := st["power_mean_w"]) is not None]
     mems = [m for st in chosen if (m := st["mem_peak"]) is not None]
     return OverallStats(
         kind=kind,
         devices=len(chosen),
         util_mean=_mean(utils),
+        util_peak=max(peaks) if peaks else None,
         power_mean_w=_mean(powers),
         power_total_w=sum(powers) if powers else None,
         mem_peak=max(mems) if mems else None,
@@ -266,7 +269,7 @@ def summarise(samples: Iterable[DeviceSample], active_window: tuple[float, float
     * **overall** (``whole`` / ``active``): over the run's compute devices, the GPUs when any GPU
       sample exists, else the ranks; the host sample is never included. ``util_mean`` is the
       unweighted mean of the devices' ``util_mean`` (each device counts once however many samples
-      it has); ``power_mean_w`` the mean of the devices' mean power, ``power_total_w`` their sum
+      it has); ``util_peak`` the largest device peak; ``power_mean_w`` the mean of the devices' mean power, ``power_total_w`` their sum
       (the average draw of all the run's GPUs together); ``mem_peak`` the largest device peak.
     * The **active window** ``(first_step_time, last_step_time)`` keeps samples with
       ``first <= time <= last`` (closed interval): start-up (loading, compiling) and the final save

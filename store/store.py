@@ -145,7 +145,9 @@ class Store:
         try:
             Base.metadata.create_all(self.engine)
         except Exception as exc:  # noqa: BLE001
-            raise StoreError(f"--db {url}: cannot open database: {exc}") from None
+            # SQLAlchemy appends "(Background on this error at: ...)" on a line of its own.
+            reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+            raise StoreError(f"--db {url}: cannot open database: {reason}") from None
 
     @contextmanager
     def _begin(self) -> Iterator[Session]:

@@ -54,3 +54,50 @@ def test_dry_run_prints_the_launch_and_runs_nothing(ftui: Ftui) -> None:
     assert len(ftui.runs()) == before, "a dry run records nothing"
     text = ftui.run("run", str(QUICKSTART), "--dry-run", check=True).stdout
     assert "accelerate.commands.launch" in text and "distributed_type: 'NO'" in text
+
+
+BAD_INPUTS = [
+    (["run", "QUICKSTART", "--set", "train.seed=-1"], "ftui: --set train.seed: Input should be greater than or equal to 0"),
+    (["run", "QUICKSTART", "--set", "train.epochs=inf"], "ftui: --set train.epochs: Input should be a finite number"),
+    (["run", "QUICKSTART", "--set", "train.lr=-1"], "ftui: --set train.lr: Input should be greater than 0"),
+    (["run", "QUICKSTART", "--set", "model.name=builtin:bogus"], "ftui: --set model.name: unknown builtin model"),
+    (["run", "QUICKSTART", "--set", "method.type=qlora"], "method.type: qlora needs a CUDA GPU"),
+    (["run", "QUICKSTART", "--set", "train.precision=fp16"], "train.precision: fp16 needs a GPU"),
+    (["run", "QUICKSTART", "--set", 'launch.accelerate_config="/nope/acc.yaml"'],
+     "launch.accelerate_config: /nope/acc.yaml: no such file"),
+    (["run", "QUICKSTART", "--hang-after", "0"], "argument --hang-after: expected seconds between 1 and 86400"),
+    (["gpus", "--watch", "-1"], "argument --watch: expected seconds between 0.05 and 3600"),
+    (["runs", "--db", "sqlite:///NOTADB"], "cannot open database: file is not a database"),
+]
+
+
+def test_more_bad_input_is_one_line_naming_the_field_and_exit_2(ftui: Ftui, tmp_path: Path) -> None:
+    not_a_db = tmp_path / "junk.db"
+    not_a_db.write_text("this is no sqlite file, just text long enough to have a header\n" * 4)
+    for argv, expected in BAD_INPUTS:
+        argv = [str(QUICKSTART) if a == "QUICKSTART" else a.replace("NOTADB", str(not_a_db)) for a in argv]
+        proc = ftui.run(*argv, "--dry-run") if argv[0] == "run" else ftui.run(*argv)
+        assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
+        assert "Traceback" not in proc.stderr, argv
+        last = proc.stderr.strip().splitlines()[-1]
+        assert expected in last, (argv, proc.stderr)
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes('name = "caf\xe9"\n'.encode("latin-1"))
+    proc = ftui.run("run", str(latin1))
+    assert proc.returncode == 2 and proc.stderr.strip() == f"ftui: {latin1}: not a TOML recipe (TOML is UTF-8 text)"
+
+
+def test_preflight_maps_cuda_indices_and_checks_free_memory_on_scripted_gpus(ftui: Ftui) -> None:
+    """--fake-gpus 8: the demo GPUs (~62 GiB used of 80 once loaded; the probe starts them at tick 0
+    with 0.5 GiB used). The seed's CodeLlama 34B recipe as a FULL fine-tune over 2 GPUs needs far more
+    than one GPU holds, so pre-flight warns for each requested GPU, named by its physical index."""
+    proc = ftui.run("--fake-gpus", "8", "run", str(ROOT / "recipes" / "codellama-34b-lora-fsdp.toml"),
+                    "--set", "method.type=full", "--nproc", "2", "--set", "launch.gpus=[5,2]", "--dry-run",
+                    check=True)
+    out = " ".join(proc.stdout.split())
+    assert "GPUs (CUDA index -> physical): cuda:0 -> GPU 5, cuda:1 -> GPU 2" in out
+    assert "GPU 5 has" in out and "GPU 2 has" in out and "the plan needs" in out
+    assert "GPU 0 " not in out, "only the requested GPUs are checked"
+    lora = ftui.run("--fake-gpus", "8", "run", str(QUICKSTART), "--strategy", "ddp", "--nproc", "2",
+                    "--set", "launch.gpus=[1,3]", "--dry-run", check=True)
+    assert "the plan needs" not in lora.stdout, "the tiny model fits"

@@ -183,6 +183,7 @@ def test_summarise_exact_figures_and_window() -> None:
         "kind": "gpu",
         "devices": 2,
         "util_mean": pytest.approx((55.0 + 70 / 3) / 2),
+        "util_peak": 100,
         "power_mean_w": 240.0,
         "power_total_w": 240.0,
         "mem_peak": 90,
@@ -191,6 +192,7 @@ def test_summarise_exact_figures_and_window() -> None:
         "kind": "gpu",
         "devices": 2,
         "util_mean": 75.0,
+        "util_peak": 100,
         "power_mean_w": 350.0,
         "power_total_w": 350.0,
         "mem_peak": 70,
@@ -211,6 +213,7 @@ def test_summarise_cpu_run_uses_ranks_and_no_window() -> None:
         "kind": "rank",
         "devices": 2,
         "util_mean": 100.0,  # (150 + 50) / 2: each rank counts once
+        "util_peak": 200.0,
         "power_mean_w": None,
         "power_total_w": None,
         "mem_peak": 4,

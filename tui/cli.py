@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--find-batch-size", action="store_true",
                      help="find the largest micro-batch that fits with short real runs, then stop")
     run.add_argument("--mem-cap", metavar="SIZE", help="with --find-batch-size: budget per rank, e.g. 3GiB")
+    run.add_argument("--sample-interval", type=_seconds_at_least(0), default=0.5, metavar="SECONDS",
+                     help="telemetry: seconds between device readings (default 0.5; 0 turns telemetry off)")
+    run.add_argument("--hang-after", type=_seconds_at_least(1), default=300.0, metavar="SECONDS",
+                     help="flag a hang when no step came for this long and every device is idle (default 300)")
     _db_option(run)
     run.set_defaults(handler=cmd_run)
 
@@ -83,6 +87,21 @@ EXTRA_COMMANDS: list[str] = ["tui.cmd_gpus", "tui.cmd_estimate", "tui.cmd_compar
 def _db_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", default=argparse.SUPPRESS, metavar="URL",
                         help="database URL (default: $FTUI_DB, else SQLite in the ftui data folder)")
+
+
+def _seconds_at_least(low: float) -> Callable[[str], float]:
+    """An argparse type: seconds in [low, 1 day]; nan, inf and words are refused."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not low <= value <= 86400:
+            raise argparse.ArgumentTypeError(f"expected seconds between {low:g} and 86400, got {text!r}")
+        return value
+
+    return parse
 
 
 def _strategy_names() -> list[str]:
@@ -150,7 +169,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except RecipeError as exc:
         raise UsageError(f"{args.recipe}: {exc}") from None
     out = _console(stderr=args.format == "json")
-    warnings += _gpu_warnings(recipe)
+    warnings += _gpu_warnings(recipe, args.fake_gpus)
     for warning in warnings:
         out.print(f"[yellow]warning:[/] {warning}")
     if args.find_batch_size:
@@ -177,7 +196,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     out.print(f"run [bold]{prepared.run_id}[/] · {recipe.launch.strategy} × {recipe.launch.nproc} · {prepared.run_dir}")
     with RunProgress(out) as progress:
-        outcome = orchestrator.execute(store, prepared, on_event=progress.on_event)
+        outcome = orchestrator.execute(store, prepared, on_event=progress.on_event,
+                                       probe=orchestrator.probe_for(args.fake_gpus),
+                                       sample_interval_s=args.sample_interval, hang_after_s=args.hang_after)
     run = store.get_run(outcome.run_id)
     from tui.report import run_summary_table
 
@@ -193,21 +214,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_FAILED
 
 
-def _gpu_warnings(recipe: Any) -> list[str]:
-    """Busy or full GPUs among those the run will use, and the CUDA_VISIBLE_DEVICES mapping."""
+def _gpu_warnings(recipe: Any, fake_gpus: int = 0) -> list[str]:
+    """Busy GPUs, and GPUs with less free memory than the plan needs per device (the estimate), among
+    those the run will use; and the CUDA_VISIBLE_DEVICES mapping."""
     import os
 
     from runner.hardware import check_gpus_free, visible_mapping
-    from runner.orchestrator import probe_for
+    from runner.orchestrator import estimate_summary, probe_for
 
-    probe = probe_for()
+    probe = probe_for(fake_gpus)
     count = probe.nvml.device_count()
     if count == 0 or recipe.launch.device == "cpu":
         return []
+    need = estimate_summary(recipe).get("per_device_bytes", {}).get("total")
     visible = ",".join(map(str, recipe.launch.gpus)) if recipe.launch.gpus is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
     mapping = visible_mapping(visible, count)[: recipe.launch.nproc if recipe.launch.strategy != "mp" else None]
     notes = ["GPUs (CUDA index -> physical): " + ", ".join(f"cuda:{lo} -> GPU {phys}" for lo, phys in mapping)]
-    return notes + check_gpus_free(probe, [phys for _, phys in mapping])
+    return notes + check_gpus_free(probe, [phys for _, phys in mapping], need_bytes=need)
 
 
 # ---------------------------------------------------------------------- runs, show

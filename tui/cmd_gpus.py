@@ -10,9 +10,20 @@ from typing import Any
 
 def add_parser(sub: Any, db_option: Callable[[argparse.ArgumentParser], None]) -> None:
     gpus = sub.add_parser("gpus", help="show the GPUs now (or the host's CPU/memory without NVML)")
-    gpus.add_argument("--watch", nargs="?", const=1.0, type=float, metavar="SECONDS",
+    gpus.add_argument("--watch", nargs="?", const=1.0, type=_seconds, metavar="SECONDS",
                       help="refresh every SECONDS (default 1) until Ctrl-C")
+    db_option(gpus)  # unused, but every command takes --db (scripts pass it everywhere)
     gpus.set_defaults(handler=cmd_gpus)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.05 <= value <= 3600:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"expected seconds between 0.05 and 3600, got {text!r}")
+    return value
 
 
 def cmd_gpus(args: argparse.Namespace) -> int:

@@ -100,10 +100,12 @@ def run_summary_table(run: RunInfo | None) -> Table:
             f"{labels.get(dev['source'], dev['source'])}, {span}, {stats['n']} samples",
         )
         table.add_row(f"{key} memory peak", fmt_bytes(stats.get("mem_peak")), labels.get(dev["source"], dev["source"]))
+    for rank, peak in (telemetry.get("rank_gpu_mem_peak") or {}).items():
+        table.add_row(f"rank {rank} GPU memory peak", fmt_bytes(peak), "NVML (the rank's own processes)")
     overall = telemetry.get("active") or telemetry.get("whole")
     if overall and overall.get("util_mean") is not None:
-        table.add_row("mean device util", f"{overall['util_mean']:.0f}%",
-                      f"mean over {overall['devices']} {overall['kind']} device(s), "
+        table.add_row("mean/peak device util", f"{overall['util_mean']:.0f}/{_num(overall.get('util_peak'), '.0f')}%",
+                      f"over {overall['devices']} {overall['kind']} device(s), "
                       + ("active window" if telemetry.get("active") else "whole run"))
     if run.error:
         table.add_row("error", Text(run.error, style="red"), "")
