@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -198,7 +198,7 @@ def _parse_value(raw: str) -> Any:
         return raw  # a bare word: a string
 
 
-def _first_error(exc: ValidationError, text: str, source: str, overridden: set[str] = frozenset()) -> str:
+def _first_error(exc: ValidationError, text: str, source: str, overridden: Set[str] = frozenset()) -> str:
     errors = exc.errors()
     err = errors[0]
     loc = [str(p) for p in err["loc"] if not isinstance(p, int)]
