@@ -276,7 +276,7 @@ class Trainer:
             pids=_gather_list([os.getpid()]) if world > 1 else [os.getpid()],
         )
 
-        tokens_per_step = rows_per_step * int(blocks.shape[1])
+        tokens_done = 0  # real tokens: padding (data.pack = false) is not counted
         order: Any = None
         epoch = -1
         first_step_start = last_step_end = time.perf_counter()
@@ -293,6 +293,7 @@ class Trainer:
             if step == 0:
                 first_step_start = t0
             loss_sum = torch.zeros((), device=acc.device)
+            my_tokens = 0
             base = (step % steps_per_epoch) * rows_per_step
             for micro in range(GA):
                 start = base + (micro * world + acc.process_index) * B
@@ -300,7 +301,9 @@ class Trainer:
                 batch = blocks[rows].to(input_device)
                 if mask is None:
                     inputs = {"input_ids": batch, "labels": batch}
+                    my_tokens += int(batch.numel())
                 else:
+                    my_tokens += int(mask[rows].sum())
                     batch_mask = mask[rows].to(input_device)
                     inputs = {"input_ids": batch, "attention_mask": batch_mask,
                               "labels": batch.masked_fill(batch_mask == 0, -100)}
@@ -326,13 +329,16 @@ class Trainer:
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            # One collective per step carries both the loss and the stop request, so every rank
-            # leaves the loop after the same step.
-            stats = torch.stack([loss_sum.float(), torch.tensor(float(self.stop.requested), device=acc.device)])
+            # One collective per step carries the loss, the stop request and the token count, so every
+            # rank leaves the loop after the same step.
+            stats = torch.stack([loss_sum.float(), torch.tensor(float(self.stop.requested), device=acc.device),
+                                 torch.tensor(float(my_tokens), device=acc.device)])
             if world > 1:
                 stats = acc.reduce(stats, reduction="sum")
                 stats[0] /= world
             mean_loss = float(stats[0])
+            step_tokens = int(stats[2])
+            tokens_done += step_tokens
             t1 = time.perf_counter()
             last_step_end = t1
             final_loss = mean_loss
@@ -344,9 +350,9 @@ class Trainer:
                     loss=mean_loss,
                     lr=lr,
                     grad_norm=None if grad_norm is None else float(grad_norm),
-                    tokens=(step + 1) * tokens_per_step,
+                    tokens=tokens_done,
                     step_time=t1 - t0,
-                    tokens_per_s=tokens_per_step / (t1 - t0),
+                    tokens_per_s=step_tokens / (t1 - t0),
                 )
             if float(stats[1]) > 0:
                 status = "stopped"
@@ -363,8 +369,8 @@ class Trainer:
             status=status,
             steps=steps_done,
             train_seconds=train_seconds,
-            tokens=steps_done * tokens_per_step,
-            tokens_per_s=steps_done * tokens_per_step / train_seconds if train_seconds > 0 else None,
+            tokens=tokens_done,
+            tokens_per_s=tokens_done / train_seconds if train_seconds > 0 else None,
             final_loss=final_loss,
             saved=saved,
             ranks=ranks,

@@ -185,10 +185,14 @@ def test_a_local_model_folder_and_a_local_jsonl_train(ftui: Ftui, tmp_path: Path
                     "--set", f"model.name={json.dumps(str(folder))}",
                     "--set", f"data.source={json.dumps(str(data))}",
                     "--set", 'data.template="Q: {prompt}\\nA: {response}"', "--set", "data.context_length=32",
-                    "--set", "method.type=full", "--set", "train.max_steps=3")
+                    "--set", "data.pack=false", "--set", "method.type=full", "--set", "train.max_steps=3")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run = ftui.show(next(r["id"] for r in ftui.runs() if r["name"] == "t-local"))
     assert run["status"] == "completed" and run["method"] == "full" and len(run["metrics"]) == 3
+    # One padded row per example (pack = false): tokens and tokens/s count real tokens, not padding.
+    summary, capacity = run["summary"], 3 * 4 * 32
+    assert 0 < summary["tokens"] < capacity / 2, summary["tokens"]
+    assert summary["tokens_per_s"] == pytest.approx(summary["tokens"] / summary["train_seconds"])
     assert run["summary"]["trainable_params"] == run["summary"]["params"]
     assert (Path(run["summary"]["saved"]) / "model.safetensors").is_file()
 
