@@ -52,6 +52,8 @@ class RunRow:
     """tokens/s of this run over the baseline's (same tokens per step: the same as time ratio)."""
     grid: str = ""
     """The sweep's grid values for this run (``train.batch_size=2``), empty outside a grid."""
+    mfu_note: str | None = None
+    """Why MFU is '-' for a run that completed (an unknown GPU model, no model config...)."""
 
 
 @dataclass(frozen=True)
@@ -254,14 +256,45 @@ def _mem_measured(run: RunInfo) -> tuple[int | None, str]:
     return run.peak_mem_bytes, "stored peak"
 
 
+def device_count(run: RunInfo) -> int:
+    """Devices a run computed on: the distinct GPUs of its ``device_map`` (model parallel: one process, several
+    GPUs) when it has one on GPUs, else its world size (processes), at least 1."""
+    device_map = run.summary.get("device_map")
+    if isinstance(device_map, Mapping):
+        gpus = set()
+        for value in device_map.values():  # 0, "0", "cuda:1"; "cpu" and "disk" are not compute devices
+            text = str(value).removeprefix("cuda:")
+            if text.isdigit():
+                gpus.add(int(text))
+        if gpus:
+            return len(gpus)
+    return max(1, int(run.summary.get("world_size") or run.nproc or 1))
+
+
+def _mfu_note(run: RunInfo, peak: Peak | None, peak_note: str | None, dims: Mapping[str, Any] | None) -> str | None:
+    """Why a completed run with a throughput has no MFU."""
+    if run.status != "completed" or not run.tokens_per_s:
+        return None
+    if peak is None:
+        return peak_note or f"no peak FLOP/s known for device type {run.device_type or '?'}; give --peak-tflops"
+    if dims is None:
+        return f"model dimensions unknown (the config of {run.model} cannot be read offline)"
+    if not run.summary.get("params"):
+        return "parameter count not stored by the trainer"
+    return None
+
+
 def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
-              dims: Mapping[str, Any] | None, grid: str = "") -> RunRow:
-    """The figures of one run (pure, apart from a memory estimate computed from the recipe)."""
+              dims: Mapping[str, Any] | None, grid: str = "", peak_note: str | None = None) -> RunRow:
+    """The figures of one run (pure, apart from a memory estimate computed from the recipe).
+
+    ``peak_note`` says why ``peak`` is None (shown as the reason MFU is '-').
+    """
     recipe = _recipe(run)
     train = recipe.get("train", {})
     micro = train.get("batch_size")
     ga = train.get("grad_accum")
-    devices = int(run.summary.get("world_size") or run.nproc or 1)
+    devices = device_count(run)
     global_batch = micro * ga * (run.nproc if run.strategy in ("ddp", "fsdp") else 1) if micro and ga else None
     tps = run.tokens_per_s
     mfu = achieved = None
@@ -285,6 +318,7 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
         mem_measured=mem, mem_measured_source=mem_source, mem_estimated=est, mem_estimated_source=est_source,
         final_loss=run.final_loss, best_loss=best_loss(metrics), status=run.status, reason=reason,
         note=run.summary.get("sweep_note"), grid=grid or str(run.summary.get("sweep_grid") or ""),
+        mfu_note=None if mfu is not None else _mfu_note(run, peak, peak_note, dims),
     )
 
 
@@ -296,6 +330,7 @@ def build_comparison(
     baseline_id: int | None = None,
     samples: Mapping[int, Sequence[SampleInfo]] | None = None,
     sweep_id: str | None = None,
+    peak_notes: Mapping[int, str] | None = None,
 ) -> Comparison:
     """Put runs side by side (in the given order).
 
@@ -307,14 +342,22 @@ def build_comparison(
         baseline_id: The run speed-ups are measured against; default the first run that has a throughput.
         samples: Telemetry samples by run id, for the timelines.
         sweep_id: The sweep the runs belong to, if any.
+        peak_notes: By run id, why its peak is None (:func:`peak_note`).
 
     Returns:
         The comparison; ``fastest_id`` is the completed run with the highest tokens/s.
+
+    Raises:
+        ValueError: ``baseline_id`` is not one of ``runs``.
     """
     peaks = peaks or {}
     dims = dims or {}
-    rows = [build_row(r, metrics.get(r.id, []), peaks.get(r.id), dims.get(r.id)) for r in runs]
-    if baseline_id is None or not any(r.run_id == baseline_id for r in rows):
+    notes = peak_notes or {}
+    rows = [build_row(r, metrics.get(r.id, []), peaks.get(r.id), dims.get(r.id), peak_note=notes.get(r.id))
+            for r in runs]
+    if baseline_id is not None and not any(r.run_id == baseline_id for r in rows):
+        raise ValueError(f"baseline run {baseline_id} is not one of the compared runs")
+    if baseline_id is None:
         baseline_id = next((r.run_id for r in rows if r.tokens_per_s), rows[0].run_id if rows else None)
     index = next((i for i, r in enumerate(rows) if r.run_id == baseline_id), 0)
     ratios = speedups([r.tokens_per_s for r in rows], index)
@@ -365,12 +408,30 @@ def default_peak(run: RunInfo, recipe: Mapping[str, Any], peak_tflops: float | N
     if run.device_type != "cpu":
         return None
     import os
+    import socket
 
     import psutil
 
     cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
     threads = max(1, cores // max(1, run.nproc))  # what the orchestrator gave each rank
-    return mfu.cpu_peak(threads)
+    peak = mfu.cpu_peak(threads)
+    here = socket.gethostname()
+    if run.host and run.host != here:  # the benchmark runs where ``ftui compare`` runs
+        peak = Peak(peak.flops, f"{peak.source}; measured on {here}, not on the run's host {run.host}: "
+                                "give --peak-tflops for that host")
+    return peak
+
+
+def peak_note(run: RunInfo, recipe: Mapping[str, Any], samples: Sequence[SampleInfo] = ()) -> str:
+    """Why :func:`default_peak` found no peak for a run: names the GPU and suggests ``--peak-tflops``."""
+    precision = recipe.get("train", {}).get("precision", "fp32")
+    gpu_names = sorted({s.name for s in samples if s.kind == "gpu" and s.name})
+    if gpu_names:
+        return (f"no datasheet peak for {', '.join(gpu_names)} in {precision} (runner.mfu.PEAK_TFLOPS); "
+                "give --peak-tflops")
+    if run.device_type == "cuda":
+        return "GPU model unknown (no NVML samples stored for the run); give --peak-tflops"
+    return f"no peak FLOP/s known for device type {run.device_type or '?'}; give --peak-tflops"
 
 
 def load_comparison(store: Store, run_ids: Sequence[int], baseline_id: int | None = None,
@@ -389,8 +450,9 @@ def load_comparison(store: Store, run_ids: Sequence[int], baseline_id: int | Non
     dims = {r.id: model_dims(_recipe(r)) for r in runs}
     peaks = {r.id: default_peak(r, _recipe(r), peak_tflops, samples[r.id]) if r.status == "completed" else None
              for r in runs}
+    notes = {r.id: peak_note(r, _recipe(r), samples[r.id]) for r in runs if peaks[r.id] is None}
     return build_comparison(runs, metrics, peaks, dims, baseline_id,
-                            samples if with_samples else None, sweep_id)
+                            samples if with_samples else None, sweep_id, peak_notes=notes)
 
 
 def sweep_run_ids(store: Store, sweep_id: str) -> list[int]:

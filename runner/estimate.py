@@ -42,8 +42,8 @@ gradient checkpointing (HF checkpoints each decoder layer) the forward keeps onl
 the peak adds one layer's full activations. Calibrated on the builtin tiny Llama (CPU, fp32, micro-batch
 4, seq 256) against ``torch.autograd.graph.saved_tensors_hooks``: within 1% for full fine-tuning and LoRA,
 with and without checkpointing (see ``docs/memory-model.md``). Not counted: transient buffers of
-backward (the logits gradient is another ``4*V`` per token at the start of backward) and allocator slack,
-which is what ``buffer_bytes`` is for.
+backward (the logits gradient is another ``4*V`` per token at the start of backward) and the CUDA context
+and allocator slack, which is what ``reserve_bytes`` is for.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ Precision = Literal["fp32", "bf16", "fp16"]
 Strategy = Literal["single", "mp", "ddp", "fsdp", "zero1", "zero2", "zero3"]
 
 STRATEGIES: tuple[Strategy, ...] = ("single", "mp", "ddp", "fsdp", "zero1", "zero2", "zero3")
+LAUNCHABLE: tuple[Strategy, ...] = ("single", "mp", "ddp", "fsdp")  # what ``launch.strategy`` accepts today
 DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 ADAM_BYTES = 8  # two fp32 moments per trainable parameter
 MASTER_BYTES = 4  # fp32 master copy of 16-bit weights
@@ -275,8 +276,12 @@ def shape_from_params(
     Returns:
         The approximate shape.
     """
-    if n <= 0:
-        raise ValueError("parameter count must be positive")
+    if not math.isfinite(n) or n <= 0:
+        raise ValueError(f"parameter count must be a positive number (got {n:g})")
+    for what, value in (("layers", layers), ("hidden size", hidden), ("heads", heads), ("kv heads", kv_heads),
+                        ("intermediate size", intermediate), ("vocabulary size", vocab)):
+        if value is not None and value <= 0:
+            raise ValueError(f"{what} must be positive (got {value})")
     if layers is None and hidden is None:
         ref = min(LLAMA_REFERENCE_SHAPES, key=lambda r: abs(math.log(n / _llama_params(r))))
         layers, hidden = ref.layers, ref.hidden
@@ -353,7 +358,8 @@ class EstimateInput:
         offload_params: Weights live on the host (ZeRO-3/FSDP offload).
         lora_r: LoRA rank.
         lora_targets: LoRA target module short names, or ``"all-linear"``.
-        buffer_bytes: Flat allowance per device (CUDA context, allocator slack); 0 on CPU.
+        reserve_bytes: Flat allowance per device for the CUDA context and allocator slack (``ftui estimate``
+            reserves 1 GiB per GPU by default, ``docs/memory-model.md``); 0 on CPU.
     """
 
     shape: ModelShape
@@ -369,7 +375,7 @@ class EstimateInput:
     offload_params: bool = False
     lora_r: int = 8
     lora_targets: tuple[str, ...] | str = ("q_proj", "v_proj")
-    buffer_bytes: int = 0
+    reserve_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -383,9 +389,13 @@ class MemoryBreakdown:
         master: fp32 master weights (16-bit weights only).
         activations: Peak saved activations (with checkpointing: stored layer inputs plus one recomputed
             layer) including the fp32 logits.
-        buffers: ``buffer_bytes`` plus the 16-bit weight copies autocast saves for backward (fp32 weights,
-            16-bit compute) and, for ZeRO-3/FSDP, the gathered weights of one layer.
-        total: Sum of the above.
+        buffers: The 16-bit weight copies autocast saves for backward (fp32 weights, 16-bit compute) or, for
+            ZeRO-3/FSDP, the gathered weights of one layer.
+        total: Sum of the parts: params, grads, optimizer, master, activations, buffers and reserve.
+        reserve: ``reserve_bytes``: the CUDA context and allocator slack (0 on CPU).
+        activations_stored: Not a part of ``total``: what one forward pass saves for backward, the figure
+            ``saved_tensors_hooks`` measures (the stored activations, without the layer checkpointing
+            recomputes, plus the autocast weight casts, which are saved tensors too).
         offloaded: Bytes moved to host memory, by kind (``optimizer``, ``master``, ``params``).
     """
 
@@ -396,6 +406,8 @@ class MemoryBreakdown:
     activations: int
     buffers: int
     total: int
+    reserve: int = 0
+    activations_stored: int = 0
     offloaded: dict[str, int] = field(default_factory=dict, hash=False)
 
     @property
@@ -568,7 +580,8 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
 
     acts = activation_bytes(replace(inp, param_dtype="bf16" if w == 2 else inp.param_dtype))
     activations = float(acts.peak)
-    buffers = float(inp.buffer_bytes + acts.weight_copies)
+    stored = float(acts.stored + acts.weight_copies)
+    buffers = float(acts.weight_copies)
 
     s = inp.strategy
     if s == "mp":
@@ -578,7 +591,8 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
         grads, optimizer, master = grads * model_share, optimizer * model_share, master * model_share
         # Layer activations split with the layers; the logits are all on the last device.
         activations = (acts.peak - acts.logits) * layer_share + acts.logits
-        buffers = inp.buffer_bytes + acts.weight_copies * weight_share
+        stored = (acts.stored - acts.logits) * layer_share + acts.logits + acts.weight_copies * weight_share
+        buffers = acts.weight_copies * weight_share
     if s in ("zero1", "zero2", "zero3", "fsdp"):
         optimizer, master = optimizer / n, master / n
     if s in ("zero2", "zero3", "fsdp"):
@@ -586,7 +600,7 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
     if s in ("zero3", "fsdp"):
         params = params / n
         # The gathered weights of the layer being computed, in compute precision.
-        buffers = float(inp.buffer_bytes + sh.layer_params * e)
+        buffers = float(sh.layer_params * e)
 
     offloaded: dict[str, int] = {}
     if inp.offload_optimizer:
@@ -596,7 +610,9 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
         offloaded["params"] = round(params)
         params = 0.0
     p, g, o, m, a, b = (round(x) for x in (params, grads, optimizer, master, activations, buffers))
-    return MemoryBreakdown(p, g, o, m, a, b, total=p + g + o + m + a + b, offloaded=offloaded)
+    r = inp.reserve_bytes
+    return MemoryBreakdown(p, g, o, m, a, b, total=p + g + o + m + a + b + r, reserve=r,
+                           activations_stored=round(stored), offloaded=offloaded)
 
 
 def _fits(inp: EstimateInput, gpu_mem_bytes: int) -> bool:
@@ -694,6 +710,12 @@ def recommend(inputs: EstimateInput, gpu_mem_bytes: int, n_gpus: int) -> Recomme
                 f"(model states {_gib(est.model_states)}, activations {_gib(est.activations)}), "
                 f"within the {_gib(gpu_mem_bytes)} of {where}."
             )
+            if s not in LAUNCHABLE:
+                fsdp = estimate(_at(inp, "fsdp", n_gpus))
+                reason += (
+                    f" `ftui run` cannot launch {s} yet (launch.strategy takes {', '.join(LAUNCHABLE)})"
+                    + (f"; fsdp fits too, at {_gib(fsdp.total)} per GPU." if fsdp.total <= gpu_mem_bytes else ".")
+                )
             return Recommendation(s, reason, fits, method)
     best = min(estimate(_at(replace(inputs, method=methods[-1]), s, n_gpus)).total for s in order)
     reason = (
@@ -723,14 +745,7 @@ def estimate_report(
         inp = _at(base_inputs, s, n_gpus)
         est = estimate(inp)
         out[s] = {
-            "per_device_bytes": {
-                "params": est.params,
-                "grads": est.grads,
-                "optimizer": est.optimizer,
-                "master": est.master,
-                "activations": est.activations,
-                "total": est.total,
-            },
+            "per_device_bytes": breakdown_json(est),
             "fits": est.total <= gpu_mem_bytes,
             "gpus_needed": gpus_needed(inp, gpu_mem_bytes),
         }
@@ -809,7 +824,12 @@ def resolve_model_shape(name: str, allow_network: bool = True) -> ModelSource:
 
     folder = Path(name).expanduser()
     if (folder / "config.json").is_file():
-        return ModelSource(shape_from_config(_auto_config(str(folder), local_only=True)), f"{name} (local config.json)")
+        try:
+            shape = shape_from_config(_auto_config(str(folder), local_only=True))
+        except Exception as exc:  # noqa: BLE001 (transformers raises OSError, ValueError, KeyError...: one line)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"model.name: {folder / 'config.json'}: cannot read the model config ({first[:160]})") from None
+        return ModelSource(shape, f"{name} (local config.json)")
     try:
         cfg = _auto_config(name, local_only=True)
         return ModelSource(shape_from_config(cfg), f"{name} (config from the local Hugging Face cache)")
@@ -886,21 +906,27 @@ def inputs_from_recipe(
     )
 
 
+# The parts of ``MemoryBreakdown.total``, in the order ``ftui estimate`` shows them.
+PARTS: tuple[str, ...] = ("params", "grads", "optimizer", "master", "activations", "buffers", "reserve")
+
+
 def breakdown_json(b: MemoryBreakdown) -> dict[str, int]:
-    """The per-device bytes a run's summary stores as ``estimate``."""
-    return {
-        "params": b.params,
-        "grads": b.grads,
-        "optimizer": b.optimizer,
-        "master": b.master,
-        "activations": b.activations,
-        "buffers": b.buffers,
-        "total": b.total,
-    }
+    """Per-device bytes as JSON (``ftui estimate --format json`` and the ``estimate`` a run's summary stores).
+
+    The :data:`PARTS` add up to ``total``; ``activations_stored`` is a detail of ``activations`` (what one
+    forward saves, to compare with the trainer's measurement), not a part.
+    """
+    out = {part: int(getattr(b, part)) for part in PARTS}
+    return {**out, "total": b.total, "activations_stored": b.activations_stored}
 
 
-def parse_bytes(text: str) -> int:
-    """``48GiB``, ``80GB``, ``3.5GiB``, ``512MiB`` or a plain byte count."""
+def parse_bytes(text: str, allow_zero: bool = False) -> int:
+    """``48GiB``, ``80GB``, ``3.5GiB``, ``512MiB`` or a plain byte count.
+
+    Raises:
+        ValueError: one line, for anything else, and for sizes that are not finite or not positive (zero is
+            accepted with ``allow_zero``).
+    """
     units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
              "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
     s = text.strip().lower().replace(" ", "")
@@ -908,6 +934,15 @@ def parse_bytes(text: str) -> int:
     while i > 0 and not (s[i - 1].isdigit() or s[i - 1] == "."):
         i -= 1
     num, unit = s[:i], s[i:]
+    expected = f"{text!r}: expected a size like 48GiB, 80GB, 512MiB or a byte count"
     if not num or unit not in units:
-        raise ValueError(f"{text!r}: expected a size like 48GiB, 80GB, 512MiB or a byte count")
-    return int(float(num) * units[unit])
+        raise ValueError(expected)
+    try:
+        value = float(num) * units[unit]
+    except ValueError:
+        raise ValueError(expected) from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{text!r}: must be a finite size {'of at least 0' if allow_zero else 'above 0'}")
+    if value >= 2**63:
+        raise ValueError(f"{text!r}: too large a size")
+    return int(value)

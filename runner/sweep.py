@@ -63,6 +63,8 @@ def plan(recipe_path: Path, strategies: Sequence[str], nproc: int | None, sets: 
     Raises:
         RecipeError: the recipe (with ``sets``) or a grid value is invalid for every strategy.
     """
+    if nproc is not None and nproc < 1:
+        raise RecipeError(f"--nproc: must be at least 1, got {nproc}")
     unknown = [s for s in strategies if s not in STRATEGY_ORDER]
     if unknown:
         raise RecipeError(f"--strategies: unknown {', '.join(unknown)} (choose from {', '.join(STRATEGY_ORDER)})")

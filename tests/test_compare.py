@@ -11,6 +11,7 @@ import math
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,17 @@ import pytest
 from conftest import QUICKSTART, ROOT, Ftui
 
 from runner import mfu
-from runner.compare import build_comparison, flatten, recipe_diff, speedups
-from store import MetricPoint, RunInfo
+from runner.compare import (
+    build_comparison,
+    default_peak,
+    device_count,
+    flatten,
+    peak_note,
+    recipe_diff,
+    speedups,
+)
+from store import MetricPoint, RunInfo, SampleInfo
+from tui.compare_report import markdown, sources
 
 GOLDEN = ROOT / "tests" / "golden" / "compare.md"
 STRATEGIES = ["single", "mp", "ddp", "fsdp"]
@@ -226,7 +236,8 @@ def test_recipe_diff_keeps_only_the_fields_that_differ() -> None:
     assert recipe_diff([a, a]) == {}
 
 
-def _run(id_: int, strategy: str, nproc: int, tps: float | None, status: str = "completed") -> RunInfo:
+def _run(id_: int, strategy: str, nproc: int, tps: float | None, status: str = "completed",
+         **summary: Any) -> RunInfo:
     now = datetime(2026, 1, 1)
     return RunInfo(id=id_, name="q", sweep_id=None, recipe_text=f'[launch]\nstrategy = "{strategy}"\n',
                    recipe_hash="", recipe_source=None, strategy=strategy, nproc=nproc, method="lora",
@@ -234,7 +245,7 @@ def _run(id_: int, strategy: str, nproc: int, tps: float | None, status: str = "
                    run_dir="", pgid=None, created_at=now, started_at=now, ended_at=now, exit_code=0,
                    error=None if status == "completed" else "boom", total_steps=5, steps_done=5,
                    train_seconds=10.0, tokens_per_s=tps, final_loss=2.0, peak_mem_bytes=None, mean_util=50.0,
-                   summary={"world_size": nproc})
+                   summary={"world_size": nproc, **summary})
 
 
 def test_speedups_against_the_baseline() -> None:
@@ -262,3 +273,82 @@ def test_bad_input_is_one_line_and_exit_2(cftui: Ftui) -> None:
         proc = cftui.run(*args)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert proc.stderr.startswith("ftui: ") and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_model_parallel_on_gpus_counts_the_gpus_of_its_device_map() -> None:
+    device_map = {"model.embed_tokens": 0, "model.layers.0": "0", "model.layers.21": "cuda:1", "lm_head": "1",
+                  "model.norm": "cpu", "model.rotary": "disk"}
+    mp = _run(1, "mp", 1, 1000.0, params=1000, device_map=device_map)
+    assert device_count(mp) == 2  # one process, two GPUs
+    assert device_count(_run(2, "mp", 1, 1000.0, device_map={"": "cpu"})) == 1  # mp on CPU: one device
+    assert device_count(_run(3, "ddp", 4, 1000.0)) == 4  # no device map: the world size
+    row = build_comparison([mp], {}).rows[0]
+    assert row.devices == 2 and row.tokens_per_s_per_device == 500.0
+    # MFU divides by the devices too: twice the devices, half the MFU.
+    dims = {"layers": 2, "heads": 4, "head_dim": 8, "seq_len": 16, "embedding_params": 0}
+    peak = mfu.Peak(1e9, "x")
+    one = _run(4, "mp", 1, 1000.0, params=1000, device_map={"a": "0"})
+    rows = build_comparison([mp, one], {}, peaks={1: peak, 4: peak}, dims={1: dims, 4: dims}).rows
+    assert rows[0].mfu is not None and rows[1].mfu is not None
+    assert rows[1].mfu == pytest.approx(2 * rows[0].mfu)
+
+
+def test_an_unknown_baseline_is_refused() -> None:
+    with pytest.raises(ValueError, match="baseline run 99"):
+        build_comparison([_run(1, "single", 1, 100.0)], {}, baseline_id=99)
+
+
+def _gpu_sample(name: str) -> SampleInfo:
+    return SampleInfo(time=0.0, host="h", kind="gpu", index=0, name=name, util_pct=90.0, mem_used=1, mem_total=2,
+                      power_w=None, temp_c=None, sm_clock_mhz=None, pid=None, source="nvml")
+
+
+def test_mfu_dash_says_why_for_an_unknown_gpu() -> None:
+    run = _run(1, "single", 1, 1000.0, params=1000)
+    run = replace(run, device_type="cuda")
+    recipe = {"train": {"precision": "bf16"}}
+    samples = [_gpu_sample("NVIDIA Quantum Q9000")]
+    assert default_peak(run, recipe, samples=samples) is None
+    note = peak_note(run, recipe, samples)
+    assert "NVIDIA Quantum Q9000" in note and "bf16" in note and "--peak-tflops" in note
+    assert "no NVML samples" in peak_note(run, recipe, [])
+    cmp = build_comparison([run], {}, peak_notes={1: note})
+    assert cmp.rows[0].mfu is None and cmp.rows[0].mfu_note == note
+    assert f"MFU '-' for run 1: {note}" in sources(cmp)
+    assert f"- MFU '-' for run 1: {note}" in markdown(cmp)
+    # A given peak fixes it: no note.
+    assert default_peak(run, recipe, peak_tflops=100.0, samples=samples) == mfu.Peak(1e14, "given (--peak-tflops 100)")
+
+
+def test_cpu_peak_measured_on_another_host_is_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    monkeypatch.setattr(mfu, "cpu_peak", lambda threads: mfu.Peak(1e10, f"{mfu.CPU_PEAK_SOURCE}, {threads} thread(s)"))
+    here = _run(1, "single", 1, 1000.0)
+    here = replace(here, host=socket.gethostname())
+    elsewhere = replace(here, host="gpu-box-7")
+    same = default_peak(here, {})
+    other = default_peak(elsewhere, {})
+    assert same is not None and other is not None and same.flops == other.flops
+    assert "not on the run's host" not in same.source
+    assert "not on the run's host gpu-box-7" in other.source and "--peak-tflops" in other.source
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["compare", "1", "-o", "/missing/dir/x.md"], "-o/--output"),
+        (["compare", "1", "--baseline", "99"], "--baseline 99"),
+        (["compare", "1", "--peak-tflops", "-5"], "--peak-tflops"),
+        (["compare", "1", "--peak-tflops", "nan"], "--peak-tflops"),
+        (["sweep", str(QUICKSTART), "--nproc", "0"], "--nproc"),
+        (["sweep", str(QUICKSTART), "--peak-tflops", "0"], "--peak-tflops"),
+        (["sweep", str(QUICKSTART), "-o", "/missing/dir/x.html", "--format", "html"], "-o/--output"),
+    ],
+)
+def test_bad_flags_are_one_line_naming_the_flag(cftui: Ftui, args: list[str], named: str) -> None:
+    proc = cftui.run(*args)
+    assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ftui: ") and named in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr and "sweep-" not in proc.stdout  # nothing ran

@@ -14,14 +14,18 @@ from runner.builtin import tiny_llama_config
 from runner.estimate import (
     GIB,
     NF4_DOUBLE_QUANT_OVERHEAD_BITS,
+    PARTS,
+    STRATEGIES,
     EstimateInput,
     LinearSpec,
     ModelShape,
     activation_bytes,
+    breakdown_json,
     estimate,
     estimate_report,
     gpus_needed,
     lora_trainable_params,
+    parse_bytes,
     recommend,
     shape_from_config,
     shape_from_params,
@@ -261,6 +265,7 @@ def test_report_shape_is_json_ready(tiny_shape: ModelShape) -> None:
     assert set(report["strategies"]) == {"ddp", "zero2", "fsdp"}
     for entry in report["strategies"].values():
         assert set(entry) == {"per_device_bytes", "fits", "gpus_needed"}
+        # The issue's contract keys, plus the parts that make the total add up and the stored activations.
         assert set(entry["per_device_bytes"]) == {
             "params",
             "grads",
@@ -268,7 +273,91 @@ def test_report_shape_is_json_ready(tiny_shape: ModelShape) -> None:
             "master",
             "activations",
             "total",
+            "buffers",
+            "reserve",
+            "activations_stored",
         }
         assert entry["fits"] is True and entry["gpus_needed"] == 1
     assert report["recommendation"]["strategy"] == "ddp"
     assert set(report["recommendation"]) == {"strategy", "reason"}
+
+
+@pytest.mark.parametrize(
+    "inp",
+    [
+        EstimateInput(shape_from_params(7e9), method="full", precision="bf16", reserve_bytes=GIB),
+        EstimateInput(shape_from_params(7e9), method="full", precision="bf16", param_dtype="bf16"),
+        EstimateInput(shape_from_params(34e9), method="lora", micro_batch=4, seq_len=1024,
+                      gradient_checkpointing=True, reserve_bytes=GIB),
+        EstimateInput(shape_from_params(13e9), method="qlora", offload_optimizer=True, offload_params=True),
+    ],
+    ids=["7b-full-fp32-weights", "7b-full-bf16-weights", "34b-lora-ckpt", "13b-qlora-offload"],
+)
+def test_every_strategy_row_adds_up_to_its_total(inp: EstimateInput) -> None:
+    report = estimate_report(inp, 48 * GIB, 4)
+    assert set(report["strategies"]) == set(STRATEGIES)
+    for name, entry in report["strategies"].items():
+        b = entry["per_device_bytes"]
+        assert sum(b[part] for part in PARTS) == b["total"], (name, b)
+        assert b["reserve"] == inp.reserve_bytes
+    # 7B full fine-tune, fp32 weights under bf16 autocast: the 16-bit weight copies are the buffers (the part
+    # the table used to hide), and fsdp's buffers are one gathered layer instead.
+    single = report["strategies"]["single"]["per_device_bytes"]
+    if inp.method == "full" and inp.param_dtype is None:
+        assert single["buffers"] == 2 * inp.shape.linear_params
+        assert report["strategies"]["fsdp"]["per_device_bytes"]["buffers"] == inp.shape.layer_params * 2
+
+
+def test_stored_activations_are_what_one_forward_saves(tiny_shape: ModelShape) -> None:
+    """Under checkpointing the peak adds one recomputed layer; the trainer measures one forward only, so the
+    estimate-vs-measured row must use the stored figure (it used to show +78% on a correct estimate)."""
+    from tui.report import estimate_vs_measured
+
+    inp = EstimateInput(tiny_shape, method="lora", precision="fp32", micro_batch=MICRO_BATCH, seq_len=SEQ,
+                        gradient_checkpointing=True)
+    acts = activation_bytes(inp)
+    est = estimate(inp)
+    assert est.activations == acts.stored + acts.recompute
+    assert est.activations_stored == acts.stored + acts.weight_copies == acts.stored  # fp32: no casts
+    assert est.activations_stored < est.activations
+    # Autocast's 16-bit weight casts are saved tensors too: counted in the stored figure.
+    autocast = estimate(replace(inp, method="full", precision="bf16", param_dtype="fp32"))
+    acts16 = activation_bytes(replace(inp, method="full", precision="bf16", param_dtype="fp32"))
+    assert autocast.activations_stored == acts16.stored + acts16.weight_copies
+    summary = {"estimate": {"per_device_bytes": breakdown_json(est)},
+               "ranks": [{"activation_bytes": acts.stored, "param_bytes": 1, "grad_bytes": 1, "optimizer_bytes": 1}]}
+    rows = {kind: (e, m, err) for kind, e, m, err in estimate_vs_measured(summary)}
+    assert rows["activations"][0] == acts.stored and rows["activations"][2] == 0.0
+    old = {"estimate": {"per_device_bytes": {"activations": est.activations}}, "ranks": summary["ranks"]}
+    assert dict((k, e) for k, e, _, _ in estimate_vs_measured(old))["activations"] == est.activations
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("48GiB", 48 * GIB), ("80GB", 80 * 10**9), ("512 MiB", 512 * 2**20), ("3.5g", int(3.5 * GIB)), ("1000", 1000)],
+)
+def test_parse_bytes(text: str, expected: int) -> None:
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["1e400GiB", "0", "-1GiB", "0GiB", "nan", "inf", "1.2.3G", "48 parsecs", ""])
+def test_parse_bytes_refuses_sizes_that_are_not_finite_and_positive(text: str) -> None:
+    with pytest.raises(ValueError, match="size"):
+        parse_bytes(text)
+    assert parse_bytes("0", allow_zero=True) == 0
+
+
+@pytest.mark.parametrize("kwargs", [{"n": -1}, {"n": 0}, {"n": float("nan")}, {"n": float("inf")},
+                                    {"n": 7e9, "layers": 0}, {"n": 7e9, "hidden": 0}, {"n": 7e9, "heads": -2}])
+def test_shape_from_params_refuses_sizes_that_are_not_positive(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="must be"):
+        shape_from_params(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_zero_stage_recommendation_says_ftui_run_cannot_launch_it() -> None:
+    inp = EstimateInput(shape_from_params(7e9), method="full", precision="bf16", micro_batch=1, seq_len=512,
+                        gradient_checkpointing=True)
+    rec = recommend(inp, 80 * GIB, 4)
+    assert rec.strategy == "zero2"
+    assert "`ftui run` cannot launch zero2 yet" in rec.reason and "fsdp fits too" in rec.reason
+    assert "cannot launch" not in recommend(inp, 80 * GIB, 1).reason  # single: launchable

@@ -7,11 +7,15 @@ import json
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from runner.estimate import (
+    PARTS,
+    EstimateInput,
+    breakdown_json,
     estimate,
     inputs_from_recipe,
     resolve_model_shape,
@@ -34,7 +38,68 @@ def test_seed_7b_full_finetune_is_112_gb_of_model_states(ftui: Ftui) -> None:
     single = report["strategies"]["single"]["per_device_bytes"]
     assert single["params"] + single["grads"] + single["optimizer"] + single["master"] == 112 * 10**9
     assert set(report) == {"strategies", "recommendation"}
-    assert set(single) == {"params", "grads", "optimizer", "master", "activations", "total"}
+    assert {"params", "grads", "optimizer", "master", "activations", "total"} <= set(single)  # the contract
+    assert sum(single[k] for k in PARTS) == single["total"]  # the shown parts add up
+    assert single["reserve"] == 2**30  # a GPU target: 1 GiB for the CUDA context by default
+    text = ftui.run("estimate", "--params", "7e9", "--method", "full", "--gpus", "1", "--gpu-mem", "80GiB",
+                    check=True).stdout
+    assert "buffers" in text and "reserve" in text
+
+
+def _bad_recipe(tmp_path: Path) -> Path:
+    """quickstart on a local model folder whose config.json is not JSON."""
+    folder = tmp_path / "broken-model"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text('{"model_type": "llama", "hidden_size": ')
+    recipe = tmp_path / "broken.toml"
+    recipe.write_text(QUICKSTART.read_text().replace('name = "builtin:tiny-llama"', f'name = "{folder}"'))
+    return recipe
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--params", "-1"], "--params"),
+        (["--params", "0"], "--params"),
+        (["--params", "nan"], "--params"),
+        (["--params", "inf"], "--params"),
+        (["--params", "7e9", "--layers", "0"], "--layers"),
+        (["--params", "7e9", "--hidden", "0"], "--hidden"),
+        (["--params", "7e9", "--gpu-mem", "1e400GiB"], "--gpu-mem"),
+        (["--params", "7e9", "--gpu-mem", "0"], "--gpu-mem"),
+        (["--params", "7e9", "--reserve", "-1GiB"], "--reserve"),
+        (["--params", "7e9", "--micro-batch", "-3"], "--micro-batch"),
+        (["--params", "7e9", "--micro-batch", "0"], "--micro-batch"),
+        (["--params", "7e9", "--seq", "-1"], "--seq"),
+        (["--params", "7e9", "--gpus", "0"], "--gpus"),
+        (["--params", "7e9", "--lora-r", "-8"], "--lora-r"),
+        (["recipes/quickstart.toml", "--params", "7e9"], "--params"),
+        (["recipes/quickstart.toml", "--hidden", "512"], "--hidden"),
+        (["--model", "builtin:tiny-llama", "--layers", "4"], "--layers"),
+        (["--model", "builtin:nope"], "--model"),
+        (["BROKEN"], "config.json"),
+        (["run", str(QUICKSTART), "--find-batch-size", "--mem-cap", "1e400GiB"], "--mem-cap"),
+    ],
+)
+def test_bad_estimate_input_is_one_line_naming_the_flag(ftui: Ftui, tmp_path: Path, args: list[str],
+                                                          named: str) -> None:
+    args = [str(_bad_recipe(tmp_path)) if a == "BROKEN" else a for a in args]
+    argv = args if args[0] == "run" else ["estimate", *args, *([] if "--gpu-mem" in args else ["--gpu-mem", "48GiB"])]
+    proc = ftui.run(*argv)
+    assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ftui: ") and named in lines[0], proc.stderr
+    assert proc.stdout == ""
+
+
+def test_estimate_from_a_model_name_without_a_recipe(ftui: Ftui) -> None:
+    report = _estimate_json(ftui, "--model", "builtin:tiny-llama", "--method", "lora", "--gpu-mem", "8GiB",
+                            "--reserve", "0", "--micro-batch", "2", "--seq", "128")
+    single = report["strategies"]["single"]["per_device_bytes"]
+    inp = EstimateInput(resolve_model_shape("builtin:tiny-llama").shape, method="lora", micro_batch=2, seq_len=128)
+    assert single == breakdown_json(estimate(inp))
+    assert single["reserve"] == 0
 
 
 def test_seed_tinyllama_lora_on_4_gpus_recommends_ddp(ftui: Ftui) -> None:

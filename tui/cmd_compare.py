@@ -34,8 +34,11 @@ def _store(args: argparse.Namespace) -> Any:
 
 
 def add_parser(sub: Any, db_option: Callable[[argparse.ArgumentParser], None]) -> None:
+    from tui.cmd_estimate import one_line_errors, positive_int
+
     cmp = sub.add_parser("compare", help="compare runs side by side (or a sweep)",
                          description="Compare runs: throughput, utilisation, MFU, memory, loss, recipe diff.")
+    one_line_errors(cmp)
     cmp.add_argument("run_ids", type=int, nargs="*", metavar="RUN_ID")
     cmp.add_argument("--sweep", metavar="SWEEP_ID", help="compare the runs of a sweep")
     cmp.add_argument("--baseline", type=int, metavar="ID", help="speed-ups against this run (default: the first)")
@@ -48,9 +51,10 @@ def add_parser(sub: Any, db_option: Callable[[argparse.ArgumentParser], None]) -
                                        "field values), stored under one sweep id, then compare. For ddp/fsdp "
                                        "with N processes the micro-batch is divided by N when it divides "
                                        "evenly, so that every run trains the same global batch.")
+    one_line_errors(sweep)
     sweep.add_argument("recipe", type=Path)
     sweep.add_argument("--strategies", default="single,mp,ddp,fsdp", help="comma-separated (default: all four)")
-    sweep.add_argument("--nproc", type=int, help="processes for ddp/fsdp (default: GPUs visible, at least 2)")
+    sweep.add_argument("--nproc", type=positive_int, help="processes for ddp/fsdp (default: GPUs visible, at least 2)")
     sweep.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                        help="override a recipe field for every run (repeatable)")
     sweep.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2",
@@ -61,10 +65,25 @@ def add_parser(sub: Any, db_option: Callable[[argparse.ArgumentParser], None]) -
 
 
 def _common(p: argparse.ArgumentParser) -> None:
+    from tui.cmd_estimate import positive_float
+
     p.add_argument("--format", choices=FORMATS, default="text")
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write the comparison here (html: default compare.html)")
     p.add_argument("--plot", action="store_true", help="draw the loss curves in the terminal")
-    p.add_argument("--peak-tflops", type=float, metavar="T", help="peak TFLOP/s per device for MFU (overrides the table)")
+    p.add_argument("--peak-tflops", type=positive_float, metavar="T", help="peak TFLOP/s per device for MFU (overrides the table)")
+
+
+def _output(args: argparse.Namespace) -> Path | None:
+    """Where the comparison goes (None: stdout); refused up front when its folder is missing, so that a
+    sweep does not train for minutes and then fail to write."""
+    out: Path | None = args.output
+    if args.format == "html" and out is None:
+        out = Path("compare.html")
+    if out is not None and not out.parent.is_dir():
+        raise _Usage(f"-o/--output {out}: folder {out.parent} does not exist")
+    if out is not None and out.is_dir():
+        raise _Usage(f"-o/--output {out}: is a folder; give a file name")
+    return out
 
 
 def _emit(args: argparse.Namespace, cmp: Any) -> None:
@@ -73,22 +92,23 @@ def _emit(args: argparse.Namespace, cmp: Any) -> None:
     from tui import compare_report as rep
 
     console = Console(highlight=False)
-    out = args.output
-    if args.format == "html" and out is None:
-        out = Path("compare.html")
-    if args.format == "text":
-        if out is not None:
-            with out.open("w") as fh:
-                Console(file=fh, width=160, highlight=False).print(rep.rich_table(cmp))
+    out = _output(args)
+    try:
+        if args.format == "text":
+            if out is not None:
+                with out.open("w") as fh:
+                    Console(file=fh, width=160, highlight=False).print(rep.rich_table(cmp))
+            else:
+                console.print(rep.rich_table(cmp))
         else:
-            console.print(rep.rich_table(cmp))
-    else:
-        text = rep.RENDERERS[args.format](cmp)
-        if out is not None:
-            out.write_text(text)
-            console.print(f"wrote {out}", markup=False)
-        else:
-            print(text)
+            text = rep.RENDERERS[args.format](cmp)
+            if out is not None:
+                out.write_text(text)
+                console.print(f"wrote {out}", markup=False)
+            else:
+                print(text)
+    except OSError as exc:
+        raise _Usage(f"-o/--output {out}: cannot write ({exc.strerror or exc})") from None
     if args.plot:
         console.print(rep.loss_plot(cmp, width=max(20, min(100, console.width - 12))))
 
@@ -103,6 +123,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from runner.compare import load_comparison, sweep_run_ids
 
+    _output(args)
     store = _store(args)
     ids = list(args.run_ids)
     if args.sweep:
@@ -112,6 +133,8 @@ def _compare(args: argparse.Namespace) -> int:
             raise _Usage(f"--sweep {args.sweep}: no runs with that sweep id in {store.url}")
     if not ids:
         raise _Usage("compare: give RUN_IDs or --sweep SWEEP_ID")
+    if args.baseline is not None and args.baseline not in ids:
+        raise _Usage(f"--baseline {args.baseline}: not one of the compared runs ({', '.join(map(str, ids))})")
     try:
         cmp = load_comparison(store, ids, baseline_id=args.baseline, peak_tflops=args.peak_tflops,
                               sweep_id=args.sweep, with_samples=args.format == "html")
@@ -137,6 +160,7 @@ def _sweep(args: argparse.Namespace) -> int:
     from runner.recipe import RecipeError
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    _output(args)
     try:
         items = sw.plan(args.recipe, strategies, args.nproc, args.overrides, args.grid,
                         default_nproc=max(2, cuda_device_count()))

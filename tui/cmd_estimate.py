@@ -8,15 +8,50 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
 ALL_STRATEGIES = ["single", "mp", "ddp", "fsdp", "zero1", "zero2", "zero3"]
+DEFAULT_RESERVE = "1GiB"
+"""Per GPU, for the CUDA context, NCCL and allocator slack (why 1 GiB: docs/memory-model.md)."""
+SHAPE_FLAGS = ("params", "layers", "hidden", "heads", "kv_heads", "intermediate", "vocab")
 
 
-class _Usage(Exception):
-    pass
+def positive_int(text: str) -> int:
+    """An argparse type: an integer above 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number above 0, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number above 0 (``7.5e9``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number above 0, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
+    return value
+
+
+def one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Make ``parser`` report bad flags as one line naming the flag, exit code 2 (the project's rule for bad
+    input), instead of argparse's usage block."""
+
+    def error(message: str) -> NoReturn:
+        print(f"ftui: {parser.prog.removeprefix('ftui ')}: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+    parser.error = error  # type: ignore[method-assign]
+    return parser
 
 
 def add_parser(sub: Any, db_option: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -24,24 +59,36 @@ def add_parser(sub: Any, db_option: Callable[[argparse.ArgumentParser], None]) -
         "estimate",
         help="estimate GPU memory per device for every strategy, and recommend one",
         description="Estimate the memory of a fine-tuning run per device (weights, grads, optimizer, "
-        "fp32 master, activations) under every strategy, and recommend one. From a recipe, or from a "
-        "raw size (--params). Every figure is an estimate; --probe measures with short real runs.",
+        "fp32 master, activations, buffers, reserve) under every strategy, and recommend one. From a recipe, "
+        "a model (--model), or a raw size (--params). Every figure is an estimate; --probe measures with "
+        "short real runs.",
     )
-    p.add_argument("recipe", nargs="?", type=Path, help="recipe TOML file (or give --params)")
-    p.add_argument("--params", type=float, help="total parameters, e.g. 7.5e9 (instead of a recipe)")
-    p.add_argument("--layers", type=int, help="decoder layers (with --params)")
-    p.add_argument("--hidden", type=int, help="hidden size (with --params)")
+    one_line_errors(p)
+    p.add_argument("recipe", nargs="?", type=Path, help="recipe TOML file (or give --model or --params)")
+    p.add_argument("--model", metavar="NAME",
+                   help="a model instead of a recipe: builtin:tiny-llama, a local folder or a hub id")
+    p.add_argument("--params", type=positive_float, help="total parameters, e.g. 7.5e9 (instead of a recipe)")
+    p.add_argument("--layers", type=positive_int, help="decoder layers (with --params)")
+    p.add_argument("--hidden", type=positive_int, help="hidden size (with --params)")
+    p.add_argument("--heads", type=positive_int, help="attention heads (with --params)")
+    p.add_argument("--kv-heads", type=positive_int, help="key/value heads (with --params; default: --heads)")
+    p.add_argument("--intermediate", type=positive_int, help="MLP intermediate size (with --params)")
+    p.add_argument("--vocab", type=positive_int, help="vocabulary size (with --params)")
     p.add_argument("--method", choices=["full", "lora", "qlora"], help="default: the recipe's, else full")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], help="default: the recipe's, else bf16")
     p.add_argument("--strategy", choices=ALL_STRATEGIES, action="append",
                    help="strategies to show (repeatable; default: all)")
-    p.add_argument("--gpus", type=int, help="GPUs available (default: NVML count, else the recipe's nproc, else 1)")
+    p.add_argument("--gpus", type=positive_int,
+                   help="GPUs available (default: NVML count, else the recipe's nproc, else 1)")
     p.add_argument("--gpu-mem", metavar="SIZE", help="memory of one GPU, e.g. 48GiB (default: NVML)")
-    p.add_argument("--micro-batch", type=int, help="sequences per device per step")
-    p.add_argument("--seq", type=int, help="tokens per sequence")
+    p.add_argument("--reserve", metavar="SIZE",
+                   help=f"per GPU, for the CUDA context and allocator (default {DEFAULT_RESERVE}; 0 for none)")
+    p.add_argument("--micro-batch", type=positive_int, help="sequences per device per step")
+    p.add_argument("--seq", type=positive_int, help="tokens per sequence")
     p.add_argument("--grad-ckpt", action="store_true", default=None, help="gradient checkpointing")
     p.add_argument("--offload-optimizer", action="store_true", help="optimizer states on the host")
-    p.add_argument("--lora-r", type=int, help="LoRA rank (with --params; default 8)")
+    p.add_argument("--offload-params", action="store_true", help="weights on the host (zero3/fsdp offload)")
+    p.add_argument("--lora-r", type=positive_int, help="LoRA rank (default: the recipe's, else 8)")
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.add_argument("--probe", action="store_true",
                    help="find the largest micro-batch with short real runs of the recipe (batch-size finder)")
@@ -76,15 +123,36 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
     if args.probe:
         return _probe(args)
-    if args.recipe is None and args.params is None:
-        _fail("estimate: give a recipe file or --params N")
+    shape_flags = [f"--{f.replace('_', '-')}" for f in SHAPE_FLAGS if getattr(args, f) is not None]
+    if args.recipe is not None and (shape_flags or args.model):
+        _fail(f"estimate: {', '.join(shape_flags or ['--model'])} cannot be combined with a recipe (the recipe "
+              "names its model); give one or the other")
+    if args.model and shape_flags:
+        _fail(f"estimate: {', '.join(shape_flags)} cannot be combined with --model (its config gives the sizes)")
+    if args.recipe is None and args.model is None and args.params is None:
+        _fail("estimate: give a recipe file, --model NAME or --params N"
+              + (f" ({', '.join(shape_flags)} {'needs' if len(shape_flags) == 1 else 'need'} --params)"
+                 if shape_flags else ""))
     notes: list[str] = []
     recipe = None
     if args.params is not None:
-        shape = E.shape_from_params(args.params, layers=args.layers, hidden=args.hidden)
+        try:
+            shape = E.shape_from_params(args.params, layers=args.layers, hidden=args.hidden, heads=args.heads,
+                                        kv_heads=args.kv_heads, intermediate=args.intermediate, vocab=args.vocab)
+        except ValueError as exc:
+            return _fail(f"--params: {exc}")
         notes.append(f"model: {args.params:.3g} parameters, Llama-like shape ({shape.layers} layers, hidden "
-                     f"{shape.hidden}; sizes approximate)")
+                     f"{shape.hidden}, {shape.heads} heads, {shape.kv_heads} kv heads, intermediate "
+                     f"{shape.intermediate}, vocabulary {shape.vocab}; sizes not given are approximate)")
         inp = E.EstimateInput(shape, method=args.method or "full", precision=args.precision or "bf16",
+                              lora_r=args.lora_r or 8)
+    elif args.model is not None:
+        try:
+            source = E.resolve_model_shape(args.model)
+        except ValueError as exc:
+            return _fail(f"--model: {exc}")
+        notes.append(f"model: {source.note}")
+        inp = E.EstimateInput(source.shape, method=args.method or "full", precision=args.precision or "bf16",
                               lora_r=args.lora_r or 8)
     else:
         from runner.recipe import RecipeError, load_recipe
@@ -92,8 +160,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         try:
             recipe = load_recipe(args.recipe)
             source = E.resolve_model_shape(recipe.model.name)
-        except (RecipeError, ValueError) as exc:
-            return _fail(f"{args.recipe}: {exc}")
+        except (RecipeError, ValueError, OSError) as exc:
+            return _fail(str(exc) if str(exc).startswith(str(args.recipe)) else f"{args.recipe}: {exc}")
         notes.append(f"model: {source.note}")
         inp = E.inputs_from_recipe(recipe, shape=source.shape)
         if args.method and args.method != inp.method:
@@ -102,14 +170,25 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         if args.precision:
             inp = replace(inp, precision=args.precision, param_dtype=E.recipe_param_dtype(
                 recipe.model.dtype, inp.method, args.precision))
-    if args.micro_batch:
+        if args.lora_r is not None:
+            inp = replace(inp, lora_r=args.lora_r)
+    if args.micro_batch is not None:
         inp = replace(inp, micro_batch=args.micro_batch)
-    if args.seq:
+    if args.seq is not None:
         inp = replace(inp, seq_len=args.seq)
     if args.grad_ckpt:
         inp = replace(inp, gradient_checkpointing=True)
     if args.offload_optimizer:
         inp = replace(inp, offload_optimizer=True)
+    if args.offload_params:
+        inp = replace(inp, offload_params=True)
+    try:
+        reserve = E.parse_bytes(args.reserve or DEFAULT_RESERVE, allow_zero=True)
+    except ValueError as exc:
+        return _fail(f"--reserve: {exc}")
+    inp = replace(inp, reserve_bytes=reserve)
+    notes.append(f"reserve: {reserve / E.GIB:.1f} GiB per GPU for the CUDA context, NCCL and allocator slack "
+                 + ("(--reserve)" if args.reserve else f"(default {DEFAULT_RESERVE}; --reserve to change)"))
 
     nvml = _nvml_gpus()
     if args.gpu_mem:
@@ -138,14 +217,17 @@ def _print_text(report: dict[str, Any], inp: Any, gpu_mem: int, n_gpus: int, not
     from rich.table import Table
     from rich.text import Text
 
+    from runner import estimate as E
     from tui.report import fmt_bytes
 
-    con = Console(highlight=False, width=max(Console().width, 110))
+    con = Console(highlight=False, width=max(Console().width, 140))
     title = (f"ESTIMATED memory per device · {inp.method} · {inp.precision} · micro-batch {inp.micro_batch} × "
              f"{inp.seq_len} tokens{' · grad ckpt' if inp.gradient_checkpointing else ''} · {n_gpus} GPU(s) of "
              f"{fmt_bytes(gpu_mem)}")
-    table = Table(title=title, caption="every figure is estimated (runner.estimate; docs/memory-model.md)")
-    cols = ("strategy", "params", "grads", "optimizer", "master", "activations", "total", "fits", "GPUs needed")
+    table = Table(title=title, caption="every figure is estimated (runner.estimate; docs/memory-model.md); "
+                  "buffers: autocast's 16-bit weight copies, or the gathered layer under zero3/fsdp")
+    parts = E.PARTS
+    cols = ("strategy", *parts, "total", "fits", "GPUs needed")
     for col in cols:
         table.add_column(col, justify="left" if col == "strategy" else "right", no_wrap=True)
     rec = report["recommendation"]["strategy"]
@@ -153,7 +235,7 @@ def _print_text(report: dict[str, Any], inp: Any, gpu_mem: int, n_gpus: int, not
         b = entry["per_device_bytes"]
         table.add_row(
             Text(name + (" ★" if name == rec else ""), style="bold" if name == rec else ""),
-            *(fmt_bytes(b[k]) for k in ("params", "grads", "optimizer", "master", "activations", "total")),
+            *(fmt_bytes(b[k]) for k in (*parts, "total")),
             Text("yes", style="green") if entry["fits"] else Text("no", style="red"),
             "-" if entry["gpus_needed"] is None else str(entry["gpus_needed"]),
         )

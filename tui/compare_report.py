@@ -71,6 +71,7 @@ def sources(cmp: Comparison) -> list[str]:
     peaks = sorted({r.peak_source for r in cmp.rows if r.peak_source})
     if peaks:
         out.append("MFU: (6N_trainable + 4N_frozen + 12*L*H*Q*T) x tokens/s / (peak x devices), N without the input embedding (a lookup); peak: " + "; ".join(peaks))
+    out += [f"MFU '-' for run {r.run_id}: {r.mfu_note}" for r in cmp.rows if r.mfu_note]
     mem = sorted({r.mem_measured_source for r in cmp.rows if r.mem_measured is not None})
     if mem:
         out.append("peak mem measured: " + "; ".join(mem))

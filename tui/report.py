@@ -118,14 +118,19 @@ ESTIMATE_KINDS = (("params", "param_bytes"), ("grads", "grad_bytes"), ("optimize
 
 def estimate_vs_measured(summary: dict[str, Any]) -> list[tuple[str, int, float | None, float | None]]:
     """(kind, estimated bytes per device, measured bytes (mean over ranks), error in percent) for params,
-    grads, optimizer and activations; empty when the run has no estimate."""
+    grads, optimizer and activations; empty when the run has no estimate.
+
+    Activations compare like with like: the trainer measures what one forward saves for backward, so the
+    estimate's ``activations_stored`` is used (not the peak, which adds the layer checkpointing recomputes);
+    estimates stored before that key existed fall back to ``activations``."""
     per_device = (summary.get("estimate") or {}).get("per_device_bytes")
     if not per_device:
         return []
     ranks = summary.get("ranks") or []
     out: list[tuple[str, int, float | None, float | None]] = []
     for kind, key in ESTIMATE_KINDS:
-        est = int(per_device.get(kind) or 0) + (int(per_device.get("master") or 0) if kind == "optimizer" else 0)
+        key_est = "activations_stored" if kind == "activations" and "activations_stored" in per_device else kind
+        est = int(per_device.get(key_est) or 0) + (int(per_device.get("master") or 0) if kind == "optimizer" else 0)
         values = [r[key] for r in ranks if r.get(key) is not None]
         measured = sum(values) / len(values) if values else None
         err = (est - measured) / measured * 100 if measured else None
@@ -139,7 +144,7 @@ def estimate_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
     for kind, est, measured, err in estimate_vs_measured(summary):
         value = f"{fmt_bytes(est)} est. / {fmt_bytes(measured)} meas."
         note = "estimated (runner.estimate) vs measured " + (
-            "(activations: saved tensors, one forward)" if kind == "activations" else "(tensor bytes)")
+            "(activations: saved tensors of one forward, both sides)" if kind == "activations" else "(tensor bytes)")
         if n > 1:
             note += f", mean of {n} ranks"
         rows.append((f"{kind} per device", value + ("" if err is None else f" ({err:+.1f}%)"), note))
