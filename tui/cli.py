@@ -227,6 +227,11 @@ def _gpu_warnings(recipe: Any, fake_gpus: int = 0) -> list[str]:
     if count == 0 or recipe.launch.device == "cpu":
         return []
     need = estimate_summary(recipe).get("per_device_bytes", {}).get("total")
+    if need is not None:  # plus what ftui estimate reserves per GPU (CUDA context, NCCL, allocator slack)
+        from runner.estimate import parse_bytes
+        from tui.cmd_estimate import DEFAULT_RESERVE
+
+        need += parse_bytes(DEFAULT_RESERVE)
     visible = ",".join(map(str, recipe.launch.gpus)) if recipe.launch.gpus is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
     mapping = visible_mapping(visible, count)[: recipe.launch.nproc if recipe.launch.strategy != "mp" else None]
     notes = ["GPUs (CUDA index -> physical): " + ", ".join(f"cuda:{lo} -> GPU {phys}" for lo, phys in mapping)]
