@@ -268,14 +268,15 @@ async def test_launch_monitor_stop_compare(store: Store) -> None:
         assert isinstance(runs, RunsScreen)
         await wait_for(pilot, lambda: any(r.id == launched and r.status == "stopped" for r in runs.runs),
                        what="stopped run in Runs")
-        # select both by keys: newest first, so the launched run is the top row
+        # select both by keys (newest first: the launched run is the top row)
         runs.query_one("#runs-table", DataTable).focus()
-        await pilot.press("home", "space", "down", "space")
+        await pilot.pause()
+        await pilot.press("up", "up", "space", "down", "space")  # to the top row, then mark two rows
         await pilot.pause()
         assert runs.selected == {launched, other}, runs.selected
         await pilot.press("c")
         await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen), what="compare")
         await wait_for(pilot, lambda: app.screen.query_one("#compare-table", DataTable).row_count > 0,
                        what="compare rows")
-        assert_compare(app.screen, [other, launched], ["name", "train.max_steps"])
+        assert_compare(app.screen, [other, launched], ["name", "train.lr", "train.max_steps"])
     await asyncio.sleep(0)
