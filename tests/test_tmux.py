@@ -21,6 +21,6 @@ def test_tmux_drive(tmp_path: Path) -> None:
     if _tmux() is None:
         pytest.skip("tmux is not installed and could not be installed with apt-get")
     seen: list[str] = []
-    timings = drive(tmp_path / "home", steps=4, log=seen.append)
-    assert len(seen) == 6, seen
+    timings = drive(tmp_path / "home", steps=60, log=seen.append)
+    assert len(seen) == 7, seen
     assert timings["first_paint_s"] < 15

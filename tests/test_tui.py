@@ -49,6 +49,23 @@ def add_finished_run(store: Store, name: str, lr: float) -> int:
     return run_id
 
 
+def assert_compare(screen, run_ids: list[int], diff_fields: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """The compare screen shows the figures of ``ftui compare`` (one column per run), where each
+    comes from, only the recipe fields that differ, and the loss against the step."""
+    table = screen.query_one("#compare-table", DataTable)
+    assert [str(c.label).rstrip(" *") for c in table.columns.values()] == ["figure"] + [f"run {i}" for i in run_ids]
+    figures = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+    assert {"tokens/s", "MFU", "final loss", "status"} <= set(figures), figures
+    sources = str(screen.query_one("#compare-sources").render())
+    assert "measured by the trainer" in sources and "sources:" in sources, sources
+    diff = screen.query_one("#diff", DataTable)
+    assert [diff.get_row_at(i)[0] for i in range(diff.row_count)] == diff_fields
+    plot = screen.query_one("#compare-loss")
+    assert plot.x_label == "step" and len(plot.points) == len(run_ids)
+    steps = [x for _name, pts in plot.points for x, _y in pts]
+    assert steps and min(steps) >= 1  # steps as logged, not list positions
+
+
 async def test_runs_screen_filter_sort_tags_note_compare_delete(store: Store) -> None:
     a = add_finished_run(store, "alpha", 1e-3)
     b = add_finished_run(store, "beta", 2e-3)
@@ -74,9 +91,16 @@ async def test_runs_screen_filter_sort_tags_note_compare_delete(store: Store) ->
         # tags and note through the prompts
         await pilot.press("t", *"lr,sweep", "enter")
         await pilot.press("n", *"first try", "enter")
-        await pilot.pause()
-        run = store.get_run(screen.current_id() or 0)
-        assert run is not None and run.tags == ["lr", "sweep"] and run.note == "first try"
+
+        def edited() -> bool:  # written by a thread worker
+            run = store.get_run(screen.current_id() or 0)
+            return run is not None and run.tags == ["lr", "sweep"] and run.note == "first try"
+
+        await wait_for(pilot, edited, what="tags and note saved")
+        await wait_for(pilot, lambda: "lr,sweep" in [str(table.get_row_at(i)[-1]) for i in range(table.row_count)],
+                       what="tags shown")
+        # the palette lists the runs the screen loaded (no store read per keystroke)
+        assert {r.id for r in app.runs} == {a, b}
         # select both, compare
         await pilot.press("space", "up", "space")
         await pilot.pause()
@@ -84,9 +108,7 @@ async def test_runs_screen_filter_sort_tags_note_compare_delete(store: Store) ->
         await pilot.press("c")
         await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen), what="compare screen")
         await wait_for(pilot, lambda: app.screen.query_one("#diff", DataTable).row_count > 0, what="diff")
-        diff = app.screen.query_one("#diff", DataTable)
-        fields = [diff.get_row_at(i)[0] for i in range(diff.row_count)]
-        assert fields == ["name", "train.lr"]
+        assert_compare(app.screen, [a, b], ["name", "train.lr"])
         await pilot.press("escape")
         # delete with confirmation (n keeps it, y deletes)
         await pilot.press("d", "n")
@@ -125,7 +147,42 @@ async def test_compose_validates_as_you_type(store: Store) -> None:
         await pilot.pause()
         assert screen.valid
         assert "accelerate.commands.launch" in str(screen.query_one("#preview").render())
-        assert "recommended" in str(screen.query_one("#estimate").render())
+        # the estimate comes from a thread worker (debounced): runner.estimate via the model's config
+        await wait_for(pilot, lambda: "recommended" in str(screen.query_one("#estimate").render()), what="estimate")
+        assert "builtin config" in str(screen.query_one("#estimate").render())
+        # an invalid form does not keep showing the last valid command
+        batch.value = "0"
+        await pilot.pause()
+        preview = str(screen.query_one("#preview").render())
+        assert "accelerate" not in preview and "waiting for the fields in red" in preview
+        assert str(screen.query_one("#estimate").render()) == ""
+        batch.value = "4"
+        await pilot.pause()
+        assert "accelerate.commands.launch" in str(screen.query_one("#preview").render())
+        # device and gradient checkpointing are fields too (a TOML boolean, not the string "true")
+        screen.query_one("#" + field_id("launch.device")).value = "cpu"
+        screen.query_one("#" + field_id("train.gradient_checkpointing")).value = "true"
+        await pilot.pause()
+        assert screen.valid and screen.recipe is not None
+        assert screen.recipe.launch.device == "cpu" and screen.recipe.train.gradient_checkpointing is True
+
+
+async def test_monitor_logs_toggle_at_80_columns(store: Store) -> None:
+    """Under 100 columns the rank logs are hidden; l shows them, l again hides them."""
+    run_id = add_finished_run(store, "alpha", 1e-3)
+    app = make_app(store, refresh_s=0.2, monitor_s=0.2)
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.open_run(run_id)
+        await wait_for(pilot, lambda: isinstance(app.screen, MonitorScreen) and app.screen.snapshot is not None,
+                       what="monitor")
+        logs = app.screen.query_one("#logs")
+        assert not logs.display
+        await pilot.press("l")
+        await pilot.pause()
+        assert logs.display and logs.region.width > 0
+        await pilot.press("l")
+        await pilot.pause()
+        assert not logs.display
 
 
 async def test_compose_palette_goes_to_a_field(store: Store) -> None:
@@ -211,9 +268,15 @@ async def test_launch_monitor_stop_compare(store: Store) -> None:
         assert isinstance(runs, RunsScreen)
         await wait_for(pilot, lambda: any(r.id == launched and r.status == "stopped" for r in runs.runs),
                        what="stopped run in Runs")
-        runs.selected = frozenset({launched, other})
+        # select both by keys (newest first: the launched run is the top row)
+        runs.query_one("#runs-table", DataTable).focus()
+        await pilot.pause()
+        await pilot.press("up", "up", "space", "down", "space")  # to the top row, then mark two rows
+        await pilot.pause()
+        assert runs.selected == {launched, other}, runs.selected
         await pilot.press("c")
         await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen), what="compare")
-        await wait_for(pilot, lambda: app.screen.query_one("#compare-table", DataTable).row_count == 2,
+        await wait_for(pilot, lambda: app.screen.query_one("#compare-table", DataTable).row_count > 0,
                        what="compare rows")
+        assert_compare(app.screen, [other, launched], ["name", "train.lr", "train.max_steps"])
     await asyncio.sleep(0)

@@ -110,6 +110,20 @@ def test_compose(snap_compare, store: Store, size) -> None:  # type: ignore[no-u
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_compose_valid(snap_compare, store: Store, size) -> None:  # type: ignore[no-untyped-def]
+    """A valid form: the launch command, and the estimate from its thread worker (scrollable at 80x24)."""
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        await pilot.press("2")
+        for _ in range(100):
+            if "recommended" in str(pilot.app.screen.query_one("#estimate").render()):
+                break
+            await pilot.pause(0.1)
+        await settle(pilot)
+
+    assert snap_compare(app_for(store), terminal_size=size, run_before=before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("run_id", [1, 4], ids=["cpu", "8gpu"])
 def test_monitor(snap_compare, store: Store, size, run_id) -> None:  # type: ignore[no-untyped-def]
     async def before(pilot) -> None:  # type: ignore[no-untyped-def]
@@ -129,6 +143,10 @@ def test_compare(snap_compare, store: Store, size) -> None:  # type: ignore[no-u
     async def before(pilot) -> None:  # type: ignore[no-untyped-def]
         await settle(pilot)
         await pilot.press("space", "down", "space", "down", "space", "c")
+        for _ in range(100):  # the comparison lands from a thread worker
+            if getattr(pilot.app.screen, "comparison", None) is not None:
+                break
+            await pilot.pause(0.1)
         await settle(pilot)
 
     assert snap_compare(app_for(store), terminal_size=size, run_before=before)

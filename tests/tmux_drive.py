@@ -1,7 +1,8 @@
-"""Drive ``ftui`` in tmux as a person would: open it, compose quickstart with a few steps, launch,
-watch the monitor, quit while the run goes on, reopen and find the run (re-attach = read the store).
+"""Drive ``ftui`` in tmux as a person would: open it, compose quickstart, launch, watch the monitor,
+quit while the run is still running, reopen, open the run while it still runs and see its step count
+advance (a live re-attach = reading the store again), then stop it from the monitor.
 
-    python tests/tmux_drive.py [--home DIR] [--steps 4]
+    python tests/tmux_drive.py [--home DIR] [--steps 60]
 
 Prints what it saw and the first-paint time; exits non-zero when a step fails.
 """
@@ -71,7 +72,7 @@ class Tmux:
         subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
 
 
-def drive(home: Path, steps: int = 4, log=print) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def drive(home: Path, steps: int = 60, log=print) -> dict[str, float]:  # type: ignore[no-untyped-def]
     home.mkdir(parents=True, exist_ok=True)
     env = {"FTUI_HOME": str(home), "FTUI_DB": f"sqlite:///{home / 'ftui.db'}", "PYTHONPATH": str(ROOT),
            "TERM": "xterm-256color", "PATH": os.environ.get("PATH", "")}
@@ -96,7 +97,8 @@ def drive(home: Path, steps: int = 4, log=print) -> dict[str, float]:  # type: i
         time.sleep(0.2)
         tmux.keys("C-e", "C-u")
         tmux.text(str(steps))
-        screen = tmux.wait(rf"max steps\W+{steps}\b", timeout=10)
+        # The value's line is beside the label, or one above it when the form scrolled the field into view.
+        screen = tmux.wait(rf"max steps\W+{steps}\b|▊\s+{steps}\s+▎[^\n]*\nmax steps", timeout=10)
         assert "✓ valid recipe" in screen, screen
         log(f"2. Compose: quickstart with max steps {steps}, valid; launch preview shown")
 
@@ -107,20 +109,36 @@ def drive(home: Path, steps: int = 4, log=print) -> dict[str, float]:  # type: i
         # psutil-labelled header.
         screen = tmux.wait(r"rank 0 \(CPU process\)|\(psutil\)[\s\S]*\brank 0\b", timeout=120)
         log(f"3. Monitor of run {run_id}: device rows from psutil")
+        progress = rf"run {run_id} quickstart\s+(\w+)\s.*?step (\d+)/{steps}"
+        screen = tmux.wait(rf"run {run_id} quickstart\s+running\s.*?step [1-9]\d*/{steps}", timeout=120)
+        status, step = re.search(progress, screen).groups()  # type: ignore[union-attr]
+        assert status == "running", screen
         tmux.keys("q")
         time.sleep(1.0)
         tmux.kill()
-        log("4. quit ftui (the run is detached and goes on)")
+        log(f"4. quit ftui while run {run_id} was running (step {step}/{steps}); it is detached and goes on")
 
         tmux = Tmux(f"ftui-drive2-{os.getpid()}", env)
         started = tmux.start(command)
         screen = tmux.wait(rf"\b{run_id}\s+quickstart", timeout=30)
         timings["reopen_paint_s"] = time.monotonic() - started
-        screen = tmux.wait(rf"\b{run_id}\s+quickstart\s+single\s+lora\s+completed", timeout=180)
-        log(f"5. reopened: run {run_id} is in Runs, completed (read back from the store)")
+        screen = tmux.wait(rf"\b{run_id}\s+quickstart\s+single\s+lora\s+\w+", timeout=10)
+        assert re.search(rf"\b{run_id}\s+quickstart\s+single\s+lora\s+running", screen), screen
+        log(f"5. reopened: run {run_id} is in Runs, still running (read back from the store)")
         tmux.keys("Enter")
-        screen = tmux.wait(rf"step {steps}/{steps}", timeout=30)
-        log(f"6. its monitor shows step {steps}/{steps}")
+        screen = tmux.wait(progress, timeout=30)
+        first = int(re.search(progress, screen).group(2))  # type: ignore[union-attr]
+        deadline = time.monotonic() + 60
+        now = first
+        while now <= first and time.monotonic() < deadline:
+            time.sleep(0.3)
+            match = re.search(progress, tmux.screen())
+            now = int(match.group(2)) if match else now
+        assert now > first, f"the step count stayed at {first}; screen:\n{tmux.screen()}"
+        log(f"6. its monitor follows it live: step {first} -> {now} of {steps}")
+        tmux.keys("s")
+        tmux.wait(rf"run {run_id} quickstart\s+(stopped|completed)", timeout=60)
+        log(f"7. stopped run {run_id} from the monitor (s)")
         tmux.keys("Escape", "q")
     finally:
         tmux.kill()
@@ -130,7 +148,7 @@ def drive(home: Path, steps: int = 4, log=print) -> dict[str, float]:  # type: i
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--home", type=Path)
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=60)
     args = parser.parse_args()
     home = args.home or Path(tempfile.mkdtemp(prefix="ftui-tmux-"))
     try:

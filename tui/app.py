@@ -8,14 +8,13 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from rich.text import Text
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
-from store import Store
+from store import RunInfo, Store
 from store.store import utcnow
-from tui.messages import CompareRuns, LaunchFailed, OpenRun, RunLaunched
+from tui.messages import CompareRuns, LaunchFailed, Notice, OpenRun, RunLaunched
 from tui.screens.compare import CompareScreen
 from tui.screens.compose import FIELDS, ComposeScreen
 from tui.screens.monitor import MonitorScreen
@@ -48,6 +47,8 @@ class FtuiApp(App[int]):
         self.monitor_s = monitor_s
         self.python = python
         """The interpreter runs are launched with (shown in the Compose preview)."""
+        self.runs: list[RunInfo] = []
+        """The latest list the Runs screen loaded (the palette's "Open run" commands; no DB read per key)."""
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
@@ -57,7 +58,7 @@ class FtuiApp(App[int]):
             for field in FIELDS:
                 yield SystemCommand(f"Go to field: {field.label}", field.path,
                                     lambda path=field.path: screen.focus_field(path))
-        for run in self.store.list_runs()[:20]:
+        for run in self.runs[:20]:
             yield SystemCommand(f"Open run {run.id} {run.name}", f"{run.status} · {run.strategy}",
                                 lambda run_id=run.id: self.open_run(run_id))
 
@@ -76,6 +77,9 @@ class FtuiApp(App[int]):
     def on_launch_failed(self, message: LaunchFailed) -> None:
         self.notify(message.error, severity="error", timeout=8)
 
+    def on_notice(self, message: Notice) -> None:
+        self.notify(message.text, severity=message.severity)  # type: ignore[arg-type]
+
     def on_compare_runs(self, message: CompareRuns) -> None:
         self.push_screen(CompareScreen(message.run_ids))
 
@@ -83,9 +87,6 @@ class FtuiApp(App[int]):
 
     def cpu_threads(self, recipe: Any) -> int | None:
         return _cpu_threads(recipe.launch.nproc, recipe.launch.device)
-
-    def estimate_text(self, recipe: Any) -> Text:
-        return estimate_text(recipe, self.probe)
 
 
 @lru_cache(maxsize=32)
@@ -96,42 +97,6 @@ def _cpu_threads(nproc: int, device: str) -> int | None:
     strategy = "single" if nproc == 1 else "fsdp"
     return orchestrator.cpu_threads(Recipe.model_validate({"launch": {"nproc": nproc, "device": device,
                                                                      "strategy": strategy}}))
-
-
-@lru_cache(maxsize=1)
-def _tiny_shape() -> Any:
-    from runner.builtin import tiny_llama_config
-    from runner.estimate import shape_from_config
-
-    return shape_from_config(tiny_llama_config())
-
-
-def estimate_text(recipe: Any, probe: Any) -> Text:
-    """Memory per device for the recipe (builtin model only) and the recommended strategy."""
-    from tui.report import fmt_bytes
-
-    if not recipe.model.name.startswith("builtin:"):
-        return Text("memory estimate: only for the builtin model here (the planner needs the model config)",
-                    style="dim")
-    from runner.estimate import EstimateInput, estimate_report
-
-    gpus = probe.nvml.gpu_infos() if probe is not None else []
-    gpu_mem = next((g.mem_total for g in gpus if getattr(g, "mem_total", None)), None)
-    n = max(1, len(gpus))
-    inp = EstimateInput(shape=_tiny_shape(), method=recipe.method.type, precision=recipe.train.precision,
-                        micro_batch=recipe.train.batch_size, seq_len=recipe.data.context_length,
-                        gradient_checkpointing=recipe.train.gradient_checkpointing, lora_r=recipe.method.lora.r,
-                        lora_targets=tuple(recipe.method.lora.target_modules))
-    report = estimate_report(inp, gpu_mem or 80 * 2**30, n if gpus else max(n, recipe.launch.nproc),
-                             strategies=("single", "ddp", "fsdp"))
-    where = f"{n} GPU(s) of {fmt_bytes(gpu_mem)}" if gpu_mem else "no GPU here: a nominal 80 GiB GPU"
-    out = Text.assemble(("memory per device (estimate, runner.estimate)", "bold"), f" for {where}\n")
-    for name, entry in report["strategies"].items():
-        mark = "✓" if entry["fits"] else "✗"
-        out.append(f"  {mark} {name:<6} {fmt_bytes(entry['per_device_bytes']['total'])}\n")
-    rec = report["recommendation"]
-    out.append(f"recommended: {rec['strategy'] or 'none'}: {rec['reason']}")
-    return out
 
 
 def make_app(store: Store, probe: Any = None, fake_gpus: int = 0, **kwargs: Any) -> FtuiApp:

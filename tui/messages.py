@@ -11,6 +11,7 @@ from typing import Any
 
 from textual.message import Message
 
+from runner.compare import Comparison
 from store import RunInfo
 
 
@@ -115,7 +116,22 @@ class CompareRuns(Message):
 
 @dataclass
 class CompareLoaded(Message, bubble=False):
-    """The runs to compare and their loss curves, read from the store."""
+    """The comparison of the selected runs (``runner.compare.load_comparison``), or why there is none."""
 
-    runs: list[RunInfo]
-    losses: dict[int, list[float]]
+    comparison: Comparison | None
+    error: str = ""
+
+
+@dataclass
+class EstimateReady(Message, bubble=False):
+    """The memory estimate and recommendation for the recipe in the Compose form (rich text)."""
+
+    text: Any
+
+
+@dataclass
+class Notice(Message):
+    """One line for the user from a worker (the app shows it as a notification)."""
+
+    text: str
+    severity: str = "information"

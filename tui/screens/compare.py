@@ -1,33 +1,44 @@
-"""The Compare screen: the selected runs side by side, the recipe fields that differ, loss curves."""
+"""The Compare screen: the selected runs side by side, the same figures and sources as
+``ftui compare`` (``runner.compare.load_comparison`` rendered with ``tui.compare_report.COLUMNS``),
+the recipe fields that differ, and the loss curves overlaid against the step."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header
+from textual.widgets import DataTable, Footer, Header, Static
 
-from runner.compare import recipe_diff
+from runner.compare import Comparison
+from tui.compare_report import COLUMNS, sources, summary_lines
 from tui.messages import CompareLoaded
-from tui.report import fmt_bytes, fmt_seconds
+from tui.report import STATUS_STYLE
 from tui.widgets.plot import LinePlot
 
 if TYPE_CHECKING:
     from tui.app import FtuiApp
 
+NARROW = {
+    "strategy": "strategy", "devices": "dev", "tokens/s": "tokens/s", "MFU": "MFU",
+    "peak mem/device (measured)": "peak mem", "final loss": "final loss", "status": "status",
+}
+"""Under 100 columns: these figures only, with short labels (every source line is still shown)."""
+
 
 class CompareScreen(Screen[None]):
-    """Compare runs: figures, recipe differences, overlaid loss curves."""
+    """Compare runs: figures (one column per run) with their sources, recipe differences, loss curves."""
 
     BINDINGS = [Binding("escape", "app.pop_screen", "Back")]
 
     def __init__(self, run_ids: list[int]) -> None:
         super().__init__()
         self.run_ids = run_ids
+        self.comparison: Comparison | None = None
 
     @property
     def ftui(self) -> FtuiApp:
@@ -35,8 +46,9 @@ class CompareScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield Header()
-        with Vertical(id="compare"):
+        with VerticalScroll(id="compare"):
             yield DataTable(id="compare-table", cursor_type="none", zebra_stripes=True)
+            yield Static("", id="compare-sources")
             with Horizontal(id="compare-bottom"):
                 yield DataTable(id="diff", cursor_type="none")
                 yield LinePlot(id="compare-loss")
@@ -44,39 +56,72 @@ class CompareScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.title = "compare runs " + ", ".join(map(str, self.run_ids))
+        self.query_one("#compare-sources", Static).update(Text("reading the runs…", style="dim"))
         self.load()
 
     @work(thread=True, exclusive=True, group="compare")
     def load(self) -> None:
-        store = self.ftui.store
-        runs = [r for r in (store.get_run(i) for i in self.run_ids) if r is not None]
-        losses = {r.id: [m.loss for m in store.metrics(r.id) if m.loss is not None] for r in runs}
-        self.post_message(CompareLoaded(runs, losses))
+        from runner.compare import load_comparison
+
+        try:
+            self.post_message(CompareLoaded(load_comparison(self.ftui.store, self.run_ids)))
+        except KeyError as exc:
+            self.post_message(CompareLoaded(None, f"run {exc.args[0]} is not in the store"))
+        except Exception as exc:  # noqa: BLE001 (a busy database: one line instead of a crash)
+            self.post_message(CompareLoaded(None, f"store: {exc}"))
 
     def on_compare_loaded(self, message: CompareLoaded) -> None:
-        runs, losses = message.runs, message.losses
+        self.comparison = message.comparison
+        if message.comparison is None:
+            self.query_one("#compare-sources", Static).update(Text(message.error, style="red"))
+            return
+        self.render_comparison()
+
+    def on_resize(self) -> None:
+        self.render_comparison()
+
+    @property
+    def narrow(self) -> bool:
+        return self.app.size.width < 100
+
+    def render_comparison(self) -> None:
+        cmp = self.comparison
+        if cmp is None or not self.is_mounted:
+            return
+        # Figures down, one column per run (as ``ftui compare`` prints them); the narrow subset at 80
+        # columns keeps the table free of sideways scrolling for three or four runs.
         table = self.query_one("#compare-table", DataTable)
         table.clear(columns=True)
-        for col in ("id", "name", "status", "strategy", "method", "nproc", "train time", "tokens/s",
-                    "mean util", "final loss", "peak memory"):
-            table.add_column(col, key=col)
-        for r in runs:
-            table.add_row(str(r.id), r.name, r.status, r.strategy, r.method, str(r.nproc),
-                          fmt_seconds(r.train_seconds),
-                          "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
-                          "-" if r.mean_util is None else f"{r.mean_util:.0f}%",
-                          "-" if r.final_loss is None else f"{r.final_loss:.4f}",
-                          fmt_bytes(r.peak_mem_bytes))
+        table.add_column("figure", key="figure")
+        for r in cmp.rows:
+            mark = " *" if r.run_id == cmp.fastest_id else ""
+            table.add_column(f"run {r.run_id}{mark}", key=str(r.run_id))
+        for header, cell in COLUMNS[1:]:
+            label = NARROW.get(header) if self.narrow else header
+            if label is None:
+                continue
+            cells: list[str | Text] = []
+            for r in cmp.rows:
+                text = cell(r)
+                cells.append(Text(text, style=STATUS_STYLE.get(r.status, "")) if header == "status" else text)
+            table.add_row(label, *cells, key=header)
+        lines = Text()
+        if cmp.fastest_id is not None:
+            lines.append(f"* fastest: run {cmp.fastest_id}\n", style="bold")
+        lines.append("sources:\n" + "\n".join(f"  {s}" for s in sources(cmp)) + "\n", style="dim")
+        lines.append("\n".join(summary_lines(cmp)), style="bold")
+        self.query_one("#compare-sources", Static).update(lines)
         diff = self.query_one("#diff", DataTable)
         diff.clear(columns=True)
         diff.add_column("recipe field (differs)", key="field")
-        for r in runs:
-            diff.add_column(f"run {r.id}", key=str(r.id))
-        rows = recipe_diff([r.recipe_text for r in runs])
-        for path, values in rows.items():
-            diff.add_row(path, *values)
-        if not rows:
-            diff.add_row("(recipes identical)", *["" for _ in runs])
+        for r in cmp.rows:
+            diff.add_column(f"run {r.run_id}", key=str(r.run_id))
+        for path, values in cmp.recipe_diff.items():
+            diff.add_row(path, *values, key=path)
+        if not cmp.recipe_diff:
+            diff.add_row("(recipes identical)", *["" for _ in cmp.rows])
         plot = self.query_one("#compare-loss", LinePlot)
-        plot.title = "loss (measured), overlaid"
-        plot.series = [(f"run {r.id}", losses.get(r.id, [])) for r in runs]
+        plot.title = "loss (measured) against step, overlaid"
+        plot.x_label = "step"
+        plot.points = [(f"run {r.run_id}", [(float(s), float(v)) for s, v in cmp.curves.get(r.run_id, [])])
+                       for r in cmp.rows]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,26 +16,29 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, VerticalScroll
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
+from textual.worker import get_current_worker
 
 from runner.recipe import Recipe, RecipeError, parse_recipe
-from tui.messages import LaunchFailed, RunLaunched
+from tui.messages import EstimateReady, LaunchFailed, RunLaunched
 from tui.screens.data import launch_run
 
 if TYPE_CHECKING:
     from tui.app import FtuiApp
 
 PLACEHOLDER_RUN_DIR = Path("<run-dir>")
+ESTIMATE_DEBOUNCE_S = 0.25
+"""The estimate waits this long after the last keystroke (typing does not queue estimates)."""
 
 
 @dataclass(frozen=True)
 class Field:
     path: str
     label: str
-    kind: str  # str, num, list, ints, choice
+    kind: str  # str, num, list, ints, choice, bool
     choices: tuple[str, ...] = ()
 
 
@@ -53,9 +57,11 @@ FIELDS = (
     Field("train.lr", "learning rate", "num"),
     Field("train.max_steps", "max steps", "num"),
     Field("train.precision", "precision", "choice", ("fp32", "bf16", "fp16")),
+    Field("train.gradient_checkpointing", "grad checkpoint", "bool", ("false", "true")),
     Field("launch.strategy", "strategy", "choice", ("single", "mp", "ddp", "fsdp")),
     Field("launch.nproc", "processes", "num"),
     Field("launch.gpus", "GPUs (e.g. 0,1)", "ints"),
+    Field("launch.device", "device", "choice", ("auto", "cpu", "cuda")),
 )
 
 
@@ -73,6 +79,8 @@ def value_of(recipe: Recipe, path: str) -> Any:
 def display(value: Any, kind: str) -> str:
     if value is None:
         return ""
+    if kind == "bool":
+        return "true" if value else "false"
     if kind in ("list", "ints"):
         return ",".join(map(str, value))
     return str(value)
@@ -81,6 +89,8 @@ def display(value: Any, kind: str) -> str:
 def override(field: Field, text: str) -> str | None:
     """The ``--set`` override for a field's text (None: leave the recipe's value)."""
     text = text.strip()
+    if field.kind == "bool":  # a TOML boolean: the validator refuses the string "true"
+        return f"{field.path}={text}"
     if field.kind == "num":
         return f"{field.path}={text}" if text else None
     if field.kind == "list":
@@ -91,6 +101,40 @@ def override(field: Field, text: str) -> str | None:
             return None
         return f"{field.path}=[{', '.join(t.strip() for t in text.split(','))}]"
     return f"{field.path}={json.dumps(text)}"
+
+
+def estimate_text(recipe: Recipe, probe: Any) -> Text:
+    """Memory per device under each strategy and the recommended one, as ``ftui estimate`` computes
+    them (``runner.estimate``; the model's shape from its config, never from the network). Blocking
+    (config files, NVML): call from a worker."""
+    from runner import estimate as E
+    from tui.cmd_estimate import ALL_STRATEGIES
+    from tui.report import fmt_bytes
+
+    try:
+        source = E.resolve_model_shape(recipe.model.name, allow_network=False)
+        inp = E.inputs_from_recipe(recipe, shape=source.shape)
+    except ValueError as exc:
+        return Text(f"memory estimate: none ({exc}; ftui estimate may ask the hub)", style="dim")
+    try:
+        gpus = [int(g.mem_total) for g in (probe.nvml.gpu_infos() if probe is not None else []) if g.mem_total]
+    except Exception:  # noqa: BLE001 (NVML trouble: estimate for a nominal GPU)
+        gpus = []
+    gpu_mem = min(gpus) if gpus else 80 * 2**30
+    n = len(gpus) or recipe.launch.nproc
+    where = f"{len(gpus)} GPU(s) of {fmt_bytes(gpu_mem)} (NVML)" if gpus else f"no GPU here: {n} nominal 80 GiB GPU(s)"
+    report = E.estimate_report(inp, gpu_mem, n, ALL_STRATEGIES)  # type: ignore[arg-type]
+    rec = report["recommendation"]
+    out = Text.assemble(("memory per device (estimated, runner.estimate)", "bold"), f" for {where}\n",
+                        (f"model: {source.note}\n", "dim"))
+    for name, entry in report["strategies"].items():
+        mark = "✓" if entry["fits"] else "✗"
+        star = " ★" if name == rec["strategy"] else ""
+        mine = " (recipe)" if name == recipe.launch.strategy else ""
+        out.append(f"  {mark} {name:<6} {fmt_bytes(entry['per_device_bytes']['total']):>10}{star}{mine}\n",
+                   style="bold" if star else "")
+    out.append(f"★ recommended: {rec['strategy'] or 'none'}: {rec['reason']}")
+    return out
 
 
 def split_error(message: str) -> tuple[str, str]:
@@ -136,13 +180,13 @@ class ComposeScreen(Screen[None]):
                 for f in FIELDS:
                     with Horizontal(classes="field"):
                         yield Label(f.label, classes="field-label")
-                        if f.kind == "choice":
+                        if f.kind in ("choice", "bool"):
                             yield Select([(c, c) for c in f.choices], id=field_id(f.path), allow_blank=False)
                         else:
                             yield Input(id=field_id(f.path))
                         yield Static("", id="err-" + field_id(f.path), classes="field-error")
                 yield Button("Launch (ctrl+l)", id="launch", variant="success")
-            with Vertical(id="side"):
+            with VerticalScroll(id="side"):
                 yield Static("", id="form-status")
                 yield Static("", id="preview")
                 yield Static("", id="estimate")
@@ -165,8 +209,8 @@ class ComposeScreen(Screen[None]):
         with self.prevent(Input.Changed, Select.Changed):
             for f in FIELDS:
                 value = value_of(recipe, f.path)
-                if f.kind == "choice":
-                    self.query_one("#" + field_id(f.path), Select).value = str(value)
+                if f.kind in ("choice", "bool"):
+                    self.query_one("#" + field_id(f.path), Select).value = display(value, f.kind)
                 else:
                     widget = self.query_one("#" + field_id(f.path), Input)
                     widget.value = display(value, f.kind)
@@ -236,6 +280,12 @@ class ComposeScreen(Screen[None]):
         preview = self.query_one("#preview", Static)
         estimate = self.query_one("#estimate", Static)
         if recipe is None:
+            # The last valid command would mislead: say what the preview waits for.
+            wait = Text("launch command and memory estimate: waiting for the fields in red to be fixed",
+                        style="dim italic")
+            preview.update(wait)
+            estimate.update("")
+            self.estimate_memory(None)
             return
         from runner.launch import build_launch
 
@@ -244,7 +294,25 @@ class ComposeScreen(Screen[None]):
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items())
         preview.update(Text.assemble(("launch command", "bold"), " (run folder and port are set at launch)\n",
                                      f"{env} {shlex.join(spec.argv)}"))
-        estimate.update(self.ftui.estimate_text(recipe))
+        self.estimate_memory(recipe)
+
+    @work(thread=True, exclusive=True, group="estimate")
+    def estimate_memory(self, recipe: Recipe | None) -> None:
+        """Estimate in a thread (the model's config may be read from disk, NVML is asked for the GPUs);
+        exclusive and debounced, so that only the form's latest state is estimated."""
+        worker = get_current_worker()
+        if recipe is None:
+            return
+        time.sleep(ESTIMATE_DEBOUNCE_S)
+        if worker.is_cancelled:
+            return
+        text = estimate_text(recipe, self.ftui.probe)
+        if not worker.is_cancelled:
+            self.post_message(EstimateReady(text))
+
+    def on_estimate_ready(self, message: EstimateReady) -> None:
+        if self.valid:
+            self.query_one("#estimate", Static).update(message.text)
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id and event.input.id.startswith("f-"):

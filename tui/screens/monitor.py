@@ -17,7 +17,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 from textual.worker import get_current_worker
 
-from tui.messages import MonitorSnapshot, MonitorUpdate
+from tui.messages import MonitorSnapshot, MonitorUpdate, Notice
 from tui.report import STATUS_STYLE, fmt_bytes, fmt_seconds
 from tui.screens.data import MonitorFeed
 from tui.screens.modals import ConfirmScreen
@@ -37,10 +37,13 @@ class MonitorScreen(Screen[None]):
         Binding("escape", "app.pop_screen", "Back"),
         Binding("s", "stop", "Stop"),
         Binding("k", "kill", "Kill"),
+        Binding("l", "toggle_logs", "Logs"),
     ]
 
     snapshot: reactive[MonitorSnapshot | None] = reactive(None, always_update=True)
     """The latest snapshot of the run from the feed."""
+    logs_toggled: reactive[bool] = reactive(False)
+    """Whether ``l`` flipped the rank-log panel from its default (hidden under 100 columns, shown above)."""
 
     def __init__(self, run_id: int) -> None:
         super().__init__()
@@ -138,8 +141,9 @@ class MonitorScreen(Screen[None]):
             f"  tokens/s {'-' if snap.tokens_per_s is None else format(snap.tokens_per_s, ',.0f')}",
             f"  loss {'-' if snap.last_loss is None else format(snap.last_loss, '.4f')}",
             f"  lr {'-' if snap.lr is None else format(snap.lr, '.2e')}",
-            f"  ETA {fmt_seconds(snap.eta_s)}",
             ("  (measured by the trainer)", "dim"),
+            f"  ETA {fmt_seconds(snap.eta_s)}",
+            (" (from recent step times)", "dim"),
         )
         if run.error:
             line.append(f"\nerror: {run.error}", style="red")
@@ -190,12 +194,24 @@ class MonitorScreen(Screen[None]):
 
     # ------------------------------------------------------------------ stop and kill
 
+    def watch_logs_toggled(self, toggled: bool) -> None:
+        self.set_class(toggled, "-logs-toggled")
+
+    def action_toggle_logs(self) -> None:
+        self.logs_toggled = not self.logs_toggled
+
+    @work(thread=True, group="signal")
     def _signal(self, sig: int, what: str) -> None:
+        """Read the run (DB) and find its orchestrator (psutil) in a thread; report with a Notice."""
         from runner.orchestrator import signal_group
 
-        run = self.ftui.store.get_run(self.run_id)
+        try:
+            run = self.ftui.store.get_run(self.run_id)
+        except Exception as exc:  # noqa: BLE001 (a locked database: say so)
+            self.post_message(Notice(f"run {self.run_id}: {exc}", "error"))
+            return
         if run is None or not run.pgid or run.status not in ("running", "created"):
-            self.notify(f"run {self.run_id} is not running", severity="warning")
+            self.post_message(Notice(f"run {self.run_id} is not running", "warning"))
             return
         orchestrator = _orchestrator_pid(run)
         if sig == signal.SIGTERM and orchestrator is not None:
@@ -203,12 +219,12 @@ class MonitorScreen(Screen[None]):
             # period) and records the run as stopped; a bare SIGTERM to the group kills the accelerate
             # launcher first, and the run would be recorded as failed.
             os.kill(orchestrator, sig)
-            self.notify(f"{what} sent to run {run.id} (its orchestrator, pid {orchestrator})")
+            self.post_message(Notice(f"{what} sent to run {run.id} (its orchestrator, pid {orchestrator})"))
         elif signal_group(run.pgid, sig):
-            self.notify(f"{what} sent to run {run.id} (process group {run.pgid})")
+            self.post_message(Notice(f"{what} sent to run {run.id} (process group {run.pgid})"))
         else:
-            self.notify(f"run {run.id}: process group {run.pgid} is gone (another machine, or ended)",
-                        severity="warning")
+            self.post_message(Notice(f"run {run.id}: process group {run.pgid} is gone (another machine, or ended)",
+                                     "warning"))
 
     def action_stop(self) -> None:
         self._signal(signal.SIGTERM, "SIGTERM (graceful stop)")

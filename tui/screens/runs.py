@@ -15,7 +15,7 @@ from textual.widgets import DataTable, Footer, Header, Input, Static
 from textual.worker import get_current_worker
 
 from store import RunInfo
-from tui.messages import CompareRuns, LaunchFailed, OpenRun, RunLaunched, RunsLoaded
+from tui.messages import CompareRuns, LaunchFailed, Notice, OpenRun, RunLaunched, RunsLoaded
 from tui.report import STATUS_STYLE, fmt_seconds
 from tui.screens.data import launch_run, run_duration
 from tui.screens.modals import ConfirmScreen, PromptScreen
@@ -96,6 +96,7 @@ class RunsScreen(Screen[None]):
 
     def on_runs_loaded(self, message: RunsLoaded) -> None:
         self.runs = message.runs
+        self.ftui.runs = message.runs
         self.refresh_table()
 
     def watch_filter_text(self) -> None:
@@ -206,9 +207,7 @@ class RunsScreen(Screen[None]):
 
         def done(text: str | None) -> None:
             if text is not None:
-                tags = [t.strip() for t in text.split(",") if t.strip()]
-                self.ftui.store.update_run(run.id, tags=tags)
-                self.poll_runs()
+                self.update_run(run.id, tags=[t.strip() for t in text.split(",") if t.strip()])
 
         self.app.push_screen(PromptScreen(f"tags of run {run.id} (comma separated)", ",".join(run.tags)), done)
 
@@ -219,8 +218,7 @@ class RunsScreen(Screen[None]):
 
         def done(text: str | None) -> None:
             if text is not None:
-                self.ftui.store.update_run(run.id, note=text)
-                self.poll_runs()
+                self.update_run(run.id, note=text)
 
         self.app.push_screen(PromptScreen(f"note on run {run.id}", run.note), done)
 
@@ -234,12 +232,29 @@ class RunsScreen(Screen[None]):
 
         def done(yes: bool | None) -> None:
             if yes:
-                self.ftui.store.delete_run(run.id)
                 self.selected = self.selected - {run.id}
-                self.notify(f"deleted run {run.id} from the store (its folder stays: {run.run_dir})")
-                self.poll_runs()
+                self.delete_run(run.id, run.run_dir)
 
         self.app.push_screen(ConfirmScreen(f"Delete run {run.id} ({run.name}) from the store?"), done)
+
+    @work(thread=True, group="edit")
+    def update_run(self, run_id: int, **changes: Any) -> None:
+        """Write tags or a note, then post the fresh list (the table shows it at once)."""
+        try:
+            self.ftui.store.update_run(run_id, **changes)
+            self.post_message(RunsLoaded(self.ftui.store.list_runs()))
+        except Exception as exc:  # noqa: BLE001 (a locked database: say so)
+            self.post_message(LaunchFailed(f"run {run_id}: not saved: {exc}"))
+
+    @work(thread=True, group="edit")
+    def delete_run(self, run_id: int, run_dir: str) -> None:
+        try:
+            self.ftui.store.delete_run(run_id)
+            self.post_message(RunsLoaded(self.ftui.store.list_runs()))
+        except Exception as exc:  # noqa: BLE001 (a locked database: say so)
+            self.post_message(LaunchFailed(f"run {run_id}: not deleted: {exc}"))
+            return
+        self.post_message(Notice(f"deleted run {run_id} from the store (its folder stays: {run_dir})"))
 
     def action_rerun(self) -> None:
         run = self.current_run()

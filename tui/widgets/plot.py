@@ -32,9 +32,11 @@ def bar(fraction: float | None, width: int, style: str = "green") -> Text:
 
 
 class LinePlot(Widget):
-    """Overlaid line plots of named series, y scaled to the data, x to the longest series.
+    """Overlaid line plots of named series, y scaled to the data.
 
-    Each series is downsampled to the widget's width for display; the caller keeps the data.
+    ``series`` are plotted left to right by index (each downsampled to the widget's width);
+    ``points`` are ``(x, y)`` pairs plotted against x (a shared x axis, labelled ``x_label``), so that
+    curves logged at different steps line up. The caller keeps the data.
     """
 
     DEFAULT_CSS = """
@@ -43,28 +45,39 @@ class LinePlot(Widget):
 
     series: reactive[list[tuple[str, list[float]]]] = reactive(list, always_update=True)
     """``[(name, values)]``; values are plotted left to right."""
+    points: reactive[list[tuple[str, list[tuple[float, float]]]]] = reactive(list, always_update=True)
+    """``[(name, [(x, y)])]``; plotted against x (used instead of ``series`` when set)."""
+    x_label: reactive[str] = reactive("")
+    """The x axis' name, shown under the plot with its range (for ``points``)."""
     title: reactive[str] = reactive("")
     """Shown on the first line."""
 
     def render(self) -> Text:
         width = max(10, self.size.width - 10)
-        height = max(3, self.size.height - 2)
-        series = [(n, downsample(v, width)) for n, v in self.series if v]
+        height = max(3, self.size.height - (3 if self.points else 2))
         out = Text(self.title + "\n", style="bold")
-        if not series:
+        if self.points:
+            curves = [(n, list(p)) for n, p in self.points if p]
+        else:
+            curves = [(n, [(float(j), v) for j, v in enumerate(downsample(vals, width))]) for n, vals in self.series
+                      if vals]
+        if not curves:
             return out + Text("no data yet", style="dim")
-        lo = min(min(v) for _, v in series)
-        hi = max(max(v) for _, v in series)
-        span = (hi - lo) or 1.0
+        x0 = min(x for _, p in curves for x, _ in p)
+        x1 = max(x for _, p in curves for x, _ in p)
+        lo = min(y for _, p in curves for _, y in p)
+        hi = max(y for _, p in curves for _, y in p)
+        span, xspan = (hi - lo) or 1.0, (x1 - x0) or 1.0
         grid = [[" "] * width for _ in range(height)]
         colors = [[""] * width for _ in range(height)]
-        longest = max(len(v) for _, v in series)
-        for i, (_name, values) in enumerate(series):
-            for j, value in enumerate(values):
-                x = j if longest <= 1 else round(j * (width - 1) / max(1, longest - 1))
-                y = height - 1 - round((value - lo) / span * (height - 1))
-                grid[y][x] = "•"
-                colors[y][x] = COLORS[i % len(COLORS)]
+        for i, (_name, pts) in enumerate(curves):
+            columns: dict[int, list[float]] = {}
+            for x, y in pts:  # the mean of the points that fall in one column
+                columns.setdefault(round((x - x0) / xspan * (width - 1)), []).append(y)
+            for col, ys in columns.items():
+                row = height - 1 - round((sum(ys) / len(ys) - lo) / span * (height - 1))
+                grid[row][col] = "•"
+                colors[row][col] = COLORS[i % len(COLORS)]
         for row in range(height):
             label = f"{hi:8.3f} " if row == 0 else f"{lo:8.3f} " if row == height - 1 else " " * 9
             out.append(label, style="dim")
@@ -72,7 +85,12 @@ class LinePlot(Widget):
             for x in range(width):
                 out.append(grid[row][x], style=colors[row][x])
             out.append("\n")
+        if self.points:
+            left, right = f"{x0:g}", f"{x1:g}"
+            middle = f" {self.x_label} "
+            gap = max(1, width - len(left) - len(right) - len(middle))
+            out.append(" " * 10 + left + " " * (gap // 2) + middle + " " * (gap - gap // 2) + right + "\n", style="dim")
         legend = Text(" " * 9)
-        for i, (name, _v) in enumerate(series):
+        for i, (name, _v) in enumerate(curves):
             legend.append(f"• {name}  ", style=COLORS[i % len(COLORS)])
         return out + legend
