@@ -78,6 +78,10 @@ def drive(home: Path, steps: int = 60, log=print) -> dict[str, float]:  # type: 
            "TERM": "xterm-256color", "PATH": os.environ.get("PATH", "")}
     command = [sys.executable, "-m", "tui.cli"]
     tmux = Tmux(f"ftui-drive-{os.getpid()}", env)
+    # Killing a server's last session shuts the server down; a new-session racing that shutdown fails
+    # ("lost server"). A keeper session holds the server up between ftui's two sessions.
+    keeper = f"ftui-keeper-{os.getpid()}"
+    subprocess.run(["tmux", "new-session", "-d", "-s", keeper, "sleep 600"], check=True)
     timings: dict[str, float] = {}
     try:
         started = tmux.start(command)
@@ -142,6 +146,7 @@ def drive(home: Path, steps: int = 60, log=print) -> dict[str, float]:  # type: 
         tmux.keys("Escape", "q")
     finally:
         tmux.kill()
+        subprocess.run(["tmux", "kill-session", "-t", keeper], capture_output=True)
     return timings
 
 
