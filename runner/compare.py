@@ -401,6 +401,9 @@ def default_peak(run: RunInfo, recipe: Mapping[str, Any], peak_tflops: float | N
 
     if peak_tflops:
         return Peak(peak_tflops * 1e12, f"given (--peak-tflops {peak_tflops:g})")
+    in_recipe = recipe.get("launch", {}).get("peak_tflops")
+    if in_recipe:
+        return Peak(float(in_recipe) * 1e12, f"given (recipe launch.peak_tflops {float(in_recipe):g})")
     precision = recipe.get("train", {}).get("precision", "fp32")
     gpu_names = [s.name for s in samples if s.kind == "gpu"]
     if run.device_type == "cuda" or gpu_names:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Set
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from runner.builtin import BUILTIN_PREFIX, PYDOC_CORPUS, TINY_LLAMA
 
@@ -99,6 +99,21 @@ class LaunchSection(_Section):
     fsdp_version: Literal[1, 2] = 2
     accelerate_config: str | None = None
     """An accelerate config file to use as is, instead of the generated one."""
+    peak_tflops: Annotated[float, Field(gt=0.0)] | None = None
+    """Peak TFLOP/s of one device for MFU, instead of the datasheet table (GPU) or the measured matmul
+    peak (CPU); ``--peak-tflops`` on the command line wins."""
+    mem_cap: str | None = None
+    """Memory budget per rank for the batch-size finder, e.g. ``"3GiB"`` (on CPU there is no device
+    memory to find); ``--mem-cap`` on the command line wins."""
+
+    @field_validator("mem_cap")
+    @classmethod
+    def _check_mem_cap(cls, value: str | None) -> str | None:
+        if value is not None:
+            from runner.estimate import parse_bytes
+
+            parse_bytes(value)  # ValueError: reported as launch.mem_cap
+        return value
 
 
 class Recipe(_Section):

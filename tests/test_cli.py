@@ -66,6 +66,8 @@ BAD_INPUTS = [
     (["run", "QUICKSTART", "--set", 'launch.accelerate_config="/nope/acc.yaml"'],
      "launch.accelerate_config: /nope/acc.yaml: no such file"),
     (["run", "QUICKSTART", "--hang-after", "0"], "argument --hang-after: expected seconds between 1 and 86400"),
+    (["run", "QUICKSTART", "--set", "launch.mem_cap=lots"], "ftui: --set launch.mem_cap: 'lots': expected a size"),
+    (["run", "QUICKSTART", "--set", "launch.peak_tflops=-2"], "ftui: --set launch.peak_tflops: Input should be greater"),
     (["gpus", "--watch", "-1"], "argument --watch: expected seconds between 0.05 and 3600"),
     (["runs", "--db", "sqlite:///NOTADB"], "cannot open database: file is not a database"),
 ]

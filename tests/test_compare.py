@@ -352,3 +352,13 @@ def test_bad_flags_are_one_line_naming_the_flag(cftui: Ftui, args: list[str], na
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ftui: ") and named in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr and "sweep-" not in proc.stdout  # nothing ran
+
+
+def test_the_recipe_can_name_the_mfu_peak_and_the_command_line_wins() -> None:
+    run = _run(1, "single", 1, 1000.0)
+    recipe = {"launch": {"peak_tflops": 0.25}}
+    from_recipe = default_peak(run, recipe)
+    assert from_recipe is not None and from_recipe.flops == 0.25e12
+    assert from_recipe.source == "given (recipe launch.peak_tflops 0.25)"
+    flag = default_peak(run, recipe, peak_tflops=2.0)
+    assert flag is not None and flag.flops == 2.0e12 and "--peak-tflops" in flag.source

@@ -276,11 +276,15 @@ def run_finder(args: argparse.Namespace, recipe: Any, mem_cap: str | None, sourc
         except ValueError as exc:
             return _fail(f"--mem-cap: {exc}")
         origin = "--mem-cap"
+    elif recipe.launch.mem_cap:
+        cap = parse_bytes(recipe.launch.mem_cap)  # validated with the recipe
+        origin = "recipe (launch.mem_cap)"
     elif not orchestrator.runs_on_cpu(recipe) and _nvml_gpus():
         cap = min(_nvml_gpus())
         origin = "NVML (GPU memory)"
     else:
-        return _fail("find batch size: on CPU give the memory budget per rank with --mem-cap, e.g. 3GiB")
+        return _fail("find batch size: on CPU give the memory budget per rank with --mem-cap or "
+                     "launch.mem_cap in the recipe, e.g. 3GiB")
     try:
         store = _store(args)
     except UsageError as exc:
