@@ -138,8 +138,10 @@ def estimate_text(recipe: Recipe, probe: Any) -> Text:
 
 
 def split_error(message: str) -> tuple[str, str]:
-    """``(field.path, problem)`` of a RecipeError line ``source[:line]: field.path: problem``."""
-    match = re.match(r"^[^:]*(?::\d+)?: ([\w.]+): (.*)$", message, re.S)
+    """``(field.path, problem)`` of a RecipeError line ``source[:line]: field.path: problem``, or of
+    ``--set field.path: problem`` (a value that came from an override, as the form's fields do)."""
+    match = re.match(r"^--set ([\w.]+): (.*)$", message, re.S) or re.match(
+        r"^[^:]*(?::\d+)?: ([\w.]+): (.*)$", message, re.S)
     return (match.group(1), match.group(2)) if match else ("recipe", message)
 
 
