@@ -480,12 +480,13 @@ class Trainer:
             return
         if self.recipe.method.type == "full":
             return
-        keys = {name for name, p in model.named_parameters() if p.requires_grad}
+        # Names without DDP's "module." prefix: accelerate hands save_state the module's own state dict.
+        keys = {_plain_name(name) for name, p in model.named_parameters() if p.requires_grad}
         self.adapter_keys = keys
 
         def only_trainable(models: list[Any], weights: list[dict[str, Any]], output_dir: str) -> None:
             for i, sd in enumerate(weights):
-                weights[i] = {k: v for k, v in sd.items() if k in keys}
+                weights[i] = {k: v for k, v in sd.items() if _plain_name(k) in keys}
 
         acc.register_save_state_pre_hook(only_trainable)
 
@@ -547,13 +548,22 @@ class Trainer:
 
             with safe_open(str(folder / "model.safetensors"), framework="pt") as fh:
                 saved = set(fh.keys())
-            if saved != self.adapter_keys:
+            if {_plain_name(k) for k in saved} != self.adapter_keys:
                 raise CheckpointError(
                     f"train.resume_from: the checkpoint's {len(saved)} tensors are not this run's "
                     f"{len(self.adapter_keys)} trainable ones (another method, model or LoRA shape?)"
                 )
-            kwargs["strict"] = False  # the frozen base is not in the file; the check above stands in
+            kwargs["strict"] = False  # the frozen base is not in the file; the checks here stand in
         self.accelerator.load_state(str(folder), **kwargs)
+        if self.adapter_keys is not None:
+            # strict=False would also pass over keys that match nothing: check every tensor arrived.
+            from safetensors.torch import load_file
+
+            saved_tensors = load_file(str(folder / "model.safetensors"))
+            params = {_plain_name(n): p for n, p in model.named_parameters()}
+            wrong = [k for k, v in saved_tensors.items() if not params[_plain_name(k)].detach().cpu().equal(v)]
+            if wrong:
+                raise CheckpointError(f"train.resume_from: {len(wrong)} tensors did not load, e.g. {wrong[0]}")
 
 
     # ------------------------------------------------------------------ measurement and saving
@@ -635,6 +645,11 @@ class Trainer:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _plain_name(name: str) -> str:
+    """A parameter or state-dict key without DDP's ``module.`` prefix."""
+    return name.removeprefix("module.")
 
 
 def _rss_now() -> int:
