@@ -84,6 +84,13 @@ def preflight(recipe: Recipe) -> list[str]:
         raise PreflightError("launch.nproc: fsdp on CPU needs at least 2 processes to shard over")
     if on_cpu and recipe.launch.strategy == "mp":
         warnings.append("mp on a CPU-only machine: one device, so this is the single-process run")
+    if recipe.train.resume_from is not None:
+        from runner.checkpoint import CheckpointError, check_resume
+
+        try:
+            check_resume(recipe.train.resume_from, recipe.launch.nproc, recipe.launch.strategy)
+        except CheckpointError as exc:
+            raise PreflightError(str(exc)) from None
     return warnings
 
 
@@ -162,6 +169,36 @@ def prepare(
     if store is not None and run_id is not None:
         store.update_run(run_id, run_dir=str(run_dir), summary={"estimate": estimate_summary(recipe)})
     return Prepared(run_id=run_id, run_dir=run_dir, spec=spec, recipe=recipe)
+
+
+def prepare_resume(store: Store, run_id: int, root: Path | None = None) -> Prepared:
+    """Record a new run that continues run ``run_id`` from its newest complete checkpoint: the old
+    run's recipe (same strategy and process count) with ``train.resume_from`` set. Starts nothing.
+
+    Raises:
+        PreflightError: one line: no such run, no complete checkpoint, or a recipe that no longer loads.
+    """
+    from runner.checkpoint import checkpoints_root, latest_complete, read_manifest
+    from runner.recipe import load_recipe
+
+    old = store.get_run(run_id)
+    if old is None:
+        raise PreflightError(f"run {run_id}: no such run in {store.url}")
+    run_dir = Path(old.run_dir) if old.run_dir else None
+    checkpoint = latest_complete(run_dir) if run_dir is not None else None
+    if run_dir is None or checkpoint is None:
+        where = checkpoints_root(run_dir) if run_dir is not None else "its run folder"
+        raise PreflightError(f"run {run_id}: no complete checkpoint in {where} (train.save_every, or a "
+                             "graceful stop, writes one)")
+    recipe = load_recipe(run_dir / ev.RECIPE_FILE)
+    recipe = recipe.model_copy(update={"train": recipe.train.model_copy(update={"resume_from": str(checkpoint)})})
+    preflight(recipe)
+    prepared = prepare(store, recipe, source=f"resume of run {run_id}")
+    assert prepared.run_id is not None
+    step = (read_manifest(checkpoint) or {}).get("step")
+    store.update_run(prepared.run_id, summary={"resumed_from": {"run_id": run_id, "checkpoint": str(checkpoint),
+                                                                 "step": step}})
+    return prepared
 
 
 def estimate_summary(recipe: Recipe) -> dict[str, Any]:
@@ -461,6 +498,8 @@ def _finish(store: Store, watch: _Watch, exit_code: int, stopped_by_user: bool) 
             "steps": end.get("steps"),
             "ranks": ranks,
             "saved": end.get("saved"),
+            "skipped": end.get("skipped"),
+            "checkpoint": end.get("checkpoint"),
             "first_step_time": watch.first_step_time,
             "last_step_time": watch.last_step_time,
         }

@@ -595,7 +595,8 @@ class Trainer:
             return (float(sum(torch.cuda.memory_allocated(d) for d in devices)),
                     float(sum(torch.cuda.memory_reserved(d) for d in devices)),
                     float(sum(torch.cuda.max_memory_allocated(d) for d in devices)))
-        return float(_rss_now()), float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024), 0.0
+        rss = _rss_now()  # /proc counts pages, getrusage kilobytes: the peak is at least what is held now
+        return float(rss), float(max(rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)), 0.0
 
     def memory_ranks(self, slots: list[float]) -> list[dict[str, Any]]:
         """The ``ranks`` list of a ``memory`` event from the reduced slots (three per rank)."""
