@@ -12,7 +12,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from runner import strategies
 from runner.mfu import Peak, compute_mfu, flops_per_token
+from runner.summary import busiest_peak
 from store import MetricPoint, RunInfo, SampleInfo, Store
 
 PeakResolver = Callable[[RunInfo, Mapping[str, Any]], Peak | None]
@@ -202,7 +204,7 @@ def model_dims(recipe: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def estimated_memory(run: RunInfo, recipe: Mapping[str, Any], dims: Mapping[str, Any] | None) -> tuple[int | None, str]:
     """Per-device bytes predicted for the run: ``summary["estimate"]`` when stored, else
-    :func:`runner.estimate.estimate` for a model whose config is at hand."""
+    :func:`runner.planner.estimate` for a model whose config is at hand."""
     stored = run.summary.get("estimate")
     if isinstance(stored, (int, float)):
         return int(stored), "stored estimate"
@@ -213,7 +215,7 @@ def estimated_memory(run: RunInfo, recipe: Mapping[str, Any], dims: Mapping[str,
     if dims is None:
         return None, "-"
     try:
-        from runner.estimate import EstimateInput, estimate, shape_from_config
+        from runner.planner import EstimateInput, estimate, shape_from_config
 
         train, method, launch = recipe.get("train", {}), recipe.get("method", {}), recipe.get("launch", {})
         lora = method.get("lora", {})
@@ -229,7 +231,7 @@ def estimated_memory(run: RunInfo, recipe: Mapping[str, Any], dims: Mapping[str,
             lora_r=int(lora.get("r", 8)),
             lora_targets=tuple(lora.get("target_modules", ("q_proj", "v_proj"))),
         )
-        return estimate(inp).total, "runner.estimate (training tensors)"
+        return estimate(inp).total, "runner.planner (training tensors)"
     except Exception:  # noqa: BLE001 (an estimate we cannot make is a '-')
         return None, "-"
 
@@ -247,12 +249,9 @@ def util_source(run: RunInfo) -> str:
 
 
 def _mem_measured(run: RunInfo) -> tuple[int | None, str]:
-    ranks = run.summary.get("ranks") or []
-    peaks = [r.get("peak_allocated_bytes") or r.get("peak_rss_bytes") for r in ranks]
-    peaks = [p for p in peaks if p]
-    if peaks:
-        gpu = any(r.get("peak_allocated_bytes") for r in ranks)
-        return max(peaks), ("CUDA allocator peak, busiest rank" if gpu else "getrusage peak RSS, busiest rank")
+    peak, source = busiest_peak(run.summary.get("ranks") or [])
+    if peak is not None:
+        return peak, f"{source}, busiest rank"
     return run.peak_mem_bytes, "stored peak"
 
 
@@ -295,7 +294,7 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
     micro = train.get("batch_size")
     ga = train.get("grad_accum")
     devices = device_count(run)
-    global_batch = micro * ga * (run.nproc if run.strategy in ("ddp", "fsdp") else 1) if micro and ga else None
+    global_batch = strategies.global_batch(run.strategy, micro, ga, run.nproc) if micro and ga else None
     tps = run.tokens_per_s
     mfu = achieved = None
     peak_source = peak.source if peak else None

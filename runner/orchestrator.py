@@ -25,6 +25,7 @@ from runner import strategies
 from runner.launch import LaunchSpec, build_launch
 from runner.paths import runs_dir
 from runner.recipe import Recipe, RecipeError
+from runner.summary import busiest_peak, rank_peak, trained_bytes
 from store import Store
 
 EventCallback = Callable[[dict[str, Any]], None]
@@ -80,9 +81,11 @@ def preflight(recipe: Recipe) -> list[str]:
         raise PreflightError("method.type: qlora needs a CUDA GPU (bitsandbytes 4-bit); none is visible here")
     if recipe.train.precision == "fp16" and on_cpu:
         raise PreflightError("train.precision: fp16 needs a GPU; use bf16 or fp32 on CPU")
-    if on_cpu and recipe.launch.strategy == "fsdp" and recipe.launch.nproc < 2:
-        raise PreflightError("launch.nproc: fsdp on CPU needs at least 2 processes to shard over")
-    if on_cpu and recipe.launch.strategy == "mp":
+    strategy = strategies.get(recipe.launch.strategy)
+    problem = strategy.nproc_problem(recipe.launch.nproc, on_cpu=on_cpu)
+    if problem:
+        raise PreflightError(f"launch.nproc: {problem}")
+    if on_cpu and strategy.layer_split:
         warnings.append("mp on a CPU-only machine: one device, so this is the single-process run")
     if recipe.train.resume_from is not None:
         from runner.checkpoint import CheckpointError, check_resume
@@ -202,15 +205,15 @@ def prepare_resume(store: Store, run_id: int, root: Path | None = None) -> Prepa
 
 
 def estimate_summary(recipe: Recipe) -> dict[str, Any]:
-    """The memory estimate of one device of this run (``runner.estimate``), stored in the run's summary
+    """The memory estimate of one device of this run (``runner.planner``), stored in the run's summary
     at prepare time so that ``ftui show`` can set it against the measured bytes. Never fails a run:
     a model whose shape cannot be had offline gets ``{"error": ...}``."""
-    from runner.estimate import breakdown_json, estimate, inputs_from_recipe, resolve_model_shape
+    from runner.planner import breakdown_json, estimate, inputs_from_recipe, resolve_model_shape
 
     try:
         source = resolve_model_shape(recipe.model.name, allow_network=False)
         inp = inputs_from_recipe(recipe, shape=source.shape)
-        if runs_on_cpu(recipe) and inp.strategy == "mp":
+        if runs_on_cpu(recipe) and strategies.get(inp.strategy).layer_split:
             from dataclasses import replace
 
             inp = replace(inp, n_devices=1)  # one device on CPU: mp is the single-process run
@@ -488,8 +491,6 @@ def _finish(store: Store, watch: _Watch, exit_code: int, stopped_by_user: bool) 
     columns: dict[str, Any] = {}
     if end:
         ranks = end.get("ranks") or []
-        peaks = [r.get("peak_allocated_bytes") or r.get("peak_rss_bytes") for r in ranks]
-        peaks = [p for p in peaks if p]
         summary = {
             "train_seconds": end.get("train_seconds"),
             "tokens_per_s": end.get("tokens_per_s"),
@@ -508,7 +509,7 @@ def _finish(store: Store, watch: _Watch, exit_code: int, stopped_by_user: bool) 
             "tokens_per_s": end.get("tokens_per_s"),
             "final_loss": end.get("final_loss"),
             "steps_done": end.get("steps"),
-            "peak_mem_bytes": max(peaks) if peaks else None,
+            "peak_mem_bytes": busiest_peak(ranks)[0],
         }
     telemetry = _telemetry_summary(store, watch)
     if telemetry is not None:
@@ -539,7 +540,7 @@ def _telemetry_summary(store: Store, watch: _Watch) -> dict[str, Any] | None:
     window = None
     if watch.first_step_time is not None and watch.last_step_time is not None:
         window = (watch.first_step_time, watch.last_step_time)
-    result = summarise(samples, window)  # type: ignore[arg-type]  # SampleInfo has DeviceSample's fields
+    result = summarise(samples, window)
     plain: dict[str, Any] = json.loads(json.dumps(result))  # tuples -> lists, as stored
     # Each rank's own GPU memory (NVML's per-process figure, summed over the GPUs it touches in one
     # reading), peak over the run: what a rank really held, beside the device-wide peaks above.
@@ -602,11 +603,11 @@ def trial_bytes(ranks: list[dict[str, Any]]) -> int | None:
     """The memory a run needed on its busiest rank, as the finder compares it with the budget."""
     values = []
     for r in ranks:
-        if r.get("peak_allocated_bytes"):
-            values.append(int(r["peak_allocated_bytes"]))
-        elif r.get("activation_bytes") is not None:
-            values.append(sum(int(r.get(k) or 0) for k in ("param_bytes", "grad_bytes", "optimizer_bytes",
-                                                             "activation_bytes")))
+        peak, source = rank_peak(r)
+        if peak is not None and source == "CUDA allocator peak":
+            values.append(peak)
+        elif (trained := trained_bytes(r)) is not None:
+            values.append(trained)
     return max(values) if values else None
 
 

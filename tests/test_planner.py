@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from runner.estimate import (
+from runner.planner import (
     PARTS,
     EstimateInput,
     breakdown_json,
@@ -23,7 +23,7 @@ from runner.estimate import (
 )
 from runner.recipe import load_recipe
 from tests.conftest import QUICKSTART, ROOT, Ftui
-from tui.report import estimate_vs_measured
+from tui.render.report import estimate_vs_measured
 
 STATES = ("params", "grads", "optimizer")
 
@@ -215,6 +215,7 @@ def test_full_finetune_runs_match_their_estimate(full_runs: dict[str, dict[str, 
 # ---------------------------------------------------------------------- batch-size finder
 
 
+@pytest.mark.slow
 def test_batch_finder_stops_at_the_cap(ftui: Ftui) -> None:
     inp = inputs_from_recipe(load_recipe(QUICKSTART))
     one, two = estimate(replace(inp, micro_batch=1)), estimate(replace(inp, micro_batch=2))
