@@ -91,9 +91,12 @@ def preflight(recipe: Recipe) -> list[str]:
         from runner.checkpoint import CheckpointError, check_resume
 
         try:
-            check_resume(recipe.train.resume_from, recipe.launch.nproc, recipe.launch.strategy)
+            step = check_resume(recipe.train.resume_from, recipe.launch.nproc, recipe.launch.strategy)["step"]
         except CheckpointError as exc:
             raise PreflightError(str(exc)) from None
+        if recipe.train.max_steps and step >= recipe.train.max_steps:
+            raise PreflightError(f"train.resume_from: the checkpoint is at step {step} and train.max_steps is "
+                                 f"{recipe.train.max_steps}: nothing left to train")
     return warnings
 
 
