@@ -9,6 +9,13 @@ Data order is owned here, not by a sampler: the blocks are permuted once per epo
 recipe's seed, and optimizer step ``s``, micro-step ``m`` of rank ``r`` takes rows
 ``((s*GA + m)*W + r)*B ...`` of that order. So a run with W ranks of micro-batch B sees exactly the
 rows a one-process run of micro-batch W*B sees, and their losses can be compared step by step.
+
+The same makes a run resumable: the data position is the step number alone. With
+``train.save_every`` (and at a graceful stop) every rank takes part in accelerate's ``save_state``
+into ``RUN/checkpoints/step-N`` (:mod:`runner.checkpoint`); a run whose recipe sets
+``train.resume_from`` to such a folder restores model or adapter, optimizer, scheduler and RNG states
+after ``prepare`` and goes on at step N+1, with the step numbers, lr schedule and token count of the
+run it continues.
 """
 
 from __future__ import annotations

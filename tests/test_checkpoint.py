@@ -9,12 +9,16 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import signal
 import sqlite3
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import QUICKSTART, STEPS, Ftui
+from conftest import QUICKSTART, ROOT, STEPS, Ftui
 from safetensors import safe_open
 
 from runner import checkpoint as ck
@@ -274,3 +278,47 @@ def test_skip_drops_non_finite_steps_and_fails_past_the_bound(ftui: Ftui) -> Non
     assert bound["status"] == "failed" and "train.max_skipped_steps = 1" in bound["error"]
     error = next(e for e in _events(Path(bound["run_dir"])) if e["type"] == "error")
     assert error["reason"] == "too_many_skipped" and error["step"] == skipped[0] + 1
+
+
+# ---------------------------------------------------------------------- a graceful stop, then ftui resume
+
+
+@pytest.mark.slow
+def test_a_graceful_stop_checkpoints_and_ftui_resume_finishes_the_run(ftui: Ftui) -> None:
+    total = 30
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tui.cli", "run", str(QUICKSTART), *STRATEGY_FLAGS["ddp"],
+         "--set", f"train.max_steps={total}", "--name", "ck-stop"],
+        env=ftui.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 240
+    run: dict[str, Any] | None = None
+    while run is None and time.monotonic() < deadline:
+        run = next((r for r in ftui.runs() if r["name"] == "ck-stop" and (r["steps_done"] or 0) >= 3), None)
+        time.sleep(0.5)
+    assert run is not None, "the run never reached step 3"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    stopped = ftui.show(run["id"])
+    assert stopped["status"] == "stopped"
+    last = max(m["step"] for m in stopped["metrics"])
+    assert last < total
+    saves = [e for e in _events(Path(stopped["run_dir"])) if e["type"] == "checkpoint"]
+    assert [(e["step"], e["reason"]) for e in saves] == [(last, "stop")]  # save_every = 0: only the stop's
+    assert stopped["summary"]["checkpoint"] == saves[0]["path"]
+    assert ck.check_resume(saves[0]["path"], 2, "ddp")["step"] == last
+
+    resumed_proc = ftui.run("resume", str(run["id"]), timeout=400)
+    assert resumed_proc.returncode == 0, resumed_proc.stdout + resumed_proc.stderr
+    resumed = ftui.show(max(r["id"] for r in ftui.runs()))
+    assert resumed["status"] == "completed" and resumed["strategy"] == "ddp" and resumed["nproc"] == 2
+    assert [m["step"] for m in resumed["metrics"]] == list(range(last + 1, total + 1))
+    assert resumed["metrics"][-1]["tokens"] == total * 1024
+    assert resumed["summary"]["resumed_from"]["run_id"] == run["id"]
+    assert resumed["summary"]["resumed_from"]["step"] == last
+
+    # No checkpoint, no such run: one line, exit 2.
+    for run_id, needle in [(resumed["id"], "no complete checkpoint"), (10_000, "no such run")]:
+        bad = ftui.run("resume", str(run_id))
+        assert bad.returncode == 2 and needle in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
