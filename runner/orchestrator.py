@@ -100,14 +100,11 @@ def runs_on_cpu(recipe: Recipe) -> bool:
 
 
 def cuda_device_count() -> int:
-    """GPUs the trainer will see, through NVML (no torch import: ``ftui run`` stays fast)."""
-    from runner.hardware import NvmlBackend
+    """GPUs the trainer will see, through NVML (no torch import: ``ftui run`` stays fast); detected
+    once per command (:func:`runner.hostfacts.current`)."""
+    from runner.hostfacts import current
 
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    count = NvmlBackend().device_count()
-    if visible is not None:
-        return min(count, len([v for v in visible.split(",") if v.strip()]))
-    return count
+    return current().visible_gpus
 
 
 def free_port() -> int:
@@ -121,10 +118,9 @@ def cpu_threads(recipe: Recipe) -> int | None:
     """Threads per rank on CPU: the physical cores shared out (accelerate defaults to 1)."""
     if not runs_on_cpu(recipe):
         return None
-    import psutil
+    from runner.hostfacts import current
 
-    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    return max(1, cores // recipe.launch.nproc)
+    return max(1, current().cpu_cores // recipe.launch.nproc)
 
 
 # ---------------------------------------------------------------------- preparing and starting
