@@ -146,11 +146,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         reason = f": {result.reason}" if result.reason else ""
         console.print(f"  run {result.run_id} {item.strategy}: [{style}]{result.status}[/]{reason}", soft_wrap=True)
 
-    _, results = sw.run_sweep(store, args.recipe, items, sweep_id=sweep_id, on_start=on_start, on_done=on_done)
+    from runner.procs import StopRequest
+
+    stop = StopRequest()
+    restore = stop.install()  # Ctrl-C/SIGTERM/SIGHUP stop the current run as in ftui run, and end the sweep
+    try:
+        _, results = sw.run_sweep(store, args.recipe, items, sweep_id=sweep_id, on_start=on_start, on_done=on_done,
+                                  execute_kwargs={"stop": stop})
+    finally:
+        restore()
     cmp = load_comparison(store, [r.run_id for r in results], peak_tflops=args.peak_tflops, sweep_id=sweep_id,
                           with_samples=args.format == "html")
     _emit(args, cmp)
     console.print(f"reopen with: ftui compare --sweep {sweep_id}", markup=False)
-    if any(r.status == "stopped" for r in results):
+    if stop.is_set() or any(r.status == "stopped" for r in results):
         return ExitCode.INTERRUPTED
     return ExitCode.OK if cmp.fastest_id is not None else ExitCode.FAILED

@@ -16,6 +16,7 @@ from tui.cli.common import ExitCode, UsageError, db_option
 
 COMMANDS: tuple[str, ...] = (
     "tui.cli.run",       # run
+    "tui.cli.stop",      # stop
     "tui.cli.runs",      # runs, show
     "tui.cli.gpus",      # gpus
     "tui.cli.estimate",  # estimate

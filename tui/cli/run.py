@@ -28,6 +28,9 @@ def add_parser(sub: Any) -> None:
                      help="telemetry: seconds between device readings (default 0.5; 0 turns telemetry off)")
     run.add_argument("--hang-after", type=seconds_at_least(1), default=300.0, metavar="SECONDS",
                      help="flag a hang when no step came for this long and every device is idle (default 300)")
+    run.add_argument("--grace", type=seconds_at_least(0), default=30.0, metavar="SECONDS",
+                     help="on Ctrl-C, SIGTERM or SIGHUP: seconds the ranks get to finish their step, save and exit "
+                          "before SIGKILL (default 30; a second Ctrl-C kills at once)")
     db_option(run)
     run.set_defaults(handler=cmd_run)
 
@@ -99,14 +102,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tui.cli.progress import RunProgress
 
     out.print(f"run [bold]{prepared.run_id}[/] · {recipe.launch.strategy} × {recipe.launch.nproc} · {prepared.run_dir}")
-    with RunProgress(out) as progress:
-        outcome = orchestrator.execute(store, prepared, on_event=progress.on_event,
-                                       probe=orchestrator.probe_for(args.fake_gpus),
-                                       sample_interval_s=args.sample_interval, hang_after_s=args.hang_after)
+    from runner.procs import StopRequest
+
+    stop = StopRequest()
+    restore = stop.install()  # Ctrl-C, SIGTERM, SIGHUP: graceful stop, recorded; a second one: kill now
+    try:
+        with RunProgress(out) as progress:
+            outcome = orchestrator.execute(store, prepared, on_event=progress.on_event,
+                                           probe=orchestrator.probe_for(args.fake_gpus), stop=stop,
+                                           sample_interval_s=args.sample_interval, hang_after_s=args.hang_after,
+                                           grace_s=args.grace)
+    finally:
+        restore()
     run = store.get_run(outcome.run_id)
     from tui.render.report import run_summary_table
 
     out.print(run_summary_table(run))
+    if outcome.stop_report:
+        out.print(f"stop: {outcome.stop_report}", markup=False)
     if outcome.status == "completed":
         return ExitCode.OK
     if outcome.status == "stopped":
