@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rich.text import Text
+
 from runner import strategies
 from tui.cli.common import ExitCode, UsageError, console, db_option, open_store, seconds_at_least
 
@@ -75,7 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = console(stderr=args.format == "json")
     warnings += _gpu_warnings(recipe, args.fake_gpus)
     for warning in warnings:
-        out.print(f"[yellow]warning:[/] {warning}")
+        out.print(Text.assemble(("warning:", "yellow"), f" {warning}"))
     if args.find_batch_size:
         from tui.cli.estimate import run_finder
 
@@ -87,9 +89,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             import shlex
 
-            out.print("[bold]argv[/]  " + shlex.join(prepared.spec.argv), soft_wrap=True)
-            out.print("[bold]env[/]   " + " ".join(f"{k}={v}" for k, v in prepared.spec.env.items()))
-            out.print(f"[bold]accelerate config[/] {prepared.spec.accelerate_config}")
+            # Paths and values in the launch are the user's text: never markup.
+            out.print(Text.assemble(("argv", "bold"), "  " + shlex.join(prepared.spec.argv)), soft_wrap=True)
+            out.print(Text.assemble(("env", "bold"), "   " + " ".join(f"{k}={v}" for k, v in prepared.spec.env.items())))
+            out.print(Text.assemble(("accelerate config", "bold"), f" {prepared.spec.accelerate_config}"))
             if prepared.spec.accelerate_config_text:
                 out.print(prepared.spec.accelerate_config_text, markup=False, highlight=False)
         return ExitCode.OK
@@ -98,7 +101,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     prepared = orchestrator.prepare(store, recipe, source=str(args.recipe))
     from tui.cli.progress import RunProgress
 
-    out.print(f"run [bold]{prepared.run_id}[/] · {recipe.launch.strategy} × {recipe.launch.nproc} · {prepared.run_dir}")
+    out.print(Text.assemble("run ", (str(prepared.run_id), "bold"),
+                            f" · {recipe.launch.strategy} × {recipe.launch.nproc} · {prepared.run_dir}"))
     with RunProgress(out) as progress:
         outcome = orchestrator.execute(store, prepared, on_event=progress.on_event,
                                        probe=orchestrator.probe_for(args.fake_gpus),
