@@ -123,14 +123,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     from runner import sweep as sw
     from runner.compare import load_comparison
+    from runner.inputs import check_inputs
     from runner.orchestrator import cuda_device_count
-    from runner.recipe import RecipeError
+    from runner.recipe import RecipeError, load_recipe
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     _output(args)
     try:
         items = sw.plan(args.recipe, strategies, args.nproc, args.overrides, args.grid,
                         default_nproc=max(2, cuda_device_count()))
+        # Data and run folders are the same for every item: checked once, before any run is recorded.
+        check_inputs(load_recipe(args.recipe, args.overrides))
     except RecipeError as exc:
         raise UsageError(str(exc)) from None
     store = open_store(args)

@@ -75,9 +75,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     except RecipeError as exc:
         raise UsageError(f"{args.recipe}: {exc}") from None
     out = console(stderr=args.format == "json")
-    warnings += _gpu_warnings(recipe, args.fake_gpus)
+    from runner.inputs import input_warnings
+
+    warnings += input_warnings(recipe) + _gpu_warnings(recipe, args.fake_gpus)
     for warning in warnings:
-        out.print(Text.assemble(("warning:", "yellow"), f" {warning}"))
+        out.print(Text.assemble(("warning:", "yellow"), f" {warning}"), soft_wrap=True)
     if args.find_batch_size:
         from tui.cli.estimate import run_finder
 
