@@ -37,7 +37,8 @@ class RecipeError(ValueError):
 
     def __init__(self, message: str, *, field: str | None = None, problem: str | None = None,
                  file: str | None = None, line: int | None = None) -> None:
-        super().__init__(message)
+        # One line whatever the input held (a value with a newline is shown escaped).
+        super().__init__(message.replace("\r", "\\r").replace("\n", "\\n"))
         self.field = field
         self.problem = problem if problem is not None else message
         self.file = file
