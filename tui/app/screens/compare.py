@@ -118,7 +118,7 @@ class CompareScreen(Screen[None]):
             diff.add_column(f"run {r.run_id}", key=str(r.run_id))
         for path, values in cmp.recipe_diff.items():
             # Recipe values are the user's text (names, paths, templates): never markup.
-            diff.add_row(Text(path), *(Text(str(v)) for v in values), key=path)
+            diff.add_row(path, *(Text(str(v)) for v in values), key=path)  # paths: schema keys
         if not cmp.recipe_diff:
             diff.add_row("(recipes identical)", *["" for _ in cmp.rows])
         plot = self.query_one("#compare-loss", LinePlot)
