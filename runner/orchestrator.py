@@ -21,8 +21,9 @@ from typing import Any
 
 from runner import events as ev
 from runner import procs, strategies
+from runner.inputs import check_inputs
 from runner.launch import LaunchSpec, build_launch
-from runner.paths import runs_dir
+from runner.paths import make_private_dir, runs_dir
 from runner.recipe import Recipe, RecipeError
 from runner.summary import busiest_peak, rank_peak, trained_bytes
 from store import Store
@@ -65,6 +66,7 @@ def preflight(recipe: Recipe) -> list[str]:
     from runner.data import DataError, check_source
 
     warnings: list[str] = []
+    check_inputs(recipe)  # data read and parsed, run folders writable (runner/inputs.py)
     try:
         check_source(recipe.data.source)
     except DataError as exc:
@@ -154,7 +156,7 @@ def prepare(
     else:
         run_dir = root / f"dry-run-{datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"
     run_dir = run_dir.resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dir(run_dir)  # mode 0700: recipes, logs and weights are the user's
     spec = build_launch(recipe, run_dir, port=free_port(), cpu_threads=cpu_threads(recipe))
     for name, text in spec.files.items():
         (run_dir / name).write_text(text)

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rich.text import Text
+
 from runner import strategies
 from tui.cli.common import ExitCode, UsageError, console, db_option, open_store, seconds_at_least
 
@@ -76,9 +78,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     except RecipeError as exc:
         raise UsageError(f"{args.recipe}: {exc}") from None
     out = console(stderr=args.format == "json")
-    warnings += _gpu_warnings(recipe, args.fake_gpus)
+    from runner.inputs import input_warnings
+
+    warnings += input_warnings(recipe) + _gpu_warnings(recipe, args.fake_gpus)
     for warning in warnings:
-        out.print(f"[yellow]warning:[/] {warning}")
+        out.print(Text.assemble(("warning:", "yellow"), f" {warning}"), soft_wrap=True)
     if args.find_batch_size:
         from tui.cli.estimate import run_finder
 
@@ -90,9 +94,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             import shlex
 
-            out.print("[bold]argv[/]  " + shlex.join(prepared.spec.argv), soft_wrap=True)
-            out.print("[bold]env[/]   " + " ".join(f"{k}={v}" for k, v in prepared.spec.env.items()))
-            out.print(f"[bold]accelerate config[/] {prepared.spec.accelerate_config}")
+            # Paths and values in the launch are the user's text: never markup.
+            out.print(Text.assemble(("argv", "bold"), "  " + shlex.join(prepared.spec.argv)), soft_wrap=True)
+            out.print(Text.assemble(("env", "bold"), "   " + " ".join(f"{k}={v}" for k, v in prepared.spec.env.items())))
+            out.print(Text.assemble(("accelerate config", "bold"), f" {prepared.spec.accelerate_config}"))
             if prepared.spec.accelerate_config_text:
                 out.print(prepared.spec.accelerate_config_text, markup=False, highlight=False)
         return ExitCode.OK
@@ -101,7 +106,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     prepared = orchestrator.prepare(store, recipe, source=str(args.recipe))
     from tui.cli.progress import RunProgress
 
-    out.print(f"run [bold]{prepared.run_id}[/] · {recipe.launch.strategy} × {recipe.launch.nproc} · {prepared.run_dir}")
+    out.print(Text.assemble("run ", (str(prepared.run_id), "bold"),
+                            f" · {recipe.launch.strategy} × {recipe.launch.nproc} · {prepared.run_dir}"))
     from runner.procs import StopRequest
 
     stop = StopRequest()

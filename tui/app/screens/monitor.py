@@ -241,7 +241,9 @@ def fmt_pair(used: int | None, total: int | None) -> str:
 
 def _upsert(table: DataTable[Any], key: str, *cells: Any) -> None:
     """Update a row's cells in place (a cheap repaint), or add the row the first time its key is seen.
-    Clearing and re-adding every row forces a layout pass per update."""
+    Clearing and re-adding every row forces a layout pass per update. Strings become ``Text``: a
+    DataTable parses strings as markup, and these cells carry process and device names."""
+    cells = tuple(Text(c) if isinstance(c, str) else c for c in cells)
     if key not in table.rows:
         table.add_row(*cells, key=key)
         return
