@@ -94,12 +94,17 @@ def seconds_at_least(low: float) -> Callable[[str], float]:
 
 def open_store(args: argparse.Namespace) -> Store:
     """The store named by ``--db`` (default: ``$FTUI_DB``, else SQLite in the data folder)."""
-    from runner.paths import default_db_url
+    import os
+
+    from runner.paths import FolderError, default_db_url, home, make_private_dir
     from store import Store, StoreError
 
+    url = getattr(args, "db", None)
     try:
-        return Store(getattr(args, "db", None) or default_db_url())
-    except StoreError as exc:
+        if not url and not os.environ.get("FTUI_DB"):
+            make_private_dir(home())  # the data folder is created mode 0700 (before SQLite creates it)
+        return Store(url or default_db_url())
+    except (StoreError, FolderError) as exc:
         raise UsageError(str(exc)) from None
 
 
