@@ -51,6 +51,7 @@ def last_run(home: Path) -> dict[str, Any]:
     run_id, run_dir = db.execute("select id, run_dir from runs order by id desc limit 1").fetchone()
     launch = db.execute("select time from events where run_id = ? and type = 'launch'", (run_id,)).fetchone()[0]
     events = [json.loads(line) for line in (Path(run_dir) / "events.jsonl").read_text().splitlines()]
+    start = next(e for e in events if e["type"] == "start")
     first_step = next(e for e in events if e["type"] == "step")
     end = next(e for e in events if e["type"] == "end")
     saves = [e for e in events if e["type"] == "checkpoint"]
@@ -61,6 +62,7 @@ def last_run(home: Path) -> dict[str, Any]:
         "train_seconds": end["train_seconds"],
         "first_step_after_launch_s": first_step["time"] - launch,
         "first_step_time_s": first_step["step_time"],
+        "resume_seconds": start.get("resume_seconds"),
         "saves": len(saves),
         "save_seconds_in_span": sum(e["seconds"] for e in saves_in_span),
         "save_seconds_each": [round(e["seconds"], 3) for e in saves],
@@ -109,6 +111,7 @@ def main() -> None:
         "time_to_first_step_fresh_s": round(fresh_ttfs, 2),
         "time_to_first_step_resumed_s": round(resumed_ttfs, 2),
         "resumed_over_fresh": round(resumed_ttfs / fresh_ttfs, 3),
+        "restore_seconds": min(r["resume_seconds"] for r in results["resumed"]),
         "all_runs": {k: [{kk: (round(vv, 3) if isinstance(vv, float) else vv) for kk, vv in r.items()
                           if kk != "run_dir"} for r in v] for k, v in results.items()},
     }

@@ -273,8 +273,11 @@ class Trainer:
         input_device = _input_device(model) if mp else acc.device
 
         start_step = tokens_done = 0  # real tokens: padding (data.pack = false) is not counted
+        resume_seconds = None
         if resume is not None:
+            t_load = time.perf_counter()
             self.load_checkpoint(model, Path(str(train.resume_from)))
+            resume_seconds = time.perf_counter() - t_load
             start_step, tokens_done = int(resume["step"]), int(resume["tokens_done"])
 
         self.emit(
@@ -298,6 +301,7 @@ class Trainer:
             pids=_gather_list([os.getpid()]) if world > 1 else [os.getpid()],
             start_step=start_step,
             resumed_from=train.resume_from,
+            resume_seconds=resume_seconds,
         )
 
         tokens_at_start = tokens_done
