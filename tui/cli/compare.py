@@ -128,6 +128,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from runner.recipe import RecipeError, load_recipe
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    if not strategies:
+        raise UsageError(f"--strategies: no strategy named in {args.strategies!r} (e.g. single,ddp)")
     _output(args)
     try:
         items = sw.plan(args.recipe, strategies, args.nproc, args.overrides, args.grid,
