@@ -540,21 +540,21 @@ def _check_sqlite_file(url: str, path: Path, *, create: bool) -> None:
     if path.exists():
         if not path.is_file():
             refuse(f"{path} is not a regular file")
-        if not os.access(path, os.R_OK):
+        if not os.access(path, os.R_OK, effective_ids=True):
             refuse(f"cannot read {path} (permission denied)")
         with open(path, "rb") as fh:
             header = fh.read(16)
         if header and header != b"SQLite format 3\x00":
             refuse(f"{path} is not an SQLite database")
-        if create and not os.access(path, os.W_OK):
+        if create and not os.access(path, os.W_OK, effective_ids=True):
             refuse(f"{path} is read-only (ftui needs to write to it)")
-        if create and not os.access(path.parent, os.W_OK | os.X_OK):
+        if create and not os.access(path.parent, os.W_OK | os.X_OK, effective_ids=True):
             refuse(f"folder {path.parent} is not writable (SQLite keeps its -wal and -shm files beside the database)")
         return
     if not create:
         refuse("no such database (run something first, or check the path)")
     _make_private_folders(url, path.parent)
-    if not os.access(path.parent, os.W_OK | os.X_OK):
+    if not os.access(path.parent, os.W_OK | os.X_OK, effective_ids=True):
         refuse(f"cannot create {path}: folder {path.parent} is not writable")
     try:
         # An empty file is a valid empty SQLite database; creating it here sets its mode, and SQLite
