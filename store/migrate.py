@@ -36,10 +36,11 @@ class NoDatabase(SchemaError):
 
 def script_directory() -> ScriptDirectory:
     """The migration scripts shipped with this ftui."""
-    return ScriptDirectory.from_config(_config(None))
+    return ScriptDirectory.from_config(alembic_config(None))
 
 
-def _config(connection: Connection | None) -> Config:
+def alembic_config(connection: Connection | None) -> Config:
+    """An Alembic config for the shipped scripts, running on ``connection`` (the caller's transaction)."""
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     config.attributes["connection"] = connection
@@ -100,7 +101,7 @@ def _upgrade_locked(engine: Engine) -> tuple[str | None, str] | None:
                 _check_known(revision)
                 if revision == HEAD:
                     return None
-                config = _config(conn)
+                config = alembic_config(conn)
                 if revision is None and has_runs:
                     command.stamp(config, BASELINE)
                     revision = BASELINE
