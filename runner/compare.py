@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from runner import strategies
 from runner.mfu import Peak, compute_mfu, flops_per_token
 from store import MetricPoint, RunInfo, SampleInfo, Store
 
@@ -202,7 +203,7 @@ def model_dims(recipe: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def estimated_memory(run: RunInfo, recipe: Mapping[str, Any], dims: Mapping[str, Any] | None) -> tuple[int | None, str]:
     """Per-device bytes predicted for the run: ``summary["estimate"]`` when stored, else
-    :func:`runner.estimate.estimate` for a model whose config is at hand."""
+    :func:`runner.planner.estimate` for a model whose config is at hand."""
     stored = run.summary.get("estimate")
     if isinstance(stored, (int, float)):
         return int(stored), "stored estimate"
@@ -213,7 +214,7 @@ def estimated_memory(run: RunInfo, recipe: Mapping[str, Any], dims: Mapping[str,
     if dims is None:
         return None, "-"
     try:
-        from runner.estimate import EstimateInput, estimate, shape_from_config
+        from runner.planner import EstimateInput, estimate, shape_from_config
 
         train, method, launch = recipe.get("train", {}), recipe.get("method", {}), recipe.get("launch", {})
         lora = method.get("lora", {})
@@ -229,7 +230,7 @@ def estimated_memory(run: RunInfo, recipe: Mapping[str, Any], dims: Mapping[str,
             lora_r=int(lora.get("r", 8)),
             lora_targets=tuple(lora.get("target_modules", ("q_proj", "v_proj"))),
         )
-        return estimate(inp).total, "runner.estimate (training tensors)"
+        return estimate(inp).total, "runner.planner (training tensors)"
     except Exception:  # noqa: BLE001 (an estimate we cannot make is a '-')
         return None, "-"
 
@@ -295,7 +296,7 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
     micro = train.get("batch_size")
     ga = train.get("grad_accum")
     devices = device_count(run)
-    global_batch = micro * ga * (run.nproc if run.strategy in ("ddp", "fsdp") else 1) if micro and ga else None
+    global_batch = strategies.global_batch(run.strategy, micro, ga, run.nproc) if micro and ga else None
     tps = run.tokens_per_s
     mfu = achieved = None
     peak_source = peak.source if peak else None

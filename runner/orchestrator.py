@@ -80,9 +80,11 @@ def preflight(recipe: Recipe) -> list[str]:
         raise PreflightError("method.type: qlora needs a CUDA GPU (bitsandbytes 4-bit); none is visible here")
     if recipe.train.precision == "fp16" and on_cpu:
         raise PreflightError("train.precision: fp16 needs a GPU; use bf16 or fp32 on CPU")
-    if on_cpu and recipe.launch.strategy == "fsdp" and recipe.launch.nproc < 2:
-        raise PreflightError("launch.nproc: fsdp on CPU needs at least 2 processes to shard over")
-    if on_cpu and recipe.launch.strategy == "mp":
+    strategy = strategies.get(recipe.launch.strategy)
+    problem = strategy.nproc_problem(recipe.launch.nproc, on_cpu=on_cpu)
+    if problem:
+        raise PreflightError(f"launch.nproc: {problem}")
+    if on_cpu and strategy.layer_split:
         warnings.append("mp on a CPU-only machine: one device, so this is the single-process run")
     return warnings
 
@@ -165,15 +167,15 @@ def prepare(
 
 
 def estimate_summary(recipe: Recipe) -> dict[str, Any]:
-    """The memory estimate of one device of this run (``runner.estimate``), stored in the run's summary
+    """The memory estimate of one device of this run (``runner.planner``), stored in the run's summary
     at prepare time so that ``ftui show`` can set it against the measured bytes. Never fails a run:
     a model whose shape cannot be had offline gets ``{"error": ...}``."""
-    from runner.estimate import breakdown_json, estimate, inputs_from_recipe, resolve_model_shape
+    from runner.planner import breakdown_json, estimate, inputs_from_recipe, resolve_model_shape
 
     try:
         source = resolve_model_shape(recipe.model.name, allow_network=False)
         inp = inputs_from_recipe(recipe, shape=source.shape)
-        if runs_on_cpu(recipe) and inp.strategy == "mp":
+        if runs_on_cpu(recipe) and strategies.get(inp.strategy).layer_split:
             from dataclasses import replace
 
             inp = replace(inp, n_devices=1)  # one device on CPU: mp is the single-process run

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from runner import strategies
 from runner.builtin import BUILTIN_PREFIX, PYDOC_CORPUS, TINY_LLAMA
 
 
@@ -90,7 +91,8 @@ class TrainSection(_Section):
 
 
 class LaunchSection(_Section):
-    strategy: Literal["single", "mp", "ddp", "fsdp"] = "single"
+    strategy: str = "single"
+    """A launchable strategy of ``runner/strategies.py`` (``ftui run --help`` lists them)."""
     nproc: PositiveInt = 1
     """Processes (ranks). On a GPU box, one per GPU."""
     gpus: list[Annotated[int, Field(ge=0)]] | None = None
@@ -106,11 +108,23 @@ class LaunchSection(_Section):
     """Memory budget per rank for the batch-size finder, e.g. ``"3GiB"`` (on CPU there is no device
     memory to find); ``--mem-cap`` on the command line wins."""
 
+    @field_validator("strategy")
+    @classmethod
+    def _check_strategy(cls, value: str) -> str:
+        from runner import strategies
+
+        launchable = strategies.names(launchable=True)
+        if value not in launchable:
+            known = strategies.STRATEGIES.get(value)
+            why = f" ({known.not_launchable})" if known is not None and known.not_launchable else ""
+            raise ValueError(f"Input should be {strategies.choices_text(launchable)}{why}")
+        return value
+
     @field_validator("mem_cap")
     @classmethod
     def _check_mem_cap(cls, value: str | None) -> str | None:
         if value is not None:
-            from runner.estimate import parse_bytes
+            from runner.units import parse_bytes
 
             parse_bytes(value)  # ValueError: reported as launch.mem_cap
         return value
@@ -132,11 +146,11 @@ class Recipe(_Section):
         launch = self.launch
         if self.model.name.startswith(BUILTIN_PREFIX) and self.model.name != TINY_LLAMA:
             raise ValueError(f"model.name: unknown builtin model {self.model.name!r} (have {TINY_LLAMA})")
-        if launch.strategy in ("single", "mp") and launch.nproc != 1:
-            raise ValueError(f"launch.nproc: strategy {launch.strategy!r} runs one process, got nproc = {launch.nproc}")
-        if launch.strategy == "ddp" and launch.nproc < 2:
-            raise ValueError("launch.nproc: strategy 'ddp' needs at least 2 processes")
-        if launch.gpus is not None and launch.strategy in ("ddp", "fsdp") and len(launch.gpus) < launch.nproc:
+        strategy = strategies.get(launch.strategy)
+        problem = strategy.nproc_problem(launch.nproc)
+        if problem:
+            raise ValueError(f"launch.nproc: {problem}")
+        if launch.gpus is not None and not strategy.layer_split and len(launch.gpus) < launch.nproc:
             raise ValueError(f"launch.gpus: {len(launch.gpus)} GPUs listed for nproc = {launch.nproc}")
         if self.method.type == "qlora" and launch.device == "cpu":
             raise ValueError("method.type: qlora needs a CUDA GPU (bitsandbytes 4-bit); launch.device is 'cpu'")

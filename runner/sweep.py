@@ -19,10 +19,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from runner import strategies as table
 from runner.recipe import Recipe, RecipeError, dump_toml, load_recipe
 from store import Store
-
-STRATEGY_ORDER = ("single", "mp", "ddp", "fsdp")
 
 
 @dataclass(frozen=True)
@@ -65,15 +64,15 @@ def plan(recipe_path: Path, strategies: Sequence[str], nproc: int | None, sets: 
     """
     if nproc is not None and nproc < 1:
         raise RecipeError(f"--nproc: must be at least 1, got {nproc}")
-    unknown = [s for s in strategies if s not in STRATEGY_ORDER]
+    unknown = [s for s in strategies if s not in table.STRATEGIES]
     if unknown:
-        raise RecipeError(f"--strategies: unknown {', '.join(unknown)} (choose from {', '.join(STRATEGY_ORDER)})")
+        raise RecipeError(f"--strategies: unknown {', '.join(unknown)} (choose from {', '.join(table.names())})")
     items: list[SweepItem] = []
     for point in parse_grid(grid):
         base = load_recipe(recipe_path, [*sets, *point])
         micro = base.train.batch_size
         for strategy in strategies:
-            n = 1 if strategy in ("single", "mp") else (nproc if nproc is not None else default_nproc)
+            n = table.get(strategy).procs(nproc, default_nproc)
             overrides = [*sets, *point, f"launch.strategy={strategy}", f"launch.nproc={n}"]
             note = f"micro-batch {micro} x 1 process"
             if n > 1:

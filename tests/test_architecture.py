@@ -1,5 +1,5 @@
-"""The boundaries a reader relies on: the headless core never imports the TUI, only
-runner/hardware.py reaches NVML."""
+"""The boundaries a reader relies on: the headless core never imports a front end, the CLI never imports
+Textual, only runner/hardware/nvml.py (and its scripted twin) reaches NVML, mypy strict holds everywhere."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_only_the_hardware_module_imports_pynvml() -> None:
 
 
 def test_the_core_is_mypy_strict_clean() -> None:
-    proc = subprocess.run([sys.executable, "-m", "mypy", "runner", "store"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "mypy", "runner", "store", "tui"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
@@ -36,3 +36,23 @@ def test_the_tui_reads_the_store_through_its_api_only() -> None:
         if "sqlalchemy" in path.read_text() or "store.models" in path.read_text()
     ]
     assert offenders == []
+
+
+def _modules_after(code: str) -> set[str]:
+    proc = subprocess.run([sys.executable, "-c", code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
+                          cwd=ROOT, capture_output=True, text=True, check=True)
+    import json
+
+    return set(json.loads(proc.stdout.splitlines()[-1]))
+
+
+def test_the_cli_imports_neither_textual_nor_torch() -> None:
+    """Building the whole parser (what `ftui --help` does) loads no Textual and no torch (harlequin's
+    import-hygiene test, as a subprocess so nothing this test process imported counts)."""
+    loaded = _modules_after("from tui.cli import build_parser; build_parser()")
+    assert not {m for m in loaded if m.split(".")[0] in ("textual", "torch", "transformers")}
+
+
+def test_the_core_imports_no_front_end() -> None:
+    loaded = _modules_after("import runner.orchestrator, runner.compare, runner.sweep, runner.hardware, store")
+    assert not {m for m in loaded if m.split(".")[0] in ("textual", "rich", "tui")}

@@ -30,7 +30,7 @@ from runner.compare import (
     speedups,
 )
 from store import MetricPoint, RunInfo, SampleInfo
-from tui.compare_report import markdown, sources
+from tui.render.compare import markdown, sources
 
 GOLDEN = ROOT / "tests" / "golden" / "compare.md"
 STRATEGIES = ["single", "mp", "ddp", "fsdp"]

@@ -11,11 +11,9 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from runner.builtin import tiny_llama_config
-from runner.estimate import (
+from runner.planner import (
     GIB,
-    NF4_DOUBLE_QUANT_OVERHEAD_BITS,
     PARTS,
-    STRATEGIES,
     EstimateInput,
     LinearSpec,
     ModelShape,
@@ -30,6 +28,8 @@ from runner.estimate import (
     shape_from_config,
     shape_from_params,
 )
+from runner.planner.memory import NF4_DOUBLE_QUANT_OVERHEAD_BITS
+from runner.strategies import names as strategy_names
 
 ALL_LLAMA_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 MICRO_BATCH, SEQ = 4, 256
@@ -295,7 +295,7 @@ def test_report_shape_is_json_ready(tiny_shape: ModelShape) -> None:
 )
 def test_every_strategy_row_adds_up_to_its_total(inp: EstimateInput) -> None:
     report = estimate_report(inp, 48 * GIB, 4)
-    assert set(report["strategies"]) == set(STRATEGIES)
+    assert set(report["strategies"]) == set(strategy_names())
     for name, entry in report["strategies"].items():
         b = entry["per_device_bytes"]
         assert sum(b[part] for part in PARTS) == b["total"], (name, b)
@@ -311,7 +311,7 @@ def test_every_strategy_row_adds_up_to_its_total(inp: EstimateInput) -> None:
 def test_stored_activations_are_what_one_forward_saves(tiny_shape: ModelShape) -> None:
     """Under checkpointing the peak adds one recomputed layer; the trainer measures one forward only, so the
     estimate-vs-measured row must use the stored figure (it used to show +78% on a correct estimate)."""
-    from tui.report import estimate_vs_measured
+    from tui.render.report import estimate_vs_measured
 
     inp = EstimateInput(tiny_shape, method="lora", precision="fp32", micro_batch=MICRO_BATCH, seq_len=SEQ,
                         gradient_checkpointing=True)

@@ -23,10 +23,10 @@ from runner.hardware import (
     ProcessProbe,
     ProcessTree,
     check_gpus_free,
-    format_gpus,
     nvml_query,
     visible_mapping,
 )
+from tui.render.gpus import format_gpus
 
 BUSY = "import time\nt = time.time()\nwhile time.time() - t < {s}: pass\n"
 SLEEP = "import time; time.sleep(60)"

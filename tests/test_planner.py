@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from runner.estimate import (
+from runner.planner import (
     PARTS,
     EstimateInput,
     breakdown_json,
@@ -23,7 +23,7 @@ from runner.estimate import (
 )
 from runner.recipe import load_recipe
 from tests.conftest import QUICKSTART, ROOT, Ftui
-from tui.report import estimate_vs_measured
+from tui.render.report import estimate_vs_measured
 
 STATES = ("params", "grads", "optimizer")
 

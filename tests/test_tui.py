@@ -11,11 +11,11 @@ from textual.widgets import DataTable, Input
 
 from store import Store
 from tui.app import make_app
-from tui.messages import MonitorUpdate, RunsLoaded
-from tui.screens.compare import CompareScreen
-from tui.screens.compose import ComposeScreen, field_id
-from tui.screens.monitor import MonitorScreen
-from tui.screens.runs import RunsScreen
+from tui.app.messages import MonitorUpdate, RunsLoaded
+from tui.app.screens.compare import CompareScreen
+from tui.app.screens.compose import ComposeScreen, field_id
+from tui.app.screens.monitor import MonitorScreen
+from tui.app.screens.runs import RunsScreen
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -147,7 +147,7 @@ async def test_compose_validates_as_you_type(store: Store) -> None:
         await pilot.pause()
         assert screen.valid
         assert "accelerate.commands.launch" in str(screen.query_one("#preview").render())
-        # the estimate comes from a thread worker (debounced): runner.estimate via the model's config
+        # the estimate comes from a thread worker (debounced): runner.planner via the model's config
         await wait_for(pilot, lambda: "recommended" in str(screen.query_one("#estimate").render()), what="estimate")
         assert "builtin config" in str(screen.query_one("#estimate").render())
         # an invalid form does not keep showing the last valid command

@@ -11,7 +11,7 @@ import pytest
 from runner.hardware import DeviceSample, ProcessGpuMemory
 from runner.recipe import load_recipe
 from store import Store
-from tui import app as app_module
+from tui.app import app as app_module
 from tui.app import make_app
 
 ROOT = Path(__file__).resolve().parent.parent

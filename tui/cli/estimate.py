@@ -1,6 +1,6 @@
 """``ftui estimate``: per-device memory of a run under every strategy, and the strategy to use.
 
-Everything printed is an estimate from ``runner.estimate`` (formulas in docs/memory-model.md);
+Everything printed is an estimate from ``runner.planner`` (formulas in docs/memory-model.md);
 ``--probe`` instead measures the largest micro-batch with short real runs (the batch-size finder).
 """
 
@@ -8,53 +8,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-ALL_STRATEGIES = ["single", "mp", "ddp", "fsdp", "zero1", "zero2", "zero3"]
-DEFAULT_RESERVE = "1GiB"
-"""Per GPU, for the CUDA context, NCCL and allocator slack (why 1 GiB: docs/memory-model.md)."""
+from runner import strategies
+from runner.planner.memory import DEFAULT_RESERVE
+from tui.cli.common import db_option, fail, one_line_errors, open_store, positive_float, positive_int
+
 SHAPE_FLAGS = ("params", "layers", "hidden", "heads", "kv_heads", "intermediate", "vocab")
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer above 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number above 0, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a finite number above 0 (``7.5e9``)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number above 0, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
-    return value
-
-
-def one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Make ``parser`` report bad flags as one line naming the flag, exit code 2 (the project's rule for bad
-    input), instead of argparse's usage block."""
-
-    def error(message: str) -> NoReturn:
-        print(f"ftui: {parser.prog.removeprefix('ftui ')}: {message} (see --help)", file=sys.stderr)
-        raise SystemExit(2)
-
-    parser.error = error  # type: ignore[method-assign]
-    return parser
-
-
-def add_parser(sub: Any, db_option: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "estimate",
         help="estimate GPU memory per device for every strategy, and recommend one",
@@ -76,7 +40,7 @@ def add_parser(sub: Any, db_option: Callable[[argparse.ArgumentParser], None]) -
     p.add_argument("--vocab", type=positive_int, help="vocabulary size (with --params)")
     p.add_argument("--method", choices=["full", "lora", "qlora"], help="default: the recipe's, else full")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], help="default: the recipe's, else bf16")
-    p.add_argument("--strategy", choices=ALL_STRATEGIES, action="append",
+    p.add_argument("--strategy", choices=strategies.names(), action="append",
                    help="strategies to show (repeatable; default: all)")
     p.add_argument("--gpus", type=positive_int,
                    help="GPUs available (default: NVML count, else the recipe's nproc, else 1)")
@@ -97,15 +61,6 @@ def add_parser(sub: Any, db_option: Callable[[argparse.ArgumentParser], None]) -
     p.set_defaults(handler=cmd_estimate)
 
 
-def _fail(msg: str) -> NoReturn:
-    """One line on stderr, exit code 2 (what ``tui.cli.UsageError`` does; raised here directly because
-    ``python -m tui.cli`` runs the command line as ``__main__``, another copy of that class)."""
-    import sys
-
-    print(f"ftui: {msg}", file=sys.stderr)
-    raise SystemExit(2)
-
-
 def _nvml_gpus() -> list[int]:
     """Total memory of each visible GPU, from NVML (empty without NVML)."""
     try:
@@ -119,18 +74,18 @@ def _nvml_gpus() -> list[int]:
 def cmd_estimate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from runner import estimate as E
+    from runner import planner as E
 
     if args.probe:
         return _probe(args)
     shape_flags = [f"--{f.replace('_', '-')}" for f in SHAPE_FLAGS if getattr(args, f) is not None]
     if args.recipe is not None and (shape_flags or args.model):
-        _fail(f"estimate: {', '.join(shape_flags or ['--model'])} cannot be combined with a recipe (the recipe "
+        fail(f"estimate: {', '.join(shape_flags or ['--model'])} cannot be combined with a recipe (the recipe "
               "names its model); give one or the other")
     if args.model and shape_flags:
-        _fail(f"estimate: {', '.join(shape_flags)} cannot be combined with --model (its config gives the sizes)")
+        fail(f"estimate: {', '.join(shape_flags)} cannot be combined with --model (its config gives the sizes)")
     if args.recipe is None and args.model is None and args.params is None:
-        _fail("estimate: give a recipe file, --model NAME or --params N"
+        fail("estimate: give a recipe file, --model NAME or --params N"
               + (f" ({', '.join(shape_flags)} {'needs' if len(shape_flags) == 1 else 'need'} --params)"
                  if shape_flags else ""))
     notes: list[str] = []
@@ -140,7 +95,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             shape = E.shape_from_params(args.params, layers=args.layers, hidden=args.hidden, heads=args.heads,
                                         kv_heads=args.kv_heads, intermediate=args.intermediate, vocab=args.vocab)
         except ValueError as exc:
-            return _fail(f"--params: {exc}")
+            return fail(f"--params: {exc}")
         notes.append(f"model: {args.params:.3g} parameters, Llama-like shape ({shape.layers} layers, hidden "
                      f"{shape.hidden}, {shape.heads} heads, {shape.kv_heads} kv heads, intermediate "
                      f"{shape.intermediate}, vocabulary {shape.vocab}; sizes not given are approximate)")
@@ -150,7 +105,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         try:
             source = E.resolve_model_shape(args.model)
         except ValueError as exc:
-            return _fail(f"--model: {exc}")
+            return fail(f"--model: {exc}")
         notes.append(f"model: {source.note}")
         inp = E.EstimateInput(source.shape, method=args.method or "full", precision=args.precision or "bf16",
                               lora_r=args.lora_r or 8)
@@ -161,7 +116,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             recipe = load_recipe(args.recipe)
             source = E.resolve_model_shape(recipe.model.name)
         except (RecipeError, ValueError, OSError) as exc:
-            return _fail(str(exc) if str(exc).startswith(str(args.recipe)) else f"{args.recipe}: {exc}")
+            return fail(str(exc) if str(exc).startswith(str(args.recipe)) else f"{args.recipe}: {exc}")
         notes.append(f"model: {source.note}")
         inp = E.inputs_from_recipe(recipe, shape=source.shape)
         if args.method and args.method != inp.method:
@@ -185,7 +140,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     try:
         reserve = E.parse_bytes(args.reserve or DEFAULT_RESERVE, allow_zero=True)
     except ValueError as exc:
-        return _fail(f"--reserve: {exc}")
+        return fail(f"--reserve: {exc}")
     inp = replace(inp, reserve_bytes=reserve)
     notes.append(f"reserve: {reserve / E.GIB:.1f} GiB per GPU for the CUDA context, NCCL and allocator slack "
                  + ("(--reserve)" if args.reserve else f"(default {DEFAULT_RESERVE}; --reserve to change)"))
@@ -195,16 +150,16 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         try:
             gpu_mem = E.parse_bytes(args.gpu_mem)
         except ValueError as exc:
-            return _fail(f"--gpu-mem: {exc}")
+            return fail(f"--gpu-mem: {exc}")
         notes.append(f"GPU memory: {args.gpu_mem} (--gpu-mem)")
     elif nvml:
         gpu_mem = min(nvml)
         notes.append(f"GPU memory: {gpu_mem / E.GIB:.1f} GiB (NVML, smallest of {len(nvml)} GPUs)")
     else:
-        return _fail("estimate: no GPU visible (NVML): give the memory of one GPU with --gpu-mem, e.g. 48GiB")
+        return fail("estimate: no GPU visible (NVML): give the memory of one GPU with --gpu-mem, e.g. 48GiB")
     n_gpus = args.gpus or len(nvml) or (recipe.launch.nproc if recipe is not None else 1)
-    strategies = args.strategy or ALL_STRATEGIES
-    report = E.estimate_report(inp, gpu_mem, n_gpus, strategies)  # type: ignore[arg-type]
+    chosen = args.strategy or strategies.names()
+    report = E.estimate_report(inp, gpu_mem, n_gpus, chosen)
     if args.format == "json":
         print(json.dumps(report, indent=2))
         return 0
@@ -217,14 +172,14 @@ def _print_text(report: dict[str, Any], inp: Any, gpu_mem: int, n_gpus: int, not
     from rich.table import Table
     from rich.text import Text
 
-    from runner import estimate as E
-    from tui.report import fmt_bytes
+    from runner import planner as E
+    from tui.render.report import fmt_bytes
 
     con = Console(highlight=False, width=max(Console().width, 140))
     title = (f"ESTIMATED memory per device · {inp.method} · {inp.precision} · micro-batch {inp.micro_batch} × "
              f"{inp.seq_len} tokens{' · grad ckpt' if inp.gradient_checkpointing else ''} · {n_gpus} GPU(s) of "
              f"{fmt_bytes(gpu_mem)}")
-    table = Table(title=title, caption="every figure is estimated (runner.estimate; docs/memory-model.md); "
+    table = Table(title=title, caption="every figure is estimated (runner.planner; docs/memory-model.md); "
                   "buffers: autocast's 16-bit weight copies, or the gathered layer under zero3/fsdp")
     parts = E.PARTS
     cols = ("strategy", *parts, "total", "fits", "GPUs needed")
@@ -247,7 +202,7 @@ def _print_text(report: dict[str, Any], inp: Any, gpu_mem: int, n_gpus: int, not
 
 def _probe(args: argparse.Namespace) -> int:
     if args.recipe is None:
-        return _fail("estimate --probe: needs a recipe file")
+        return fail("estimate --probe: needs a recipe file")
     from runner import orchestrator
     from runner.recipe import RecipeError, load_recipe
 
@@ -255,7 +210,7 @@ def _probe(args: argparse.Namespace) -> int:
         recipe = load_recipe(args.recipe)
         orchestrator.preflight(recipe)
     except RecipeError as exc:
-        return _fail(f"{args.recipe}: {exc}")
+        return fail(f"{args.recipe}: {exc}")
     return run_finder(args, recipe, args.mem_cap, str(args.recipe))
 
 
@@ -265,16 +220,15 @@ def run_finder(args: argparse.Namespace, recipe: Any, mem_cap: str | None, sourc
     from rich.table import Table
 
     from runner import orchestrator
-    from runner.estimate import parse_bytes
-    from tui.cli import UsageError, _store
-    from tui.report import fmt_bytes
+    from runner.units import parse_bytes
+    from tui.render.report import fmt_bytes
 
     con = Console(highlight=False, stderr=getattr(args, "format", "text") == "json")
     if mem_cap:
         try:
             cap = parse_bytes(mem_cap)
         except ValueError as exc:
-            return _fail(f"--mem-cap: {exc}")
+            return fail(f"--mem-cap: {exc}")
         origin = "--mem-cap"
     elif recipe.launch.mem_cap:
         cap = parse_bytes(recipe.launch.mem_cap)  # validated with the recipe
@@ -283,12 +237,9 @@ def run_finder(args: argparse.Namespace, recipe: Any, mem_cap: str | None, sourc
         cap = min(_nvml_gpus())
         origin = "NVML (GPU memory)"
     else:
-        return _fail("find batch size: on CPU give the memory budget per rank with --mem-cap or "
+        return fail("find batch size: on CPU give the memory budget per rank with --mem-cap or "
                      "launch.mem_cap in the recipe, e.g. 3GiB")
-    try:
-        store = _store(args)
-    except UsageError as exc:
-        return _fail(str(exc))
+    store = open_store(args)
     con.print(f"finding the micro-batch for {recipe.launch.strategy} × {recipe.launch.nproc} within "
               f"{fmt_bytes(cap)} per rank ({origin}); short real runs of 2 steps, at most 6")
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable
 from typing import Any
 
+from tui.cli.common import db_option
 
-def add_parser(sub: Any, db_option: Callable[[argparse.ArgumentParser], None]) -> None:
+
+def add_parser(sub: Any) -> None:
     gpus = sub.add_parser("gpus", help="show the GPUs now (or the host's CPU/memory without NVML)")
     gpus.add_argument("--watch", nargs="?", const=1.0, type=_seconds, metavar="SECONDS",
                       help="refresh every SECONDS (default 1) until Ctrl-C")
@@ -47,6 +48,6 @@ def cmd_gpus(args: argparse.Namespace) -> int:
 
 
 def _render(probe: Any) -> Any:
-    from runner.hardware import format_gpus
+    from tui.render.gpus import format_gpus
 
     return format_gpus(probe)

@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from tui.screens.data import downsample
+from tui.app.screens.data import downsample
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 COLORS = ["cyan", "magenta", "yellow", "green", "red", "blue", "white"]

@@ -15,10 +15,10 @@ from textual.widgets import DataTable, Footer, Header, Input, Static
 from textual.worker import get_current_worker
 
 from store import RunInfo
-from tui.messages import CompareRuns, LaunchFailed, Notice, OpenRun, RunLaunched, RunsLoaded
-from tui.report import STATUS_STYLE, fmt_seconds
-from tui.screens.data import launch_run, run_duration
-from tui.screens.modals import ConfirmScreen, PromptScreen
+from tui.app.messages import CompareRuns, LaunchFailed, Notice, OpenRun, RunLaunched, RunsLoaded
+from tui.app.screens.data import launch_run, run_duration
+from tui.app.screens.modals import ConfirmScreen, PromptScreen
+from tui.render.report import STATUS_STYLE, fmt_seconds
 
 if TYPE_CHECKING:
     from tui.app import FtuiApp

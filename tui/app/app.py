@@ -14,11 +14,11 @@ from textual.screen import Screen
 
 from store import RunInfo, Store
 from store.store import utcnow
-from tui.messages import CompareRuns, LaunchFailed, Notice, OpenRun, RunLaunched
-from tui.screens.compare import CompareScreen
-from tui.screens.compose import FIELDS, ComposeScreen
-from tui.screens.monitor import MonitorScreen
-from tui.screens.runs import RunsScreen
+from tui.app.messages import CompareRuns, LaunchFailed, Notice, OpenRun, RunLaunched
+from tui.app.screens.compare import CompareScreen
+from tui.app.screens.compose import FIELDS, ComposeScreen
+from tui.app.screens.monitor import MonitorScreen
+from tui.app.screens.runs import RunsScreen
 
 
 class FtuiApp(App[int]):

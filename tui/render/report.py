@@ -143,7 +143,7 @@ def estimate_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
     n = len(summary.get("ranks") or [])
     for kind, est, measured, err in estimate_vs_measured(summary):
         value = f"{fmt_bytes(est)} est. / {fmt_bytes(measured)} meas."
-        note = "estimated (runner.estimate) vs measured " + (
+        note = "estimated (runner.planner) vs measured " + (
             "(activations: saved tensors of one forward, both sides)" if kind == "activations" else "(tensor bytes)")
         if n > 1:
             note += f", mean of {n} ranks"

@@ -3,39 +3,21 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tui.cli.common import (
+    ExitCode,
+    UsageError,
+    db_option,
+    one_line_errors,
+    open_store,
+    positive_float,
+    positive_int,
+)
+
 FORMATS = ["text", "md", "csv", "json", "html"]
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-class _Usage(Exception):
-    """Bad input. Handled here, not with ``tui.cli.UsageError``: under ``python -m tui.cli`` that module
-    runs as ``__main__``, so an imported ``tui.cli.UsageError`` would not be the class main() catches."""
-
-
-def _usage(exc: _Usage) -> int:
-    import sys
-
-    print(f"ftui: {exc}", file=sys.stderr)
-    return EXIT_USAGE
-
-
-def _store(args: argparse.Namespace) -> Any:
-    from runner.paths import default_db_url
-    from store import Store, StoreError
-
-    try:
-        return Store(getattr(args, "db", None) or default_db_url())
-    except StoreError as exc:
-        raise _Usage(str(exc)) from None
-
-
-def add_parser(sub: Any, db_option: Callable[[argparse.ArgumentParser], None]) -> None:
-    from tui.cmd_estimate import one_line_errors, positive_int
-
+def add_parser(sub: Any) -> None:
     cmp = sub.add_parser("compare", help="compare runs side by side (or a sweep)",
                          description="Compare runs: throughput, utilisation, MFU, memory, loss, recipe diff.")
     one_line_errors(cmp)
@@ -65,8 +47,6 @@ def add_parser(sub: Any, db_option: Callable[[argparse.ArgumentParser], None]) -
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    from tui.cmd_estimate import positive_float
-
     p.add_argument("--format", choices=FORMATS, default="text")
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write the comparison here (html: default compare.html)")
     p.add_argument("--plot", action="store_true", help="draw the loss curves in the terminal")
@@ -80,16 +60,16 @@ def _output(args: argparse.Namespace) -> Path | None:
     if args.format == "html" and out is None:
         out = Path("compare.html")
     if out is not None and not out.parent.is_dir():
-        raise _Usage(f"-o/--output {out}: folder {out.parent} does not exist")
+        raise UsageError(f"-o/--output {out}: folder {out.parent} does not exist")
     if out is not None and out.is_dir():
-        raise _Usage(f"-o/--output {out}: is a folder; give a file name")
+        raise UsageError(f"-o/--output {out}: is a folder; give a file name")
     return out
 
 
 def _emit(args: argparse.Namespace, cmp: Any) -> None:
     from rich.console import Console
 
-    from tui import compare_report as rep
+    from tui.render import compare as rep
 
     console = Console(highlight=False)
     out = _output(args)
@@ -108,50 +88,36 @@ def _emit(args: argparse.Namespace, cmp: Any) -> None:
             else:
                 print(text)
     except OSError as exc:
-        raise _Usage(f"-o/--output {out}: cannot write ({exc.strerror or exc})") from None
+        raise UsageError(f"-o/--output {out}: cannot write ({exc.strerror or exc})") from None
     if args.plot:
         console.print(rep.loss_plot(cmp, width=max(20, min(100, console.width - 12))))
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    try:
-        return _compare(args)
-    except _Usage as exc:
-        return _usage(exc)
-
-
-def _compare(args: argparse.Namespace) -> int:
     from runner.compare import load_comparison, sweep_run_ids
 
     _output(args)
-    store = _store(args)
+    store = open_store(args)
     ids = list(args.run_ids)
     if args.sweep:
         in_sweep = sweep_run_ids(store, args.sweep)
         ids = in_sweep + [i for i in ids if i not in in_sweep]
         if not ids:
-            raise _Usage(f"--sweep {args.sweep}: no runs with that sweep id in {store.url}")
+            raise UsageError(f"--sweep {args.sweep}: no runs with that sweep id in {store.url}")
     if not ids:
-        raise _Usage("compare: give RUN_IDs or --sweep SWEEP_ID")
+        raise UsageError("compare: give RUN_IDs or --sweep SWEEP_ID")
     if args.baseline is not None and args.baseline not in ids:
-        raise _Usage(f"--baseline {args.baseline}: not one of the compared runs ({', '.join(map(str, ids))})")
+        raise UsageError(f"--baseline {args.baseline}: not one of the compared runs ({', '.join(map(str, ids))})")
     try:
         cmp = load_comparison(store, ids, baseline_id=args.baseline, peak_tflops=args.peak_tflops,
                               sweep_id=args.sweep, with_samples=args.format == "html")
     except KeyError as exc:
-        raise _Usage(f"run {exc.args[0]}: no such run in {store.url}") from None
+        raise UsageError(f"run {exc.args[0]}: no such run in {store.url}") from None
     _emit(args, cmp)
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    try:
-        return _sweep(args)
-    except _Usage as exc:
-        return _usage(exc)
-
-
-def _sweep(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from runner import sweep as sw
@@ -165,8 +131,8 @@ def _sweep(args: argparse.Namespace) -> int:
         items = sw.plan(args.recipe, strategies, args.nproc, args.overrides, args.grid,
                         default_nproc=max(2, cuda_device_count()))
     except RecipeError as exc:
-        raise _Usage(str(exc)) from None
-    store = _store(args)
+        raise UsageError(str(exc)) from None
+    store = open_store(args)
     console = Console(highlight=False, stderr=args.format != "text" and args.output is None)
     sweep_id = sw.new_sweep_id()
     console.print(f"sweep [bold]{sweep_id}[/]: {len(items)} runs, one after another")
@@ -186,5 +152,5 @@ def _sweep(args: argparse.Namespace) -> int:
     _emit(args, cmp)
     console.print(f"reopen with: ftui compare --sweep {sweep_id}", markup=False)
     if any(r.status == "stopped" for r in results):
-        return EXIT_INTERRUPTED
-    return EXIT_OK if cmp.fastest_id is not None else EXIT_FAILED
+        return ExitCode.INTERRUPTED
+    return ExitCode.OK if cmp.fastest_id is not None else ExitCode.FAILED

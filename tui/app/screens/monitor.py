@@ -17,11 +17,11 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 from textual.worker import get_current_worker
 
-from tui.messages import MonitorSnapshot, MonitorUpdate, Notice
-from tui.report import STATUS_STYLE, fmt_bytes, fmt_seconds
-from tui.screens.data import MonitorFeed
-from tui.screens.modals import ConfirmScreen
-from tui.widgets.plot import LinePlot, bar, spark
+from tui.app.messages import MonitorSnapshot, MonitorUpdate, Notice
+from tui.app.screens.data import MonitorFeed
+from tui.app.screens.modals import ConfirmScreen
+from tui.app.widgets.plot import LinePlot, bar, spark
+from tui.render.report import STATUS_STYLE, fmt_bytes, fmt_seconds
 
 if TYPE_CHECKING:
     from tui.app import FtuiApp
@@ -87,6 +87,8 @@ class MonitorScreen(Screen[None]):
         ranks = self.query_one("#ranks", DataTable)
         devices.clear(columns=True)
         ranks.clear(columns=True)
+        device_cols: tuple[str, ...]
+        rank_cols: tuple[str, ...]
         if self.narrow:
             device_cols = ("device", util_header, "history", "memory", "history ")
             rank_cols = ("rank", "pid", "CPU %/core (psutil)", "RSS (psutil)", f"GPU mem ({gpu_source or 'NVML'})")

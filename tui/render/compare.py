@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from runner.compare import Comparison, RunRow
-from tui.report import STATUS_STYLE, fmt_bytes, fmt_seconds
+from tui.render.report import STATUS_STYLE, fmt_bytes, fmt_seconds
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 RICH_COLOURS = ["blue", "red", "green", "dark_orange", "magenta", "yellow", "cyan", "white"]

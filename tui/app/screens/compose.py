@@ -22,9 +22,10 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 from textual.worker import get_current_worker
 
+from runner import strategies
 from runner.recipe import Recipe, RecipeError, parse_recipe
-from tui.messages import EstimateReady, LaunchFailed, RunLaunched
-from tui.screens.data import launch_run
+from tui.app.messages import EstimateReady, LaunchFailed, RunLaunched
+from tui.app.screens.data import launch_run
 
 if TYPE_CHECKING:
     from tui.app import FtuiApp
@@ -58,7 +59,7 @@ FIELDS = (
     Field("train.max_steps", "max steps", "num"),
     Field("train.precision", "precision", "choice", ("fp32", "bf16", "fp16")),
     Field("train.gradient_checkpointing", "grad checkpoint", "bool", ("false", "true")),
-    Field("launch.strategy", "strategy", "choice", ("single", "mp", "ddp", "fsdp")),
+    Field("launch.strategy", "strategy", "choice", strategies.names(launchable=True)),
     Field("launch.nproc", "processes", "num"),
     Field("launch.gpus", "GPUs (e.g. 0,1)", "ints"),
     Field("launch.device", "device", "choice", ("auto", "cpu", "cuda")),
@@ -105,11 +106,10 @@ def override(field: Field, text: str) -> str | None:
 
 def estimate_text(recipe: Recipe, probe: Any) -> Text:
     """Memory per device under each strategy and the recommended one, as ``ftui estimate`` computes
-    them (``runner.estimate``; the model's shape from its config, never from the network). Blocking
+    them (``runner.planner``; the model's shape from its config, never from the network). Blocking
     (config files, NVML): call from a worker."""
-    from runner import estimate as E
-    from tui.cmd_estimate import ALL_STRATEGIES
-    from tui.report import fmt_bytes
+    from runner import planner as E
+    from tui.render.report import fmt_bytes
 
     try:
         source = E.resolve_model_shape(recipe.model.name, allow_network=False)
@@ -123,9 +123,9 @@ def estimate_text(recipe: Recipe, probe: Any) -> Text:
     gpu_mem = min(gpus) if gpus else 80 * 2**30
     n = len(gpus) or recipe.launch.nproc
     where = f"{len(gpus)} GPU(s) of {fmt_bytes(gpu_mem)} (NVML)" if gpus else f"no GPU here: {n} nominal 80 GiB GPU(s)"
-    report = E.estimate_report(inp, gpu_mem, n, ALL_STRATEGIES)  # type: ignore[arg-type]
+    report = E.estimate_report(inp, gpu_mem, n, strategies.names())
     rec = report["recommendation"]
-    out = Text.assemble(("memory per device (estimated, runner.estimate)", "bold"), f" for {where}\n",
+    out = Text.assemble(("memory per device (estimated, runner.planner)", "bold"), f" for {where}\n",
                         (f"model: {source.note}\n", "dim"))
     for name, entry in report["strategies"].items():
         mark = "✓" if entry["fits"] else "✗"

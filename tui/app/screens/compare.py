@@ -1,5 +1,5 @@
 """The Compare screen: the selected runs side by side, the same figures and sources as
-``ftui compare`` (``runner.compare.load_comparison`` rendered with ``tui.compare_report.COLUMNS``),
+``ftui compare`` (``runner.compare.load_comparison`` rendered with ``tui.render.compare.COLUMNS``),
 the recipe fields that differ, and the loss curves overlaid against the step."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
 from runner.compare import Comparison
-from tui.compare_report import COLUMNS, sources, summary_lines
-from tui.messages import CompareLoaded
-from tui.report import STATUS_STYLE
-from tui.widgets.plot import LinePlot
+from tui.app.messages import CompareLoaded
+from tui.app.widgets.plot import LinePlot
+from tui.render.compare import COLUMNS, sources, summary_lines
+from tui.render.report import STATUS_STYLE
 
 if TYPE_CHECKING:
     from tui.app import FtuiApp

@@ -14,9 +14,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from store import Store
+from store import RunInfo, Store
 from store.store import utcnow
-from tui.messages import DeviceView, MonitorSnapshot, RankView
+from tui.app.messages import DeviceView, MonitorSnapshot, RankView
 
 HISTORY = 40
 """Samples of history kept per device for the sparklines."""
@@ -147,12 +147,12 @@ class MonitorFeed:
         return lines[-self.log_lines:]
 
 
-def run_duration(run: Any, now: Clock = utcnow) -> float | None:
+def run_duration(run: RunInfo, now: Clock = utcnow) -> float | None:
     """Wall time from start to end, or to ``now()`` while running (``now`` is frozen in snapshots)."""
     if run.started_at is None:
         return None
     end = run.ended_at or now()
-    return (end - run.started_at).total_seconds()
+    return float((end - run.started_at).total_seconds())
 
 
 def launch_run(store: Store, recipe: Any, source: str | None, fake_gpus: int) -> int:

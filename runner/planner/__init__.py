@@ -1,0 +1,64 @@
+"""The memory planner: per-device memory of a fine-tuning run under each strategy, and which to use.
+
+Split on its seams:
+
+* ``shapes``: the model's shape, read from its config (local folder, Hugging Face cache, builtin table)
+  or derived from a parameter count: the planner's only I/O;
+* ``memory``: the formulas, pure functions (``estimate``: weights, gradients, optimizer, master,
+  activations, buffers, reserve per device); docs/memory-model.md keeps them with their sources;
+* ``recommend``: devices needed and the recommended strategy (the seed's decision flow);
+* ``glue``: the recipe as the planner sees it, with the trainer's semantics (shared by ``ftui estimate``,
+  ``ftui run``'s stored estimate and Compose).
+"""
+
+from runner.planner.glue import inputs_from_recipe, recipe_param_dtype
+from runner.planner.memory import (
+    DEFAULT_RESERVE,
+    GIB,
+    PARTS,
+    ActivationBytes,
+    EstimateInput,
+    MemoryBreakdown,
+    activation_bytes,
+    breakdown_json,
+    estimate,
+)
+from runner.planner.recommend import Recommendation, estimate_report, gpus_needed, recommend
+from runner.planner.shapes import (
+    LinearSpec,
+    ModelShape,
+    ModelSource,
+    llama_shape,
+    lora_trainable_params,
+    resolve_model_shape,
+    shape_from_config,
+    shape_from_params,
+)
+from runner.units import parse_bytes
+
+__all__ = [
+    "DEFAULT_RESERVE",
+    "GIB",
+    "PARTS",
+    "ActivationBytes",
+    "EstimateInput",
+    "LinearSpec",
+    "MemoryBreakdown",
+    "ModelShape",
+    "ModelSource",
+    "Recommendation",
+    "activation_bytes",
+    "breakdown_json",
+    "estimate",
+    "estimate_report",
+    "gpus_needed",
+    "inputs_from_recipe",
+    "llama_shape",
+    "lora_trainable_params",
+    "parse_bytes",
+    "recipe_param_dtype",
+    "recommend",
+    "resolve_model_shape",
+    "shape_from_config",
+    "shape_from_params",
+]

@@ -1,0 +1,161 @@
+"""How many devices a run needs and which strategy to use, from the memory estimate (the seed's decision flow)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+
+    pass
+
+from runner import strategies as table
+from runner.planner.memory import (
+    GIB,
+    EstimateInput,
+    Method,
+    Strategy,
+    breakdown_json,
+    estimate,
+)
+
+
+def _fits(inp: EstimateInput, gpu_mem_bytes: int) -> bool:
+    return estimate(inp).total <= gpu_mem_bytes
+
+
+def _at(inp: EstimateInput, strategy: Strategy, n_gpus: int) -> EstimateInput:
+    row = table.get(strategy)
+    one_device = row.max_procs == 1 and not row.layer_split
+    return replace(inp, strategy=strategy, n_devices=1 if one_device else n_gpus)
+
+
+def gpus_needed(inp: EstimateInput, gpu_mem_bytes: int, max_gpus: int = 1024) -> int | None:
+    """The fewest devices on which ``inp.strategy`` fits, or ``None`` if none up to ``max_gpus`` does.
+
+    Args:
+        inp: The run (its ``n_devices`` is ignored).
+        gpu_mem_bytes: Memory of one device.
+        max_gpus: Largest device count tried.
+
+    Returns:
+        The minimum device count, or ``None``.
+    """
+    if not table.get(inp.strategy).shards:  # replicated: more devices never help
+        return 1 if _fits(replace(inp, n_devices=1), gpu_mem_bytes) else None
+    lo, hi = 1, max_gpus
+    if not _fits(replace(inp, n_devices=hi), gpu_mem_bytes):
+        return None
+    while lo < hi:  # memory per device never grows with the device count
+        mid = (lo + hi) // 2
+        if _fits(replace(inp, n_devices=mid), gpu_mem_bytes):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """A strategy (and method) to run with, and why.
+
+    Attributes:
+        strategy: The recommended strategy, or ``None`` when nothing fits.
+        reason: One sentence with the numbers.
+        fits: For the requested method, whether each strategy fits on ``n_gpus`` devices.
+        method: The fine-tuning method the recommendation is for (may be cheaper than asked).
+    """
+
+    strategy: Strategy | None
+    reason: str
+    fits: dict[str, bool] = field(hash=False)
+    method: Method = "full"
+
+
+def _gib(x: float) -> str:
+    return f"{x / GIB:.1f} GiB"
+
+
+def recommend(inputs: EstimateInput, gpu_mem_bytes: int, n_gpus: int) -> Recommendation:
+    """Pick a strategy the seed's way: replicate when one device holds a copy, else shard as little as fits.
+
+    If the model states plus one micro-batch fit on one device: ``ddp`` for speed (``single`` with one
+    GPU). Else ``zero2`` when sharding optimizer states and grads suffices, else ``fsdp`` (weights sharded
+    too, same memory as ``zero3``). ``mp`` always runs but leaves GPUs idle; it is recommended only when no
+    data-parallel strategy fits and the layer split does. If a full fine-tune fits nowhere, LoRA is tried,
+    then QLoRA.
+
+    Args:
+        inputs: The run (its strategy and device count are ignored).
+        gpu_mem_bytes: Memory of one GPU.
+        n_gpus: GPUs available.
+
+    Returns:
+        The recommendation.
+    """
+    fits: dict[str, bool] = {s: _fits(_at(inputs, s, n_gpus), gpu_mem_bytes) for s in table.names()}
+    methods: list[Method] = [inputs.method]
+    if inputs.method == "full":
+        methods += ["lora", "qlora"]
+    elif inputs.method == "lora":
+        methods.append("qlora")
+    order: list[Strategy] = ["ddp" if n_gpus > 1 else "single"]
+    if n_gpus > 1:
+        order += ["zero2", "fsdp", "mp"]
+    for method in methods:
+        inp = replace(inputs, method=method)
+        for s in order:
+            est = estimate(_at(inp, s, n_gpus))
+            if est.total > gpu_mem_bytes:
+                continue
+            what = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA"}[method]
+            if method != inputs.method:
+                what += f" (a {inputs.method} fine-tune fits nowhere)"
+            where = f"each of {n_gpus} GPUs" if n_gpus > 1 else "the GPU"
+            reason = (
+                f"{inputs.precision} {what} with {s} needs {_gib(est.total)} per GPU "
+                f"(model states {_gib(est.model_states)}, activations {_gib(est.activations)}), "
+                f"within the {_gib(gpu_mem_bytes)} of {where}."
+            )
+            if s not in table.names(launchable=True):
+                fsdp = estimate(_at(inp, "fsdp", n_gpus))
+                reason += (
+                    f" `ftui run` cannot launch {s} yet (launch.strategy takes {', '.join(table.names(launchable=True))})"
+                    + (f"; fsdp fits too, at {_gib(fsdp.total)} per GPU." if fsdp.total <= gpu_mem_bytes else ".")
+                )
+            return Recommendation(s, reason, fits, method)
+    best = min(estimate(_at(replace(inputs, method=methods[-1]), s, n_gpus)).total for s in order)
+    reason = (
+        f"Nothing fits: even {methods[-1]} needs {_gib(best)} per GPU against {_gib(gpu_mem_bytes)} on "
+        f"{n_gpus} GPU(s); add GPUs, shorten sequences, or enable gradient checkpointing or offload."
+    )
+    return Recommendation(None, reason, fits, inputs.method)
+
+
+def estimate_report(
+    base_inputs: EstimateInput, gpu_mem_bytes: int, n_gpus: int, strategies: Sequence[Strategy] | None = None
+) -> dict[str, Any]:
+    """A JSON-ready report of every strategy and the recommendation.
+
+    Args:
+        base_inputs: The run (strategy and device count are set per entry).
+        gpu_mem_bytes: Memory of one GPU.
+        n_gpus: GPUs available (``single`` uses one).
+        strategies: Strategies to report (default: every row of the strategy table).
+
+    Returns:
+        ``{"strategies": {name: {"per_device_bytes": {...}, "fits": bool, "gpus_needed": int | None}},
+        "recommendation": {"strategy": ..., "reason": ...}}``.
+    """
+    out: dict[str, Any] = {}
+    for s in strategies if strategies is not None else table.names():
+        inp = _at(base_inputs, s, n_gpus)
+        est = estimate(inp)
+        out[s] = {
+            "per_device_bytes": breakdown_json(est),
+            "fits": est.total <= gpu_mem_bytes,
+            "gpus_needed": gpus_needed(inp, gpu_mem_bytes),
+        }
+    rec = recommend(base_inputs, gpu_mem_bytes, n_gpus)
+    return {"strategies": out, "recommendation": {"strategy": rec.strategy, "reason": rec.reason}}

@@ -1,0 +1,61 @@
+"""The ``ftui`` command line: one parser, one module per command group, registered explicitly.
+
+With no command it opens the Textual app. That is the CLI's one import of the app, deferred into
+:func:`_open_app` so that ``ftui run`` and ``ftui --help`` never import textual (or torch): the
+import-linter contract in pyproject.toml lists it as the one exception.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+from tui.cli.common import ExitCode, UsageError, db_option
+
+COMMANDS: tuple[str, ...] = (
+    "tui.cli.run",       # run
+    "tui.cli.runs",      # runs, show
+    "tui.cli.gpus",      # gpus
+    "tui.cli.estimate",  # estimate
+    "tui.cli.compare",   # compare, sweep
+)
+"""The command modules, in the order ``--help`` lists them. Each has ``add_parser(subparsers)`` and
+imports its heavy dependencies inside its handlers, so that building the parser stays fast."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``ftui`` with ``argv``; return the exit code (:class:`ExitCode`)."""
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
+        if handler is None:
+            return _open_app(args)
+        return int(handler(args))
+    except UsageError as exc:
+        print(f"ftui: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+    except KeyboardInterrupt:
+        return ExitCode.INTERRUPTED
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line."""
+    parser = argparse.ArgumentParser(
+        prog="ftui",
+        description="Plan, launch, watch and compare fine-tuning runs. With no command: the dashboard.",
+    )
+    db_option(parser)
+    parser.add_argument("--fake-gpus", type=int, default=0, metavar="N", help="show N scripted GPUs (demo mode)")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for module in COMMANDS:
+        importlib.import_module(module).add_parser(sub)
+    return parser
+
+
+def _open_app(args: argparse.Namespace) -> int:
+    from tui.app import run_app  # the CLI's one import of the Textual app (see the module docstring)
+
+    return run_app(db_url=getattr(args, "db", None), fake_gpus=args.fake_gpus)

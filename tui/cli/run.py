@@ -1,0 +1,142 @@
+"""``ftui run``: run a recipe headless, with live progress, and print what happened."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from runner import strategies
+from tui.cli.common import ExitCode, UsageError, console, db_option, open_store, seconds_at_least
+
+
+def add_parser(sub: Any) -> None:
+    run = sub.add_parser("run", help="run a recipe headless", description="Run a recipe headless.")
+    run.add_argument("recipe", type=Path, help="recipe TOML file")
+    run.add_argument("--strategy", choices=strategies.names(launchable=True), help="override launch.strategy")
+    run.add_argument("--nproc", type=int, help="override launch.nproc (processes)")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                     help="override any recipe field, e.g. --set train.max_steps=50 (repeatable)")
+    run.add_argument("--name", help="override the recipe's name")
+    run.add_argument("--dry-run", action="store_true", help="print the launch (argv, env, config) and run nothing")
+    run.add_argument("--format", choices=["text", "json"], default="text")
+    run.add_argument("--find-batch-size", action="store_true",
+                     help="find the largest micro-batch that fits with short real runs, then stop")
+    run.add_argument("--mem-cap", metavar="SIZE", help="with --find-batch-size: budget per rank, e.g. 3GiB")
+    run.add_argument("--sample-interval", type=seconds_at_least(0), default=0.5, metavar="SECONDS",
+                     help="telemetry: seconds between device readings (default 0.5; 0 turns telemetry off)")
+    run.add_argument("--hang-after", type=seconds_at_least(1), default=300.0, metavar="SECONDS",
+                     help="flag a hang when no step came for this long and every device is idle (default 300)")
+    db_option(run)
+    run.set_defaults(handler=cmd_run)
+
+
+
+def load_run_recipe(args: argparse.Namespace) -> Any:
+    """The recipe of ``ftui run`` with its flags applied, validated (UsageError on any problem).
+
+    ``--strategy ddp|fsdp`` without ``--nproc`` on a one-process recipe takes one process per
+    visible GPU (at least 2); ``--strategy single|mp`` takes one process.
+    """
+    from runner.recipe import RecipeError, load_recipe
+
+    overrides = list(args.overrides)
+    if args.name:
+        overrides.append(f"name={json.dumps(args.name)}")
+    nproc = args.nproc
+    try:
+        if args.strategy:
+            overrides.append(f"launch.strategy={args.strategy}")
+            if nproc is None and strategies.get(args.strategy).max_procs == 1:
+                nproc = 1
+            elif nproc is None:
+                base = load_recipe(args.recipe, [o for o in overrides if not o.startswith("launch.")])
+                if base.launch.nproc == 1:
+                    from runner.orchestrator import cuda_device_count
+
+                    nproc = max(2, cuda_device_count())
+        if nproc is not None:
+            overrides.append(f"launch.nproc={nproc}")
+        return load_recipe(args.recipe, overrides)
+    except RecipeError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from runner import orchestrator
+    from runner.recipe import RecipeError
+
+    recipe = load_run_recipe(args)
+    try:
+        warnings = orchestrator.preflight(recipe)
+    except RecipeError as exc:
+        raise UsageError(f"{args.recipe}: {exc}") from None
+    out = console(stderr=args.format == "json")
+    warnings += _gpu_warnings(recipe, args.fake_gpus)
+    for warning in warnings:
+        out.print(f"[yellow]warning:[/] {warning}")
+    if args.find_batch_size:
+        from tui.cli.estimate import run_finder
+
+        return run_finder(args, recipe, args.mem_cap, str(args.recipe))
+    if args.dry_run:
+        prepared = orchestrator.prepare(None, recipe, source=str(args.recipe))
+        if args.format == "json":
+            print(json.dumps(prepared.spec.to_json(), indent=2))
+        else:
+            import shlex
+
+            out.print("[bold]argv[/]  " + shlex.join(prepared.spec.argv), soft_wrap=True)
+            out.print("[bold]env[/]   " + " ".join(f"{k}={v}" for k, v in prepared.spec.env.items()))
+            out.print(f"[bold]accelerate config[/] {prepared.spec.accelerate_config}")
+            if prepared.spec.accelerate_config_text:
+                out.print(prepared.spec.accelerate_config_text, markup=False, highlight=False)
+        return ExitCode.OK
+
+    store = open_store(args)
+    prepared = orchestrator.prepare(store, recipe, source=str(args.recipe))
+    from tui.cli.progress import RunProgress
+
+    out.print(f"run [bold]{prepared.run_id}[/] · {recipe.launch.strategy} × {recipe.launch.nproc} · {prepared.run_dir}")
+    with RunProgress(out) as progress:
+        outcome = orchestrator.execute(store, prepared, on_event=progress.on_event,
+                                       probe=orchestrator.probe_for(args.fake_gpus),
+                                       sample_interval_s=args.sample_interval, hang_after_s=args.hang_after)
+    run = store.get_run(outcome.run_id)
+    from tui.render.report import run_summary_table
+
+    out.print(run_summary_table(run))
+    if outcome.status == "completed":
+        return ExitCode.OK
+    if outcome.status == "stopped":
+        out.print("[yellow]stopped[/]")
+        return ExitCode.INTERRUPTED
+    from rich.markup import escape
+
+    out.print(f"[red]failed:[/] {escape(outcome.error or '')}")
+    return ExitCode.FAILED
+
+
+def _gpu_warnings(recipe: Any, fake_gpus: int = 0) -> list[str]:
+    """Busy GPUs, and GPUs with less free memory than the plan needs per device (the estimate), among
+    those the run will use; and the CUDA_VISIBLE_DEVICES mapping."""
+    import os
+
+    from runner.hardware import check_gpus_free, visible_mapping
+    from runner.orchestrator import estimate_summary, probe_for
+
+    probe = probe_for(fake_gpus)
+    count = probe.nvml.device_count()
+    if count == 0 or recipe.launch.device == "cpu":
+        return []
+    need = estimate_summary(recipe).get("per_device_bytes", {}).get("total")
+    if need is not None:  # plus what ftui estimate reserves per GPU (CUDA context, NCCL, allocator slack)
+        from runner.planner import DEFAULT_RESERVE, parse_bytes
+
+        need += parse_bytes(DEFAULT_RESERVE)
+    visible = ",".join(map(str, recipe.launch.gpus)) if recipe.launch.gpus is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
+    layer_split = strategies.get(recipe.launch.strategy).layer_split
+    mapping = visible_mapping(visible, count)[: None if layer_split else recipe.launch.nproc]
+    notes = ["GPUs (CUDA index -> physical): " + ", ".join(f"cuda:{lo} -> GPU {phys}" for lo, phys in mapping)]
+    return notes + check_gpus_free(probe, [phys for _, phys in mapping], need_bytes=need)

@@ -1,0 +1,53 @@
+"""``ftui runs`` (every run in the store) and ``ftui show`` (one run)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from tui.cli.common import ExitCode, UsageError, console, db_option, open_store
+
+
+def add_parser(sub: Any) -> None:
+    runs = sub.add_parser("runs", help="list the runs in the store")
+    runs.add_argument("--status", choices=["created", "running", "completed", "failed", "stopped"])
+    runs.add_argument("--format", choices=["text", "json"], default="text")
+    db_option(runs)
+    runs.set_defaults(handler=cmd_runs)
+
+    show = sub.add_parser("show", help="show one run: recipe, status, summary, metrics")
+    show.add_argument("run_id", type=int)
+    show.add_argument("--format", choices=["text", "json"], default="text")
+    db_option(show)
+    show.set_defaults(handler=cmd_show)
+
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    runs = store.list_runs(status=args.status)
+    if args.format == "json":
+        from tui.render.report import run_to_json
+
+        print(json.dumps([run_to_json(r) for r in runs], indent=2))
+        return ExitCode.OK
+    from tui.render.report import runs_table
+
+    console().print(runs_table(runs))
+    return ExitCode.OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    run = store.get_run(args.run_id)
+    if run is None:
+        raise UsageError(f"run {args.run_id}: no such run in {store.url}")
+    from tui.render.report import run_detail, run_to_json
+
+    metrics = store.metrics(run.id)
+    if args.format == "json":
+        print(json.dumps(run_to_json(run, metrics), indent=2))
+        return ExitCode.OK
+    console().print(run_detail(run, metrics))
+    return ExitCode.OK
