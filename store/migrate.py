@@ -10,11 +10,13 @@ lock), so two processes opening an old database at once upgrade it once.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, inspect, text
+
+if TYPE_CHECKING:  # Alembic is imported only to upgrade: it costs ~0.3 s, and most opens find the schema current
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 VERSION_TABLE = "ftui_alembic_version"
@@ -36,11 +38,15 @@ class NoDatabase(SchemaError):
 
 def script_directory() -> ScriptDirectory:
     """The migration scripts shipped with this ftui."""
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(alembic_config(None))
 
 
 def alembic_config(connection: Connection | None) -> Config:
     """An Alembic config for the shipped scripts, running on ``connection`` (the caller's transaction)."""
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     config.attributes["connection"] = connection
@@ -87,6 +93,8 @@ def ensure_current(engine: Engine, *, create: bool = True) -> tuple[str | None, 
 
 
 def _upgrade_locked(engine: Engine) -> tuple[str | None, str] | None:
+    from alembic import command
+
     sqlite = engine.dialect.name == "sqlite"
     with engine.execution_options(ftui_write=True).connect() as conn:
         if sqlite:

@@ -9,6 +9,8 @@ folder with no duplicate or missing rows.
 from __future__ import annotations
 
 import functools
+import json
+import math
 import os
 import socket
 import time
@@ -521,7 +523,10 @@ def open_engine(url: str, *, create: bool, lock_timeout: float = LOCK_TIMEOUT_S)
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
         _check_sqlite_file(url, Path(parsed.database or ""), create=create)
     try:
-        engine = create_engine(url)
+        if parsed.get_backend_name() == "sqlite":
+            engine = create_engine(url)
+        else:
+            engine = create_engine(url, json_serializer=_strict_json)
     except Exception as exc:  # noqa: BLE001 (a missing driver or a bad URL becomes one line)
         raise StoreError(f"--db {url}: {exc}") from None
     if engine.dialect.name == "sqlite":
@@ -529,6 +534,25 @@ def open_engine(url: str, *, create: bool, lock_timeout: float = LOCK_TIMEOUT_S)
         event.listen(engine, "connect", functools.partial(sqlite_pragmas, busy_ms=busy_ms))
         event.listen(engine, "begin", _sqlite_begin)
     return engine
+
+
+def _strict_json(value: Any) -> str:
+    """JSON for servers that hold strict JSON (PostgreSQL): NaN and infinities, which Python writes and
+    PostgreSQL refuses (a diverged loss, an empty run's final loss), become null."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(value), allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _check_sqlite_file(url: str, path: Path, *, create: bool) -> None:

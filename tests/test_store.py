@@ -3,6 +3,7 @@ pragmas, waiting out another client's lock, and every kind of bad ``--db`` path.
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
 import stat
@@ -166,6 +167,27 @@ def test_byte_counts_past_2_gib_round_trip(db_url: str) -> None:
     sample, = store.samples(run_id)
     assert (sample.mem_used, sample.mem_total) == (70 * GiB, 80 * GiB)
     assert store.process_samples(run_id)[0].used_bytes == 40 * GiB
+
+
+def test_non_finite_numbers_are_stored(db_url: str) -> None:
+    """A diverged loss (NaN) must not stop ingestion: PostgreSQL's JSON refuses NaN, so payloads say null."""
+    store = Store(db_url)
+    run_id = _new_run(store)
+    assert store.ingest(run_id, [{"seq": 0, "type": "step", "time": 1.0, "step": 1, "loss": float("nan"),
+                                  "grad_norm": float("inf")}]) == 1
+    store.update_run(run_id, final_loss=float("nan"), summary={"final_loss": float("nan"), "ranks": [{"x": 1.0}]})
+    metric, = store.metrics(run_id)
+    event, = store.events(run_id)
+    run = store.get_run(run_id)
+    assert run is not None and metric.grad_norm == float("inf") and run.summary["ranks"] == [{"x": 1.0}]
+    if db_url.startswith("sqlite"):
+        # SQLite stores a NaN REAL as NULL; its JSON is text, which keeps Python's NaN.
+        assert metric.loss is None and run.final_loss is None
+        assert math.isnan(event.payload["loss"]) and math.isnan(run.summary["final_loss"])
+    else:
+        assert metric.loss is not None and math.isnan(metric.loss)
+        assert run.final_loss is not None and math.isnan(run.final_loss)
+        assert event.payload["loss"] is None and run.summary["final_loss"] is None
 
 
 def test_a_read_open_of_an_empty_database_is_refused(db_url: str) -> None:
