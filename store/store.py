@@ -4,6 +4,13 @@ One writer per run (the orchestrator) writes in batches; SQLite runs in WAL mode
 ``ftui runs``) never block it. Ingesting the journal is idempotent: events carry their journal
 ``seq`` and a repeated ingest skips what is already stored, so a run can be re-ingested from its
 folder with no duplicate or missing rows.
+
+Every public call is one transaction. SQLite write transactions begin IMMEDIATE (they queue for the
+write lock instead of failing when another writer committed after they read); a call that still finds
+the database locked (another client holding it past the 10 s busy timeout) is retried whole, with
+backoff, for up to ``lock_timeout`` seconds, so a slow ``sqlite3`` shell or backup never ends a run's
+supervision. Opening checks the database (see :func:`open_engine`) and upgrades its schema
+(:mod:`store.migrate`).
 """
 
 from __future__ import annotations
