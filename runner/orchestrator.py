@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import threading
@@ -21,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from runner import events as ev
-from runner import strategies
+from runner import procs, strategies
+from runner.inputs import check_inputs
 from runner.launch import LaunchSpec, build_launch
-from runner.paths import runs_dir
+from runner.paths import make_private_dir, runs_dir
 from runner.recipe import Recipe, RecipeError
+from runner.summary import busiest_peak, rank_peak, trained_bytes
 from store import Store
 
 EventCallback = Callable[[dict[str, Any]], None]
@@ -53,6 +54,8 @@ class Outcome:
     exit_code: int | None
     error: str | None
     summary: dict[str, Any] = field(default_factory=dict)
+    stop_report: str | None = None
+    """After a stop: what was signalled, killed and checked (:meth:`runner.procs.StopReport.describe`)."""
 
 
 # ---------------------------------------------------------------------- pre-flight
@@ -63,6 +66,7 @@ def preflight(recipe: Recipe) -> list[str]:
     from runner.data import DataError, check_source
 
     warnings: list[str] = []
+    check_inputs(recipe)  # data read and parsed, run folders writable (runner/inputs.py)
     try:
         check_source(recipe.data.source)
     except DataError as exc:
@@ -99,14 +103,11 @@ def runs_on_cpu(recipe: Recipe) -> bool:
 
 
 def cuda_device_count() -> int:
-    """GPUs the trainer will see, through NVML (no torch import: ``ftui run`` stays fast)."""
-    from runner.hardware import NvmlBackend
+    """GPUs the trainer will see, through NVML (no torch import: ``ftui run`` stays fast); detected
+    once per command (:func:`runner.hostfacts.current`)."""
+    from runner.hostfacts import current
 
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    count = NvmlBackend().device_count()
-    if visible is not None:
-        return min(count, len([v for v in visible.split(",") if v.strip()]))
-    return count
+    return current().visible_gpus
 
 
 def free_port() -> int:
@@ -120,10 +121,9 @@ def cpu_threads(recipe: Recipe) -> int | None:
     """Threads per rank on CPU: the physical cores shared out (accelerate defaults to 1)."""
     if not runs_on_cpu(recipe):
         return None
-    import psutil
+    from runner.hostfacts import current
 
-    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    return max(1, cores // recipe.launch.nproc)
+    return max(1, current().cpu_cores // recipe.launch.nproc)
 
 
 # ---------------------------------------------------------------------- preparing and starting
@@ -156,7 +156,7 @@ def prepare(
     else:
         run_dir = root / f"dry-run-{datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"
     run_dir = run_dir.resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dir(run_dir)  # mode 0700: recipes, logs and weights are the user's
     spec = build_launch(recipe, run_dir, port=free_port(), cpu_threads=cpu_threads(recipe))
     for name, text in spec.files.items():
         (run_dir / name).write_text(text)
@@ -192,51 +192,13 @@ def estimate_summary(recipe: Recipe) -> dict[str, Any]:
 
 
 def spawn(prepared: Prepared) -> subprocess.Popen[bytes]:
-    """Start the launch in its own session (process group). The only place ftui spawns a run."""
-    log = open(prepared.run_dir / ev.LAUNCHER_LOG, "ab")  # noqa: SIM115 (the child keeps it)
-    try:
-        return subprocess.Popen(
-            prepared.spec.argv,
-            env={**os.environ, **prepared.spec.env},
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=prepared.run_dir,
-            start_new_session=True,
-        )
-    finally:
-        log.close()
+    """Start the launch in its own session (process group), every process of it marked with the run
+    folder (:func:`runner.procs.spawn`, the only place ftui spawns a run)."""
+    return procs.spawn(prepared.spec.argv, prepared.spec.env, prepared.run_dir,
+                       prepared.run_dir / ev.LAUNCHER_LOG, run_dir=prepared.run_dir)
 
 
-def signal_group(pgid: int, sig: int) -> bool:
-    """Send ``sig`` to a run's process group; False when the group is gone."""
-    try:
-        os.killpg(pgid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
-def stop_group(pgid: int, proc: subprocess.Popen[bytes] | None = None, grace: float = 15.0) -> None:
-    """SIGTERM every process of the run (ranks stop together after their current step), then
-    SIGKILL what is left after ``grace`` seconds."""
-    signal_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            break
-        if proc is None and not _group_alive(pgid):
-            break
-        time.sleep(0.1)
-    signal_group(pgid, signal.SIGKILL)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+signal_group = procs.signal_group  # kept for callers of the old name
 
 
 # ---------------------------------------------------------------------- watching
@@ -310,11 +272,12 @@ def execute(
     store: Store,
     prepared: Prepared,
     on_event: EventCallback | None = None,
-    stop: threading.Event | None = None,
+    stop: threading.Event | procs.StopRequest | None = None,
     poll_s: float = 0.25,
     probe: Any | None = None,
     sample_interval_s: float = 0.5,
     hang_after_s: float = 300.0,
+    grace_s: float = procs.DEFAULT_GRACE_S,
 ) -> Outcome:
     """Start a prepared run and follow it to the end, writing everything to the store.
 
@@ -324,54 +287,101 @@ def execute(
         prepared: from :func:`prepare`.
         on_event: called with every journal event as it arrives (progress bars), and with the
             orchestrator's own ``hang`` events.
-        stop: set it to stop the run gracefully (what Ctrl-C does for ``ftui run``).
+        stop: set it (or :meth:`runner.procs.StopRequest.request`) to stop the run gracefully: what
+            Ctrl-C, SIGTERM and SIGHUP do for ``ftui run``. A second request kills what is left at
+            once; a kill request records ``failed`` ("killed by user").
         poll_s: how often the journal is read.
         probe: the telemetry probe (:class:`runner.hardware.Probe`); default: NVML + psutil.
         sample_interval_s: seconds between telemetry readings; 0 turns telemetry off.
         hang_after_s: flag a hang when no step came for this long and a device is idle.
+        grace_s: after a stop request, seconds the ranks get to finish their step, save and exit
+            before whatever is left of the run is SIGKILLed (then checked: none left).
 
     Returns:
         The outcome; the run's row holds the same status, exit code, error and summary.
     """
     assert prepared.run_id is not None, "a dry run cannot be executed"
     run_id = prepared.run_id
+    request = stop if isinstance(stop, procs.StopRequest) else procs.StopRequest(stop)
     proc = spawn(prepared)
-    pgid = proc.pid  # start_new_session: the launcher leads its own group
+    pgid = proc.pid  # start_new_session: the launcher leads its own group (the ranks may not: procs)
     launched = time.time()
-    store.update_run(run_id, status="running", started_at=_utcnow(), pgid=pgid,
-                     summary={"orchestrator_pid": os.getpid()})
+    # TODO(store branch): runs.watcher_pid / watcher_host / stop_requested_at columns once merged.
+    store.update_run(run_id, status="running", started_at=_utcnow(), pgid=pgid, summary=procs.watcher_identity())
     store.add_event(run_id, "launch", launched, {"argv": prepared.spec.argv, "pgid": pgid})
     watch = _Watch(store, prepared, on_event)
     telemetry = _Telemetry(store, prepared, probe, sample_interval_s, hang_after_s, launched)
-    stopped_by_user = False
-    try:
-        while True:
+    stopper = _Stopper(prepared.run_dir, pgid, request)
+    while True:
+        try:
             watch.poll()
             telemetry.poll(watch)
-            if watch.mismatch:
-                stop_group(pgid, proc, grace=5.0)
+            if watch.mismatch and not stopper.started:
+                stopper.start(grace_s=5.0)
+            if request.is_set() and not stopper.started:
+                stopper.start(grace_s=grace_s, kill=request.kill)
+                store.add_event(run_id, "stop_requested", time.time(), {"kill": request.kill, "grace_s": grace_s})
+            if stopper.started and stopper.done:
                 break
-            if stop is not None and stop.is_set() and not stopped_by_user:
-                stopped_by_user = True
-                threading.Thread(target=stop_group, args=(pgid, proc), daemon=True).start()
-            if proc.poll() is not None:
+            if not stopper.started and proc.poll() is not None:
                 break
             time.sleep(poll_s)
-    except KeyboardInterrupt:
-        stopped_by_user = True
-        stop_group(pgid, proc)
-    exit_code = proc.wait()
-    # The launcher can exit before its ranks (a SIGTERM to the group kills accelerate's launcher at
-    # once while each rank finishes its step and journals "stopped"): let the group drain first.
-    deadline = time.monotonic() + 20.0
-    while _group_alive(pgid) and time.monotonic() < deadline:
-        watch.poll()
-        time.sleep(poll_s)
-    signal_group(pgid, signal.SIGKILL)
+        except KeyboardInterrupt:  # a caller without handlers (procs.StopRequest.install) in the main thread
+            request.request()
+    try:
+        exit_code = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:  # only when SIGKILL did not take (stop report: left)
+        proc.kill()
+        exit_code = proc.wait()
+    if not stopper.started:
+        # The launcher can exit before its ranks: wait for every process of the run (ranks included,
+        # in sessions of their own), then kill and check whatever is left.
+        deadline = time.monotonic() + 20.0
+        while procs.find_processes(prepared.run_dir, pgid) and time.monotonic() < deadline:
+            watch.poll()
+            time.sleep(poll_s)
+        procs.kill_all(prepared.run_dir, pgid)
     telemetry.close()
     watch.poll()
     watch.flush()
-    return _finish(store, watch, exit_code, stopped_by_user)
+    report = stopper.report
+    if report is not None:
+        store.add_event(run_id, "stop", time.time(), {"graceful": report.graceful, "killed": report.killed,
+                                                      "left": report.left, "gpu": report.gpu_note,
+                                                      "processes": {str(k): v for k, v in report.seen.items()}})
+    outcome = _finish(store, watch, exit_code, request.is_set() and not request.kill, killed_by_user=request.kill)
+    if report is not None:
+        outcome.stop_report = report.describe()
+        store.update_run(run_id, summary={"stop": outcome.stop_report})
+    return outcome
+
+
+class _Stopper:
+    """Stops a run in a thread (:func:`runner.procs.stop_run`) while the orchestrator keeps reading
+    its journal, so that the ranks' last steps and ``end`` events are recorded."""
+
+    def __init__(self, run_dir: Path, pgid: int, request: procs.StopRequest) -> None:
+        self.run_dir = run_dir
+        self.pgid = pgid
+        self.request = request
+        self.thread: threading.Thread | None = None
+        self.report: procs.StopReport | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.thread is not None
+
+    @property
+    def done(self) -> bool:
+        return self.thread is not None and not self.thread.is_alive()
+
+    def start(self, grace_s: float, kill: bool = False) -> None:
+        def run() -> None:
+            self.report = procs.stop_run(self.run_dir, self.pgid, grace_s=grace_s, kill_now=self.request.now,
+                                         kill=kill)
+
+        self.thread = threading.Thread(target=run, name="ftui-stop", daemon=True)
+        self.thread.start()
 
 
 class _Telemetry:
@@ -437,11 +447,14 @@ class _Telemetry:
         self._write()
 
 
-def _finish(store: Store, watch: _Watch, exit_code: int, stopped_by_user: bool) -> Outcome:
+def _finish(store: Store, watch: _Watch, exit_code: int, stopped_by_user: bool,
+            killed_by_user: bool = False) -> Outcome:
     end = watch.end or {}
     error: str | None = None
     if watch.mismatch:
         status, error = "failed", watch.mismatch
+    elif killed_by_user:
+        status, error = "failed", "killed by user"
     elif stopped_by_user or end.get("status") == "stopped":
         status = "stopped"
     elif exit_code == 0 and end.get("status") == "completed":
@@ -453,8 +466,6 @@ def _finish(store: Store, watch: _Watch, exit_code: int, stopped_by_user: bool) 
     columns: dict[str, Any] = {}
     if end:
         ranks = end.get("ranks") or []
-        peaks = [r.get("peak_allocated_bytes") or r.get("peak_rss_bytes") for r in ranks]
-        peaks = [p for p in peaks if p]
         summary = {
             "train_seconds": end.get("train_seconds"),
             "tokens_per_s": end.get("tokens_per_s"),
@@ -471,7 +482,7 @@ def _finish(store: Store, watch: _Watch, exit_code: int, stopped_by_user: bool) 
             "tokens_per_s": end.get("tokens_per_s"),
             "final_loss": end.get("final_loss"),
             "steps_done": end.get("steps"),
-            "peak_mem_bytes": max(peaks) if peaks else None,
+            "peak_mem_bytes": busiest_peak(ranks)[0],
         }
     telemetry = _telemetry_summary(store, watch)
     if telemetry is not None:
@@ -502,7 +513,7 @@ def _telemetry_summary(store: Store, watch: _Watch) -> dict[str, Any] | None:
     window = None
     if watch.first_step_time is not None and watch.last_step_time is not None:
         window = (watch.first_step_time, watch.last_step_time)
-    result = summarise(samples, window)  # type: ignore[arg-type]  # SampleInfo has DeviceSample's fields
+    result = summarise(samples, window)
     plain: dict[str, Any] = json.loads(json.dumps(result))  # tuples -> lists, as stored
     # Each rank's own GPU memory (NVML's per-process figure, summed over the GPUs it touches in one
     # reading), peak over the run: what a rank really held, beside the device-wide peaks above.
@@ -565,11 +576,11 @@ def trial_bytes(ranks: list[dict[str, Any]]) -> int | None:
     """The memory a run needed on its busiest rank, as the finder compares it with the budget."""
     values = []
     for r in ranks:
-        if r.get("peak_allocated_bytes"):
-            values.append(int(r["peak_allocated_bytes"]))
-        elif r.get("activation_bytes") is not None:
-            values.append(sum(int(r.get(k) or 0) for k in ("param_bytes", "grad_bytes", "optimizer_bytes",
-                                                             "activation_bytes")))
+        peak, source = rank_peak(r)
+        if peak is not None and source == "CUDA allocator peak":
+            values.append(peak)
+        elif (trained := trained_bytes(r)) is not None:
+            values.append(trained)
     return max(values) if values else None
 
 
@@ -654,19 +665,14 @@ def load_prepared(run_id: int, run_dir: Path) -> Prepared:
 
 def start_detached(db_url: str, prepared: Prepared, fake_gpus: int = 0) -> subprocess.Popen[bytes]:
     """Follow a prepared run from a background orchestrator in a session of its own, so that the
-    run and its recording outlive the caller (the TUI). Stop it with SIGTERM to that process, or
-    to the run's process group (``pgid`` in the store)."""
+    run and its recording outlive the caller (the TUI). Stop it with :func:`runner.procs.request_stop`
+    (SIGTERM to that process: a graceful stop; SIGUSR1: a kill)."""
     import sys
 
     assert prepared.run_id is not None
     argv = [sys.executable, "-m", "runner.orchestrator", "--db", db_url, "--run-id", str(prepared.run_id),
             "--fake-gpus", str(fake_gpus)]
-    log = open(prepared.run_dir / "orchestrator.log", "ab")  # noqa: SIM115
-    try:
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                cwd=prepared.run_dir, start_new_session=True)
-    finally:
-        log.close()
+    return procs.spawn(argv, {}, prepared.run_dir, prepared.run_dir / "orchestrator.log")
 
 
 def probe_for(fake_gpus: int = 0) -> Any:
@@ -684,16 +690,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", required=True)
     parser.add_argument("--run-id", type=int, required=True)
     parser.add_argument("--fake-gpus", type=int, default=0)
+    parser.add_argument("--grace", type=float, default=procs.DEFAULT_GRACE_S)
     args = parser.parse_args(argv)
     store = Store(args.db)
     run = store.get_run(args.run_id)
     if run is None:
         print(f"run {args.run_id}: no such run in {args.db}")
         return 2
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    outcome = execute(store, load_prepared(run.id, Path(run.run_dir)), stop=stop, probe=probe_for(args.fake_gpus))
+    stop = procs.StopRequest()
+    stop.install()  # SIGTERM/SIGINT/SIGHUP: graceful stop; again: kill now; SIGUSR1: kill (ftui stop --kill)
+    outcome = execute(store, load_prepared(run.id, Path(run.run_dir)), stop=stop, probe=probe_for(args.fake_gpus),
+                      grace_s=args.grace)
     return 0 if outcome.status == "completed" else 1
 
 

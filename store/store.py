@@ -32,6 +32,7 @@ from sqlalchemy import Connection, Engine, create_engine, delete, event, func, m
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from runner.hardware.records import DeviceSample
 from store.ids import new_uid
 from store.models import DeviceSampleRow, Event, Metric, ProcessSampleRow, Run
 
@@ -140,20 +141,9 @@ class MetricPoint:
 
 
 @dataclass(frozen=True)
-class SampleInfo:
-    time: float
-    host: str
-    kind: str
-    index: int
-    name: str
-    util_pct: float | None
-    mem_used: int | None
-    mem_total: int | None
-    power_w: float | None
-    temp_c: float | None
-    sm_clock_mhz: int | None
-    pid: int | None
-    source: str
+class SampleInfo(DeviceSample):
+    """A stored device reading: the probe's own record (one sample record in the project) plus its row id."""
+
     id: int = 0
     """Row id: increases with every write, so a reader can ask for what came after it."""
 

@@ -101,13 +101,15 @@ def open_store(args: argparse.Namespace, *, create: bool) -> Store:
     """
     import os
 
-    from runner.paths import default_db_url
+    from runner.paths import FolderError, default_db_url, home, make_private_dir
     from store import Store, StoreError
 
     chosen = getattr(args, "db", None) or os.environ.get("FTUI_DB")
     try:
+        if not chosen:
+            make_private_dir(home())  # the data folder is created mode 0700 (before SQLite creates it)
         return Store(chosen or default_db_url(), create=create or not chosen)
-    except StoreError as exc:
+    except (StoreError, FolderError) as exc:
         raise UsageError(str(exc)) from None
 
 

@@ -12,10 +12,11 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-from tui.cli.common import ExitCode, UsageError, db_option
+from tui.cli.common import ExitCode, UsageError, db_option, one_line_errors
 
 COMMANDS: tuple[str, ...] = (
     "tui.cli.run",       # run
+    "tui.cli.stop",      # stop
     "tui.cli.runs",      # runs, show
     "tui.cli.gpus",      # gpus
     "tui.cli.estimate",  # estimate
@@ -53,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     for module in COMMANDS:
         importlib.import_module(module).add_parser(sub)
+    # Bad arguments of any command are one line (``ftui: ...``) and exit 2, like every other bad input.
+    for command in (parser, *sub.choices.values()):
+        one_line_errors(command)
     return parser
 
 

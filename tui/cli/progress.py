@@ -13,6 +13,7 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.text import Text
 
 
 class RunProgress:
@@ -52,7 +53,8 @@ class RunProgress:
             )
             self.progress.console.print(
                 f"start: {event.get('distributed_type')} on {event.get('device_type')} × {event.get('world_size')}, "
-                f"{event.get('params', 0) / 1e6:.1f}M params, {event.get('trainable_params', 0) / 1e6:.2f}M trainable"
+                f"{event.get('params', 0) / 1e6:.1f}M params, {event.get('trainable_params', 0) / 1e6:.2f}M trainable",
+                markup=False,
             )
         elif kind == "step":
             self.progress.update(
@@ -64,4 +66,4 @@ class RunProgress:
         elif kind == "end":
             self.progress.update(self.task, description=f"{event.get('status')}")
         elif kind == "error":
-            self.progress.console.print(f"[red]error:[/] {event.get('message')}")
+            self.progress.console.print(Text.assemble(("error:", "red"), f" {event.get('message')}"))
