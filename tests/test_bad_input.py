@@ -215,6 +215,11 @@ def test_every_command_refuses_bad_arguments_in_one_line(home: Path, capsys: pyt
         st.just(["run", quick, "--dry-run", "--set", f"model.name={json.dumps(str(home / 'files' / 'model'))}"]),
         not_an_id.map(lambda i: ["show", i]),
         not_an_id.map(lambda i: ["compare", "1", i]),
+        not_an_id.map(lambda i: ["stop", i]),
+        st.sampled_from([["db"], ["db", "nope"], ["db", "upgrade", "--db", "nosuch://x"]]),
+        st.sampled_from(["current", "upgrade"]).map(  # a folder under a file: not creatable, even by root
+            lambda action: ["db", action, "--db", f"sqlite:///{home / 'files' / 'empty.jsonl' / 'x.db'}"]),
+        st.sampled_from([["stop"], ["stop", "1", "--grace", "-1"], ["stop", "1", "--grace", "nan"], ["stop", "999999", "--kil"]]),
         st.sampled_from([["compare"], ["compare", "1", "--baseline", "7"], ["compare", "--sweep", "nope"],
                          ["runs", "--status", "done"], ["runs", "--format", "yaml"], ["gpus", "--watch", "0"],
                          ["gpus", "--watch", "nan"], ["estimate", "--params", "lots"], ["estimate", "--gpu-mem", "x"],
@@ -264,7 +269,8 @@ def test_unwritable_data_folder_is_one_line_and_records_nothing(tmp_path: Path, 
 
 def test_commands_are_all_covered() -> None:
     """A new command module must be added to the property test above."""
-    assert set(COMMANDS) == {"tui.cli.run", "tui.cli.runs", "tui.cli.gpus", "tui.cli.estimate", "tui.cli.compare"}
+    assert set(COMMANDS) == {"tui.cli.run", "tui.cli.runs", "tui.cli.gpus", "tui.cli.estimate", "tui.cli.compare",
+                             "tui.cli.stop", "tui.cli.db"}
 
 
 # ---------------------------------------------------------------------- real subprocesses

@@ -97,7 +97,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from runner.compare import load_comparison, sweep_run_ids
 
     _output(args)
-    store = open_store(args)
+    store = open_store(args, create=False)
     ids = list(args.run_ids)
     if args.sweep:
         in_sweep = sweep_run_ids(store, args.sweep)
@@ -128,6 +128,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from runner.recipe import RecipeError, load_recipe
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    if not strategies:
+        raise UsageError(f"--strategies: no strategy named in {args.strategies!r} (e.g. single,ddp)")
     _output(args)
     try:
         items = sw.plan(args.recipe, strategies, args.nproc, args.overrides, args.grid,
@@ -136,7 +138,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         check_inputs(load_recipe(args.recipe, args.overrides))
     except RecipeError as exc:
         raise UsageError(str(exc)) from None
-    store = open_store(args)
+    store = open_store(args, create=True)
     console = Console(highlight=False, stderr=args.format != "text" and args.output is None)
     sweep_id = sw.new_sweep_id()
     console.print(Text.assemble("sweep ", (sweep_id, "bold"), f": {len(items)} runs, one after another"))

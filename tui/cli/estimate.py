@@ -239,7 +239,7 @@ def run_finder(args: argparse.Namespace, recipe: Any, mem_cap: str | None, sourc
     else:
         return fail("find batch size: on CPU give the memory budget per rank with --mem-cap or "
                      "launch.mem_cap in the recipe, e.g. 3GiB")
-    store = open_store(args)
+    store = open_store(args, create=True)
     con.print(f"finding the micro-batch for {recipe.launch.strategy} × {recipe.launch.nproc} within "
               f"{fmt_bytes(cap)} per rank ({origin}); short real runs of 2 steps, at most 6")
 

@@ -21,6 +21,7 @@ COMMANDS: tuple[str, ...] = (
     "tui.cli.gpus",      # gpus
     "tui.cli.estimate",  # estimate
     "tui.cli.compare",   # compare, sweep
+    "tui.cli.db",        # db upgrade, db current
 )
 """The command modules, in the order ``--help`` lists them. Each has ``add_parser(subparsers)`` and
 imports its heavy dependencies inside its handlers, so that building the parser stays fast."""

@@ -118,7 +118,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 out.print(prepared.spec.accelerate_config_text, markup=False, highlight=False)
         return ExitCode.OK
 
-    store = open_store(args)
+    store = open_store(args, create=True)
     prepared = orchestrator.prepare(store, recipe, source=str(args.recipe))
     return follow(args, store, prepared, out)
 

@@ -33,7 +33,7 @@ def add_parser(sub: Any) -> None:
 def cmd_stop(args: argparse.Namespace) -> int:
     from runner.procs import StopRefused, request_stop
 
-    store = open_store(args)
+    store = open_store(args, create=False)  # stops a recorded run: a missing --db is a typo
     try:
         result = request_stop(store, args.run_id, kill=args.kill, grace_s=args.grace)
     except StopRefused as exc:
