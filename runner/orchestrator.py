@@ -145,8 +145,10 @@ def prepare(
     source: str | None = None,
     sweep_id: str | None = None,
     root: Path | None = None,
+    resumed_from: int | None = None,
 ) -> Prepared:
-    """Record the run (unless ``store`` is None: a dry run) and write its folder; start nothing."""
+    """Record the run (unless ``store`` is None: a dry run) and write its folder; start nothing.
+    ``resumed_from``: the run this one continues (:func:`prepare_resume`)."""
     root = root or runs_dir()
     run_id: int | None = None
     if store is not None:
@@ -161,6 +163,7 @@ def prepare(
             model=recipe.model.name,
             run_dir="",
             sweep_id=sweep_id,
+            resumed_from=resumed_from,
         )
         run_dir = root / f"{run_id:05d}-{_slug(recipe.name)}"
     else:
@@ -198,7 +201,7 @@ def prepare_resume(store: Store, run_id: int, root: Path | None = None) -> Prepa
     recipe = load_recipe(run_dir / ev.RECIPE_FILE)
     recipe = recipe.model_copy(update={"train": recipe.train.model_copy(update={"resume_from": str(checkpoint)})})
     preflight(recipe)
-    prepared = prepare(store, recipe, source=f"resume of run {run_id}")
+    prepared = prepare(store, recipe, source=f"resume of run {run_id}", root=root, resumed_from=run_id)
     assert prepared.run_id is not None
     step = (read_manifest(checkpoint) or {}).get("step")
     store.update_run(prepared.run_id, summary={"resumed_from": {"run_id": run_id, "checkpoint": str(checkpoint),

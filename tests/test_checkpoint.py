@@ -315,7 +315,7 @@ def test_a_graceful_stop_checkpoints_and_ftui_resume_finishes_the_run(ftui: Ftui
     assert resumed["status"] == "completed" and resumed["strategy"] == "ddp" and resumed["nproc"] == 2
     assert [m["step"] for m in resumed["metrics"]] == list(range(last + 1, total + 1))
     assert resumed["metrics"][-1]["tokens"] == total * 1024
-    assert resumed["summary"]["resumed_from"]["run_id"] == run["id"]
+    assert resumed["resumed_from"] == resumed["summary"]["resumed_from"]["run_id"] == run["id"]
     assert resumed["summary"]["resumed_from"]["step"] == last
 
     # No checkpoint, no such run: one line, exit 2.

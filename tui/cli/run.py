@@ -128,7 +128,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from runner import orchestrator
     from runner.recipe import RecipeError
 
-    store = open_store(args)
+    store = open_store(args, create=False)
     try:
         prepared = orchestrator.prepare_resume(store, args.run_id)
     except RecipeError as exc:
