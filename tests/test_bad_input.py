@@ -216,6 +216,8 @@ def test_every_command_refuses_bad_arguments_in_one_line(home: Path, capsys: pyt
         not_an_id.map(lambda i: ["show", i]),
         not_an_id.map(lambda i: ["compare", "1", i]),
         not_an_id.map(lambda i: ["stop", i]),
+        not_an_id.map(lambda i: ["resume", i]),
+        st.sampled_from([["resume"], ["resume", "1"], ["resume", "999999", "--grace", "-1"]]),  # run 1 has no checkpoint
         st.sampled_from([["db"], ["db", "nope"], ["db", "upgrade", "--db", "nosuch://x"]]),
         st.sampled_from(["current", "upgrade"]).map(  # a folder under a file: not creatable, even by root
             lambda action: ["db", action, "--db", f"sqlite:///{home / 'files' / 'empty.jsonl' / 'x.db'}"]),
