@@ -47,7 +47,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal, NotRequired, TypedDict
 
 EVENTS_FILE = "events.jsonl"
 RECIPE_FILE = "recipe.toml"
@@ -93,6 +93,113 @@ def finite_json(value: Any) -> Any:
     return value
 
 
+# ---------------------------------------------------------------------- the trainer's events, typed
+#
+# Each event the trainer writes is one of these TypedDicts, built where it is emitted (mypy checks every key
+# and type there) and read back by the orchestrator with :func:`typed`. ``seq`` and ``time`` are added by
+# :class:`JournalWriter`.
+
+
+class StartEvent(TypedDict):
+    """The first event: what is in effect (accelerate's distributed type, world size), and the run's size."""
+
+    type: Literal["start"]
+    world_size: int
+    distributed_type: str
+    strategy: str
+    device: str
+    device_type: str
+    mixed_precision: str
+    fsdp_version: int | None
+    params: int
+    trainable_params: int
+    local_param_numel: int
+    rows: int
+    context_length: int
+    total_steps: int
+    steps_per_epoch: int
+    tokens_per_step: int
+    device_map: dict[str, Any] | None
+    pids: list[int]
+    start_step: int
+    resumed_from: str | None
+    resume_seconds: float | None
+
+
+class StepEvent(TypedDict):
+    """One optimizer step (every ``train.log_every`` steps, and notable ones)."""
+
+    type: Literal["step"]
+    step: int
+    epoch: int
+    loss: float | None
+    lr: float
+    grad_norm: float | None
+    tokens: int
+    step_time: float
+    tokens_per_s: float
+    skipped: NotRequired[bool]
+
+
+class MemoryEvent(TypedDict):
+    """Each rank's allocator figures (see the module docstring for the keys per source)."""
+
+    type: Literal["memory"]
+    step: int
+    ranks: list[dict[str, Any]]
+
+
+class CheckpointEvent(TypedDict):
+    """A complete checkpoint was written (``runner.checkpoint``)."""
+
+    type: Literal["checkpoint"]
+    step: int
+    path: str
+    seconds: float
+    bytes: int
+    reason: Literal["every", "stop"]
+    removed: list[str]
+
+
+class ErrorEvent(TypedDict):
+    """Why a rank failed: one line, and for a non-finite value the reason, step and value."""
+
+    type: Literal["error"]
+    message: str
+    rank: NotRequired[int]
+    reason: NotRequired[str]
+    step: NotRequired[int]
+    value: NotRequired[str]
+
+
+class EndEvent(TypedDict):
+    """The last event: how the training ended and what every rank measured."""
+
+    type: Literal["end"]
+    status: Literal["completed", "stopped", "failed"]
+    steps: int
+    train_seconds: float
+    tokens: int
+    tokens_per_s: float | None
+    final_loss: float | None
+    saved: str | None
+    ranks: list[dict[str, Any]]
+    """One :class:`runner.summary.RankFigures` per rank."""
+    skipped: int
+    checkpoint: str | None
+
+
+TrainerEvent = StartEvent | StepEvent | MemoryEvent | CheckpointEvent | ErrorEvent | EndEvent
+TRAINER_EVENT_TYPES = frozenset({"start", "step", "memory", "checkpoint", "error", "end"})
+
+
+def typed(event: dict[str, Any]) -> TrainerEvent | None:
+    """A journal line read back as the trainer's typed event (None for a type the trainer does not write)."""
+    if event.get("type") not in TRAINER_EVENT_TYPES:
+        return None
+    return event  # type: ignore[return-value]  # the writer built it from the TypedDict of its type
+
+
 class JournalWriter:
     """Appends events to ``events.jsonl``: one ``write`` per record, flushed, so that lines from a
     crashing process are whole or absent, never torn."""
@@ -114,6 +221,11 @@ class JournalWriter:
         self._file.write(line + "\n")
         self._file.flush()
         return record
+
+    def write(self, event: TrainerEvent) -> dict[str, Any]:
+        """Append one typed trainer event (the checked path; :meth:`emit` is the untyped one)."""
+        payload = {k: v for k, v in event.items() if k != "type"}
+        return self.emit(event["type"], **payload)
 
     def close(self) -> None:
         self._file.flush()

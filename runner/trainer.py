@@ -30,7 +30,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from runner import events as ev
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     except BaseException as exc:  # noqa: BLE001 (report every failure, then exit non-zero)
         traceback.print_exc()
         if journal is not None:
-            journal.emit("error", message=f"{type(exc).__name__}: {exc}".strip(), rank=rank)
+            journal.write(ev.ErrorEvent(type="error", message=f"{type(exc).__name__}: {exc}".strip(), rank=rank))
         code = 1
     finally:
         sys.stdout.flush()
@@ -116,9 +116,9 @@ class Trainer:
         self.recipe = load_recipe(run_dir / ev.RECIPE_FILE)
         self.stop = _StopFlag()
 
-    def emit(self, type_: str, **payload: Any) -> None:
+    def emit(self, event: ev.TrainerEvent) -> None:
         if self.journal is not None:
-            self.journal.emit(type_, **payload)
+            self.journal.write(event)
 
     # ------------------------------------------------------------------ set-up
 
@@ -280,8 +280,8 @@ class Trainer:
             resume_seconds = time.perf_counter() - t_load
             start_step, tokens_done = int(resume["step"]), int(resume["tokens_done"])
 
-        self.emit(
-            "start",
+        self.emit(ev.StartEvent(
+            type="start",
             world_size=world,
             distributed_type=acc.distributed_type.value,
             strategy=recipe.launch.strategy,
@@ -302,7 +302,7 @@ class Trainer:
             start_step=start_step,
             resumed_from=train.resume_from,
             resume_seconds=resume_seconds,
-        )
+        ))
 
         tokens_at_start = tokens_done
         order: Any = None
@@ -311,7 +311,7 @@ class Trainer:
         memory: dict[str, int] = {}
         memory_acts: dict[str, Any] = {}
         final_loss = float("nan")
-        status = "completed"
+        status: Literal["completed", "stopped", "failed"] = "completed"
         skipped = 0
         last_checkpoint: str | None = None
         last_memory_event = -math.inf
@@ -394,8 +394,8 @@ class Trainer:
             final_loss = mean_loss
             notable = step + 1 == total_steps or stop_requested or bad is not None
             if (step + 1) % train.log_every == 0 or notable:
-                self.emit(
-                    "step",
+                step_event = ev.StepEvent(
+                    type="step",
                     step=step + 1,
                     epoch=epoch,
                     loss=mean_loss,
@@ -404,24 +404,28 @@ class Trainer:
                     tokens=tokens_done,
                     step_time=t1 - t0,
                     tokens_per_s=step_tokens / (t1 - t0),
-                    **({"skipped": True} if bad is not None else {}),
                 )
+                if bad is not None:
+                    step_event["skipped"] = True
+                self.emit(step_event)
             if step == start_step or notable or t1 - last_memory_event >= MEMORY_EVERY_S:
                 last_memory_event = t1
-                self.emit("memory", step=step + 1, ranks=self.memory_ranks(stats[3:].tolist()))
+                self.emit(ev.MemoryEvent(type="memory", step=step + 1, ranks=self.memory_ranks(stats[3:].tolist())))
             if bad is not None:
                 reason, value = bad
                 what = "loss" if reason == "nan_loss" else "gradient norm"
                 if train.on_nan == "stop":
-                    self.emit("error", reason=reason, step=step + 1, value=repr(value), rank=0,
-                              message=f"non-finite {what} ({value!r}) at step {step + 1}; the run was stopped "
-                                      "without saving (train.on_nan = stop)")
+                    self.emit(ev.ErrorEvent(
+                        type="error", reason=reason, step=step + 1, value=repr(value), rank=0,
+                        message=f"non-finite {what} ({value!r}) at step {step + 1}; the run was stopped "
+                                "without saving (train.on_nan = stop)"))
                     status = "failed"
                     break
                 if skipped > train.max_skipped_steps:
-                    self.emit("error", reason="too_many_skipped", step=step + 1, value=repr(value), rank=0,
-                              message=f"{skipped} steps skipped for a non-finite loss or gradient norm, more "
-                                      f"than train.max_skipped_steps = {train.max_skipped_steps}")
+                    self.emit(ev.ErrorEvent(
+                        type="error", reason="too_many_skipped", step=step + 1, value=repr(value), rank=0,
+                        message=f"{skipped} steps skipped for a non-finite loss or gradient norm, more "
+                                f"than train.max_skipped_steps = {train.max_skipped_steps}"))
                     status = "failed"
                     break
             every = train.save_every > 0 and (step + 1) % train.save_every == 0
@@ -439,8 +443,8 @@ class Trainer:
             saved = self.save(model)
         ranks = self.rank_memory(memory)
         run_tokens = tokens_done - tokens_at_start
-        self.emit(
-            "end",
+        self.emit(ev.EndEvent(
+            type="end",
             status=status,
             steps=steps_done,
             train_seconds=train_seconds,
@@ -451,7 +455,7 @@ class Trainer:
             ranks=ranks,
             skipped=skipped,
             checkpoint=last_checkpoint,
-        )
+        ))
         acc.end_training()
         return status
 
@@ -501,7 +505,7 @@ class Trainer:
 
         acc.register_save_state_pre_hook(only_trainable)
 
-    def save_checkpoint(self, step: int, epoch: int, tokens_done: int, reason: str) -> str:
+    def save_checkpoint(self, step: int, epoch: int, tokens_done: int, reason: Literal["every", "stop"]) -> str:
         """Write a resumable checkpoint of this step (every rank takes part); return its folder.
 
         ``ftui.json`` says ``complete: false`` until every rank has written its part (a barrier)
@@ -545,8 +549,8 @@ class Trainer:
             ck.write_manifest(folder, manifest | {"files": files, "bytes": size, "complete": True})
             removed = ck.prune(self.run_dir, self.recipe.train.keep_checkpoints, folder)
         acc.wait_for_everyone()
-        self.emit("checkpoint", step=step, path=str(folder), seconds=time.perf_counter() - t0, bytes=size,
-                  reason=reason, removed=removed)
+        self.emit(ev.CheckpointEvent(type="checkpoint", step=step, path=str(folder), seconds=time.perf_counter() - t0,
+                                     bytes=size, reason=reason, removed=removed))
         return str(folder)
 
     def load_checkpoint(self, model: Any, folder: Path) -> None:
