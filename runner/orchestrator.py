@@ -137,8 +137,17 @@ def prepare(
     root: Path | None = None,
 ) -> Prepared:
     """Record the run (unless ``store`` is None: a dry run) and write its folder; start nothing."""
+    from runner.paths import RunFolderError, claim_run_folder, new_run_uid
+
     root = root or runs_dir()
     run_id: int | None = None
+    # The folder is named by a globally unique id, never by the store's integer id: two stores
+    # sharing one data folder would otherwise write into the same folder.
+    uid = new_run_uid()
+    try:
+        run_dir = claim_run_folder(root, uid if store is not None else f"dry-run-{uid}", recipe.name)
+    except (RunFolderError, OSError) as exc:
+        raise PreflightError(str(exc)) from None
     if store is not None:
         run_id = store.create_run(
             name=recipe.name,
@@ -149,14 +158,10 @@ def prepare(
             nproc=recipe.launch.nproc,
             method=recipe.method.type,
             model=recipe.model.name,
-            run_dir="",
+            run_dir=str(run_dir),
             sweep_id=sweep_id,
+            summary={"uid": uid, **watcher_fields()},
         )
-        run_dir = root / f"{run_id:05d}-{_slug(recipe.name)}"
-    else:
-        run_dir = root / f"dry-run-{datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"
-    run_dir = run_dir.resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
     spec = build_launch(recipe, run_dir, port=free_port(), cpu_threads=cpu_threads(recipe))
     for name, text in spec.files.items():
         (run_dir / name).write_text(text)
@@ -262,10 +267,12 @@ class _Watch:
         self.mismatch: str | None = None
         self.first_step_time: float | None = None
         self.last_step_time: float | None = None
+        self.last_step: int | None = None
 
     def poll(self) -> None:
-        for event in self.reader.read_new():
-            self.pending.append(event)
+        fresh = self.reader.read_new()
+        self.pending.extend(fresh)  # before any callback runs: a callback that raises loses nothing
+        for event in fresh:
             kind = event["type"]
             if kind == "start":
                 self.start = event
@@ -273,11 +280,13 @@ class _Watch:
             elif kind == "step":
                 self.first_step_time = self.first_step_time or event["time"] - (event.get("step_time") or 0.0)
                 self.last_step_time = event["time"]
+                self.last_step = event.get("step")
             elif kind == "end":
                 self.end = event
             elif kind == "error":
                 self.error = event.get("message")
-            if self.on_event is not None:
+        if self.on_event is not None:
+            for event in fresh:
                 self.on_event(event)
         urgent = any(e["type"] != "step" for e in self.pending)
         if self.pending and (urgent or time.monotonic() - self.last_flush >= self.FLUSH_S):
@@ -306,6 +315,69 @@ class _Watch:
             )
 
 
+def watcher_fields(pid: int | None = None) -> dict[str, Any]:
+    """Who watches a run, as the store keeps it (the one place that knows where: ``summary`` until
+    the store has ``watcher_pid``/``watcher_host`` columns)."""
+    return {"orchestrator_pid": pid if pid is not None else os.getpid(), "watcher_host": socket.gethostname()}
+
+
+class _Launcher:
+    """The launch being followed: ftui's own child (its exit code is known), or, for a watcher that
+    re-attached after the first one died, a process group of which only the pids are known."""
+
+    def __init__(self, pgid: int, proc: subprocess.Popen[bytes] | None = None) -> None:
+        self.pgid = pgid
+        self.proc = proc
+
+    def poll(self) -> int | None:
+        if self.proc is not None:
+            return self.proc.poll()
+        return None if _leader_alive(self.pgid) else -1
+
+    def wait(self) -> int | None:
+        """The exit code; None when it is not ours to know (a re-attached watcher)."""
+        if self.proc is not None:
+            return self.proc.wait()
+        while _leader_alive(self.pgid):
+            time.sleep(0.2)
+        return None
+
+
+def _leader_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, or a pid reused by a process of another group, does not)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and os.getpgid(pid) == pid
+    except (psutil.Error, OSError):
+        return False
+
+
+class _Recorder:
+    """The orchestrator's events: to ``RUN/orchestrator.jsonl`` first, then to the store."""
+
+    def __init__(self, store: Store, run_id: int, run_dir: Path) -> None:
+        from runner.journal import OrchestratorJournal
+
+        self.store = store
+        self.run_id = run_id
+        self.journal = OrchestratorJournal(run_dir)
+
+    def emit(self, type_: str, **payload: Any) -> dict[str, Any]:
+        record = self.journal.emit(type_, **payload)
+        try:
+            self.store.ingest(self.run_id, [record], source="orchestrator")
+        except Exception:  # noqa: BLE001 (the journal has it; recover re-ingests it)
+            pass
+        return record
+
+
+FAULT_GRACE_S = 60.0
+"""A rank that vanished with no step and no end event since, while the launcher lives on: the group
+is stopped after this long (torch elastic normally tears it down within a second or two)."""
+
+
 def execute(
     store: Store,
     prepared: Prepared,
@@ -316,62 +388,169 @@ def execute(
     sample_interval_s: float = 0.5,
     hang_after_s: float = 300.0,
 ) -> Outcome:
-    """Start a prepared run and follow it to the end, writing everything to the store.
+    """Start a prepared run and follow it to the end, writing everything to the run folder and then
+    to the store.
 
     Args:
         store: the store (this function is the run's only writer: samples from the telemetry
             thread are queued and written here, in batches).
         prepared: from :func:`prepare`.
         on_event: called with every journal event as it arrives (progress bars), and with the
-            orchestrator's own ``hang`` events.
+            orchestrator's own ``hang`` and ``rank_exit`` events.
         stop: set it to stop the run gracefully (what Ctrl-C does for ``ftui run``).
         poll_s: how often the journal is read.
         probe: the telemetry probe (:class:`runner.hardware.Probe`); default: NVML + psutil.
         sample_interval_s: seconds between telemetry readings; 0 turns telemetry off.
-        hang_after_s: flag a hang when no step came for this long and a device is idle.
+        hang_after_s: flag a hang when no step came for this long and a device is idle; stop the
+            run (failed, "hang: ...") when it is still hung ``hang_after_s`` after the flag.
 
     Returns:
         The outcome; the run's row holds the same status, exit code, error and summary.
     """
+    from runner.journal import WatcherLock
+
     assert prepared.run_id is not None, "a dry run cannot be executed"
     run_id = prepared.run_id
+    lock = WatcherLock(prepared.run_dir)
+    if not lock.acquire():
+        raise PreflightError(f"run {run_id}: another process watches {prepared.run_dir}")
+    recorder = _Recorder(store, run_id, prepared.run_dir)
     proc = spawn(prepared)
     pgid = proc.pid  # start_new_session: the launcher leads its own group
     launched = time.time()
-    store.update_run(run_id, status="running", started_at=_utcnow(), pgid=pgid,
-                     summary={"orchestrator_pid": os.getpid()})
-    store.add_event(run_id, "launch", launched, {"argv": prepared.spec.argv, "pgid": pgid})
-    watch = _Watch(store, prepared, on_event)
-    telemetry = _Telemetry(store, prepared, probe, sample_interval_s, hang_after_s, launched)
-    stopped_by_user = False
+    recorder.emit("launch", argv=prepared.spec.argv, pgid=pgid, watcher_pid=os.getpid())
     try:
+        store.update_run(run_id, status="running", started_at=_utcnow(), pgid=pgid, summary=watcher_fields())
+    except Exception:  # noqa: BLE001 (follow() records the end whatever the store does)
+        pass
+    return follow(store, prepared, _Launcher(pgid, proc), recorder, lock, on_event=on_event, stop=stop,
+                  poll_s=poll_s, probe=probe, sample_interval_s=sample_interval_s, hang_after_s=hang_after_s,
+                  launched=launched)
+
+
+def attach(store: Store, prepared: Prepared, pgid: int, probe: Any | None = None,
+           sample_interval_s: float = 0.5, hang_after_s: float = 300.0, stop: threading.Event | None = None) -> Outcome:
+    """Follow a run whose watcher died while its ranks train on: re-read its journals from the start
+    (idempotent ingest), then watch it to the end like :func:`execute` (see :mod:`runner.recover`).
+
+    Raises:
+        PreflightError: another process already watches the run.
+    """
+    from runner.journal import WatcherLock
+
+    assert prepared.run_id is not None
+    lock = WatcherLock(prepared.run_dir)
+    if not lock.acquire():
+        raise PreflightError(f"run {prepared.run_id}: another process watches {prepared.run_dir}")
+    recorder = _Recorder(store, prepared.run_id, prepared.run_dir)
+    recorder.emit("attach", pgid=pgid, watcher_pid=os.getpid())
+    try:
+        store.update_run(prepared.run_id, summary=watcher_fields())
+    except Exception:  # noqa: BLE001
+        pass
+    return follow(store, prepared, _Launcher(pgid), recorder, lock, stop=stop, probe=probe,
+                  sample_interval_s=sample_interval_s, hang_after_s=hang_after_s, launched=time.time())
+
+
+def follow(
+    store: Store,
+    prepared: Prepared,
+    launcher: _Launcher,
+    recorder: _Recorder,
+    lock: Any,
+    on_event: EventCallback | None = None,
+    stop: threading.Event | None = None,
+    poll_s: float = 0.25,
+    probe: Any | None = None,
+    sample_interval_s: float = 0.5,
+    hang_after_s: float = 300.0,
+    launched: float | None = None,
+) -> Outcome:
+    """Watch a started run to its end. Whatever goes wrong while watching (an exception in a
+    callback, the database, a Ctrl-C), the ``finally`` below reaps the process group, writes what was
+    read, and records a true status and reason: journal first, then the store."""
+    from runner.crash import RankWatch
+
+    pgid = launcher.pgid
+    watch = _Watch(store, prepared, on_event)
+    telemetry: _Telemetry | None = None
+    ranks = RankWatch(prepared.run_dir)
+    stopped_by_user = False
+    forced_error: str | None = None
+    exit_code: int | None = None
+    try:
+        telemetry = _Telemetry(store, prepared, probe, sample_interval_s, hang_after_s, launched or time.time())
         while True:
             watch.poll()
-            telemetry.poll(watch)
+            telemetry.poll(watch, recorder)
             if watch.mismatch:
-                stop_group(pgid, proc, grace=5.0)
+                stop_group(pgid, launcher.proc, grace=5.0)
                 break
             if stop is not None and stop.is_set() and not stopped_by_user:
                 stopped_by_user = True
-                threading.Thread(target=stop_group, args=(pgid, proc), daemon=True).start()
-            if proc.poll() is not None:
+                threading.Thread(target=stop_group, args=(pgid, launcher.proc), daemon=True).start()
+            for rank, pid in ranks.poll():
+                if watch.end is None and not stopped_by_user and forced_error is None:  # not one we ended
+                    event = recorder.emit("rank_exit", rank=rank, pid=pid)
+                    if on_event is not None:
+                        on_event(event)
+            now = time.time()
+            if (ranks.first_vanished_at is not None and watch.end is None and forced_error is None
+                    and now - ranks.first_vanished_at >= FAULT_GRACE_S
+                    and (watch.last_step_time or 0.0) < ranks.first_vanished_at):
+                from runner.crash import describe
+
+                forced_error = describe(prepared.run_dir, ranks.vanished, list(telemetry.recent), watch.error)
+                threading.Thread(target=stop_group, args=(pgid, launcher.proc, 5.0), daemon=True).start()
+            if telemetry.hang_stop(watch) and forced_error is None and not stopped_by_user:
+                forced_error = telemetry.hang_reason
+                recorder.emit("hang_stop", reason=forced_error)
+                threading.Thread(target=_stop_hung, args=(pgid, launcher.proc), daemon=True).start()
+            if launcher.poll() is not None:
                 break
             time.sleep(poll_s)
     except KeyboardInterrupt:
         stopped_by_user = True
-        stop_group(pgid, proc)
-    exit_code = proc.wait()
-    # The launcher can exit before its ranks (a SIGTERM to the group kills accelerate's launcher at
-    # once while each rank finishes its step and journals "stopped"): let the group drain first.
-    deadline = time.monotonic() + 20.0
-    while _group_alive(pgid) and time.monotonic() < deadline:
-        watch.poll()
-        time.sleep(poll_s)
-    signal_group(pgid, signal.SIGKILL)
-    telemetry.close()
-    watch.poll()
-    watch.flush()
-    return _finish(store, watch, exit_code, stopped_by_user)
+        _quietly(stop_group, pgid, launcher.proc)
+    except BaseException as exc:  # noqa: BLE001 (any fault of the watcher: reap and record it below)
+        forced_error = f"watcher error: {type(exc).__name__}: {exc}"[:500]
+        _quietly(recorder.emit, "watcher_error", message=forced_error)
+        _quietly(stop_group, pgid, launcher.proc, 5.0)
+    finally:
+        watch.on_event = None  # the caller's callbacks may be what failed; the rest is bookkeeping
+        exit_code = _quietly(launcher.wait)
+        # The launcher can exit before its ranks (a SIGTERM to the group kills accelerate's launcher at
+        # once while each rank finishes its step and journals "stopped"): let the group drain first.
+        deadline = time.monotonic() + 20.0
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            _quietly(watch.poll)
+            time.sleep(poll_s)
+        signal_group(pgid, signal.SIGKILL)
+        if telemetry is not None:
+            _quietly(telemetry.close)
+        _quietly(watch.poll)
+        _quietly(watch.flush)
+        try:
+            recent = list(telemetry.recent) if telemetry is not None else []
+            outcome = _finish(store, watch, exit_code, stopped_by_user, recorder, forced_error, ranks.vanished, recent)
+        finally:
+            recorder.journal.close()
+            lock.release()
+    return outcome
+
+
+def _quietly(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn``; an exception is swallowed (the finally of :func:`follow` must run to its end)."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _stop_hung(pgid: int, proc: subprocess.Popen[bytes] | None) -> None:
+    """A hung run: SIGTERM (and SIGCONT, should it be stopped), then SIGKILL after 10 s."""
+    signal_group(pgid, signal.SIGCONT)
+    stop_group(pgid, proc, grace=10.0)
 
 
 class _Telemetry:
@@ -390,6 +569,9 @@ class _Telemetry:
         self.sampler = None
         self.last_write = 0.0
         self.last_hang_check = 0.0
+        self.hang_after_s = hang_after_s
+        self.hang_flagged: dict[str, Any] | None = None
+        self.hang_reason: str | None = None
         if interval_s <= 0:
             return
         from runner.hardware import Probe
@@ -405,21 +587,39 @@ class _Telemetry:
         )
         self.sampler.start()
 
-    def poll(self, watch: _Watch) -> None:
+    def poll(self, watch: _Watch, recorder: _Recorder) -> None:
         if self.sampler is None:
             return
         now = time.time()
         self._write()
+        if self.hang_flagged is not None and watch.last_step_time != self.hang_flagged.get("last_step_time"):
+            self.hang_flagged = None  # a step came: the episode is over
         if now - self.last_hang_check >= 1.0 and watch.end is None:
             self.last_hang_check = now
             event = self.hang.check(now, watch.last_step_time, self.recent)
             if event is not None:
-                assert self.run_id is not None
-                self.store.add_event(self.run_id, "hang", now, event)
+                record = recorder.emit("hang", **event)
+                self.hang_flagged = {**event, "flagged_at": now, "last_step_time": watch.last_step_time}
                 if watch.on_event is not None:
-                    watch.on_event({"type": "hang", **event})
+                    watch.on_event(record)
+
+    def hang_stop(self, watch: _Watch) -> bool:
+        """The documented rule: a hang still there ``hang_after_s`` after it was flagged (no step,
+        devices idle the whole time, so ``2 x hang_after_s`` without a step) stops the run."""
+        flagged = self.hang_flagged
+        if flagged is None or watch.end is not None or self.hang_reason is not None:
+            return False
+        now = time.time()
+        if now - flagged["flagged_at"] < self.hang_after_s:
+            return False
+        reference = watch.last_step_time if watch.last_step_time is not None else self.hang.started_at
+        since = now - (reference or flagged["flagged_at"])
+        self.hang_reason = f"hang: no step for {since:.0f} s, devices idle"
+        return True
 
     def _write(self) -> None:
+        from runner.journal import append_samples
+
         samples: list[Any] = []
         procs: list[Any] = []
         while not self.queue.empty():
@@ -427,8 +627,9 @@ class _Telemetry:
             samples.extend(more)
             procs.extend(more_procs)
         if (samples or procs) and self.run_id is not None:
-            self.store.add_samples(self.run_id, samples, procs)
+            append_samples(self.run_dir, samples, procs)  # the run folder first: the store is a projection
             self.recent.extend(samples)
+            self.store.add_samples(self.run_id, samples, procs)
 
     def close(self) -> None:
         if self.sampler is None:
@@ -437,18 +638,36 @@ class _Telemetry:
         self._write()
 
 
-def _finish(store: Store, watch: _Watch, exit_code: int, stopped_by_user: bool) -> Outcome:
+def _finish(store: Store, watch: _Watch, exit_code: int | None, stopped_by_user: bool,
+            recorder: _Recorder | None = None, forced_error: str | None = None,
+            vanished: list[tuple[int, int]] | None = None, recent: list[Any] | None = None) -> Outcome:
+    from runner.crash import describe
+
     end = watch.end or {}
     error: str | None = None
     if watch.mismatch:
         status, error = "failed", watch.mismatch
+    elif forced_error is not None:
+        status, error = "failed", forced_error
     elif stopped_by_user or end.get("status") == "stopped":
         status = "stopped"
-    elif exit_code == 0 and end.get("status") == "completed":
+    elif exit_code in (0, None) and end.get("status") == "completed":
         status = "completed"
     else:
         status = "failed"
-        error = watch.error or _error_from_logs(watch.prepared.run_dir) or f"launcher exited with code {exit_code}"
+        error = (describe(watch.prepared.run_dir, vanished, recent, watch.error)
+                 or watch.error or _error_from_logs(watch.prepared.run_dir)
+                 or (f"launcher exited with code {exit_code}" if exit_code is not None else
+                     f"watcher and ranks gone; last step {watch.last_step or 0}"))
+    # Journal first: should the store fail now, recover reads the status from here.
+    if recorder is not None:
+        _quietly(recorder.emit, "exit", exit_code=exit_code, status=status, error=error)
+    return _project_end(store, watch, status, exit_code, error)
+
+
+def _project_end(store: Store, watch: _Watch, status: str, exit_code: int | None, error: str | None) -> Outcome:
+    """Write the end of a run (status, reason, figures of the end event, telemetry summary) to the store."""
+    end = watch.end or {}
     summary: dict[str, Any] = {}
     columns: dict[str, Any] = {}
     if end:
@@ -473,7 +692,7 @@ def _finish(store: Store, watch: _Watch, exit_code: int, stopped_by_user: bool) 
             "steps_done": end.get("steps"),
             "peak_mem_bytes": max(peaks) if peaks else None,
         }
-    telemetry = _telemetry_summary(store, watch)
+    telemetry = _quietly(_telemetry_summary, store, watch)
     if telemetry is not None:
         summary["telemetry"] = telemetry
         overall = telemetry.get("active") or telemetry.get("whole") or {}
@@ -487,7 +706,6 @@ def _finish(store: Store, watch: _Watch, exit_code: int, stopped_by_user: bool) 
         summary=summary,
         **columns,
     )
-    store.add_event(watch.run_id, "exit", time.time(), {"exit_code": exit_code, "status": status})
     return Outcome(run_id=watch.run_id, status=status, exit_code=exit_code, error=error, summary=summary)
 
 
@@ -532,11 +750,6 @@ def _error_from_logs(run_dir: Path) -> str | None:
             if head.endswith(("Error", "Exception")) and " " not in head:
                 return f"{log.name}: {text}"[:500]
     return None
-
-
-def _slug(name: str) -> str:
-    keep = "".join(c if c.isalnum() or c in "-_" else "-" for c in name.strip())
-    return keep.strip("-")[:40] or "run"
 
 
 def _utcnow() -> datetime:
@@ -635,7 +848,11 @@ def find_batch_size(
         "trials": [t.__dict__ for t in trials],
     }
     last = trials[-1].run_id
-    store.add_event(last, "batch_size_found", time.time(), result)
+    last_run = store.get_run(last)
+    if last_run is not None:  # journal first, like every orchestrator event
+        recorder = _Recorder(store, last, Path(last_run.run_dir))
+        recorder.emit("batch_size_found", **result)
+        recorder.journal.close()
     store.update_run(last, summary={"find_batch": result})
     return result
 
@@ -663,10 +880,14 @@ def start_detached(db_url: str, prepared: Prepared, fake_gpus: int = 0) -> subpr
             "--fake-gpus", str(fake_gpus)]
     log = open(prepared.run_dir / "orchestrator.log", "ab")  # noqa: SIM115
     try:
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                cwd=prepared.run_dir, start_new_session=True)
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 cwd=prepared.run_dir, start_new_session=True)
     finally:
         log.close()
+    # The watcher is the child from now on (the caller may exit at once): recover must not take the
+    # run for abandoned in the second before the child records itself.
+    Store(db_url).update_run(prepared.run_id, summary=watcher_fields(child.pid))
+    return child
 
 
 def probe_for(fake_gpus: int = 0) -> Any:
@@ -684,6 +905,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", required=True)
     parser.add_argument("--run-id", type=int, required=True)
     parser.add_argument("--fake-gpus", type=int, default=0)
+    parser.add_argument("--attach", type=int, metavar="PGID",
+                        help="follow a run already started (process group PGID) whose watcher died")
+    parser.add_argument("--hang-after", type=float, default=300.0)
     args = parser.parse_args(argv)
     store = Store(args.db)
     run = store.get_run(args.run_id)
@@ -693,7 +917,17 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    outcome = execute(store, load_prepared(run.id, Path(run.run_dir)), stop=stop, probe=probe_for(args.fake_gpus))
+    prepared = load_prepared(run.id, Path(run.run_dir))
+    try:
+        if args.attach:
+            outcome = attach(store, prepared, args.attach, probe=probe_for(args.fake_gpus), stop=stop,
+                             hang_after_s=args.hang_after)
+        else:
+            outcome = execute(store, prepared, stop=stop, probe=probe_for(args.fake_gpus),
+                              hang_after_s=args.hang_after)
+    except PreflightError as exc:
+        print(exc)
+        return 2
     return 0 if outcome.status == "completed" else 1
 
 

@@ -20,6 +20,7 @@ COMMANDS: tuple[str, ...] = (
     "tui.cli.gpus",      # gpus
     "tui.cli.estimate",  # estimate
     "tui.cli.compare",   # compare, sweep
+    "tui.cli.recover",   # recover
 )
 """The command modules, in the order ``--help`` lists them. Each has ``add_parser(subparsers)`` and
 imports its heavy dependencies inside its handlers, so that building the parser stays fast."""
@@ -57,5 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _open_app(args: argparse.Namespace) -> int:
     from tui.app import run_app  # the CLI's one import of the Textual app (see the module docstring)
+    from tui.cli.common import console, open_store
+    from tui.cli.recover import recover_quietly
+
+    recover_quietly(open_store(args), console(stderr=True))  # runs whose watcher died (runner.recover)
 
     return run_app(db_url=getattr(args, "db", None), fake_gpus=args.fake_gpus)

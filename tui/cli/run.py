@@ -74,8 +74,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.recipe}: {exc}") from None
     out = console(stderr=args.format == "json")
     warnings += _gpu_warnings(recipe, args.fake_gpus)
+    from rich.text import Text
+
     for warning in warnings:
-        out.print(f"[yellow]warning:[/] {warning}")
+        out.print(Text.assemble(("warning:", "yellow"), f" {warning}"))
     if args.find_batch_size:
         from tui.cli.estimate import run_finder
 
@@ -87,18 +89,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             import shlex
 
-            out.print("[bold]argv[/]  " + shlex.join(prepared.spec.argv), soft_wrap=True)
-            out.print("[bold]env[/]   " + " ".join(f"{k}={v}" for k, v in prepared.spec.env.items()))
-            out.print(f"[bold]accelerate config[/] {prepared.spec.accelerate_config}")
+            out.print(Text.assemble(("argv", "bold"), "  " + shlex.join(prepared.spec.argv)), soft_wrap=True)
+            out.print(Text.assemble(("env", "bold"), "   " + " ".join(f"{k}={v}" for k, v in prepared.spec.env.items())))
+            out.print(Text.assemble(("accelerate config", "bold"), f" {prepared.spec.accelerate_config}"))
             if prepared.spec.accelerate_config_text:
                 out.print(prepared.spec.accelerate_config_text, markup=False, highlight=False)
         return ExitCode.OK
 
     store = open_store(args)
-    prepared = orchestrator.prepare(store, recipe, source=str(args.recipe))
+    from tui.cli.recover import recover_quietly
+
+    recover_quietly(store, out)  # runs whose watcher died (runner.recover): cheap when there are none
+    try:
+        prepared = orchestrator.prepare(store, recipe, source=str(args.recipe))
+    except RecipeError as exc:
+        raise UsageError(str(exc)) from None
     from tui.cli.progress import RunProgress
 
-    out.print(f"run [bold]{prepared.run_id}[/] · {recipe.launch.strategy} × {recipe.launch.nproc} · {prepared.run_dir}")
+    out.print(Text.assemble("run ", (str(prepared.run_id), "bold"),
+                            f" · {recipe.launch.strategy} × {recipe.launch.nproc} · {prepared.run_dir}"))
     with RunProgress(out) as progress:
         outcome = orchestrator.execute(store, prepared, on_event=progress.on_event,
                                        probe=orchestrator.probe_for(args.fake_gpus),
@@ -112,9 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if outcome.status == "stopped":
         out.print("[yellow]stopped[/]")
         return ExitCode.INTERRUPTED
-    from rich.markup import escape
-
-    out.print(f"[red]failed:[/] {escape(outcome.error or '')}")
+    out.print(Text.assemble(("failed:", "red"), f" {outcome.error or ''}"))
     return ExitCode.FAILED
 
 
