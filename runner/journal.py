@@ -136,9 +136,26 @@ class WatcherLock:
             os.close(fd)
             return False
         os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
         os.write(fd, f"{os.getpid()} {os.uname().nodename}\n".encode())
         self._fd = fd
         return True
+
+    @classmethod
+    def adopt(cls, run_dir: Path, fd: int) -> WatcherLock:
+        """The lock held through ``fd``, inherited from the process that handed the run over (a
+        ``flock`` belongs to the open file, so the hand-over leaves no moment without a holder)."""
+        lock = cls(run_dir)
+        os.set_inheritable(fd, False)
+        lock._fd = fd
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, f"{os.getpid()} {os.uname().nodename}\n".encode())
+        return lock
+
+    def fileno(self) -> int | None:
+        """The descriptor holding the lock (to hand it to a child with ``pass_fds``)."""
+        return self._fd
 
     def release(self) -> None:
         """Give the lock up (closing the file drops it)."""

@@ -429,7 +429,8 @@ def execute(
 
 
 def attach(store: Store, prepared: Prepared, pgid: int, probe: Any | None = None,
-           sample_interval_s: float = 0.5, hang_after_s: float = 300.0, stop: threading.Event | None = None) -> Outcome:
+           sample_interval_s: float = 0.5, hang_after_s: float = 300.0, stop: threading.Event | None = None,
+           lock_fd: int | None = None) -> Outcome:
     """Follow a run whose watcher died while its ranks train on: re-read its journals from the start
     (idempotent ingest), then watch it to the end like :func:`execute` (see :mod:`runner.recover`).
 
@@ -439,7 +440,7 @@ def attach(store: Store, prepared: Prepared, pgid: int, probe: Any | None = None
     from runner.journal import WatcherLock
 
     assert prepared.run_id is not None
-    lock = WatcherLock(prepared.run_dir)
+    lock = WatcherLock.adopt(prepared.run_dir, lock_fd) if lock_fd is not None else WatcherLock(prepared.run_dir)
     if not lock.acquire():
         raise PreflightError(f"run {prepared.run_id}: another process watches {prepared.run_dir}")
     recorder = _Recorder(store, prepared.run_id, prepared.run_dir)
@@ -908,6 +909,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attach", type=int, metavar="PGID",
                         help="follow a run already started (process group PGID) whose watcher died")
     parser.add_argument("--hang-after", type=float, default=300.0)
+    parser.add_argument("--lock-fd", type=int, help="with --attach: the inherited hold on RUN/watcher.lock")
     args = parser.parse_args(argv)
     store = Store(args.db)
     run = store.get_run(args.run_id)
@@ -921,7 +923,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.attach:
             outcome = attach(store, prepared, args.attach, probe=probe_for(args.fake_gpus), stop=stop,
-                             hang_after_s=args.hang_after)
+                             hang_after_s=args.hang_after, lock_fd=args.lock_fd)
         else:
             outcome = execute(store, prepared, stop=stop, probe=probe_for(args.fake_gpus),
                               hang_after_s=args.hang_after)

@@ -125,8 +125,9 @@ def recover_run(store: Store, run: Any, attach: bool = True, fake_gpus: int = 0)
             return Recovered(run.id, "finished", "failed", never)
         alive = (pgid is not None and orch._leader_alive(pgid)) or RankWatch(run_dir).any_alive()
         if alive and watch.end is None and attach and pgid is not None:
-            lock.release()  # the new watcher takes it
-            child = spawn_watcher(store.url, run.id, pgid, run_dir, fake_gpus)
+            # The new watcher inherits the locked file: no moment without a holder, so a second
+            # recover running now cannot start a second watcher.
+            child = spawn_watcher(store.url, run.id, pgid, run_dir, fake_gpus, lock_fd=lock.fileno())
             return Recovered(run.id, "attached", "running", f"watcher pid {child.pid} follows process group {pgid}")
         if alive and watch.end is None:
             return Recovered(run.id, "skipped", run.status, "ranks still run; not attaching (--no-attach)")
@@ -155,16 +156,21 @@ def recover_run(store: Store, run: Any, attach: bool = True, fake_gpus: int = 0)
         lock.release()
 
 
-def spawn_watcher(db_url: str, run_id: int, pgid: int, run_dir: Path, fake_gpus: int = 0) -> subprocess.Popen[bytes]:
-    """A detached watcher that re-attaches to a running run (``python -m runner.orchestrator --attach``)."""
+def spawn_watcher(db_url: str, run_id: int, pgid: int, run_dir: Path, fake_gpus: int = 0,
+                  lock_fd: int | None = None) -> subprocess.Popen[bytes]:
+    """A detached watcher that re-attaches to a running run (``python -m runner.orchestrator --attach``);
+    ``lock_fd``, the caller's hold on ``watcher.lock``, is handed to it."""
     from runner.orchestrator import watcher_fields
 
     argv = [sys.executable, "-m", "runner.orchestrator", "--db", db_url, "--run-id", str(run_id),
             "--attach", str(pgid), "--fake-gpus", str(fake_gpus)]
+    if lock_fd is not None:
+        argv += ["--lock-fd", str(lock_fd)]
     log = open(run_dir / "orchestrator.log", "ab")  # noqa: SIM115 (the child keeps it)
     try:
         child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                 cwd=run_dir, start_new_session=True)
+                                 cwd=run_dir, start_new_session=True,
+                                 pass_fds=(lock_fd,) if lock_fd is not None else ())
     finally:
         log.close()
     Store(db_url).update_run(run_id, summary=watcher_fields(child.pid))

@@ -241,7 +241,7 @@ def test_kill_9_of_one_ddp_rank_is_recorded_with_its_signal_and_every_process_is
     metrics = ftui.show(run.id)["metrics"]
     assert len(metrics) == len(steps) >= 2, "every metric up to the fault is kept"
     shown = ftui.run("show", str(run.id))
-    assert f"killed by SIGKILL" in shown.stdout
+    assert "killed by SIGKILL" in shown.stdout
 
 
 def _steps(run_dir: Path) -> int:
