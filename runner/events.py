@@ -6,14 +6,18 @@ A run folder holds everything needed to understand, re-ingest or resume a run wi
     accelerate.yaml      the generated accelerate config (absent when the recipe names its own)
     launch.json          argv, env and config path, as built
     events.jsonl         the journal: one JSON object per line, written by rank 0 only
+    orchestrator.jsonl   the orchestrator's own events, journaled before the store (runner.journal)
+    samples.jsonl        telemetry samples, appended per batch (runner.journal)
+    watcher.lock         flock-ed by the process watching the run (runner.recover)
     launcher.log         stdout/stderr of ``accelerate launch`` itself
     logs/rank{N}.log     stdout/stderr of each rank
     ranks/{N}.pid        the pid of each rank, written as the rank starts
     output/              the saved adapter or model
 
 Every event carries ``seq`` (0, 1, 2, ... within the run: its stable id), ``type`` and ``time``
-(unix seconds). Types: ``start``, ``step``, ``end``, ``error``; the orchestrator adds its own
-(``launch``, ``exit``, ``hang``) to the store only.
+(unix seconds). Types: ``start``, ``step``, ``end``, ``error``; the orchestrator journals its own
+(``launch``, ``attach``, ``rank_exit``, ``hang``, ``hang_stop``, ``watcher_error``, ``exit``) in
+``orchestrator.jsonl`` with their own ``seq``.
 """
 
 from __future__ import annotations
