@@ -14,6 +14,7 @@ from typing import Any
 
 from runner import strategies
 from runner.mfu import Peak, compute_mfu, flops_per_token
+from runner.summary import busiest_peak
 from store import MetricPoint, RunInfo, SampleInfo, Store
 
 PeakResolver = Callable[[RunInfo, Mapping[str, Any]], Peak | None]
@@ -248,12 +249,9 @@ def util_source(run: RunInfo) -> str:
 
 
 def _mem_measured(run: RunInfo) -> tuple[int | None, str]:
-    ranks = run.summary.get("ranks") or []
-    peaks = [r.get("peak_allocated_bytes") or r.get("peak_rss_bytes") for r in ranks]
-    peaks = [p for p in peaks if p]
-    if peaks:
-        gpu = any(r.get("peak_allocated_bytes") for r in ranks)
-        return max(peaks), ("CUDA allocator peak, busiest rank" if gpu else "getrusage peak RSS, busiest rank")
+    peak, source = busiest_peak(run.summary.get("ranks") or [])
+    if peak is not None:
+        return peak, f"{source}, busiest rank"
     return run.peak_mem_bytes, "stored peak"
 
 

@@ -38,7 +38,7 @@ def accelerate_config(recipe: Recipe, port: int) -> dict[str, Any]:
     """The accelerate config (as a dict for YAML) for a recipe.
 
     Always a complete file: ``accelerate launch`` silently reads the user's default config when
-    flags are missing (CPU-FACTS.md).
+    flags are missing (docs/cpu-facts.md).
     """
     launch = recipe.launch
     strategy = strategies.get(launch.strategy)
@@ -50,7 +50,7 @@ def accelerate_config(recipe: Recipe, port: int) -> dict[str, Any]:
         "machine_rank": 0,
         "num_processes": launch.nproc,
         "main_process_port": port,
-        "mixed_precision": {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[recipe.train.precision],
+        "mixed_precision": recipe.train.accelerate_mixed_precision,
         "gpu_ids": ",".join(map(str, launch.gpus)) if launch.gpus else "all",
         "rdzv_backend": "static",
         "same_network": True,
@@ -78,7 +78,7 @@ def accelerate_config(recipe: Recipe, port: int) -> dict[str, Any]:
                 "fsdp_sharding_strategy": "FULL_SHARD",
                 "fsdp_backward_prefetch": "BACKWARD_PRE",
                 "fsdp_use_orig_params": True,  # LoRA mixes frozen and trainable params in one unit
-                "fsdp_sync_module_states": False,  # needed on CPU (CPU-FACTS.md); ranks init alike
+                "fsdp_sync_module_states": False,  # needed on CPU (docs/cpu-facts.md); ranks init alike
                 "fsdp_forward_prefetch": False,
             }
         else:

@@ -25,6 +25,7 @@ from runner import strategies
 from runner.launch import LaunchSpec, build_launch
 from runner.paths import runs_dir
 from runner.recipe import Recipe, RecipeError
+from runner.summary import busiest_peak, rank_peak, trained_bytes
 from store import Store
 
 EventCallback = Callable[[dict[str, Any]], None]
@@ -673,8 +674,6 @@ def _project_end(store: Store, watch: _Watch, status: str, exit_code: int | None
     columns: dict[str, Any] = {}
     if end:
         ranks = end.get("ranks") or []
-        peaks = [r.get("peak_allocated_bytes") or r.get("peak_rss_bytes") for r in ranks]
-        peaks = [p for p in peaks if p]
         summary = {
             "train_seconds": end.get("train_seconds"),
             "tokens_per_s": end.get("tokens_per_s"),
@@ -691,7 +690,7 @@ def _project_end(store: Store, watch: _Watch, status: str, exit_code: int | None
             "tokens_per_s": end.get("tokens_per_s"),
             "final_loss": end.get("final_loss"),
             "steps_done": end.get("steps"),
-            "peak_mem_bytes": max(peaks) if peaks else None,
+            "peak_mem_bytes": busiest_peak(ranks)[0],
         }
     telemetry = _quietly(_telemetry_summary, store, watch)
     if telemetry is not None:
@@ -721,7 +720,7 @@ def _telemetry_summary(store: Store, watch: _Watch) -> dict[str, Any] | None:
     window = None
     if watch.first_step_time is not None and watch.last_step_time is not None:
         window = (watch.first_step_time, watch.last_step_time)
-    result = summarise(samples, window)  # type: ignore[arg-type]  # SampleInfo has DeviceSample's fields
+    result = summarise(samples, window)
     plain: dict[str, Any] = json.loads(json.dumps(result))  # tuples -> lists, as stored
     # Each rank's own GPU memory (NVML's per-process figure, summed over the GPUs it touches in one
     # reading), peak over the run: what a rank really held, beside the device-wide peaks above.
@@ -779,11 +778,11 @@ def trial_bytes(ranks: list[dict[str, Any]]) -> int | None:
     """The memory a run needed on its busiest rank, as the finder compares it with the budget."""
     values = []
     for r in ranks:
-        if r.get("peak_allocated_bytes"):
-            values.append(int(r["peak_allocated_bytes"]))
-        elif r.get("activation_bytes") is not None:
-            values.append(sum(int(r.get(k) or 0) for k in ("param_bytes", "grad_bytes", "optimizer_bytes",
-                                                             "activation_bytes")))
+        peak, source = rank_peak(r)
+        if peak is not None and source == "CUDA allocator peak":
+            values.append(peak)
+        elif (trained := trained_bytes(r)) is not None:
+            values.append(trained)
     return max(values) if values else None
 
 

@@ -90,6 +90,11 @@ class TrainSection(_Section):
     """Save the adapter (LoRA) or the model (full) into the run folder at the end."""
 
 
+    @property
+    def accelerate_mixed_precision(self) -> str:
+        """``precision`` in accelerate's words (``mixed_precision``: no, bf16, fp16)."""
+        return "no" if self.precision == "fp32" else self.precision
+
 class LaunchSection(_Section):
     strategy: str = "single"
     """A launchable strategy of ``runner/strategies.py`` (``ftui run --help`` lists them)."""

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
         if journal is not None:
             journal.close()
     # Two-rank gloo runs abort at interpreter exit ~5% of the time ("terminate called without an
-    # active exception"); skipping interpreter teardown avoided it in 20/20 runs (CPU-FACTS.md).
+    # active exception"); skipping interpreter teardown avoided it in 20/20 runs (docs/cpu-facts.md).
     os._exit(code)
 
 
@@ -120,7 +120,7 @@ class Trainer:
         self.on_cpu = cpu
         if cpu and launch.strategy == "fsdp" and launch.fsdp_version == 1:
             os.environ["ACCELERATE_TORCH_DEVICE"] = "cpu"
-        mixed = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[train.precision]
+        mixed = train.accelerate_mixed_precision
         accelerator = Accelerator(cpu=cpu, mixed_precision=mixed)
         if cpu and launch.strategy == "fsdp":
             _force_fsdp_on_cpu(accelerator, launch.fsdp_version, mixed)
@@ -439,7 +439,7 @@ def _gather_list(items: list[Any]) -> list[Any]:
 def _force_fsdp_on_cpu(accelerator: Any, version: int, mixed: str) -> None:
     """Make FSDP real on CPU. accelerate only switches to FSDP for GPU-like devices and silently runs
     plain multi-CPU DDP otherwise; setting the plugin and the distributed type on both state objects
-    before ``prepare`` gives real sharding over gloo (CPU-FACTS.md). The plugin reads the FSDP_*
+    before ``prepare`` gives real sharding over gloo (docs/cpu-facts.md). The plugin reads the FSDP_*
     variables that ``accelerate launch`` exported from the generated config."""
     from accelerate import FullyShardedDataParallelPlugin
     from accelerate.state import AcceleratorState, PartialState
@@ -527,7 +527,7 @@ def _epoch_order(rows: int, seed: int, epoch: int, shuffle: bool) -> Any:
 def _full_state_dict(model: Any, acc: Any, trainable_only: bool) -> Any:
     """A full (unsharded) state dict on rank 0 for FSDP, None otherwise (save_pretrained reads the
     model). Uses torch's distributed-checkpoint API: accelerate's FSDP1 full-state-dict path
-    segfaulted on CPU (CPU-FACTS.md)."""
+    segfaulted on CPU (docs/cpu-facts.md)."""
     if acc.distributed_type.value != "FSDP":
         return None
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -554,7 +554,7 @@ def _full_state_dict(model: Any, acc: Any, trainable_only: bool) -> Any:
 def _save_adapter(peft_model: Any, state_dict: dict[str, Any], out: Path) -> None:
     """Write a gathered LoRA state dict in peft's adapter format. peft's own save_pretrained matches
     keys against the module tree, which under FSDP1 still holds the FSDP wrappers, and silently
-    writes an empty adapter (CPU-FACTS.md); the gathered keys are already clean."""
+    writes an empty adapter (docs/cpu-facts.md); the gathered keys are already clean."""
     from safetensors.torch import save_file
 
     adapter = next(iter(peft_model.peft_config))
@@ -570,7 +570,7 @@ def _clean_fqn(name: str) -> str:
 
 
 def _verify_saved(out: Path) -> None:
-    """PEFT writes an EMPTY adapter under FSDP without complaint (CPU-FACTS.md): check the tensors."""
+    """PEFT writes an EMPTY adapter under FSDP without complaint (docs/cpu-facts.md): check the tensors."""
     from safetensors import safe_open
 
     files = list(out.glob("*.safetensors"))

@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, delete, event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from runner.hardware.records import DeviceSample
 from store.models import Base, DeviceSampleRow, Event, Metric, ProcessSampleRow, Run
 
 TERMINAL = ("completed", "failed", "stopped")
@@ -76,20 +77,9 @@ class MetricPoint:
 
 
 @dataclass(frozen=True)
-class SampleInfo:
-    time: float
-    host: str
-    kind: str
-    index: int
-    name: str
-    util_pct: float | None
-    mem_used: int | None
-    mem_total: int | None
-    power_w: float | None
-    temp_c: float | None
-    sm_clock_mhz: int | None
-    pid: int | None
-    source: str
+class SampleInfo(DeviceSample):
+    """A stored device reading: the probe's own record (one sample record in the project) plus its row id."""
+
     id: int = 0
     """Row id: increases with every write, so a reader can ask for what came after it."""
 

@@ -72,3 +72,14 @@ def strategy_runs(ftui: Ftui) -> dict[str, dict[str, Any]]:
         run = next(r for r in ftui.runs() if r["name"] == f"t-{name}")
         results[name] = ftui.show(run["id"]) | {"stdout": proc.stdout}
     return results
+
+
+# Fixtures that train models in subprocesses: any test that uses one is slow (the fast loop,
+# `pytest -m "not slow"`, leaves them out; CI runs everything).
+TRAINING_FIXTURES = {"strategy_runs", "full_runs", "sweep"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if TRAINING_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

@@ -29,7 +29,7 @@ def test_the_core_is_mypy_strict_clean() -> None:
 
 
 def test_the_tui_reads_the_store_through_its_api_only() -> None:
-    """Views get frozen dataclasses from store.Store, never ORM rows or SQL (STYLE.md)."""
+    """Views get frozen dataclasses from store.Store, never ORM rows or SQL (the house style: harlequin, MLflow)."""
     offenders = [
         str(path.relative_to(ROOT))
         for path in (ROOT / "tui").rglob("*.py")

@@ -266,6 +266,7 @@ def test_speedups_against_the_baseline() -> None:
     assert build_comparison(runs, metrics, baseline_id=2).rows[0].speedup == pytest.approx(100 / 390)
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line_and_exit_2(cftui: Ftui) -> None:
     for args in (["compare"], ["compare", "9999"], ["compare", "--sweep", "no-such-sweep"],
                  ["sweep", str(QUICKSTART), "--strategies", "single,warp"],

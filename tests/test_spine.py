@@ -88,6 +88,7 @@ def test_the_dry_run_argv_run_by_hand_trains_the_same(ftui: Ftui, strategy_runs:
     assert losses == pytest.approx(single, abs=LOSS_TOLERANCE)
 
 
+@pytest.mark.slow
 def test_a_failing_run_is_recorded_as_failed(ftui: Ftui, tmp_path: Path) -> None:
     data = tmp_path / "rows.jsonl"
     data.write_text('{"content": "hello"}\n')
@@ -99,6 +100,7 @@ def test_a_failing_run_is_recorded_as_failed(ftui: Ftui, tmp_path: Path) -> None
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_every_rank_and_records_stopped(ftui: Ftui) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "tui.cli", "run", str(QUICKSTART), "--strategy", "ddp", "--nproc", "2",
@@ -145,6 +147,7 @@ def test_fsdp1_trains_and_saves_a_loadable_adapter(ftui: Ftui, strategy_runs: di
     assert len(lora_b) == 24 and all(float(p.abs().sum()) > 0 for p in lora_b), "trained, non-empty adapter"
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_run_group_is_recorded_as_stopped(ftui: Ftui) -> None:
     """Stopping a run from outside (another terminal, the TUI): the ranks finish their step, journal
     'stopped', and the orchestrator records it so."""
@@ -163,6 +166,7 @@ def test_sigterm_to_the_run_group_is_recorded_as_stopped(ftui: Ftui) -> None:
     assert ftui.show(run["id"])["status"] == "stopped"
 
 
+@pytest.mark.slow
 def test_a_local_model_folder_and_a_local_jsonl_train(ftui: Ftui, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What a user with their own model and data does: a folder saved by transformers, a .jsonl file
     with a prompt/response template, full fine-tuning."""
@@ -197,6 +201,7 @@ def test_a_local_model_folder_and_a_local_jsonl_train(ftui: Ftui, tmp_path: Path
     assert (Path(run["summary"]["saved"]) / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_matches_single_process_under_ddp_and_fsdp(ftui: Ftui) -> None:
     """grad_accum=2: the non-final micro-step runs forward AND backward under no_sync (FSDP reads the
     flag in backward), and every strategy still sees the same 8 rows per optimizer step."""

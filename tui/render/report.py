@@ -12,6 +12,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from runner.hardware.records import SOURCE_LABELS
+from runner.summary import model_state_bytes, rank_peak
 from store import MetricPoint, RunInfo
 
 
@@ -79,15 +81,13 @@ def run_summary_table(run: RunInfo | None) -> Table:
     table.add_row("tokens/s", _num(run.tokens_per_s, ",.0f"), "measured")
     table.add_row("final loss", _num(run.final_loss, ".4f"), "measured (mean over ranks)")
     for rank in run.summary.get("ranks") or []:
-        peak = rank.get("peak_allocated_bytes") or rank.get("peak_rss_bytes")
-        src = "CUDA allocator" if rank.get("peak_allocated_bytes") else "getrusage (RSS)"
+        peak, src = rank_peak(rank)
         table.add_row(f"rank {rank['rank']} peak memory", fmt_bytes(peak), src)
-        states = sum(rank.get(k) or 0 for k in ("param_bytes", "grad_bytes", "optimizer_bytes"))
+        states = model_state_bytes(rank)
         table.add_row(f"rank {rank['rank']} model states", fmt_bytes(states), "measured (tensor bytes)")
     for row in estimate_rows(run.summary):
         table.add_row(*row)
     telemetry = run.summary.get("telemetry") or {}
-    labels = {"nvml": "NVML", "fake-nvml": "fake NVML", "psutil": "psutil"}
     for key, dev in (telemetry.get("devices") or {}).items():
         if dev["kind"] == "host":
             continue
@@ -97,9 +97,9 @@ def run_summary_table(run: RunInfo | None) -> Table:
         table.add_row(
             f"{key} util mean/peak",
             f"{_num(stats.get('util_mean'), '.0f')}/{_num(stats.get('util_peak'), '.0f')}{unit}",
-            f"{labels.get(dev['source'], dev['source'])}, {span}, {stats['n']} samples",
+            f"{SOURCE_LABELS.get(dev['source'], dev['source'])}, {span}, {stats['n']} samples",
         )
-        table.add_row(f"{key} memory peak", fmt_bytes(stats.get("mem_peak")), labels.get(dev["source"], dev["source"]))
+        table.add_row(f"{key} memory peak", fmt_bytes(stats.get("mem_peak")), SOURCE_LABELS.get(dev["source"], dev["source"]))
     for rank, peak in (telemetry.get("rank_gpu_mem_peak") or {}).items():
         table.add_row(f"rank {rank} GPU memory peak", fmt_bytes(peak), "NVML (the rank's own processes)")
     overall = telemetry.get("active") or telemetry.get("whole")

@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from runner.hardware.records import SOURCE_LABELS
 from store import RunInfo, Store
 from store.store import utcnow
 from tui.app.messages import DeviceView, MonitorSnapshot, RankView
@@ -21,7 +22,6 @@ from tui.app.messages import DeviceView, MonitorSnapshot, RankView
 HISTORY = 40
 """Samples of history kept per device for the sparklines."""
 
-SOURCE_LABEL = {"nvml": "NVML", "fake-nvml": "fake NVML", "psutil": "psutil"}
 
 Clock = Callable[[], datetime]
 
@@ -101,14 +101,14 @@ class MonitorFeed:
         for kind, index, name, util, used, total, source, _pid in shown:
             key = f"{kind}:{index}"
             label = f"GPU {index} {_short(name)}" if kind == "gpu" else f"rank {index} (CPU process)"
-            devices.append(DeviceView(key=key, label=label, source=SOURCE_LABEL.get(source, source), util=util,
+            devices.append(DeviceView(key=key, label=label, source=SOURCE_LABELS.get(source, source), util=util,
                                       mem_used=used, mem_total=total,
                                       util_history=list(self._util.get(key, ())),
                                       mem_history=list(self._mem.get(key, ()))))
         rank_rows = [
             RankView(rank=index, pid=pid, cpu_pct=util, rss=used,
                      gpu_mem=sum(self._rank_gpu[index].values()) if index in self._rank_gpu else None,
-                     source=SOURCE_LABEL.get(source, source))
+                     source=SOURCE_LABELS.get(source, source))
             for _k, index, _n, util, used, _t, source, pid in ranks
         ]
         step = self.metrics[-1][0] if self.metrics else (run.steps_done or 0 if run else 0)
