@@ -125,8 +125,16 @@ class WatcherLock:
         self.path = run_dir / WATCHER_LOCK
         self._fd: int | None = None
 
-    def acquire(self) -> bool:
-        """Take the lock without waiting; False when another process holds it."""
+    def acquire(self, wait_s: float = 0.0) -> bool:
+        """Take the lock, trying for up to ``wait_s`` seconds; False when another process holds it."""
+        deadline = time.monotonic() + wait_s
+        while not self._try_acquire():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _try_acquire(self) -> bool:
         if self._fd is not None:
             return True
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)

@@ -413,7 +413,7 @@ def execute(
     assert prepared.run_id is not None, "a dry run cannot be executed"
     run_id = prepared.run_id
     lock = WatcherLock(prepared.run_dir)
-    if not lock.acquire():
+    if not lock.acquire(wait_s=5.0):  # a recover check elsewhere may hold it for a moment
         raise PreflightError(f"run {run_id}: another process watches {prepared.run_dir}")
     recorder = _Recorder(store, run_id, prepared.run_dir)
     proc = spawn(prepared)
