@@ -269,6 +269,7 @@ class _Watch:
         self.first_step_time: float | None = None
         self.last_step_time: float | None = None
         self.last_step: int | None = None
+        self.store_error: str | None = None
 
     def poll(self) -> None:
         fresh = self.reader.read_new()
@@ -294,9 +295,17 @@ class _Watch:
             self.flush()
 
     def flush(self) -> None:
-        self.store.ingest(self.run_id, self.pending)
-        self.pending = []
+        # The events are in the journal already. A store that fails (locked, gone for a moment) must
+        # not end a 30-hour run: keep them pending and try again at the next flush (ingest skips by
+        # seq, so a batch must not be skipped over: the pending list keeps the order).
         self.last_flush = time.monotonic()
+        try:
+            self.store.ingest(self.run_id, self.pending)
+        except Exception as exc:  # noqa: BLE001
+            self.store_error = f"{type(exc).__name__}: {exc}"[:300]
+            return
+        self.pending = []
+        self.store_error = None
 
     def _on_start(self, event: dict[str, Any]) -> None:
         strategy = strategies.get(self.prepared.recipe.launch.strategy)
@@ -574,6 +583,7 @@ class _Telemetry:
         self.hang_after_s = hang_after_s
         self.hang_flagged: dict[str, Any] | None = None
         self.hang_reason: str | None = None
+        self.unsaved: tuple[list[Any], list[Any]] = ([], [])
         if interval_s <= 0:
             return
         from runner.hardware import Probe
@@ -631,7 +641,14 @@ class _Telemetry:
         if (samples or procs) and self.run_id is not None:
             append_samples(self.run_dir, samples, procs)  # the run folder first: the store is a projection
             self.recent.extend(samples)
-            self.store.add_samples(self.run_id, samples, procs)
+            self.unsaved[0].extend(samples)
+            self.unsaved[1].extend(procs)
+        if (self.unsaved[0] or self.unsaved[1]) and self.run_id is not None:
+            try:  # idempotent by time, so a batch that failed is simply offered again
+                self.store.ingest_samples(self.run_id, *self.unsaved)
+            except Exception:  # noqa: BLE001 (samples.jsonl has them; see _Watch.flush)
+                return
+            self.unsaved = ([], [])
 
     def close(self) -> None:
         if self.sampler is None:

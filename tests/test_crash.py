@@ -259,3 +259,51 @@ def _wait_for(fn, timeout: float):  # type: ignore[no-untyped-def]
             return value
         time.sleep(0.25)
     raise AssertionError(f"timed out after {timeout} s")
+
+
+FINISHING_RANK = textwrap.dedent(
+    """
+    import json, os, sys, time
+    run, steps = sys.argv[1], 70
+    os.makedirs(f"{run}/ranks", exist_ok=True)
+    open(f"{run}/ranks/0.pid", "w").write(str(os.getpid()))
+    with open(f"{run}/events.jsonl", "a") as journal:
+        def emit(seq, **event):
+            journal.write(json.dumps({"seq": seq, "time": time.time(), **event}) + "\\n")
+            journal.flush()
+        emit(0, type="start", distributed_type="NO", world_size=1, total_steps=steps)
+        for step in range(1, steps + 1):
+            emit(step, type="step", step=step, loss=1.0, step_time=0.2, tokens_per_s=100.0)
+            time.sleep(0.2)
+        emit(steps + 1, type="end", status="completed", steps=steps, final_loss=1.0, ranks=[])
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_database_locked_for_a_while_loses_nothing_and_does_not_end_the_run(tmp_path: Path) -> None:
+    import sqlite3
+    import threading
+
+    store = Store(f"sqlite:///{tmp_path / 'ftui.db'}")
+    prepared = _prepared(store, tmp_path, FINISHING_RANK)
+    held = threading.Event()
+
+    def lock_the_database() -> None:
+        time.sleep(2.0)
+        conn = sqlite3.connect(tmp_path / "ftui.db", timeout=30)
+        conn.execute("BEGIN EXCLUSIVE")
+        held.set()
+        time.sleep(12.0)  # longer than the store's busy_timeout (10 s): its writes fail meanwhile
+        conn.rollback()
+        conn.close()
+
+    locker = threading.Thread(target=lock_the_database)
+    locker.start()
+    outcome = orchestrator.execute(store, prepared, sample_interval_s=0.25)
+    locker.join()
+    assert held.is_set()
+    assert outcome.status == "completed", outcome.error
+    assert [m.step for m in store.metrics(outcome.run_id)] == list(range(1, 71))
+    journal_samples = sum(1 for line in (tmp_path / "samples.jsonl").read_text().splitlines() if '"k":"d"' in line)
+    assert len(store.samples(outcome.run_id)) == journal_samples > 0
