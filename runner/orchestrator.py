@@ -144,11 +144,6 @@ def prepare(
     run_id: int | None = None
     # The folder is named by a globally unique id, never by the store's integer id: two stores
     # sharing one data folder would otherwise write into the same folder.
-    uid = new_run_uid()
-    try:
-        run_dir = claim_run_folder(root, uid if store is not None else f"dry-run-{uid}", recipe.name)
-    except (RunFolderError, OSError) as exc:
-        raise PreflightError(str(exc)) from None
     if store is not None:
         run_id = store.create_run(
             name=recipe.name,
@@ -159,17 +154,36 @@ def prepare(
             nproc=recipe.launch.nproc,
             method=recipe.method.type,
             model=recipe.model.name,
-            run_dir=str(run_dir),
+            run_dir="",
             sweep_id=sweep_id,
-            summary={"uid": uid, **watcher_fields()},
+            summary=watcher_fields(),
         )
+        uid = run_uid(store, run_id)
+    else:
+        uid = f"dry-run-{new_run_uid()}"
+    try:
+        run_dir = claim_run_folder(root, uid, recipe.name)
+    except (RunFolderError, OSError) as exc:
+        if store is not None and run_id is not None:
+            store.update_run(run_id, status="failed", error=str(exc), ended_at=_utcnow())
+        raise PreflightError(str(exc)) from None
     spec = build_launch(recipe, run_dir, port=free_port(), cpu_threads=cpu_threads(recipe))
     for name, text in spec.files.items():
         (run_dir / name).write_text(text)
     (run_dir / ev.LAUNCH_FILE).write_text(json.dumps(spec.to_json(), indent=2) + "\n")
     if store is not None and run_id is not None:
-        store.update_run(run_id, run_dir=str(run_dir), summary={"estimate": estimate_summary(recipe)})
+        store.update_run(run_id, run_dir=str(run_dir), summary={"uid": uid, "estimate": estimate_summary(recipe)})
     return Prepared(run_id=run_id, run_dir=run_dir, spec=spec, recipe=recipe)
+
+
+def run_uid(store: Store, run_id: int) -> str:
+    """The run's globally unique id: the store's ``runs.uid`` where the schema has it, else a new one
+    (kept in the summary). The one place that knows which."""
+    from runner.paths import new_run_uid
+
+    run = store.get_run(run_id)
+    uid = getattr(run, "uid", None) or (run.summary or {}).get("uid") if run is not None else None
+    return str(uid) if uid else new_run_uid()
 
 
 def estimate_summary(recipe: Recipe) -> dict[str, Any]:
