@@ -108,13 +108,15 @@ def describe(run_dir: Path, vanished: list[tuple[int, int]] | None = None, recen
     """
     failures = launcher_failures(run_dir)
     first = failures[0] if failures else None
+    if first is None and trainer_error:
+        return trainer_error  # the trainer caught it and said so: the best words there are
     if first is None and vanished:
         rank, pid = vanished[0]
-        reason = f"rank {rank} (pid {pid}) ended while the run went on"
+        reason = f"rank {rank} (pid {pid}) ended before the run did"
         detail = rank_log_reason(run_dir, rank)
         return f"{reason}: {detail}" if detail else reason
     if first is None:
-        return trainer_error
+        return None
     who = f"rank {first.rank}" + (f" (pid {first.pid})" if first.pid else "")
     if first.exit_code < 0:
         reason = f"{who} was killed by {signal_name(first.exit_code)}"

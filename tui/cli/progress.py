@@ -76,4 +76,4 @@ class RunProgress:
                 f"as long again (--hang-after)"))
         elif kind == "rank_exit":
             self.progress.console.print(Text.assemble(
-                ("warning:", "yellow"), f" rank {event.get('rank')} (pid {event.get('pid')}) ended while the run went on"))
+                ("warning:", "yellow"), f" rank {event.get('rank')} (pid {event.get('pid')}) ended before the run did"))
