@@ -220,7 +220,7 @@ def test_kill_9_of_one_ddp_rank_is_recorded_with_its_signal_and_every_process_is
                              "--nproc", "2", "--set", "train.max_steps=400", "--name", "kill-rank"],
                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     store = Store(ftui.db)
-    run = _wait_for(lambda: next((r for r in store.list_runs() if r.name == "kill-rank"), None), 120)
+    run = _wait_for(lambda: next((r for r in store.list_runs() if r.name == "kill-rank" and r.run_dir), None), 120)
     run_dir = Path(run.run_dir)
     _wait_for(lambda: len(ev.read_rank_pids(run_dir)) == 2 and _steps(run_dir) >= 2, 240)
     victim = ev.read_rank_pids(run_dir)[1]

@@ -141,7 +141,7 @@ def test_ftui_run_sigkilled_during_ddp_is_recovered(tmp_path: Path, ranks_finish
                              "--nproc", "2", "--set", f"train.max_steps={steps}"],
                             env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     store = Store(env["FTUI_DB"])
-    run = _wait_for(lambda: next(iter(store.list_runs()), None), 120)
+    run = _wait_for(lambda: next((r for r in store.list_runs() if r.run_dir), None), 120)  # folder claimed
     run_dir = Path(run.run_dir)
     _wait_for(lambda: _journal_steps(run_dir) >= 3, 300)
     proc.send_signal(signal.SIGKILL)
