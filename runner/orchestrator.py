@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from runner import events as ev
-from runner import strategies
+from runner import procs, strategies
+from runner.inputs import check_inputs
 from runner.launch import LaunchSpec, build_launch
 from runner.paths import runs_dir
 from runner.recipe import Recipe, RecipeError
@@ -54,6 +55,8 @@ class Outcome:
     exit_code: int | None
     error: str | None
     summary: dict[str, Any] = field(default_factory=dict)
+    stop_report: str | None = None
+    """After a stop: what was signalled, killed and checked (:meth:`runner.procs.StopReport.describe`)."""
 
 
 # ---------------------------------------------------------------------- pre-flight
@@ -64,6 +67,7 @@ def preflight(recipe: Recipe) -> list[str]:
     from runner.data import DataError, check_source
 
     warnings: list[str] = []
+    check_inputs(recipe)  # data read and parsed, run folders writable (runner/inputs.py)
     try:
         check_source(recipe.data.source)
     except DataError as exc:
@@ -100,14 +104,11 @@ def runs_on_cpu(recipe: Recipe) -> bool:
 
 
 def cuda_device_count() -> int:
-    """GPUs the trainer will see, through NVML (no torch import: ``ftui run`` stays fast)."""
-    from runner.hardware import NvmlBackend
+    """GPUs the trainer will see, through NVML (no torch import: ``ftui run`` stays fast); detected
+    once per command (:func:`runner.hostfacts.current`)."""
+    from runner.hostfacts import current
 
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    count = NvmlBackend().device_count()
-    if visible is not None:
-        return min(count, len([v for v in visible.split(",") if v.strip()]))
-    return count
+    return current().visible_gpus
 
 
 def free_port() -> int:
@@ -121,10 +122,9 @@ def cpu_threads(recipe: Recipe) -> int | None:
     """Threads per rank on CPU: the physical cores shared out (accelerate defaults to 1)."""
     if not runs_on_cpu(recipe):
         return None
-    import psutil
+    from runner.hostfacts import current
 
-    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    return max(1, cores // recipe.launch.nproc)
+    return max(1, current().cpu_cores // recipe.launch.nproc)
 
 
 # ---------------------------------------------------------------------- preparing and starting
@@ -156,8 +156,8 @@ def prepare(
             model=recipe.model.name,
             run_dir="",
             sweep_id=sweep_id,
-            summary=watcher_fields(),
         )
+        record_watcher(store, run_id)  # the preparing process, until a watcher takes over
         uid = run_uid(store, run_id)
     else:
         uid = f"dry-run-{new_run_uid()}"
@@ -212,51 +212,13 @@ def estimate_summary(recipe: Recipe) -> dict[str, Any]:
 
 
 def spawn(prepared: Prepared) -> subprocess.Popen[bytes]:
-    """Start the launch in its own session (process group). The only place ftui spawns a run."""
-    log = open(prepared.run_dir / ev.LAUNCHER_LOG, "ab")  # noqa: SIM115 (the child keeps it)
-    try:
-        return subprocess.Popen(
-            prepared.spec.argv,
-            env={**os.environ, **prepared.spec.env},
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=prepared.run_dir,
-            start_new_session=True,
-        )
-    finally:
-        log.close()
+    """Start the launch in its own session (process group), every process of it marked with the run
+    folder (:func:`runner.procs.spawn`, the only place ftui spawns a run)."""
+    return procs.spawn(prepared.spec.argv, prepared.spec.env, prepared.run_dir,
+                       prepared.run_dir / ev.LAUNCHER_LOG, run_dir=prepared.run_dir)
 
 
-def signal_group(pgid: int, sig: int) -> bool:
-    """Send ``sig`` to a run's process group; False when the group is gone."""
-    try:
-        os.killpg(pgid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
-def stop_group(pgid: int, proc: subprocess.Popen[bytes] | None = None, grace: float = 15.0) -> None:
-    """SIGTERM every process of the run (ranks stop together after their current step), then
-    SIGKILL what is left after ``grace`` seconds."""
-    signal_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            break
-        if proc is None and not _group_alive(pgid):
-            break
-        time.sleep(0.1)
-    signal_group(pgid, signal.SIGKILL)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+signal_group = procs.signal_group  # kept for callers of the old name
 
 
 # ---------------------------------------------------------------------- watching
@@ -339,10 +301,30 @@ class _Watch:
             )
 
 
-def watcher_fields(pid: int | None = None) -> dict[str, Any]:
-    """Who watches a run, as the store keeps it (the one place that knows where: ``summary`` until
-    the store has ``watcher_pid``/``watcher_host`` columns)."""
-    return {"orchestrator_pid": pid if pid is not None else os.getpid(), "watcher_host": socket.gethostname()}
+def watcher_identity(pid: int | None = None) -> dict[str, Any]:
+    """Who watches a run, as ``update_run`` keyword arguments: the ``watcher_pid``/``watcher_host``
+    columns, and the summary fields ``ftui stop`` reads (:func:`runner.procs.watcher_identity`: pid
+    and start time, so a reused pid is not taken for the watcher). The one place that knows where."""
+    import psutil
+
+    pid = pid if pid is not None else os.getpid()
+    try:
+        created: float | None = psutil.Process(pid).create_time()
+    except psutil.Error:
+        created = None
+    host = socket.gethostname()
+    return {"watcher_pid": pid, "watcher_host": host,
+            "summary": {"orchestrator_pid": pid, "orchestrator_create_time": created, "orchestrator_host": host}}
+
+
+def record_watcher(store: Store, run_id: int, pid: int | None = None, **values: Any) -> None:
+    """Record the watcher of a run (and other columns); a store that fails now is not fatal (the
+    journal has the launch, and recover uses the watcher lock, not these fields)."""
+    fields = watcher_identity(pid)
+    try:
+        store.update_run(run_id, **{**fields, **values})
+    except Exception:  # noqa: BLE001
+        pass
 
 
 class _Launcher:
@@ -361,8 +343,13 @@ class _Launcher:
     def wait(self) -> int | None:
         """The exit code; None when it is not ours to know (a re-attached watcher)."""
         if self.proc is not None:
-            return self.proc.wait()
-        while _leader_alive(self.pgid):
+            try:
+                return self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # only when SIGKILL did not take (stop report: left)
+                self.proc.kill()
+                return self.proc.wait()
+        deadline = time.monotonic() + 30
+        while _leader_alive(self.pgid) and time.monotonic() < deadline:
             time.sleep(0.2)
         return None
 
@@ -406,11 +393,12 @@ def execute(
     store: Store,
     prepared: Prepared,
     on_event: EventCallback | None = None,
-    stop: threading.Event | None = None,
+    stop: threading.Event | procs.StopRequest | None = None,
     poll_s: float = 0.25,
     probe: Any | None = None,
     sample_interval_s: float = 0.5,
     hang_after_s: float = 300.0,
+    grace_s: float = procs.DEFAULT_GRACE_S,
 ) -> Outcome:
     """Start a prepared run and follow it to the end, writing everything to the run folder and then
     to the store.
@@ -421,12 +409,16 @@ def execute(
         prepared: from :func:`prepare`.
         on_event: called with every journal event as it arrives (progress bars), and with the
             orchestrator's own ``hang`` and ``rank_exit`` events.
-        stop: set it to stop the run gracefully (what Ctrl-C does for ``ftui run``).
+        stop: set it (or :meth:`runner.procs.StopRequest.request`) to stop the run gracefully: what
+            Ctrl-C, SIGTERM and SIGHUP do for ``ftui run``. A second request kills what is left at
+            once; a kill request records ``failed`` ("killed by user").
         poll_s: how often the journal is read.
         probe: the telemetry probe (:class:`runner.hardware.Probe`); default: NVML + psutil.
         sample_interval_s: seconds between telemetry readings; 0 turns telemetry off.
         hang_after_s: flag a hang when no step came for this long and a device is idle; stop the
             run (failed, "hang: ...") when it is still hung ``hang_after_s`` after the flag.
+        grace_s: after a stop request, seconds the ranks get to finish their step, save and exit
+            before whatever is left of the run is SIGKILLed (then checked: none left).
 
     Returns:
         The outcome; the run's row holds the same status, exit code, error and summary.
@@ -440,21 +432,19 @@ def execute(
         raise PreflightError(f"run {run_id}: another process watches {prepared.run_dir}")
     recorder = _Recorder(store, run_id, prepared.run_dir)
     proc = spawn(prepared)
-    pgid = proc.pid  # start_new_session: the launcher leads its own group
+    pgid = proc.pid  # start_new_session: the launcher leads its own group (the ranks may not: procs)
     launched = time.time()
     recorder.emit("launch", argv=prepared.spec.argv, pgid=pgid, watcher_pid=os.getpid())
-    try:
-        store.update_run(run_id, status="running", started_at=_utcnow(), pgid=pgid, summary=watcher_fields())
-    except Exception:  # noqa: BLE001 (follow() records the end whatever the store does)
-        pass
+    record_watcher(store, run_id, status="running", started_at=_utcnow(), pgid=pgid)
     return follow(store, prepared, _Launcher(pgid, proc), recorder, lock, on_event=on_event, stop=stop,
                   poll_s=poll_s, probe=probe, sample_interval_s=sample_interval_s, hang_after_s=hang_after_s,
-                  launched=launched)
+                  launched=launched, grace_s=grace_s)
 
 
 def attach(store: Store, prepared: Prepared, pgid: int, probe: Any | None = None,
-           sample_interval_s: float = 0.5, hang_after_s: float = 300.0, stop: threading.Event | None = None,
-           lock_fd: int | None = None) -> Outcome:
+           sample_interval_s: float = 0.5, hang_after_s: float = 300.0,
+           stop: threading.Event | procs.StopRequest | None = None, lock_fd: int | None = None,
+           grace_s: float = procs.DEFAULT_GRACE_S) -> Outcome:
     """Follow a run whose watcher died while its ranks train on: re-read its journals from the start
     (idempotent ingest), then watch it to the end like :func:`execute` (see :mod:`runner.recover`).
 
@@ -469,12 +459,10 @@ def attach(store: Store, prepared: Prepared, pgid: int, probe: Any | None = None
         raise PreflightError(f"run {prepared.run_id}: another process watches {prepared.run_dir}")
     recorder = _Recorder(store, prepared.run_id, prepared.run_dir)
     recorder.emit("attach", pgid=pgid, watcher_pid=os.getpid())
-    try:
-        store.update_run(prepared.run_id, summary=watcher_fields())
-    except Exception:  # noqa: BLE001
-        pass
+    record_watcher(store, prepared.run_id)
     return follow(store, prepared, _Launcher(pgid), recorder, lock, stop=stop, probe=probe,
-                  sample_interval_s=sample_interval_s, hang_after_s=hang_after_s, launched=time.time())
+                  sample_interval_s=sample_interval_s, hang_after_s=hang_after_s, launched=time.time(),
+                  grace_s=grace_s)
 
 
 def follow(
@@ -484,80 +472,95 @@ def follow(
     recorder: _Recorder,
     lock: Any,
     on_event: EventCallback | None = None,
-    stop: threading.Event | None = None,
+    stop: threading.Event | procs.StopRequest | None = None,
     poll_s: float = 0.25,
     probe: Any | None = None,
     sample_interval_s: float = 0.5,
     hang_after_s: float = 300.0,
     launched: float | None = None,
+    grace_s: float = procs.DEFAULT_GRACE_S,
 ) -> Outcome:
     """Watch a started run to its end. Whatever goes wrong while watching (an exception in a
-    callback, the database, a Ctrl-C), the ``finally`` below reaps the process group, writes what was
-    read, and records a true status and reason: journal first, then the store."""
-    from runner.crash import RankWatch
+    callback, the database), the ``finally`` below stops and reaps every process of the run, writes
+    what was read, and records a true status and reason: journal first, then the store."""
+    from runner.crash import RankWatch, describe
 
     pgid = launcher.pgid
+    run_dir = prepared.run_dir
+    request = stop if isinstance(stop, procs.StopRequest) else procs.StopRequest(stop)
     watch = _Watch(store, prepared, on_event)
     telemetry: _Telemetry | None = None
-    ranks = RankWatch(prepared.run_dir)
-    stopped_by_user = False
+    ranks = RankWatch(run_dir)
+    stopper = _Stopper(run_dir, pgid, request)
     forced_error: str | None = None
     exit_code: int | None = None
     try:
         telemetry = _Telemetry(store, prepared, probe, sample_interval_s, hang_after_s, launched or time.time())
         while True:
-            watch.poll()
-            telemetry.poll(watch, recorder)
-            if watch.mismatch:
-                stop_group(pgid, launcher.proc, grace=5.0)
-                break
-            if stop is not None and stop.is_set() and not stopped_by_user:
-                stopped_by_user = True
-                threading.Thread(target=stop_group, args=(pgid, launcher.proc), daemon=True).start()
-            for rank, pid in ranks.poll():
-                if watch.end is None and not stopped_by_user and forced_error is None:  # not one we ended
-                    event = recorder.emit("rank_exit", rank=rank, pid=pid)
-                    if on_event is not None:
-                        on_event(event)
-            now = time.time()
-            if (ranks.first_vanished_at is not None and watch.end is None and forced_error is None
-                    and now - ranks.first_vanished_at >= FAULT_GRACE_S
-                    and (watch.last_step_time or 0.0) < ranks.first_vanished_at):
-                from runner.crash import describe
-
-                forced_error = describe(prepared.run_dir, ranks.vanished, list(telemetry.recent), watch.error)
-                threading.Thread(target=stop_group, args=(pgid, launcher.proc, 5.0), daemon=True).start()
-            if telemetry.hang_stop(watch) and forced_error is None and not stopped_by_user:
-                forced_error = telemetry.hang_reason
-                recorder.emit("hang_stop", reason=forced_error)
-                threading.Thread(target=_stop_hung, args=(pgid, launcher.proc), daemon=True).start()
-            if launcher.poll() is not None:
-                break
-            time.sleep(poll_s)
-    except KeyboardInterrupt:
-        stopped_by_user = True
-        _quietly(stop_group, pgid, launcher.proc)
+            try:
+                watch.poll()
+                telemetry.poll(watch, recorder)
+                if watch.mismatch and not stopper.started:
+                    stopper.start(grace_s=5.0)
+                if request.is_set() and not stopper.started:
+                    stopper.start(grace_s=grace_s, kill=request.kill)
+                    recorder.emit("stop_requested", kill=request.kill, grace_s=grace_s)
+                for rank, pid in ranks.poll():
+                    if watch.end is None and not stopper.started:  # not one we ended
+                        event = recorder.emit("rank_exit", rank=rank, pid=pid)
+                        if on_event is not None:
+                            on_event(event)
+                now = time.time()
+                if (ranks.first_vanished_at is not None and watch.end is None and not stopper.started
+                        and now - ranks.first_vanished_at >= FAULT_GRACE_S
+                        and (watch.last_step_time or 0.0) < ranks.first_vanished_at):
+                    forced_error = describe(run_dir, ranks.vanished, list(telemetry.recent), watch.error)
+                    stopper.start(grace_s=5.0)
+                if not stopper.started and telemetry.hang_stop(watch):
+                    forced_error = telemetry.hang_reason
+                    recorder.emit("hang_stop", reason=forced_error)
+                    procs.signal_group(pgid, signal.SIGCONT)  # a stopped (SIGSTOP) rank cannot take SIGTERM
+                    stopper.start(grace_s=10.0)
+                if stopper.started and stopper.done:
+                    break
+                if not stopper.started and launcher.poll() is not None:
+                    break
+                time.sleep(poll_s)
+            except KeyboardInterrupt:  # a caller without handlers (procs.StopRequest.install) in the main thread
+                request.request()
     except BaseException as exc:  # noqa: BLE001 (any fault of the watcher: reap and record it below)
         forced_error = f"watcher error: {type(exc).__name__}: {exc}"[:500]
         _quietly(recorder.emit, "watcher_error", message=forced_error)
-        _quietly(stop_group, pgid, launcher.proc, 5.0)
+        if not stopper.started:
+            stopper.start(grace_s=5.0)
+        if stopper.thread is not None:
+            stopper.thread.join(timeout=60)
     finally:
         watch.on_event = None  # the caller's callbacks may be what failed; the rest is bookkeeping
         exit_code = _quietly(launcher.wait)
-        # The launcher can exit before its ranks (a SIGTERM to the group kills accelerate's launcher at
-        # once while each rank finishes its step and journals "stopped"): let the group drain first.
-        deadline = time.monotonic() + 20.0
-        while _group_alive(pgid) and time.monotonic() < deadline:
-            _quietly(watch.poll)
-            time.sleep(poll_s)
-        signal_group(pgid, signal.SIGKILL)
+        if not stopper.started:
+            # The launcher can exit before its ranks: wait for every process of the run (ranks
+            # included, in sessions of their own), then kill and check whatever is left.
+            deadline = time.monotonic() + 20.0
+            while procs.find_processes(run_dir, pgid) and time.monotonic() < deadline:
+                _quietly(watch.poll)
+                time.sleep(poll_s)
+            _quietly(procs.kill_all, run_dir, pgid)
         if telemetry is not None:
             _quietly(telemetry.close)
         _quietly(watch.poll)
         _quietly(watch.flush)
         try:
+            report = stopper.report
+            if report is not None:
+                _quietly(recorder.emit, "stop", graceful=report.graceful, killed=report.killed, left=report.left,
+                         gpu=report.gpu_note, processes={str(k): v for k, v in report.seen.items()})
             recent = list(telemetry.recent) if telemetry is not None else []
-            outcome = _finish(store, watch, exit_code, stopped_by_user, recorder, forced_error, ranks.vanished, recent)
+            outcome = _finish(store, watch, exit_code, request.is_set() and not request.kill, recorder,
+                              forced_error, ranks.vanished, recent, killed_by_user=request.kill)
+            if report is not None:
+                outcome.stop_report = report.describe()
+                _quietly(store.update_run, watch.run_id, summary={"stop": outcome.stop_report})
         finally:
             recorder.journal.close()
             lock.release()
@@ -572,10 +575,32 @@ def _quietly(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return None
 
 
-def _stop_hung(pgid: int, proc: subprocess.Popen[bytes] | None) -> None:
-    """A hung run: SIGTERM (and SIGCONT, should it be stopped), then SIGKILL after 10 s."""
-    signal_group(pgid, signal.SIGCONT)
-    stop_group(pgid, proc, grace=10.0)
+class _Stopper:
+    """Stops a run in a thread (:func:`runner.procs.stop_run`) while the orchestrator keeps reading
+    its journal, so that the ranks' last steps and ``end`` events are recorded."""
+
+    def __init__(self, run_dir: Path, pgid: int, request: procs.StopRequest) -> None:
+        self.run_dir = run_dir
+        self.pgid = pgid
+        self.request = request
+        self.thread: threading.Thread | None = None
+        self.report: procs.StopReport | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.thread is not None
+
+    @property
+    def done(self) -> bool:
+        return self.thread is not None and not self.thread.is_alive()
+
+    def start(self, grace_s: float, kill: bool = False) -> None:
+        def run() -> None:
+            self.report = procs.stop_run(self.run_dir, self.pgid, grace_s=grace_s, kill_now=self.request.now,
+                                         kill=kill)
+
+        self.thread = threading.Thread(target=run, name="ftui-stop", daemon=True)
+        self.thread.start()
 
 
 class _Telemetry:
@@ -673,7 +698,8 @@ class _Telemetry:
 
 def _finish(store: Store, watch: _Watch, exit_code: int | None, stopped_by_user: bool,
             recorder: _Recorder | None = None, forced_error: str | None = None,
-            vanished: list[tuple[int, int]] | None = None, recent: list[Any] | None = None) -> Outcome:
+            vanished: list[tuple[int, int]] | None = None, recent: list[Any] | None = None,
+            killed_by_user: bool = False) -> Outcome:
     from runner.crash import describe
 
     end = watch.end or {}
@@ -682,6 +708,8 @@ def _finish(store: Store, watch: _Watch, exit_code: int | None, stopped_by_user:
         status, error = "failed", watch.mismatch
     elif forced_error is not None:
         status, error = "failed", forced_error
+    elif killed_by_user:
+        status, error = "failed", "killed by user"
     elif stopped_by_user or end.get("status") == "stopped":
         status = "stopped"
     elif exit_code in (0, None) and end.get("status") == "completed":
@@ -902,22 +930,17 @@ def load_prepared(run_id: int, run_dir: Path) -> Prepared:
 
 def start_detached(db_url: str, prepared: Prepared, fake_gpus: int = 0) -> subprocess.Popen[bytes]:
     """Follow a prepared run from a background orchestrator in a session of its own, so that the
-    run and its recording outlive the caller (the TUI). Stop it with SIGTERM to that process, or
-    to the run's process group (``pgid`` in the store)."""
+    run and its recording outlive the caller (the TUI). Stop it with :func:`runner.procs.request_stop`
+    (SIGTERM to that process: a graceful stop; SIGUSR1: a kill)."""
     import sys
 
     assert prepared.run_id is not None
     argv = [sys.executable, "-m", "runner.orchestrator", "--db", db_url, "--run-id", str(prepared.run_id),
             "--fake-gpus", str(fake_gpus)]
-    log = open(prepared.run_dir / "orchestrator.log", "ab")  # noqa: SIM115
-    try:
-        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                 cwd=prepared.run_dir, start_new_session=True)
-    finally:
-        log.close()
+    child = procs.spawn(argv, {}, prepared.run_dir, prepared.run_dir / "orchestrator.log")
     # The watcher is the child from now on (the caller may exit at once): recover must not take the
     # run for abandoned in the second before the child records itself.
-    Store(db_url).update_run(prepared.run_id, summary=watcher_fields(child.pid))
+    record_watcher(Store(db_url), prepared.run_id, child.pid)
     return child
 
 
@@ -936,6 +959,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", required=True)
     parser.add_argument("--run-id", type=int, required=True)
     parser.add_argument("--fake-gpus", type=int, default=0)
+    parser.add_argument("--grace", type=float, default=procs.DEFAULT_GRACE_S)
     parser.add_argument("--attach", type=int, metavar="PGID",
                         help="follow a run already started (process group PGID) whose watcher died")
     parser.add_argument("--hang-after", type=float, default=300.0)
@@ -946,17 +970,16 @@ def main(argv: list[str] | None = None) -> int:
     if run is None:
         print(f"run {args.run_id}: no such run in {args.db}")
         return 2
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = procs.StopRequest()
+    stop.install()  # SIGTERM/SIGINT/SIGHUP: graceful stop; again: kill now; SIGUSR1: kill (ftui stop --kill)
     prepared = load_prepared(run.id, Path(run.run_dir))
     try:
         if args.attach:
             outcome = attach(store, prepared, args.attach, probe=probe_for(args.fake_gpus), stop=stop,
-                             hang_after_s=args.hang_after, lock_fd=args.lock_fd)
+                             hang_after_s=args.hang_after, lock_fd=args.lock_fd, grace_s=args.grace)
         else:
             outcome = execute(store, prepared, stop=stop, probe=probe_for(args.fake_gpus),
-                              hang_after_s=args.hang_after)
+                              hang_after_s=args.hang_after, grace_s=args.grace)
     except PreflightError as exc:
         print(exc)
         return 2

@@ -53,7 +53,7 @@ class Recovered:
 
 def watcher_host(run: Any) -> str:
     """The host whose processes watch (and run) ``run``."""
-    return str((run.summary or {}).get("watcher_host") or run.host)
+    return str(getattr(run, "watcher_host", None) or (run.summary or {}).get("orchestrator_host") or run.host)
 
 
 def candidates(store: Store) -> list[Any]:
@@ -160,7 +160,7 @@ def spawn_watcher(db_url: str, run_id: int, pgid: int, run_dir: Path, fake_gpus:
                   lock_fd: int | None = None) -> subprocess.Popen[bytes]:
     """A detached watcher that re-attaches to a running run (``python -m runner.orchestrator --attach``);
     ``lock_fd``, the caller's hold on ``watcher.lock``, is handed to it."""
-    from runner.orchestrator import watcher_fields
+    from runner.orchestrator import record_watcher
 
     argv = [sys.executable, "-m", "runner.orchestrator", "--db", db_url, "--run-id", str(run_id),
             "--attach", str(pgid), "--fake-gpus", str(fake_gpus)]
@@ -173,7 +173,7 @@ def spawn_watcher(db_url: str, run_id: int, pgid: int, run_dir: Path, fake_gpus:
                                  pass_fds=(lock_fd,) if lock_fd is not None else ())
     finally:
         log.close()
-    Store(db_url).update_run(run_id, summary=watcher_fields(child.pid))
+    record_watcher(Store(db_url), run_id, child.pid)
     return child
 
 

@@ -72,7 +72,7 @@ BAD_INPUTS = [
     (["run", "QUICKSTART", "--set", "launch.mem_cap=lots"], "ftui: --set launch.mem_cap: 'lots': expected a size"),
     (["run", "QUICKSTART", "--set", "launch.peak_tflops=-2"], "ftui: --set launch.peak_tflops: Input should be greater"),
     (["gpus", "--watch", "-1"], "argument --watch: expected seconds between 0.05 and 3600"),
-    (["runs", "--db", "sqlite:///NOTADB"], "cannot open database: file is not a database"),
+    (["runs", "--db", "sqlite:///NOTADB"], "junk.db is not an SQLite database"),
 ]
 
 

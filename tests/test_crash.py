@@ -160,7 +160,7 @@ def test_a_watcher_that_fails_while_watching_reaps_the_run_and_records_why(tmp_p
     stored = store.events(outcome.run_id)
     assert len([e for e in stored if e.source == "trainer"]) == len(journal), "nothing read was lost"
     orch = [json.loads(line) for line in (tmp_path / "orchestrator.jsonl").read_text().splitlines()]
-    assert [e["type"] for e in orch] == ["launch", "watcher_error", "exit"]
+    assert [e["type"] for e in orch] == ["launch", "watcher_error", "stop", "exit"]
     assert orch[-1]["status"] == "failed"
 
 
@@ -193,7 +193,7 @@ def test_a_hang_that_lasts_is_stopped_and_failed(tmp_path: Path) -> None:
     assert outcome.error.endswith(" s, devices idle")
     assert took < 30, f"flagged at ~2 s, stopped ~2 s later, SIGTERM ends the sleeper: took {took:.0f} s"
     types = [e.type for e in store.events(outcome.run_id) if e.source == "orchestrator"]
-    assert types == ["launch", "hang", "hang_stop", "exit"]
+    assert types == ["launch", "hang", "hang_stop", "stop", "exit"]
 
 
 def _group_alive(pgid: int) -> bool:

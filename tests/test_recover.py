@@ -123,6 +123,7 @@ def test_a_run_whose_watcher_and_ranks_died_is_failed_with_its_last_step(tmp_pat
 
 
 def test_recover_on_the_command_line_says_what_it_did(ftui: Ftui) -> None:
+    Store(ftui.db)  # ftui recover reads an existing database (a missing --db is refused, exit 2)
     result = ftui.run("recover")
     assert result.returncode == 0 and result.stderr == ""
     assert "nothing to recover" in result.stdout or "run " in result.stdout

@@ -28,7 +28,7 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
     return Store(f"sqlite:///{tmp_path}/ftui.db")
 
 
-async def wait_for(pilot, predicate, timeout: float = 15.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
+async def wait_for(pilot, predicate, timeout: float = 60.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

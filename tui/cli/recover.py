@@ -24,7 +24,7 @@ def add_parser(sub: Any) -> None:
 def cmd_recover(args: argparse.Namespace) -> int:
     from runner.recover import recover_all
 
-    store = open_store(args)
+    store = open_store(args, create=False)
     done = recover_all(store, attach=not args.no_attach, fake_gpus=getattr(args, "fake_gpus", 0))
     if args.format == "json":
         print(json.dumps([r.__dict__ for r in done], indent=2))

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rich.text import Text
+
 from runner import strategies
 from tui.cli.common import ExitCode, UsageError, console, db_option, open_store, seconds_at_least
 
@@ -28,6 +30,9 @@ def add_parser(sub: Any) -> None:
                      help="telemetry: seconds between device readings (default 0.5; 0 turns telemetry off)")
     run.add_argument("--hang-after", type=seconds_at_least(1), default=300.0, metavar="SECONDS",
                      help="flag a hang when no step came for this long and every device is idle (default 300)")
+    run.add_argument("--grace", type=seconds_at_least(0), default=30.0, metavar="SECONDS",
+                     help="on Ctrl-C, SIGTERM or SIGHUP: seconds the ranks get to finish their step, save and exit "
+                          "before SIGKILL (default 30; a second Ctrl-C kills at once)")
     db_option(run)
     run.set_defaults(handler=cmd_run)
 
@@ -73,11 +78,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     except RecipeError as exc:
         raise UsageError(f"{args.recipe}: {exc}") from None
     out = console(stderr=args.format == "json")
-    warnings += _gpu_warnings(recipe, args.fake_gpus)
-    from rich.text import Text
+    from runner.inputs import input_warnings
 
+    warnings += input_warnings(recipe) + _gpu_warnings(recipe, args.fake_gpus)
     for warning in warnings:
-        out.print(Text.assemble(("warning:", "yellow"), f" {warning}"))
+        out.print(Text.assemble(("warning:", "yellow"), f" {warning}"), soft_wrap=True)
     if args.find_batch_size:
         from tui.cli.estimate import run_finder
 
@@ -89,6 +94,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             import shlex
 
+            # Paths and values in the launch are the user's text: never markup.
             out.print(Text.assemble(("argv", "bold"), "  " + shlex.join(prepared.spec.argv)), soft_wrap=True)
             out.print(Text.assemble(("env", "bold"), "   " + " ".join(f"{k}={v}" for k, v in prepared.spec.env.items())))
             out.print(Text.assemble(("accelerate config", "bold"), f" {prepared.spec.accelerate_config}"))
@@ -96,7 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 out.print(prepared.spec.accelerate_config_text, markup=False, highlight=False)
         return ExitCode.OK
 
-    store = open_store(args)
+    store = open_store(args, create=True)
     from tui.cli.recover import recover_quietly
 
     recover_quietly(store, out)  # runs whose watcher died (runner.recover): cheap when there are none
@@ -108,14 +114,24 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     out.print(Text.assemble("run ", (str(prepared.run_id), "bold"),
                             f" · {recipe.launch.strategy} × {recipe.launch.nproc} · {prepared.run_dir}"))
-    with RunProgress(out) as progress:
-        outcome = orchestrator.execute(store, prepared, on_event=progress.on_event,
-                                       probe=orchestrator.probe_for(args.fake_gpus),
-                                       sample_interval_s=args.sample_interval, hang_after_s=args.hang_after)
+    from runner.procs import StopRequest
+
+    stop = StopRequest()
+    restore = stop.install()  # Ctrl-C, SIGTERM, SIGHUP: graceful stop, recorded; a second one: kill now
+    try:
+        with RunProgress(out) as progress:
+            outcome = orchestrator.execute(store, prepared, on_event=progress.on_event,
+                                           probe=orchestrator.probe_for(args.fake_gpus), stop=stop,
+                                           sample_interval_s=args.sample_interval, hang_after_s=args.hang_after,
+                                           grace_s=args.grace)
+    finally:
+        restore()
     run = store.get_run(outcome.run_id)
     from tui.render.report import run_summary_table
 
     out.print(run_summary_table(run))
+    if outcome.stop_report:
+        out.print(f"stop: {outcome.stop_report}", markup=False)
     if outcome.status == "completed":
         return ExitCode.OK
     if outcome.status == "stopped":

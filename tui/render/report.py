@@ -15,6 +15,7 @@ from rich.text import Text
 from runner.hardware.records import SOURCE_LABELS
 from runner.summary import model_state_bytes, rank_peak
 from store import MetricPoint, RunInfo
+from tui.render.plain import row as text_row
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -50,7 +51,7 @@ def runs_table(runs: list[RunInfo]) -> Table:
                 "tokens/s", "final loss"):
         table.add_column(col, justify="right" if col in ("id", "nproc", "tokens/s", "final loss") else "left")
     for r in runs:
-        table.add_row(
+        table.add_row(*text_row(
             str(r.id),
             r.name,
             r.strategy,
@@ -62,7 +63,7 @@ def runs_table(runs: list[RunInfo]) -> Table:
             fmt_seconds(r.train_seconds),
             _num(r.tokens_per_s, ",.0f"),
             _num(r.final_loss, ".4f"),
-        )
+        ))
     return table
 
 
@@ -75,7 +76,7 @@ def run_summary_table(run: RunInfo | None) -> Table:
     if run is None:
         return table
     table.add_row("status", Text(run.status, style=STATUS_STYLE.get(run.status, "")), "orchestrator")
-    table.add_row("distributed type", run.distributed_type or "-", "accelerate (in effect)")
+    table.add_row(*text_row("distributed type", run.distributed_type or "-", "accelerate (in effect)"))
     table.add_row("steps", f"{run.steps_done or 0}/{run.total_steps or '?'}", "trainer")
     table.add_row("training time", fmt_seconds(run.train_seconds), "measured (first to last step)")
     table.add_row("tokens/s", _num(run.tokens_per_s, ",.0f"), "measured")
@@ -86,7 +87,7 @@ def run_summary_table(run: RunInfo | None) -> Table:
         states = model_state_bytes(rank)
         table.add_row(f"rank {rank['rank']} model states", fmt_bytes(states), "measured (tensor bytes)")
     for row in estimate_rows(run.summary):
-        table.add_row(*row)
+        table.add_row(*text_row(*row))
     telemetry = run.summary.get("telemetry") or {}
     for key, dev in (telemetry.get("devices") or {}).items():
         if dev["kind"] == "host":
@@ -94,12 +95,13 @@ def run_summary_table(run: RunInfo | None) -> Table:
         stats = dev.get("active") or dev["whole"]
         span = "active" if dev.get("active") else "whole run"
         unit = "% GPU" if dev["kind"] == "gpu" else "% of a core"
-        table.add_row(
+        table.add_row(*text_row(
             f"{key} util mean/peak",
             f"{_num(stats.get('util_mean'), '.0f')}/{_num(stats.get('util_peak'), '.0f')}{unit}",
             f"{SOURCE_LABELS.get(dev['source'], dev['source'])}, {span}, {stats['n']} samples",
-        )
-        table.add_row(f"{key} memory peak", fmt_bytes(stats.get("mem_peak")), SOURCE_LABELS.get(dev["source"], dev["source"]))
+        ))
+        table.add_row(*text_row(f"{key} memory peak", fmt_bytes(stats.get("mem_peak")),
+                                SOURCE_LABELS.get(dev["source"], dev["source"])))
     for rank, peak in (telemetry.get("rank_gpu_mem_peak") or {}).items():
         table.add_row(f"rank {rank} GPU memory peak", fmt_bytes(peak), "NVML (the rank's own processes)")
     overall = telemetry.get("active") or telemetry.get("whole")
