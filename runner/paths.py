@@ -52,9 +52,10 @@ def default_db_url() -> str:
 
 
 def new_run_uid() -> str:
-    """A run id unique for ever, across databases and hosts: UTC time to the second plus 32 random
-    bits (``20261123-144501-3f9a0c1e``). It names the run folder, so two stores sharing one data
-    folder never write into the same one."""
+    """A run id unique for ever, across databases and hosts, for a run the store gave no ``uid``
+    (a dry run, or a store without the column): UTC time to the second plus 32 random bits
+    (``20261123-144501-3f9a0c1e``). It names the run folder, so two stores sharing one data folder
+    never write into the same one."""
     import secrets
     from datetime import UTC, datetime
 
