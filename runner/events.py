@@ -14,15 +14,43 @@ A run folder holds everything needed to understand, re-ingest or resume a run wi
     ranks/{N}.pid        the pid of each rank, written as the rank starts
     output/              the saved adapter or model
 
+    checkpoints/step-NNNNNNNN/   resumable checkpoints (``runner.checkpoint``), each with ``ftui.json``
+
 Every event carries ``seq`` (0, 1, 2, ... within the run: its stable id), ``type`` and ``time``
-(unix seconds). Types: ``start``, ``step``, ``end``, ``error``; the orchestrator journals its own
-(``launch``, ``attach``, ``rank_exit``, ``hang``, ``hang_stop``, ``watcher_error``, ``exit``) in
-``orchestrator.jsonl`` with their own ``seq``.
+(unix seconds). Types written by the trainer (rank 0):
+
+- ``start``: world size, distributed type in effect, params, total steps, ... and ``start_step`` (0, or
+  the checkpoint's step when resumed) with ``resumed_from`` (the checkpoint folder or null) and
+  ``resume_seconds`` (wall time of restoring it, or null).
+- ``step``: ``step`` (global, 1-based; a resumed run goes on at N+1), ``epoch``, ``loss``, ``lr``,
+  ``grad_norm``, ``tokens`` (cumulative, from the checkpoint's count when resumed), ``step_time``,
+  ``tokens_per_s``, and ``skipped: true`` on a step whose update was dropped (``train.on_nan = "skip"``).
+- ``memory``: each rank's allocator figures, gathered in the step's collective, at step 1, then at
+  most every ``MEMORY_EVERY_S`` seconds, and at the last step: ``step`` and ``ranks``, a list by rank
+  of ``{"rank", "source", ...}``: source ``"torch.cuda"`` gives ``allocated_bytes``,
+  ``reserved_bytes``, ``peak_allocated_bytes`` of the rank's device; source ``"rss"`` (CPU, where torch
+  has no allocator statistics) gives the process's ``rss_bytes`` (now, /proc) and ``peak_rss_bytes``
+  (getrusage).
+- ``checkpoint``: ``step``, ``path``, ``seconds`` (wall time of the save, barriers included),
+  ``bytes`` (files written), ``reason`` (``"every"`` or ``"stop"``), ``removed`` (older ones pruned).
+- ``error``: ``message`` (one line); for a non-finite loss also ``reason`` (``"nan_loss"`` or
+  ``"too_many_skipped"``), ``step`` and ``value`` (``"nan"``, ``"inf"``, ``"-inf"``).
+- ``end``: ``status`` (completed / stopped / failed), ``steps``, ``train_seconds``, ``tokens``,
+  ``tokens_per_s`` (of this run's own steps), ``final_loss``, ``saved``, ``ranks``, ``skipped``,
+  ``checkpoint`` (the newest complete one, or null).
+
+The orchestrator adds its own (``launch``, ``exit``, ``hang``) to the store only. JSON has no NaN or
+infinity (and SQLite's json functions refuse them): the writer turns non-finite floats into null.
+
+The orchestrator journals its own events (``launch``, ``attach``, ``rank_exit``, ``hang``, ``hang_stop``,
+``stop_requested``, ``stop``, ``watcher_error``, ``exit``) in ``orchestrator.jsonl`` with their own ``seq``
+(:mod:`runner.journal`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +88,18 @@ def read_rank_pids(run_dir: Path) -> dict[int, int]:
     return pids
 
 
+def finite_json(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, +-inf) replaced by None, in dicts, lists and tuples
+    at any depth; everything else as is."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_json(v) for v in value]
+    return value
+
+
 class JournalWriter:
     """Appends events to ``events.jsonl``: one ``write`` per record, flushed, so that lines from a
     crashing process are whole or absent, never torn."""
@@ -73,7 +113,12 @@ class JournalWriter:
 
         record = {"seq": self._seq, "type": type_, "time": time.time(), **payload}
         self._seq += 1
-        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        try:
+            line = json.dumps(record, separators=(",", ":"), allow_nan=False)
+        except ValueError:  # a NaN or infinity somewhere: JSON (and SQLite's json1) has none
+            record = finite_json(record)
+            line = json.dumps(record, separators=(",", ":"), allow_nan=False)
+        self._file.write(line + "\n")
         self._file.flush()
         return record
 

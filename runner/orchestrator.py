@@ -91,6 +91,16 @@ def preflight(recipe: Recipe) -> list[str]:
         raise PreflightError(f"launch.nproc: {problem}")
     if on_cpu and strategy.layer_split:
         warnings.append("mp on a CPU-only machine: one device, so this is the single-process run")
+    if recipe.train.resume_from is not None:
+        from runner.checkpoint import CheckpointError, check_resume
+
+        try:
+            step = check_resume(recipe.train.resume_from, recipe.launch.nproc, recipe.launch.strategy)["step"]
+        except CheckpointError as exc:
+            raise PreflightError(str(exc)) from None
+        if recipe.train.max_steps and step >= recipe.train.max_steps:
+            raise PreflightError(f"train.resume_from: the checkpoint is at step {step} and train.max_steps is "
+                                 f"{recipe.train.max_steps}: nothing left to train")
     return warnings
 
 
@@ -136,8 +146,10 @@ def prepare(
     source: str | None = None,
     sweep_id: str | None = None,
     root: Path | None = None,
+    resumed_from: int | None = None,
 ) -> Prepared:
-    """Record the run (unless ``store`` is None: a dry run) and write its folder; start nothing."""
+    """Record the run (unless ``store`` is None: a dry run) and write its folder; start nothing.
+    ``resumed_from``: the run this one continues (:func:`prepare_resume`)."""
     from runner.paths import RunFolderError, claim_run_folder, new_run_uid
 
     root = root or runs_dir()
@@ -156,6 +168,7 @@ def prepare(
             model=recipe.model.name,
             run_dir="",
             sweep_id=sweep_id,
+            resumed_from=resumed_from,
         )
         record_watcher(store, run_id)  # the preparing process, until a watcher takes over
         uid = run_uid(store, run_id)
@@ -184,6 +197,34 @@ def run_uid(store: Store, run_id: int) -> str:
     run = store.get_run(run_id)
     uid = getattr(run, "uid", None) or (run.summary or {}).get("uid") if run is not None else None
     return str(uid) if uid else new_run_uid()
+def prepare_resume(store: Store, run_id: int, root: Path | None = None) -> Prepared:
+    """Record a new run that continues run ``run_id`` from its newest complete checkpoint: the old
+    run's recipe (same strategy and process count) with ``train.resume_from`` set. Starts nothing.
+
+    Raises:
+        PreflightError: one line: no such run, no complete checkpoint, or a recipe that no longer loads.
+    """
+    from runner.checkpoint import checkpoints_root, latest_complete, read_manifest
+    from runner.recipe import load_recipe
+
+    old = store.get_run(run_id)
+    if old is None:
+        raise PreflightError(f"run {run_id}: no such run in {store.url}")
+    run_dir = Path(old.run_dir) if old.run_dir else None
+    checkpoint = latest_complete(run_dir) if run_dir is not None else None
+    if run_dir is None or checkpoint is None:
+        where = checkpoints_root(run_dir) if run_dir is not None else "its run folder"
+        raise PreflightError(f"run {run_id}: no complete checkpoint in {where} (train.save_every, or a "
+                             "graceful stop, writes one)")
+    recipe = load_recipe(run_dir / ev.RECIPE_FILE)
+    recipe = recipe.model_copy(update={"train": recipe.train.model_copy(update={"resume_from": str(checkpoint)})})
+    preflight(recipe)
+    prepared = prepare(store, recipe, source=f"resume of run {run_id}", root=root, resumed_from=run_id)
+    assert prepared.run_id is not None
+    step = (read_manifest(checkpoint) or {}).get("step")
+    store.update_run(prepared.run_id, summary={"resumed_from": {"run_id": run_id, "checkpoint": str(checkpoint),
+                                                                 "step": step}})
+    return prepared
 
 
 def estimate_summary(recipe: Recipe) -> dict[str, Any]:
@@ -741,6 +782,8 @@ def _project_end(store: Store, watch: _Watch, status: str, exit_code: int | None
             "steps": end.get("steps"),
             "ranks": ranks,
             "saved": end.get("saved"),
+            "skipped": end.get("skipped"),
+            "checkpoint": end.get("checkpoint"),
             "first_step_time": watch.first_step_time,
             "last_step_time": watch.last_step_time,
         }

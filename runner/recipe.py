@@ -109,6 +109,20 @@ class TrainSection(_Section):
     log_every: PositiveInt = 1
     save: bool = True
     """Save the adapter (LoRA) or the model (full) into the run folder at the end."""
+    save_every: NonNegInt = 0
+    """Write a resumable checkpoint (``RUN/checkpoints/step-NNNNNNNN/``) every this many optimizer
+    steps; 0 = none. A graceful stop (SIGTERM/SIGINT, ``s`` in the Monitor) always writes one."""
+    keep_checkpoints: PositiveInt = 2
+    """Keep only the newest this many complete checkpoints of the run."""
+    resume_from: str | None = None
+    """A checkpoint folder (``.../checkpoints/step-NNNNNNNN``, complete) to continue from: model or
+    adapter, optimizer, scheduler, RNG and data position; the run goes on at the next step. Same world
+    size and strategy as the checkpoint's. ``ftui resume ID`` fills it in."""
+    on_nan: Literal["stop", "skip"] = "stop"
+    """A non-finite loss (or gradient norm): ``stop`` fails the run (nothing saved), ``skip`` drops that
+    optimizer step (no update) and goes on."""
+    max_skipped_steps: NonNegInt = 10
+    """With ``on_nan = "skip"``: fail the run once more steps than this were skipped."""
 
 
     @property

@@ -67,10 +67,16 @@ class RunSummary(TypedDict, total=False):
     steps: int | None
     ranks: list[RankFigures]
     saved: str | None
+    skipped: int | None
+    """Optimizer steps dropped for a non-finite loss or gradient norm (``train.on_nan = "skip"``)."""
+    checkpoint: str | None
+    """The newest complete checkpoint the run wrote (``runner.checkpoint``), or None."""
     first_step_time: float | None
     last_step_time: float | None
     telemetry: dict[str, Any]
     """runner.telemetry.summarise's result, plus ``rank_gpu_mem_peak``."""
+    # a resumed run (``ftui resume``): the run and checkpoint it continues
+    resumed_from: dict[str, Any]
     # sweeps and the batch-size finder
     refused: bool
     sweep_note: str

@@ -59,7 +59,8 @@ class RunProgress:
             self.progress.update(
                 self.task,
                 completed=event["step"],
-                loss=f"{event['loss']:.4f}",
+                # A non-finite loss arrives as null (JSON has no NaN).
+                loss="skipped" if event.get("skipped") else "-" if event.get("loss") is None else f"{event['loss']:.4f}",
                 tps=f"{event['tokens_per_s']:,.0f}",
             )
         elif kind == "end":

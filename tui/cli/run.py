@@ -36,6 +36,22 @@ def add_parser(sub: Any) -> None:
     db_option(run)
     run.set_defaults(handler=cmd_run)
 
+    resume = sub.add_parser(
+        "resume", help="continue a run from its newest complete checkpoint, as a new run",
+        description="Continue run ID from the newest complete checkpoint in its folder (train.save_every, "
+                    "or a graceful stop, writes them): a new run with the same recipe, strategy and process "
+                    "count, going on at the next step.")
+    resume.add_argument("run_id", type=int, metavar="ID", help="the run to continue")
+    resume.add_argument("--sample-interval", type=seconds_at_least(0), default=0.5, metavar="SECONDS",
+                        help="telemetry: seconds between device readings (default 0.5; 0 turns telemetry off)")
+    resume.add_argument("--hang-after", type=seconds_at_least(1), default=300.0, metavar="SECONDS",
+                        help="flag a hang when no step came for this long and every device is idle (default 300)")
+    resume.add_argument("--grace", type=seconds_at_least(0), default=30.0, metavar="SECONDS",
+                        help="on Ctrl-C, SIGTERM or SIGHUP: seconds the ranks get to finish their step, save "
+                             "and exit before SIGKILL (default 30; a second Ctrl-C kills at once)")
+    db_option(resume)
+    resume.set_defaults(handler=cmd_resume)
+
 
 
 def load_run_recipe(args: argparse.Namespace) -> Any:
@@ -110,8 +126,31 @@ def cmd_run(args: argparse.Namespace) -> int:
         prepared = orchestrator.prepare(store, recipe, source=str(args.recipe))
     except RecipeError as exc:
         raise UsageError(str(exc)) from None
+    return follow(args, store, prepared, out)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    """``ftui resume ID``: a new run continuing run ID from its newest complete checkpoint."""
+    from runner import orchestrator
+    from runner.recipe import RecipeError
+
+    store = open_store(args, create=False)
+    try:
+        prepared = orchestrator.prepare_resume(store, args.run_id)
+    except RecipeError as exc:
+        raise UsageError(str(exc)) from None
+    out = console()
+    out.print(f"resuming run {args.run_id} from {prepared.recipe.train.resume_from}", markup=False, highlight=False,
+              soft_wrap=True)
+    return follow(args, store, prepared, out)
+
+
+def follow(args: argparse.Namespace, store: Any, prepared: Any, out: Any) -> int:
+    """Run a prepared run with live progress, print its summary; the exit code of ``ftui run``."""
+    from runner import orchestrator
     from tui.cli.progress import RunProgress
 
+    recipe = prepared.recipe
     out.print(Text.assemble("run ", (str(prepared.run_id), "bold"),
                             f" · {recipe.launch.strategy} × {recipe.launch.nproc} · {prepared.run_dir}"))
     from runner.procs import StopRequest

@@ -181,6 +181,7 @@ def run_to_json(run: RunInfo, metrics: list[MetricPoint] | None = None) -> dict[
         "distributed_type": run.distributed_type,
         "device_type": run.device_type,
         "sweep_id": run.sweep_id,
+        "resumed_from": run.resumed_from,
         "host": run.host,
         "run_dir": run.run_dir,
         "created_at": run.created_at.isoformat() + "Z",
