@@ -6,6 +6,9 @@ A run folder holds everything needed to understand, re-ingest or resume a run wi
     accelerate.yaml      the generated accelerate config (absent when the recipe names its own)
     launch.json          argv, env and config path, as built
     events.jsonl         the journal: one JSON object per line, written by rank 0 only
+    orchestrator.jsonl   the orchestrator's own events, journaled before the store (runner.journal)
+    samples.jsonl        telemetry samples, appended per batch (runner.journal)
+    watcher.lock         flock-ed by the process watching the run (runner.recover)
     launcher.log         stdout/stderr of ``accelerate launch`` itself
     logs/rank{N}.log     stdout/stderr of each rank
     ranks/{N}.pid        the pid of each rank, written as the rank starts
@@ -38,6 +41,10 @@ Every event carries ``seq`` (0, 1, 2, ... within the run: its stable id), ``type
 
 The orchestrator adds its own (``launch``, ``exit``, ``hang``) to the store only. JSON has no NaN or
 infinity (and SQLite's json functions refuse them): the writer turns non-finite floats into null.
+
+The orchestrator journals its own events (``launch``, ``attach``, ``rank_exit``, ``hang``, ``hang_stop``,
+``stop_requested``, ``stop``, ``watcher_error``, ``exit``) in ``orchestrator.jsonl`` with their own ``seq``
+(:mod:`runner.journal`).
 """
 
 from __future__ import annotations

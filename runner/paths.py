@@ -51,6 +51,43 @@ def default_db_url() -> str:
     return f"sqlite:///{home() / 'ftui.db'}"
 
 
+def new_run_uid() -> str:
+    """A run id unique for ever, across databases and hosts, for a run the store gave no ``uid``
+    (a dry run, or a store without the column): UTC time to the second plus 32 random bits
+    (``20261123-144501-3f9a0c1e``). It names the run folder, so two stores sharing one data folder
+    never write into the same one."""
+    import secrets
+    from datetime import UTC, datetime
+
+    return f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(4)}"
+
+
+def slug(name: str) -> str:
+    """A run name as one safe path component: letters, digits, ``-`` and ``_`` only (so ``../x``,
+    ``/abs`` and ``..`` cannot place a folder outside the runs folder), at most 40 characters."""
+    keep = "".join(c if c.isalnum() or c in "-_" else "-" for c in name.strip())
+    return keep.strip("-")[:40] or "run"
+
+
+class RunFolderError(RuntimeError):
+    """A run folder that cannot be used: one line naming it."""
+
+
+def claim_run_folder(root: Path, uid: str, name: str) -> Path:
+    """Create the folder of a new run, ``root/<uid>-<slug(name)>``, and return it (resolved).
+
+    Raises:
+        RunFolderError: the folder already holds a run (a ``launch.json`` or a journal): a run
+            folder is never reused; or it would lie outside ``root``.
+    """
+    root = root.resolve()
+    folder = (root / f"{slug(uid)}-{slug(name)}").resolve()
+    if folder.parent != root:
+        raise RunFolderError(f"run folder {folder}: not directly inside {root}")
+    if any((folder / f).exists() for f in ("launch.json", "events.jsonl", "orchestrator.jsonl")):
+        raise RunFolderError(f"run folder {folder} already holds a run; a run folder is never reused")
+    make_private_dir(folder)  # mode 0700: recipes, logs and weights are the user's
+    return folder
 def make_private_dir(path: Path) -> Path:
     """Create ``path`` and its missing parents with mode 0700 (only the user); existing folders are left
     as they are. ``Path.mkdir(parents=True)`` gives the parents the default mode, so each level is

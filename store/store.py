@@ -386,8 +386,13 @@ class Store:
     # ------------------------------------------------------------------ events and metrics
 
     @_retrying
-    def ingest(self, run_id: int, events: Sequence[dict[str, Any]]) -> int:
-        """Store trainer journal events (and the metrics of step events); skip any already stored.
+    def ingest(self, run_id: int, events: Sequence[dict[str, Any]], source: str = "trainer") -> int:
+        """Store journal events (and the metrics of the trainer's step events); skip any already stored.
+
+        Args:
+            run_id: the run.
+            events: records of one journal, in ``seq`` order.
+            source: ``trainer`` (``events.jsonl``) or ``orchestrator`` (``orchestrator.jsonl``).
 
         Returns the number of events newly stored.
         """
@@ -395,13 +400,13 @@ class Store:
             return 0
         with self._write() as s:
             last = s.scalar(
-                select(func.max(Event.seq)).where(Event.run_id == run_id, Event.source == "trainer")
+                select(func.max(Event.seq)).where(Event.run_id == run_id, Event.source == source)
             )
             fresh = [e for e in events if last is None or int(e["seq"]) > last]
             for e in fresh:
                 payload = {k: v for k, v in e.items() if k not in ("seq", "type", "time")}
-                s.add(Event(run_id=run_id, source="trainer", seq=int(e["seq"]), type=e["type"], time=e["time"], payload=payload))
-                if e["type"] == "step":
+                s.add(Event(run_id=run_id, source=source, seq=int(e["seq"]), type=e["type"], time=e["time"], payload=payload))
+                if e["type"] == "step" and source == "trainer":
                     s.add(
                         Metric(
                             run_id=run_id,
@@ -458,6 +463,18 @@ class Store:
         device = [{c: getattr(x, c) for c in device_cols} for x in samples]
         procs = [{c: getattr(x, c) for c in proc_cols} for x in processes]
         self._add_sample_rows(run_id, device, procs)
+
+    def ingest_samples(self, run_id: int, samples: Sequence[Any], processes: Sequence[Any] = ()) -> int:
+        """Like :meth:`add_samples`, but idempotent: readings not newer than the newest stored one of
+        their table are skipped (batches are stored whole, in time order). Returns rows added."""
+        with self._begin() as s:
+            last_d = s.scalar(select(func.max(DeviceSampleRow.time)).where(DeviceSampleRow.run_id == run_id))
+            last_p = s.scalar(select(func.max(ProcessSampleRow.time)).where(ProcessSampleRow.run_id == run_id))
+        fresh = [x for x in samples if last_d is None or x.time > last_d]
+        fresh_p = [x for x in processes if last_p is None or x.time > last_p]
+        if fresh or fresh_p:
+            self.add_samples(run_id, fresh, fresh_p)
+        return len(fresh) + len(fresh_p)
 
     @_retrying
     def _add_sample_rows(self, run_id: int, device: list[dict[str, Any]], procs: list[dict[str, Any]]) -> None:

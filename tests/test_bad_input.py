@@ -221,6 +221,8 @@ def test_every_command_refuses_bad_arguments_in_one_line(home: Path, capsys: pyt
         st.sampled_from([["db"], ["db", "nope"], ["db", "upgrade", "--db", "nosuch://x"]]),
         st.sampled_from(["current", "upgrade"]).map(  # a folder under a file: not creatable, even by root
             lambda action: ["db", action, "--db", f"sqlite:///{home / 'files' / 'empty.jsonl' / 'x.db'}"]),
+        st.sampled_from([["recover", "--format", "yaml"], ["recover", "extra"], ["recover", "--db", "nosuch://x"],
+                         ["recover", "--db", f"sqlite:///{home / 'missing.db'}"]]),
         st.sampled_from([["stop"], ["stop", "1", "--grace", "-1"], ["stop", "1", "--grace", "nan"], ["stop", "999999", "--kil"]]),
         st.sampled_from([["compare"], ["compare", "1", "--baseline", "7"], ["compare", "--sweep", "nope"],
                          ["runs", "--status", "done"], ["runs", "--format", "yaml"], ["gpus", "--watch", "0"],
@@ -272,7 +274,7 @@ def test_unwritable_data_folder_is_one_line_and_records_nothing(tmp_path: Path, 
 def test_commands_are_all_covered() -> None:
     """A new command module must be added to the property test above."""
     assert set(COMMANDS) == {"tui.cli.run", "tui.cli.runs", "tui.cli.gpus", "tui.cli.estimate", "tui.cli.compare",
-                             "tui.cli.stop", "tui.cli.db"}
+                             "tui.cli.stop", "tui.cli.db", "tui.cli.recover"}
 
 
 # ---------------------------------------------------------------------- real subprocesses

@@ -21,6 +21,7 @@ COMMANDS: tuple[str, ...] = (
     "tui.cli.gpus",      # gpus
     "tui.cli.estimate",  # estimate
     "tui.cli.compare",   # compare, sweep
+    "tui.cli.recover",   # recover
     "tui.cli.db",        # db upgrade, db current
 )
 """The command modules, in the order ``--help`` lists them. Each has ``add_parser(subparsers)`` and
@@ -62,5 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _open_app(args: argparse.Namespace) -> int:
     from tui.app import run_app  # the CLI's one import of the Textual app (see the module docstring)
+    from tui.cli.common import console, open_store
+    from tui.cli.recover import recover_quietly
 
+    try:  # runs whose watcher died (runner.recover); the app says itself what is wrong with the store
+        recover_quietly(open_store(args, create=True), console(stderr=True))
+    except UsageError:
+        pass
     return run_app(db_url=getattr(args, "db", None), fake_gpus=args.fake_gpus)

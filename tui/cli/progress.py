@@ -51,11 +51,10 @@ class RunProgress:
                 description=f"training ({dist}, {event.get('world_size')} proc)",
                 total=event.get("total_steps"),
             )
-            self.progress.console.print(
+            self.progress.console.print(Text(
                 f"start: {event.get('distributed_type')} on {event.get('device_type')} × {event.get('world_size')}, "
-                f"{event.get('params', 0) / 1e6:.1f}M params, {event.get('trainable_params', 0) / 1e6:.2f}M trainable",
-                markup=False,
-            )
+                f"{(event.get('params') or 0) / 1e6:.1f}M params, {(event.get('trainable_params') or 0) / 1e6:.2f}M trainable"
+            ))
         elif kind == "step":
             self.progress.update(
                 self.task,
@@ -67,4 +66,15 @@ class RunProgress:
         elif kind == "end":
             self.progress.update(self.task, description=f"{event.get('status')}")
         elif kind == "error":
+            # Run text is printed as text: a gloo message holds "[/path/pair.cc:553]", which rich
+            # would read as a closing markup tag (MarkupError, and ftui run died with its run).
             self.progress.console.print(Text.assemble(("error:", "red"), f" {event.get('message')}"))
+        elif kind == "hang":
+            self.progress.console.print(Text.assemble(
+                ("warning:", "yellow"),
+                f" hang suspected: no step for {event.get('since_step_s', 0):.0f} s and "
+                f"{', '.join(event.get('idle') or []) or 'devices'} idle; the run is stopped if it lasts "
+                f"as long again (--hang-after)"))
+        elif kind == "rank_exit":
+            self.progress.console.print(Text.assemble(
+                ("warning:", "yellow"), f" rank {event.get('rank')} (pid {event.get('pid')}) ended before the run did"))

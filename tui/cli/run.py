@@ -119,7 +119,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         return ExitCode.OK
 
     store = open_store(args, create=True)
-    prepared = orchestrator.prepare(store, recipe, source=str(args.recipe))
+    from tui.cli.recover import recover_quietly
+
+    recover_quietly(store, out)  # runs whose watcher died (runner.recover): cheap when there are none
+    try:
+        prepared = orchestrator.prepare(store, recipe, source=str(args.recipe))
+    except RecipeError as exc:
+        raise UsageError(str(exc)) from None
     return follow(args, store, prepared, out)
 
 
@@ -170,9 +176,7 @@ def follow(args: argparse.Namespace, store: Any, prepared: Any, out: Any) -> int
     if outcome.status == "stopped":
         out.print("[yellow]stopped[/]")
         return ExitCode.INTERRUPTED
-    from rich.markup import escape
-
-    out.print(f"[red]failed:[/] {escape(outcome.error or '')}")
+    out.print(Text.assemble(("failed:", "red"), f" {outcome.error or ''}"))
     return ExitCode.FAILED
 
 
