@@ -279,8 +279,8 @@ class _Watch:
         self.reader = ev.JournalReader(prepared.run_dir / ev.EVENTS_FILE)
         self.pending: list[dict[str, Any]] = []
         self.last_flush = time.monotonic()
-        self.start: dict[str, Any] | None = None
-        self.end: dict[str, Any] | None = None
+        self.start: ev.StartEvent | None = None
+        self.end: ev.EndEvent | None = None
         self.error: str | None = None
         self.mismatch: str | None = None
         self.first_step_time: float | None = None
@@ -291,22 +291,24 @@ class _Watch:
     def poll(self) -> None:
         fresh = self.reader.read_new()
         self.pending.extend(fresh)  # before any callback runs: a callback that raises loses nothing
-        for event in fresh:
-            kind = event["type"]
-            if kind == "start":
+        for raw in fresh:
+            event = ev.typed(raw)
+            if event is None:
+                continue
+            if event["type"] == "start":
                 self.start = event
                 self._on_start(event)
-            elif kind == "step":
-                self.first_step_time = self.first_step_time or event["time"] - (event.get("step_time") or 0.0)
-                self.last_step_time = event["time"]
+            elif event["type"] == "step":
+                self.first_step_time = self.first_step_time or float(raw["time"]) - (event.get("step_time") or 0.0)
+                self.last_step_time = float(raw["time"])
                 self.last_step = event.get("step")
-            elif kind == "end":
+            elif event["type"] == "end":
                 self.end = event
-            elif kind == "error":
+            elif event["type"] == "error":
                 self.error = event.get("message")
         if self.on_event is not None:
-            for event in fresh:
-                self.on_event(event)
+            for raw in fresh:
+                self.on_event(raw)
         urgent = any(e["type"] != "step" for e in self.pending)
         if self.pending and (urgent or time.monotonic() - self.last_flush >= self.FLUSH_S):
             self.flush()
@@ -324,7 +326,7 @@ class _Watch:
         self.pending = []
         self.store_error = None
 
-    def _on_start(self, event: dict[str, Any]) -> None:
+    def _on_start(self, event: ev.StartEvent) -> None:
         strategy = strategies.get(self.prepared.recipe.launch.strategy)
         in_effect = event.get("distributed_type")
         self.store.update_run(
@@ -332,8 +334,10 @@ class _Watch:
             distributed_type=in_effect,
             device_type=event.get("device_type"),
             total_steps=event.get("total_steps"),
-            summary={k: event.get(k) for k in ("params", "trainable_params", "local_param_numel", "world_size",
-                                                 "tokens_per_step", "mixed_precision", "device_map", "pids")},
+            summary={"params": event.get("params"), "trainable_params": event.get("trainable_params"),
+                     "local_param_numel": event.get("local_param_numel"), "world_size": event.get("world_size"),
+                     "tokens_per_step": event.get("tokens_per_step"), "mixed_precision": event.get("mixed_precision"),
+                     "device_map": event.get("device_map"), "pids": event.get("pids")},
         )
         if in_effect not in strategy.expect:
             self.mismatch = (
@@ -743,7 +747,8 @@ def _finish(store: Store, watch: _Watch, exit_code: int | None, stopped_by_user:
             killed_by_user: bool = False) -> Outcome:
     from runner.crash import describe
 
-    end = watch.end or {}
+    end = watch.end
+    ended = end.get("status") if end is not None else None
     error: str | None = None
     if watch.mismatch:
         status, error = "failed", watch.mismatch
@@ -751,9 +756,9 @@ def _finish(store: Store, watch: _Watch, exit_code: int | None, stopped_by_user:
         status, error = "failed", forced_error
     elif killed_by_user:
         status, error = "failed", "killed by user"
-    elif stopped_by_user or end.get("status") == "stopped":
+    elif stopped_by_user or ended == "stopped":
         status = "stopped"
-    elif exit_code in (0, None) and end.get("status") == "completed":
+    elif exit_code in (0, None) and ended == "completed":
         status = "completed"
     else:
         status = "failed"
@@ -769,10 +774,10 @@ def _finish(store: Store, watch: _Watch, exit_code: int | None, stopped_by_user:
 
 def _project_end(store: Store, watch: _Watch, status: str, exit_code: int | None, error: str | None) -> Outcome:
     """Write the end of a run (status, reason, figures of the end event, telemetry summary) to the store."""
-    end = watch.end or {}
+    end = watch.end
     summary: dict[str, Any] = {}
     columns: dict[str, Any] = {}
-    if end:
+    if end is not None:
         ranks = end.get("ranks") or []
         summary = {
             "train_seconds": end.get("train_seconds"),

@@ -136,7 +136,7 @@ def recover_run(store: Store, run: Any, attach: bool = True, fake_gpus: int = 0)
         error: str | None
         try:
             if watch.end is not None and watch.end.get("status") in ("completed", "stopped"):
-                status, error = str(watch.end["status"]), None
+                status, error = str(watch.end.get("status")), None
             elif watch.end is not None:
                 status, error = "failed", watch.error or f"the trainer ended {watch.end.get('status')}"
             else:
