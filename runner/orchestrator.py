@@ -298,7 +298,8 @@ class _Watch:
             device_type=event.get("device_type"),
             total_steps=event.get("total_steps"),
             summary={k: event.get(k) for k in ("params", "trainable_params", "local_param_numel", "world_size",
-                                                 "tokens_per_step", "mixed_precision", "device_map", "pids")},
+                                                 "tokens_per_step", "mixed_precision", "device_map", "pids",
+                                                 "threads", "model_dims")},
         )
         if in_effect not in strategy.expect:
             self.mismatch = (
@@ -477,6 +478,8 @@ def _finish(store: Store, watch: _Watch, exit_code: int, stopped_by_user: bool) 
         summary["telemetry"] = telemetry
         overall = telemetry.get("active") or telemetry.get("whole") or {}
         columns["mean_util"] = overall.get("util_mean")
+    if status == "completed":  # after the run, never during it: the peak its MFU is measured against
+        summary["mfu_peak"] = _mfu_peak(watch, telemetry)
     store.update_run(
         watch.run_id,
         status=status,
@@ -490,6 +493,21 @@ def _finish(store: Store, watch: _Watch, exit_code: int, stopped_by_user: bool) 
     return Outcome(run_id=watch.run_id, status=status, exit_code=exit_code, error=error, summary=summary)
 
 
+def _mfu_peak(watch: _Watch, telemetry: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The peak FLOP/s of one device of the run (:func:`runner.mfu.peak_for_run`), stored with it so
+    that compare never benchmarks; None when unknown. Never fails a run."""
+    from runner import mfu
+
+    start = watch.start or {}
+    gpus = [d["name"] for d in ((telemetry or {}).get("devices") or {}).values() if d.get("kind") == "gpu"]
+    try:
+        peak = mfu.peak_for_run(start.get("device_type"), watch.prepared.recipe.train.precision,
+                                start.get("threads"), gpus)
+    except Exception as exc:  # noqa: BLE001 (a peak is informative only)
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    return peak.to_json() if peak is not None else None
+
+
 def _telemetry_summary(store: Store, watch: _Watch) -> dict[str, Any] | None:
     """Per-device and overall utilisation of the run (definitions: :func:`runner.telemetry.summarise`);
     the active window runs from the start of the first step to the end of the last."""
@@ -501,7 +519,7 @@ def _telemetry_summary(store: Store, watch: _Watch) -> dict[str, Any] | None:
     window = None
     if watch.first_step_time is not None and watch.last_step_time is not None:
         window = (watch.first_step_time, watch.last_step_time)
-    result = summarise(samples, window)
+    result = summarise(samples, window, threads=(watch.start or {}).get("threads"))
     plain: dict[str, Any] = json.loads(json.dumps(result))  # tuples -> lists, as stored
     # Each rank's own GPU memory (NVML's per-process figure, summed over the GPUs it touches in one
     # reading), peak over the run: what a rank really held, beside the device-wide peaks above.

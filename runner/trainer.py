@@ -243,6 +243,9 @@ class Trainer:
         total_steps = train.max_steps or max(1, math.floor(train.epochs * steps_per_epoch))
 
         model = self.load_model()
+        from runner.mfu import dims_from_config
+
+        dims = dims_from_config(model.config, int(blocks.shape[1]))  # for MFU, so compare reads no config
         optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=train.lr, weight_decay=train.weight_decay
         )
@@ -263,6 +266,8 @@ class Trainer:
             device=str(acc.device),
             device_type=acc.device.type,
             mixed_precision=acc.mixed_precision,
+            threads=torch.get_num_threads(),  # intra-op threads: the divisor of CPU% and the MFU peak's
+            model_dims=dims,
             fsdp_version=recipe.launch.fsdp_version if acc.distributed_type.value == "FSDP" else None,
             params=self.total_params,
             trainable_params=self.trainable_params,
