@@ -276,6 +276,8 @@ def utilisation(run: RunInfo) -> Utilisation:
     kind = overall.get("kind")
     window = "active window" if tel.get("active") else "whole run"
     mean, low, high = overall.get("util_mean"), overall.get("util_min"), overall.get("util_max")
+    if (overall.get("devices") or 0) < 2:  # a spread needs two devices
+        low = high = None
     if kind == "gpu":
         return Utilisation(None, None, mean, low, high, f"{GPU_UTIL_UNIT}, mean over GPUs, {window}")
     if kind != "rank":
@@ -360,8 +362,8 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
             mfu = m.mfu
         else:  # never printed: a figure above 100% says the peak is wrong, not that the run was fast
             rejected = m.mfu
-            over_note = (f"MFU > 100% ({m.mfu * 100:,.0f}% of {peak.label()} x {devices} device(s)): peak not "
-                         f"trustworthy{'; ' + peak_note if peak_note else ''}")
+            over_note = (f"MFU > 100% against {peak.label()} x {devices} device(s): peak not trustworthy"
+                         f"{'; ' + peak_note if peak_note else ''}")
     util = utilisation(run)
     measured_at = None
     if peak and peak.measured_at:

@@ -45,8 +45,8 @@ def _cpu_util(r: RunRow) -> str:
 
 
 def _spread(r: RunRow) -> str:
-    # Shown for every run of several devices (also when they agree), so a reader sees it was looked at.
-    if r.devices < 2 or r.util_min is None or r.util_max is None:
+    # Shown for every run sampled on several devices (also when they agree), so a reader sees it was looked at.
+    if r.util_min is None or r.util_max is None:
         return "-"
     return f"{r.util_min:.0f}-{r.util_max:.0f}%"
 
