@@ -227,10 +227,12 @@ def estimated_memory(run: RunInfo, recipe: Mapping[str, Any], dims: Mapping[str,
     if isinstance(stored, (int, float)):
         return int(stored), "stored estimate"
     if isinstance(stored, Mapping):
+        if isinstance(stored.get("per_device_bytes"), Mapping):  # what the orchestrator stores at prepare time
+            stored = stored["per_device_bytes"]
         for key in ("total", "total_bytes", "per_device", "bytes"):
             if isinstance(stored.get(key), (int, float)):
                 return int(stored[key]), "stored estimate"
-    if dims is None:
+    if dims is None or "config" not in dims:  # dims stored by the trainer carry no config
         return None, "-"
     try:
         from runner.planner import EstimateInput, estimate, shape_from_config

@@ -53,6 +53,9 @@ PEAK_CACHE_FILE = "mfu-cpu-peaks.json"
 PEAK_CACHE_VERSION = 2
 PEAK_MAX_AGE_S = 7 * 24 * 3600.0
 """A cached CPU peak older than this is measured again (a kernel, BIOS or microcode update moves it)."""
+PEAK_BUSY_MAX_AGE_S = 3600.0
+"""A peak measured while the host's load average exceeded its cores (others computing: it comes out
+low) is kept only this long."""
 PEAK_SIZES = (256, 512, 1024, 2048)
 """Square matmul sizes tried in turn, stopping when a size gains under 3% on the one before: small
 sizes are bound by caches and thread start-up, so the rate grows with the size until it reaches the
@@ -195,6 +198,8 @@ class Peak:
             parts.append(f"{self.threads} thread{'s' if self.threads != 1 else ''}")
         if self.kind == "measured" and self.measured_at:
             parts.append("measured " + time.strftime("%Y-%m-%d", time.gmtime(self.measured_at)))
+            if self.load is not None and self.load > (os.cpu_count() or 1):
+                parts.append(f"busy host (load {self.load:.1f})")
         else:
             parts.append(self.kind)
         return ", ".join(parts)
@@ -436,13 +441,16 @@ def _write_cache(peak: Peak, cache: Path | str | None) -> None:
 
 def cached_cpu_peak(threads: int, dtype: str = "fp32", cache: Path | str | None = None,
                     max_age_s: float = PEAK_MAX_AGE_S, now: float | None = None) -> Peak | None:
-    """The cached peak of this machine for ``dtype`` and ``threads`` when fresh, else None (no torch)."""
+    """The cached peak of this machine for ``dtype`` and ``threads`` when fresh (younger than
+    ``max_age_s``, or :data:`PEAK_BUSY_MAX_AGE_S` when measured on a busy host), else None (no torch)."""
     fp = machine_fingerprint()
     peak = read_cache(cache).get(cache_key(fp.key, dtype, threads))
     now = time.time() if now is None else now
-    if peak is None or peak.measured_at is None or now - peak.measured_at > max_age_s:
+    if peak is None or peak.measured_at is None:
         return None
-    return peak
+    if peak.load is not None and peak.load > fp.logical_cores:
+        max_age_s = min(max_age_s, PEAK_BUSY_MAX_AGE_S)
+    return None if now - peak.measured_at > max_age_s else peak
 
 
 def cpu_peak(threads: int, dtype: str = "fp32", cache: Path | str | None = None, *,

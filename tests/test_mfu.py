@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +52,14 @@ def _write_peak(home: Path, flops: float, dtype: str = "fp32", threads: int = 1,
     fp = fingerprint or mfu.machine_fingerprint().key
     peak = mfu.Peak(flops, f"{mfu.CPU_PEAK_SOURCE}, written by the test", kind="measured", dtype=dtype,
                     threads=threads, measured_at=time.time() - age_s, fingerprint=fp, machine="test", size=64)
+    return _write_peak_obj(home, peak)
+
+
+def _write_peak_obj(home: Path, peak: mfu.Peak) -> mfu.Peak:
+    assert peak.fingerprint and peak.dtype and peak.threads
     path = _cache_file(home)
     data = json.loads(path.read_text()) if path.exists() else {"version": mfu.PEAK_CACHE_VERSION, "peaks": {}}
-    data["peaks"][mfu.cache_key(fp, dtype, threads)] = peak.to_json()
+    data["peaks"][mfu.cache_key(peak.fingerprint, peak.dtype, peak.threads)] = peak.to_json()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data))
     return peak
@@ -117,6 +123,12 @@ def test_a_stale_peak_is_measured_again(home: Path) -> None:
     young = _write_peak(home, 2.0, "fp32", 1, age_s=60)
     assert mfu.cpu_peak(1, "fp32", **SMALL) == young
     assert mfu.cpu_peak(1, "fp32", remeasure=True, **SMALL).flops > 1e6
+    # Measured on a busy host (load above the cores): kept an hour, not a week.
+    busy = replace(_write_peak(home, 3.0, "fp32", 1, age_s=120), load=float(os.cpu_count() or 1) + 5)
+    _write_peak_obj(home, busy)
+    assert mfu.cpu_peak(1, "fp32", **SMALL) == busy and "busy host" in busy.label()
+    _write_peak_obj(home, replace(busy, measured_at=time.time() - mfu.PEAK_BUSY_MAX_AGE_S - 60))
+    assert mfu.cpu_peak(1, "fp32", **SMALL).flops > 1e6
 
 
 def test_a_damaged_cache_is_measured_over(home: Path) -> None:
