@@ -57,7 +57,7 @@ PEAK_BUSY_MAX_AGE_S = 3600.0
 """A peak measured while the host's load average exceeded its cores (others computing: it comes out
 low) is kept only this long."""
 PEAK_SIZES = (256, 512, 1024, 2048)
-"""Square matmul sizes tried in turn, stopping when a size gains under 3% on the one before: small
+"""Square matmul sizes tried in turn, stopping when two sizes in a row gain under 3% on the best before: small
 sizes are bound by caches and thread start-up, so the rate grows with the size until it reaches the
 peak (see BENCHMARKS.md, ``bench/bench_cpu_peak.py``)."""
 PEAK_GAIN = 1.03
@@ -342,8 +342,8 @@ def measure_cpu_peak(threads: int, dtype: str = "fp32", sizes: tuple[int, ...] =
                      repeats: int = PEAK_REPEATS, min_repeat_s: float = 0.05) -> PeakMeasurement:
     """Measure the matmul peak of ``threads`` torch threads on this machine, as a peak.
 
-    Sizes are tried in order, stopping once a size's best is under :data:`PEAK_GAIN` times the best so
-    far (the rate has stopped growing: the peak is reached). For each size: warm-up (first call, then the kernels and thread pool spun up for ``min_repeat_s``),
+    Sizes are tried in order, stopping once two sizes in a row are under :data:`PEAK_GAIN` times the
+    best before them (the rate has stopped growing: the peak is reached). For each size: warm-up (first call, then the kernels and thread pool spun up for ``min_repeat_s``),
     then ``repeats`` repeats, each timing as many ``n x n`` matmuls as fill ``min_repeat_s`` (timer
     noise stays below 1%). The best repeat counts, because a shared host only ever slows a benchmark
     down; the spread is kept so a reader can see how noisy the host was.
@@ -377,12 +377,19 @@ def measure_cpu_peak(threads: int, dtype: str = "fp32", sizes: tuple[int, ...] =
                     for _ in range(calls):
                         torch.mm(a, b, out=out)
                     rates[n].append(2.0 * n**3 * calls / (time.perf_counter() - t0))
-                best = max((max(r) for k, r in rates.items() if k != n), default=0.0)
-                if best and max(rates[n]) < PEAK_GAIN * best:
+                # Two sizes in a row without a gain: the peak is reached (one could be the noise of a
+                # shared host).
+                if len(rates) >= 3 and all(_gain(rates, k) < PEAK_GAIN for k in list(rates)[-2:]):
                     break
     finally:
         torch.set_num_threads(before)
     return PeakMeasurement(dtype=dtype, threads=max(1, threads), rates=rates)
+
+
+def _gain(rates: dict[int, list[float]], size: int) -> float:
+    """Best rate at ``size`` over the best of the sizes tried before it."""
+    before = [max(r) for k, r in rates.items() if k < size]
+    return max(rates[size]) / max(before) if before else float("inf")
 
 
 def _calls_for(call: Any, seconds: float) -> int:
