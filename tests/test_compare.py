@@ -11,6 +11,7 @@ import math
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -107,7 +108,7 @@ def mask(md: str) -> str:
     # Whether a shared host's measured peak holds is checked on the JSON rows, not on the shape: an MFU
     # suppressed as > 100% fills the same cell.
     text = text.replace("- (> #%: peak not trustworthy)", "#%")
-    text = text.replace(", busy host (load #)", "")  # a peak measured while others computed says so
+    text = re.sub(r",? busy host \(load #\)", "", text)  # a peak measured while others computed says so
     return re.sub(r"# (B|KiB|MiB|GiB|TiB)\b", "# B", text) + "\n"
 
 
@@ -141,6 +142,7 @@ def test_every_format_has_one_plausible_row_per_strategy(cftui: Ftui, sweep: dic
         assert r["peak_source"].startswith(mfu.CPU_PEAK_SOURCE) and r["peak_kind"] == "measured"
         assert (r["peak_dtype"], r["peak_threads"]) == ("fp32", threads)
         assert r["peak_fingerprint"] == mfu.machine_fingerprint().key
+        assert "measured by compare" not in r["peak_source"]  # stored with the run when it ended
         assert (0 < r["mfu"] <= 1) if r["mfu"] is not None else "peak not trustworthy" in r["mfu_note"], r
         assert r["mem_measured"] > 50 * 2**20 and r["mem_estimated"] > 0
         assert 0 < r["final_loss"] < 20 and math.isfinite(r["best_loss"]) and r["best_loss"] <= r["final_loss"]
@@ -379,3 +381,19 @@ def test_the_recipe_can_name_the_mfu_peak_and_the_command_line_wins() -> None:
     assert from_recipe.source == "given (recipe launch.peak_tflops 0.25)"
     flag = default_peak(run, recipe, peak_tflops=2.0)
     assert flag is not None and flag.flops == 2.0e12 and "--peak-tflops" in flag.source
+
+
+def test_show_names_the_thread_unit_the_spread_and_the_peak(cftui: Ftui, sweep: dict[str, Any]) -> None:
+    data = json.loads(_compare(cftui, "--sweep", sweep["id"], "--format", "json"))
+    ddp = next(r for r in data["runs"] if r["strategy"] == "ddp")
+    proc = subprocess.run([sys.executable, "-m", "tui.cli", "show", str(ddp["run_id"])], cwd=ROOT, text=True,
+                          capture_output=True, timeout=120, env={**cftui.env, "COLUMNS": "400"})  # no wrapped cells
+    assert proc.returncode == 0, proc.stderr
+    shown = proc.stdout
+    assert "util min-max over devices" in shown and "CPU % of its 1 thread" in shown
+    assert "MFU peak/device" in shown and "fp32, 1 thread" in shown
+    summary = cftui.show(ddp["run_id"])["summary"]
+    assert summary["threads"] == 1 and summary["model_dims"]["layers"] == 6
+    peak = summary["mfu_peak"]
+    assert (peak["dtype"], peak["threads"], peak["kind"]) == ("fp32", 1, "measured") and peak["flops"] > 0
+    assert peak["fingerprint"] == mfu.machine_fingerprint().key and peak["measured_at"] > 0
