@@ -7,6 +7,7 @@ row), ``.parquet`` (needs pyarrow) and ``.txt`` (one row per non-empty line). A 
 
 from __future__ import annotations
 
+import codecs
 import csv
 import json
 from dataclasses import dataclass
@@ -47,10 +48,97 @@ def check_source(source: str) -> None:
             raise DataError(f"data.source: unknown builtin corpus {source!r} (have {PYDOC_CORPUS})")
         return
     path = Path(source).expanduser()
+    if path.is_dir():
+        raise DataError(f"data.source: {source}: is a folder, not a data file")
     if not path.is_file():
         raise DataError(f"data.source: file not found: {source}")
     if path.suffix.lower() not in SUFFIXES:
         raise DataError(f"data.source: {path.name}: unsupported format (use one of {', '.join(SUFFIXES)})")
+
+
+CHECK_ROWS = 20
+"""Rows :func:`check_data` reads before launch (the whole file is read by the trainer)."""
+_HEAD_BYTES = 64 * 1024
+
+
+def check_data(data: DataSection) -> None:
+    """Pre-launch check of the data, cheap enough for every ``ftui run``: the file exists, is a
+    readable non-empty file, is text (not binary) in UTF-8, parses as its suffix says and its first
+    :data:`CHECK_ROWS` rows have ``data.text_field`` (or every field ``data.template`` names).
+
+    Problems found here would otherwise fail the run seconds after launch, with a ``failed`` row.
+
+    Raises:
+        DataError: one line naming the field, the file and, where it applies, the row.
+    """
+    check_source(data.source)
+    if data.source.startswith(BUILTIN_PREFIX):
+        return
+    path = Path(data.source).expanduser()
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(_HEAD_BYTES)
+    except OSError as exc:
+        raise DataError(f"data.source: {path}: cannot read: {exc.strerror or exc}") from None
+    if not head:
+        raise DataError(f"data.source: {path}: empty file")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        if not head.startswith(b"PAR1"):
+            raise DataError(f"data.source: {path}: not a parquet file (no PAR1 header)")
+    else:
+        if b"\0" in head:
+            raise DataError(f"data.source: {path}: binary file, not {suffix[1:]} text")
+        try:
+            codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) < _HEAD_BYTES)
+        except UnicodeDecodeError as exc:
+            raise DataError(f"data.source: {path}: not UTF-8 text (byte {exc.start + 1})") from None
+    rows = _head_rows(path, CHECK_ROWS)
+    if not rows:
+        raise DataError(f"data.source: {path}: no rows")
+    for index, row in enumerate(rows):
+        _row_text(row, data, path, index)
+
+
+def _head_rows(path: Path, n: int) -> list[Any]:
+    """The first ``n`` rows of a local file, parsed as :func:`_read_rows` parses them all."""
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".jsonl":
+            rows = []
+            with open(path, encoding="utf-8") as fh:
+                for number, line in enumerate(fh, 1):
+                    if line.strip():
+                        try:
+                            rows.append(json.loads(line))
+                        except json.JSONDecodeError as exc:
+                            raise DataError(f"data.source: {path}:{number}: invalid JSON line: {exc.msg}") from None
+                        if len(rows) >= n:
+                            break
+            return rows
+        if suffix == ".csv":
+            with open(path, encoding="utf-8", newline="") as fh:
+                reader = csv.DictReader(fh)
+                return [row for _, row in zip(range(n), reader, strict=False)]
+        if suffix == ".txt":
+            with open(path, encoding="utf-8") as fh:
+                lines = (line.rstrip("\n") for line in fh)
+                return [{"text": line} for _, line in zip(range(n), (x for x in lines if x.strip()), strict=False)]
+        if suffix == ".parquet":
+            try:
+                import pyarrow.parquet as pq
+            except ImportError:
+                raise DataError(f"data.source: {path}: reading parquet needs pyarrow (pip install pyarrow)") from None
+            try:
+                batch = next(pq.ParquetFile(path).iter_batches(batch_size=n), None)
+            except Exception as exc:  # noqa: BLE001 (pyarrow raises its own error types)
+                raise DataError(f"data.source: {path}: not a readable parquet file ({exc})") from None
+            return [] if batch is None else list(batch.to_pylist())
+        return _read_rows(path)[:n]  # .json: one document, parsed whole
+    except (csv.Error, UnicodeDecodeError, OSError) as exc:
+        raise DataError(f"data.source: {path}: cannot parse as {suffix[1:]}: {exc}") from None
+    except RecursionError:
+        raise DataError(f"data.source: {path}: nested too deeply") from None
 
 
 def read_texts(data: DataSection) -> list[str]:
@@ -142,6 +230,8 @@ def _row_text(row: Any, data: DataSection, path: Path, index: int) -> str:
             return data.template.format(**row)
         except KeyError as exc:
             raise DataError(f"data.template: row {index + 1} of {path.name} has no field {exc.args[0]!r}") from None
+        except (ValueError, IndexError, AttributeError, TypeError) as exc:  # "{", "{0}", "{a.b}", "{a:d}"
+            raise DataError(f"data.template: cannot format row {index + 1} of {path.name}: {exc}") from None
     if data.text_field not in row:
         raise DataError(
             f"data.text_field: row {index + 1} of {path.name} has no field {data.text_field!r} "

@@ -6,23 +6,55 @@ A run folder holds everything needed to understand, re-ingest or resume a run wi
     accelerate.yaml      the generated accelerate config (absent when the recipe names its own)
     launch.json          argv, env and config path, as built
     events.jsonl         the journal: one JSON object per line, written by rank 0 only
+    orchestrator.jsonl   the orchestrator's own events, journaled before the store (runner.journal)
+    samples.jsonl        telemetry samples, appended per batch (runner.journal)
+    watcher.lock         flock-ed by the process watching the run (runner.recover)
     launcher.log         stdout/stderr of ``accelerate launch`` itself
     logs/rank{N}.log     stdout/stderr of each rank
     ranks/{N}.pid        the pid of each rank, written as the rank starts
     output/              the saved adapter or model
 
+    checkpoints/step-NNNNNNNN/   resumable checkpoints (``runner.checkpoint``), each with ``ftui.json``
+
 Every event carries ``seq`` (0, 1, 2, ... within the run: its stable id), ``type`` and ``time``
-(unix seconds). Types: ``start``, ``step``, ``end``, ``error``; the orchestrator adds its own
-(``launch``, ``exit``, ``hang``) to the store only.
+(unix seconds). Types written by the trainer (rank 0):
+
+- ``start``: world size, distributed type in effect, params, total steps, ... and ``start_step`` (0, or
+  the checkpoint's step when resumed) with ``resumed_from`` (the checkpoint folder or null) and
+  ``resume_seconds`` (wall time of restoring it, or null).
+- ``step``: ``step`` (global, 1-based; a resumed run goes on at N+1), ``epoch``, ``loss``, ``lr``,
+  ``grad_norm``, ``tokens`` (cumulative, from the checkpoint's count when resumed), ``step_time``,
+  ``tokens_per_s``, and ``skipped: true`` on a step whose update was dropped (``train.on_nan = "skip"``).
+- ``memory``: each rank's allocator figures, gathered in the step's collective, at step 1, then at
+  most every ``MEMORY_EVERY_S`` seconds, and at the last step: ``step`` and ``ranks``, a list by rank
+  of ``{"rank", "source", ...}``: source ``"torch.cuda"`` gives ``allocated_bytes``,
+  ``reserved_bytes``, ``peak_allocated_bytes`` of the rank's device; source ``"rss"`` (CPU, where torch
+  has no allocator statistics) gives the process's ``rss_bytes`` (now, /proc) and ``peak_rss_bytes``
+  (getrusage).
+- ``checkpoint``: ``step``, ``path``, ``seconds`` (wall time of the save, barriers included),
+  ``bytes`` (files written), ``reason`` (``"every"`` or ``"stop"``), ``removed`` (older ones pruned).
+- ``error``: ``message`` (one line); for a non-finite loss also ``reason`` (``"nan_loss"`` or
+  ``"too_many_skipped"``), ``step`` and ``value`` (``"nan"``, ``"inf"``, ``"-inf"``).
+- ``end``: ``status`` (completed / stopped / failed), ``steps``, ``train_seconds``, ``tokens``,
+  ``tokens_per_s`` (of this run's own steps), ``final_loss``, ``saved``, ``ranks``, ``skipped``,
+  ``checkpoint`` (the newest complete one, or null).
+
+The orchestrator adds its own (``launch``, ``exit``, ``hang``) to the store only. JSON has no NaN or
+infinity (and SQLite's json functions refuse them): the writer turns non-finite floats into null.
+
+The orchestrator journals its own events (``launch``, ``attach``, ``rank_exit``, ``hang``, ``hang_stop``,
+``stop_requested``, ``stop``, ``watcher_error``, ``exit``) in ``orchestrator.jsonl`` with their own ``seq``
+(:mod:`runner.journal`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal, NotRequired, TypedDict
 
 EVENTS_FILE = "events.jsonl"
 RECIPE_FILE = "recipe.toml"
@@ -56,6 +88,125 @@ def read_rank_pids(run_dir: Path) -> dict[int, int]:
     return pids
 
 
+def finite_json(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, +-inf) replaced by None, in dicts, lists and tuples
+    at any depth; everything else as is."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_json(v) for v in value]
+    return value
+
+
+# ---------------------------------------------------------------------- the trainer's events, typed
+#
+# Each event the trainer writes is one of these TypedDicts, built where it is emitted (mypy checks every key
+# and type there) and read back by the orchestrator with :func:`typed`. ``seq`` and ``time`` are added by
+# :class:`JournalWriter`.
+
+
+class StartEvent(TypedDict):
+    """The first event: what is in effect (accelerate's distributed type, world size), and the run's size."""
+
+    type: Literal["start"]
+    world_size: int
+    distributed_type: str
+    strategy: str
+    device: str
+    device_type: str
+    mixed_precision: str
+    fsdp_version: int | None
+    params: int
+    trainable_params: int
+    local_param_numel: int
+    rows: int
+    context_length: int
+    total_steps: int
+    steps_per_epoch: int
+    tokens_per_step: int
+    device_map: dict[str, Any] | None
+    pids: list[int]
+    start_step: int
+    resumed_from: str | None
+    resume_seconds: float | None
+
+
+class StepEvent(TypedDict):
+    """One optimizer step (every ``train.log_every`` steps, and notable ones)."""
+
+    type: Literal["step"]
+    step: int
+    epoch: int
+    loss: float | None
+    lr: float
+    grad_norm: float | None
+    tokens: int
+    step_time: float
+    tokens_per_s: float
+    skipped: NotRequired[bool]
+
+
+class MemoryEvent(TypedDict):
+    """Each rank's allocator figures (see the module docstring for the keys per source)."""
+
+    type: Literal["memory"]
+    step: int
+    ranks: list[dict[str, Any]]
+
+
+class CheckpointEvent(TypedDict):
+    """A complete checkpoint was written (``runner.checkpoint``)."""
+
+    type: Literal["checkpoint"]
+    step: int
+    path: str
+    seconds: float
+    bytes: int
+    reason: Literal["every", "stop"]
+    removed: list[str]
+
+
+class ErrorEvent(TypedDict):
+    """Why a rank failed: one line, and for a non-finite value the reason, step and value."""
+
+    type: Literal["error"]
+    message: str
+    rank: NotRequired[int]
+    reason: NotRequired[str]
+    step: NotRequired[int]
+    value: NotRequired[str]
+
+
+class EndEvent(TypedDict):
+    """The last event: how the training ended and what every rank measured."""
+
+    type: Literal["end"]
+    status: Literal["completed", "stopped", "failed"]
+    steps: int
+    train_seconds: float
+    tokens: int
+    tokens_per_s: float | None
+    final_loss: float | None
+    saved: str | None
+    ranks: list[dict[str, Any]]
+    """One :class:`runner.summary.RankFigures` per rank."""
+    skipped: int
+    checkpoint: str | None
+
+
+TrainerEvent = StartEvent | StepEvent | MemoryEvent | CheckpointEvent | ErrorEvent | EndEvent
+TRAINER_EVENT_TYPES = frozenset({"start", "step", "memory", "checkpoint", "error", "end"})
+
+
+def typed(event: dict[str, Any]) -> TrainerEvent | None:
+    """A journal line read back as the trainer's typed event (None for a type the trainer does not write)."""
+    if event.get("type") not in TRAINER_EVENT_TYPES:
+        return None
+    return event  # type: ignore[return-value]  # the writer built it from the TypedDict of its type
+
+
 class JournalWriter:
     """Appends events to ``events.jsonl``: one ``write`` per record, flushed, so that lines from a
     crashing process are whole or absent, never torn."""
@@ -69,9 +220,19 @@ class JournalWriter:
 
         record = {"seq": self._seq, "type": type_, "time": time.time(), **payload}
         self._seq += 1
-        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        try:
+            line = json.dumps(record, separators=(",", ":"), allow_nan=False)
+        except ValueError:  # a NaN or infinity somewhere: JSON (and SQLite's json1) has none
+            record = finite_json(record)
+            line = json.dumps(record, separators=(",", ":"), allow_nan=False)
+        self._file.write(line + "\n")
         self._file.flush()
         return record
+
+    def write(self, event: TrainerEvent) -> dict[str, Any]:
+        """Append one typed trainer event (the checked path; :meth:`emit` is the untyped one)."""
+        payload = {k: v for k, v in event.items() if k != "type"}
+        return self.emit(event["type"], **payload)
 
     def close(self) -> None:
         self._file.flush()

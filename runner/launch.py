@@ -34,6 +34,10 @@ class LaunchSpec:
         return {"argv": self.argv, "env": self.env, "accelerate_config": self.accelerate_config}
 
 
+LOOPBACK = "127.0.0.1"
+"""Where a one-machine run's rendezvous and collectives listen: nothing outside the host can reach them."""
+
+
 def accelerate_config(recipe: Recipe, port: int) -> dict[str, Any]:
     """The accelerate config (as a dict for YAML) for a recipe.
 
@@ -49,6 +53,7 @@ def accelerate_config(recipe: Recipe, port: int) -> dict[str, Any]:
         "num_machines": 1,
         "machine_rank": 0,
         "num_processes": launch.nproc,
+        "main_process_ip": LOOPBACK,  # one machine: the rendezvous needs no other interface
         "main_process_port": port,
         "mixed_precision": recipe.train.accelerate_mixed_precision,
         "gpu_ids": ",".join(map(str, launch.gpus)) if launch.gpus else "all",
@@ -128,7 +133,9 @@ def build_launch(
         "--run-dir",
         str(run_dir),
     ]
-    env = {"PYTHONUNBUFFERED": "1"}
+    # torchrun reads MASTER_ADDR for a one-machine rendezvous (accelerate passes main_process_ip only
+    # to multi-machine launches); gloo (the CPU backend) binds its pairs to the named interface.
+    env = {"PYTHONUNBUFFERED": "1", "MASTER_ADDR": LOOPBACK, "GLOO_SOCKET_IFNAME": "lo"}
     if launch.gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, launch.gpus))
     if launch.device == "cpu":

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from runner import events as ev
-from runner import strategies
+from runner import procs, strategies
+from runner.inputs import check_inputs
 from runner.launch import LaunchSpec, build_launch
 from runner.paths import runs_dir
 from runner.recipe import Recipe, RecipeError
@@ -54,6 +55,8 @@ class Outcome:
     exit_code: int | None
     error: str | None
     summary: dict[str, Any] = field(default_factory=dict)
+    stop_report: str | None = None
+    """After a stop: what was signalled, killed and checked (:meth:`runner.procs.StopReport.describe`)."""
 
 
 # ---------------------------------------------------------------------- pre-flight
@@ -64,6 +67,7 @@ def preflight(recipe: Recipe) -> list[str]:
     from runner.data import DataError, check_source
 
     warnings: list[str] = []
+    check_inputs(recipe)  # data read and parsed, run folders writable (runner/inputs.py)
     try:
         check_source(recipe.data.source)
     except DataError as exc:
@@ -87,6 +91,16 @@ def preflight(recipe: Recipe) -> list[str]:
         raise PreflightError(f"launch.nproc: {problem}")
     if on_cpu and strategy.layer_split:
         warnings.append("mp on a CPU-only machine: one device, so this is the single-process run")
+    if recipe.train.resume_from is not None:
+        from runner.checkpoint import CheckpointError, check_resume
+
+        try:
+            step = check_resume(recipe.train.resume_from, recipe.launch.nproc, recipe.launch.strategy)["step"]
+        except CheckpointError as exc:
+            raise PreflightError(str(exc)) from None
+        if recipe.train.max_steps and step >= recipe.train.max_steps:
+            raise PreflightError(f"train.resume_from: the checkpoint is at step {step} and train.max_steps is "
+                                 f"{recipe.train.max_steps}: nothing left to train")
     return warnings
 
 
@@ -100,14 +114,11 @@ def runs_on_cpu(recipe: Recipe) -> bool:
 
 
 def cuda_device_count() -> int:
-    """GPUs the trainer will see, through NVML (no torch import: ``ftui run`` stays fast)."""
-    from runner.hardware import NvmlBackend
+    """GPUs the trainer will see, through NVML (no torch import: ``ftui run`` stays fast); detected
+    once per command (:func:`runner.hostfacts.current`)."""
+    from runner.hostfacts import current
 
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    count = NvmlBackend().device_count()
-    if visible is not None:
-        return min(count, len([v for v in visible.split(",") if v.strip()]))
-    return count
+    return current().visible_gpus
 
 
 def free_port() -> int:
@@ -121,10 +132,9 @@ def cpu_threads(recipe: Recipe) -> int | None:
     """Threads per rank on CPU: the physical cores shared out (accelerate defaults to 1)."""
     if not runs_on_cpu(recipe):
         return None
-    import psutil
+    from runner.hostfacts import current
 
-    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    return max(1, cores // recipe.launch.nproc)
+    return max(1, current().cpu_cores // recipe.launch.nproc)
 
 
 # ---------------------------------------------------------------------- preparing and starting
@@ -136,10 +146,16 @@ def prepare(
     source: str | None = None,
     sweep_id: str | None = None,
     root: Path | None = None,
+    resumed_from: int | None = None,
 ) -> Prepared:
-    """Record the run (unless ``store`` is None: a dry run) and write its folder; start nothing."""
+    """Record the run (unless ``store`` is None: a dry run) and write its folder; start nothing.
+    ``resumed_from``: the run this one continues (:func:`prepare_resume`)."""
+    from runner.paths import RunFolderError, claim_run_folder, new_run_uid
+
     root = root or runs_dir()
     run_id: int | None = None
+    # The folder is named by a globally unique id, never by the store's integer id: two stores
+    # sharing one data folder would otherwise write into the same folder.
     if store is not None:
         run_id = store.create_run(
             name=recipe.name,
@@ -152,19 +168,63 @@ def prepare(
             model=recipe.model.name,
             run_dir="",
             sweep_id=sweep_id,
+            resumed_from=resumed_from,
         )
-        run_dir = root / f"{run_id:05d}-{_slug(recipe.name)}"
+        record_watcher(store, run_id)  # the preparing process, until a watcher takes over
+        uid = run_uid(store, run_id)
     else:
-        run_dir = root / f"dry-run-{datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"
-    run_dir = run_dir.resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+        uid = f"dry-run-{new_run_uid()}"
+    try:
+        run_dir = claim_run_folder(root, uid, recipe.name)
+    except (RunFolderError, OSError) as exc:
+        if store is not None and run_id is not None:
+            store.update_run(run_id, status="failed", error=str(exc), ended_at=_utcnow())
+        raise PreflightError(str(exc)) from None
     spec = build_launch(recipe, run_dir, port=free_port(), cpu_threads=cpu_threads(recipe))
     for name, text in spec.files.items():
         (run_dir / name).write_text(text)
     (run_dir / ev.LAUNCH_FILE).write_text(json.dumps(spec.to_json(), indent=2) + "\n")
     if store is not None and run_id is not None:
-        store.update_run(run_id, run_dir=str(run_dir), summary={"estimate": estimate_summary(recipe)})
+        store.update_run(run_id, run_dir=str(run_dir), summary={"uid": uid, "estimate": estimate_summary(recipe)})
     return Prepared(run_id=run_id, run_dir=run_dir, spec=spec, recipe=recipe)
+
+
+def run_uid(store: Store, run_id: int) -> str:
+    """The run's globally unique id: the store's ``runs.uid`` where the schema has it, else a new one
+    (kept in the summary). The one place that knows which."""
+    from runner.paths import new_run_uid
+
+    run = store.get_run(run_id)
+    uid = getattr(run, "uid", None) or (run.summary or {}).get("uid") if run is not None else None
+    return str(uid) if uid else new_run_uid()
+def prepare_resume(store: Store, run_id: int, root: Path | None = None) -> Prepared:
+    """Record a new run that continues run ``run_id`` from its newest complete checkpoint: the old
+    run's recipe (same strategy and process count) with ``train.resume_from`` set. Starts nothing.
+
+    Raises:
+        PreflightError: one line: no such run, no complete checkpoint, or a recipe that no longer loads.
+    """
+    from runner.checkpoint import checkpoints_root, latest_complete, read_manifest
+    from runner.recipe import load_recipe
+
+    old = store.get_run(run_id)
+    if old is None:
+        raise PreflightError(f"run {run_id}: no such run in {store.url}")
+    run_dir = Path(old.run_dir) if old.run_dir else None
+    checkpoint = latest_complete(run_dir) if run_dir is not None else None
+    if run_dir is None or checkpoint is None:
+        where = checkpoints_root(run_dir) if run_dir is not None else "its run folder"
+        raise PreflightError(f"run {run_id}: no complete checkpoint in {where} (train.save_every, or a "
+                             "graceful stop, writes one)")
+    recipe = load_recipe(run_dir / ev.RECIPE_FILE)
+    recipe = recipe.model_copy(update={"train": recipe.train.model_copy(update={"resume_from": str(checkpoint)})})
+    preflight(recipe)
+    prepared = prepare(store, recipe, source=f"resume of run {run_id}", root=root, resumed_from=run_id)
+    assert prepared.run_id is not None
+    step = (read_manifest(checkpoint) or {}).get("step")
+    store.update_run(prepared.run_id, summary={"resumed_from": {"run_id": run_id, "checkpoint": str(checkpoint),
+                                                                 "step": step}})
+    return prepared
 
 
 def estimate_summary(recipe: Recipe) -> dict[str, Any]:
@@ -193,51 +253,13 @@ def estimate_summary(recipe: Recipe) -> dict[str, Any]:
 
 
 def spawn(prepared: Prepared) -> subprocess.Popen[bytes]:
-    """Start the launch in its own session (process group). The only place ftui spawns a run."""
-    log = open(prepared.run_dir / ev.LAUNCHER_LOG, "ab")  # noqa: SIM115 (the child keeps it)
-    try:
-        return subprocess.Popen(
-            prepared.spec.argv,
-            env={**os.environ, **prepared.spec.env},
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=prepared.run_dir,
-            start_new_session=True,
-        )
-    finally:
-        log.close()
+    """Start the launch in its own session (process group), every process of it marked with the run
+    folder (:func:`runner.procs.spawn`, the only place ftui spawns a run)."""
+    return procs.spawn(prepared.spec.argv, prepared.spec.env, prepared.run_dir,
+                       prepared.run_dir / ev.LAUNCHER_LOG, run_dir=prepared.run_dir)
 
 
-def signal_group(pgid: int, sig: int) -> bool:
-    """Send ``sig`` to a run's process group; False when the group is gone."""
-    try:
-        os.killpg(pgid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
-def stop_group(pgid: int, proc: subprocess.Popen[bytes] | None = None, grace: float = 15.0) -> None:
-    """SIGTERM every process of the run (ranks stop together after their current step), then
-    SIGKILL what is left after ``grace`` seconds."""
-    signal_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            break
-        if proc is None and not _group_alive(pgid):
-            break
-        time.sleep(0.1)
-    signal_group(pgid, signal.SIGKILL)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+signal_group = procs.signal_group  # kept for callers of the old name
 
 
 # ---------------------------------------------------------------------- watching
@@ -263,10 +285,13 @@ class _Watch:
         self.mismatch: str | None = None
         self.first_step_time: float | None = None
         self.last_step_time: float | None = None
+        self.last_step: int | None = None
+        self.store_error: str | None = None
 
     def poll(self) -> None:
-        for event in self.reader.read_new():
-            self.pending.append(event)
+        fresh = self.reader.read_new()
+        self.pending.extend(fresh)  # before any callback runs: a callback that raises loses nothing
+        for event in fresh:
             kind = event["type"]
             if kind == "start":
                 self.start = event
@@ -274,20 +299,30 @@ class _Watch:
             elif kind == "step":
                 self.first_step_time = self.first_step_time or event["time"] - (event.get("step_time") or 0.0)
                 self.last_step_time = event["time"]
+                self.last_step = event.get("step")
             elif kind == "end":
                 self.end = event
             elif kind == "error":
                 self.error = event.get("message")
-            if self.on_event is not None:
+        if self.on_event is not None:
+            for event in fresh:
                 self.on_event(event)
         urgent = any(e["type"] != "step" for e in self.pending)
         if self.pending and (urgent or time.monotonic() - self.last_flush >= self.FLUSH_S):
             self.flush()
 
     def flush(self) -> None:
-        self.store.ingest(self.run_id, self.pending)
-        self.pending = []
+        # The events are in the journal already. A store that fails (locked, gone for a moment) must
+        # not end a 30-hour run: keep them pending and try again at the next flush (ingest skips by
+        # seq, so a batch must not be skipped over: the pending list keeps the order).
         self.last_flush = time.monotonic()
+        try:
+            self.store.ingest(self.run_id, self.pending)
+        except Exception as exc:  # noqa: BLE001
+            self.store_error = f"{type(exc).__name__}: {exc}"[:300]
+            return
+        self.pending = []
+        self.store_error = None
 
     def _on_start(self, event: dict[str, Any]) -> None:
         strategy = strategies.get(self.prepared.recipe.launch.strategy)
@@ -308,72 +343,306 @@ class _Watch:
             )
 
 
+def watcher_identity(pid: int | None = None) -> dict[str, Any]:
+    """Who watches a run, as ``update_run`` keyword arguments: the ``watcher_pid``/``watcher_host``
+    columns, and the summary fields ``ftui stop`` reads (:func:`runner.procs.watcher_identity`: pid
+    and start time, so a reused pid is not taken for the watcher). The one place that knows where."""
+    import psutil
+
+    pid = pid if pid is not None else os.getpid()
+    try:
+        created: float | None = psutil.Process(pid).create_time()
+    except psutil.Error:
+        created = None
+    host = socket.gethostname()
+    return {"watcher_pid": pid, "watcher_host": host,
+            "summary": {"orchestrator_pid": pid, "orchestrator_create_time": created, "orchestrator_host": host}}
+
+
+def record_watcher(store: Store, run_id: int, pid: int | None = None, **values: Any) -> None:
+    """Record the watcher of a run (and other columns); a store that fails now is not fatal (the
+    journal has the launch, and recover uses the watcher lock, not these fields)."""
+    fields = watcher_identity(pid)
+    try:
+        store.update_run(run_id, **{**fields, **values})
+    except Exception:  # noqa: BLE001
+        pass
+
+
+class _Launcher:
+    """The launch being followed: ftui's own child (its exit code is known), or, for a watcher that
+    re-attached after the first one died, a process group of which only the pids are known."""
+
+    def __init__(self, pgid: int, proc: subprocess.Popen[bytes] | None = None) -> None:
+        self.pgid = pgid
+        self.proc = proc
+
+    def poll(self) -> int | None:
+        if self.proc is not None:
+            return self.proc.poll()
+        return None if _leader_alive(self.pgid) else -1
+
+    def wait(self) -> int | None:
+        """The exit code; None when it is not ours to know (a re-attached watcher)."""
+        if self.proc is not None:
+            try:
+                return self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # only when SIGKILL did not take (stop report: left)
+                self.proc.kill()
+                return self.proc.wait()
+        deadline = time.monotonic() + 30
+        while _leader_alive(self.pgid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return None
+
+
+def _leader_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, or a pid reused by a process of another group, does not)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and os.getpgid(pid) == pid
+    except (psutil.Error, OSError):
+        return False
+
+
+class _Recorder:
+    """The orchestrator's events: to ``RUN/orchestrator.jsonl`` first, then to the store."""
+
+    def __init__(self, store: Store, run_id: int, run_dir: Path) -> None:
+        from runner.journal import OrchestratorJournal
+
+        self.store = store
+        self.run_id = run_id
+        self.journal = OrchestratorJournal(run_dir)
+
+    def emit(self, type_: str, **payload: Any) -> dict[str, Any]:
+        record = self.journal.emit(type_, **payload)
+        try:
+            self.store.ingest(self.run_id, [record], source="orchestrator")
+        except Exception:  # noqa: BLE001 (the journal has it; recover re-ingests it)
+            pass
+        return record
+
+
+FAULT_GRACE_S = 60.0
+"""A rank that vanished with no step and no end event since, while the launcher lives on: the group
+is stopped after this long (torch elastic normally tears it down within a second or two)."""
+
+
 def execute(
     store: Store,
     prepared: Prepared,
     on_event: EventCallback | None = None,
-    stop: threading.Event | None = None,
+    stop: threading.Event | procs.StopRequest | None = None,
     poll_s: float = 0.25,
     probe: Any | None = None,
     sample_interval_s: float = 0.5,
     hang_after_s: float = 300.0,
+    grace_s: float = procs.DEFAULT_GRACE_S,
 ) -> Outcome:
-    """Start a prepared run and follow it to the end, writing everything to the store.
+    """Start a prepared run and follow it to the end, writing everything to the run folder and then
+    to the store.
 
     Args:
         store: the store (this function is the run's only writer: samples from the telemetry
             thread are queued and written here, in batches).
         prepared: from :func:`prepare`.
         on_event: called with every journal event as it arrives (progress bars), and with the
-            orchestrator's own ``hang`` events.
-        stop: set it to stop the run gracefully (what Ctrl-C does for ``ftui run``).
+            orchestrator's own ``hang`` and ``rank_exit`` events.
+        stop: set it (or :meth:`runner.procs.StopRequest.request`) to stop the run gracefully: what
+            Ctrl-C, SIGTERM and SIGHUP do for ``ftui run``. A second request kills what is left at
+            once; a kill request records ``failed`` ("killed by user").
         poll_s: how often the journal is read.
         probe: the telemetry probe (:class:`runner.hardware.Probe`); default: NVML + psutil.
         sample_interval_s: seconds between telemetry readings; 0 turns telemetry off.
-        hang_after_s: flag a hang when no step came for this long and a device is idle.
+        hang_after_s: flag a hang when no step came for this long and a device is idle; stop the
+            run (failed, "hang: ...") when it is still hung ``hang_after_s`` after the flag.
+        grace_s: after a stop request, seconds the ranks get to finish their step, save and exit
+            before whatever is left of the run is SIGKILLed (then checked: none left).
 
     Returns:
         The outcome; the run's row holds the same status, exit code, error and summary.
     """
+    from runner.journal import WatcherLock
+
     assert prepared.run_id is not None, "a dry run cannot be executed"
     run_id = prepared.run_id
+    lock = WatcherLock(prepared.run_dir)
+    if not lock.acquire(wait_s=5.0):  # a recover check elsewhere may hold it for a moment
+        raise PreflightError(f"run {run_id}: another process watches {prepared.run_dir}")
+    recorder = _Recorder(store, run_id, prepared.run_dir)
     proc = spawn(prepared)
-    pgid = proc.pid  # start_new_session: the launcher leads its own group
+    pgid = proc.pid  # start_new_session: the launcher leads its own group (the ranks may not: procs)
     launched = time.time()
-    store.update_run(run_id, status="running", started_at=_utcnow(), pgid=pgid,
-                     summary={"orchestrator_pid": os.getpid()})
-    store.add_event(run_id, "launch", launched, {"argv": prepared.spec.argv, "pgid": pgid})
+    recorder.emit("launch", argv=prepared.spec.argv, pgid=pgid, watcher_pid=os.getpid())
+    record_watcher(store, run_id, status="running", started_at=_utcnow(), pgid=pgid)
+    return follow(store, prepared, _Launcher(pgid, proc), recorder, lock, on_event=on_event, stop=stop,
+                  poll_s=poll_s, probe=probe, sample_interval_s=sample_interval_s, hang_after_s=hang_after_s,
+                  launched=launched, grace_s=grace_s)
+
+
+def attach(store: Store, prepared: Prepared, pgid: int, probe: Any | None = None,
+           sample_interval_s: float = 0.5, hang_after_s: float = 300.0,
+           stop: threading.Event | procs.StopRequest | None = None, lock_fd: int | None = None,
+           grace_s: float = procs.DEFAULT_GRACE_S) -> Outcome:
+    """Follow a run whose watcher died while its ranks train on: re-read its journals from the start
+    (idempotent ingest), then watch it to the end like :func:`execute` (see :mod:`runner.recover`).
+
+    Raises:
+        PreflightError: another process already watches the run.
+    """
+    from runner.journal import WatcherLock
+
+    assert prepared.run_id is not None
+    lock = WatcherLock.adopt(prepared.run_dir, lock_fd) if lock_fd is not None else WatcherLock(prepared.run_dir)
+    if not lock.acquire():
+        raise PreflightError(f"run {prepared.run_id}: another process watches {prepared.run_dir}")
+    recorder = _Recorder(store, prepared.run_id, prepared.run_dir)
+    recorder.emit("attach", pgid=pgid, watcher_pid=os.getpid())
+    record_watcher(store, prepared.run_id)
+    return follow(store, prepared, _Launcher(pgid), recorder, lock, stop=stop, probe=probe,
+                  sample_interval_s=sample_interval_s, hang_after_s=hang_after_s, launched=time.time(),
+                  grace_s=grace_s)
+
+
+def follow(
+    store: Store,
+    prepared: Prepared,
+    launcher: _Launcher,
+    recorder: _Recorder,
+    lock: Any,
+    on_event: EventCallback | None = None,
+    stop: threading.Event | procs.StopRequest | None = None,
+    poll_s: float = 0.25,
+    probe: Any | None = None,
+    sample_interval_s: float = 0.5,
+    hang_after_s: float = 300.0,
+    launched: float | None = None,
+    grace_s: float = procs.DEFAULT_GRACE_S,
+) -> Outcome:
+    """Watch a started run to its end. Whatever goes wrong while watching (an exception in a
+    callback, the database), the ``finally`` below stops and reaps every process of the run, writes
+    what was read, and records a true status and reason: journal first, then the store."""
+    from runner.crash import RankWatch, describe
+
+    pgid = launcher.pgid
+    run_dir = prepared.run_dir
+    request = stop if isinstance(stop, procs.StopRequest) else procs.StopRequest(stop)
     watch = _Watch(store, prepared, on_event)
-    telemetry = _Telemetry(store, prepared, probe, sample_interval_s, hang_after_s, launched)
-    stopped_by_user = False
+    telemetry: _Telemetry | None = None
+    ranks = RankWatch(run_dir)
+    stopper = _Stopper(run_dir, pgid, request)
+    forced_error: str | None = None
+    exit_code: int | None = None
     try:
+        telemetry = _Telemetry(store, prepared, probe, sample_interval_s, hang_after_s, launched or time.time())
         while True:
-            watch.poll()
-            telemetry.poll(watch)
-            if watch.mismatch:
-                stop_group(pgid, proc, grace=5.0)
-                break
-            if stop is not None and stop.is_set() and not stopped_by_user:
-                stopped_by_user = True
-                threading.Thread(target=stop_group, args=(pgid, proc), daemon=True).start()
-            if proc.poll() is not None:
-                break
-            time.sleep(poll_s)
-    except KeyboardInterrupt:
-        stopped_by_user = True
-        stop_group(pgid, proc)
-    exit_code = proc.wait()
-    # The launcher can exit before its ranks (a SIGTERM to the group kills accelerate's launcher at
-    # once while each rank finishes its step and journals "stopped"): let the group drain first.
-    deadline = time.monotonic() + 20.0
-    while _group_alive(pgid) and time.monotonic() < deadline:
-        watch.poll()
-        time.sleep(poll_s)
-    signal_group(pgid, signal.SIGKILL)
-    telemetry.close()
-    watch.poll()
-    watch.flush()
-    return _finish(store, watch, exit_code, stopped_by_user)
+            try:
+                watch.poll()
+                telemetry.poll(watch, recorder)
+                if watch.mismatch and not stopper.started:
+                    stopper.start(grace_s=5.0)
+                if request.is_set() and not stopper.started:
+                    stopper.start(grace_s=grace_s, kill=request.kill)
+                    recorder.emit("stop_requested", kill=request.kill, grace_s=grace_s)
+                for rank, pid in ranks.poll():
+                    if watch.end is None and not stopper.started:  # not one we ended
+                        event = recorder.emit("rank_exit", rank=rank, pid=pid)
+                        if on_event is not None:
+                            on_event(event)
+                now = time.time()
+                if (ranks.first_vanished_at is not None and watch.end is None and not stopper.started
+                        and now - ranks.first_vanished_at >= FAULT_GRACE_S
+                        and (watch.last_step_time or 0.0) < ranks.first_vanished_at):
+                    forced_error = describe(run_dir, ranks.vanished, list(telemetry.recent), watch.error)
+                    stopper.start(grace_s=5.0)
+                if not stopper.started and telemetry.hang_stop(watch):
+                    forced_error = telemetry.hang_reason
+                    recorder.emit("hang_stop", reason=forced_error)
+                    procs.signal_group(pgid, signal.SIGCONT)  # a stopped (SIGSTOP) rank cannot take SIGTERM
+                    stopper.start(grace_s=10.0)
+                if stopper.started and stopper.done:
+                    break
+                if not stopper.started and launcher.poll() is not None:
+                    break
+                time.sleep(poll_s)
+            except KeyboardInterrupt:  # a caller without handlers (procs.StopRequest.install) in the main thread
+                request.request()
+    except BaseException as exc:  # noqa: BLE001 (any fault of the watcher: reap and record it below)
+        forced_error = f"watcher error: {type(exc).__name__}: {exc}"[:500]
+        _quietly(recorder.emit, "watcher_error", message=forced_error)
+        if not stopper.started:
+            stopper.start(grace_s=5.0)
+        if stopper.thread is not None:
+            stopper.thread.join(timeout=60)
+    finally:
+        watch.on_event = None  # the caller's callbacks may be what failed; the rest is bookkeeping
+        exit_code = _quietly(launcher.wait)
+        if not stopper.started:
+            # The launcher can exit before its ranks: wait for every process of the run (ranks
+            # included, in sessions of their own), then kill and check whatever is left.
+            deadline = time.monotonic() + 20.0
+            while procs.find_processes(run_dir, pgid) and time.monotonic() < deadline:
+                _quietly(watch.poll)
+                time.sleep(poll_s)
+            _quietly(procs.kill_all, run_dir, pgid)
+        if telemetry is not None:
+            _quietly(telemetry.close)
+        _quietly(watch.poll)
+        _quietly(watch.flush)
+        try:
+            report = stopper.report
+            if report is not None:
+                _quietly(recorder.emit, "stop", graceful=report.graceful, killed=report.killed, left=report.left,
+                         gpu=report.gpu_note, processes={str(k): v for k, v in report.seen.items()})
+            recent = list(telemetry.recent) if telemetry is not None else []
+            outcome = _finish(store, watch, exit_code, request.is_set() and not request.kill, recorder,
+                              forced_error, ranks.vanished, recent, killed_by_user=request.kill)
+            if report is not None:
+                outcome.stop_report = report.describe()
+                _quietly(store.update_run, watch.run_id, summary={"stop": outcome.stop_report})
+        finally:
+            recorder.journal.close()
+            lock.release()
+    return outcome
+
+
+def _quietly(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn``; an exception is swallowed (the finally of :func:`follow` must run to its end)."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+class _Stopper:
+    """Stops a run in a thread (:func:`runner.procs.stop_run`) while the orchestrator keeps reading
+    its journal, so that the ranks' last steps and ``end`` events are recorded."""
+
+    def __init__(self, run_dir: Path, pgid: int, request: procs.StopRequest) -> None:
+        self.run_dir = run_dir
+        self.pgid = pgid
+        self.request = request
+        self.thread: threading.Thread | None = None
+        self.report: procs.StopReport | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.thread is not None
+
+    @property
+    def done(self) -> bool:
+        return self.thread is not None and not self.thread.is_alive()
+
+    def start(self, grace_s: float, kill: bool = False) -> None:
+        def run() -> None:
+            self.report = procs.stop_run(self.run_dir, self.pgid, grace_s=grace_s, kill_now=self.request.now,
+                                         kill=kill)
+
+        self.thread = threading.Thread(target=run, name="ftui-stop", daemon=True)
+        self.thread.start()
 
 
 class _Telemetry:
@@ -392,6 +661,10 @@ class _Telemetry:
         self.sampler = None
         self.last_write = 0.0
         self.last_hang_check = 0.0
+        self.hang_after_s = hang_after_s
+        self.hang_flagged: dict[str, Any] | None = None
+        self.hang_reason: str | None = None
+        self.unsaved: tuple[list[Any], list[Any]] = ([], [])
         if interval_s <= 0:
             return
         from runner.hardware import Probe
@@ -407,21 +680,39 @@ class _Telemetry:
         )
         self.sampler.start()
 
-    def poll(self, watch: _Watch) -> None:
+    def poll(self, watch: _Watch, recorder: _Recorder) -> None:
         if self.sampler is None:
             return
         now = time.time()
         self._write()
+        if self.hang_flagged is not None and watch.last_step_time != self.hang_flagged.get("last_step_time"):
+            self.hang_flagged = None  # a step came: the episode is over
         if now - self.last_hang_check >= 1.0 and watch.end is None:
             self.last_hang_check = now
             event = self.hang.check(now, watch.last_step_time, self.recent)
             if event is not None:
-                assert self.run_id is not None
-                self.store.add_event(self.run_id, "hang", now, event)
+                record = recorder.emit("hang", **event)
+                self.hang_flagged = {**event, "flagged_at": now, "last_step_time": watch.last_step_time}
                 if watch.on_event is not None:
-                    watch.on_event({"type": "hang", **event})
+                    watch.on_event(record)
+
+    def hang_stop(self, watch: _Watch) -> bool:
+        """The documented rule: a hang still there ``hang_after_s`` after it was flagged (no step,
+        devices idle the whole time, so ``2 x hang_after_s`` without a step) stops the run."""
+        flagged = self.hang_flagged
+        if flagged is None or watch.end is not None or self.hang_reason is not None:
+            return False
+        now = time.time()
+        if now - flagged["flagged_at"] < self.hang_after_s:
+            return False
+        reference = watch.last_step_time if watch.last_step_time is not None else self.hang.started_at
+        since = now - (reference or flagged["flagged_at"])
+        self.hang_reason = f"hang: no step for {since:.0f} s, devices idle"
+        return True
 
     def _write(self) -> None:
+        from runner.journal import append_samples
+
         samples: list[Any] = []
         procs: list[Any] = []
         while not self.queue.empty():
@@ -429,8 +720,16 @@ class _Telemetry:
             samples.extend(more)
             procs.extend(more_procs)
         if (samples or procs) and self.run_id is not None:
-            self.store.add_samples(self.run_id, samples, procs)
+            append_samples(self.run_dir, samples, procs)  # the run folder first: the store is a projection
             self.recent.extend(samples)
+            self.unsaved[0].extend(samples)
+            self.unsaved[1].extend(procs)
+        if (self.unsaved[0] or self.unsaved[1]) and self.run_id is not None:
+            try:  # idempotent by time, so a batch that failed is simply offered again
+                self.store.ingest_samples(self.run_id, *self.unsaved)
+            except Exception:  # noqa: BLE001 (samples.jsonl has them; see _Watch.flush)
+                return
+            self.unsaved = ([], [])
 
     def close(self) -> None:
         if self.sampler is None:
@@ -439,18 +738,39 @@ class _Telemetry:
         self._write()
 
 
-def _finish(store: Store, watch: _Watch, exit_code: int, stopped_by_user: bool) -> Outcome:
+def _finish(store: Store, watch: _Watch, exit_code: int | None, stopped_by_user: bool,
+            recorder: _Recorder | None = None, forced_error: str | None = None,
+            vanished: list[tuple[int, int]] | None = None, recent: list[Any] | None = None,
+            killed_by_user: bool = False) -> Outcome:
+    from runner.crash import describe
+
     end = watch.end or {}
     error: str | None = None
     if watch.mismatch:
         status, error = "failed", watch.mismatch
+    elif forced_error is not None:
+        status, error = "failed", forced_error
+    elif killed_by_user:
+        status, error = "failed", "killed by user"
     elif stopped_by_user or end.get("status") == "stopped":
         status = "stopped"
-    elif exit_code == 0 and end.get("status") == "completed":
+    elif exit_code in (0, None) and end.get("status") == "completed":
         status = "completed"
     else:
         status = "failed"
-        error = watch.error or _error_from_logs(watch.prepared.run_dir) or f"launcher exited with code {exit_code}"
+        error = (describe(watch.prepared.run_dir, vanished, recent, watch.error)
+                 or watch.error or _error_from_logs(watch.prepared.run_dir)
+                 or (f"launcher exited with code {exit_code}" if exit_code is not None else
+                     f"watcher and ranks gone; last step {watch.last_step or 0}"))
+    # Journal first: should the store fail now, recover reads the status from here.
+    if recorder is not None:
+        _quietly(recorder.emit, "exit", exit_code=exit_code, status=status, error=error)
+    return _project_end(store, watch, status, exit_code, error)
+
+
+def _project_end(store: Store, watch: _Watch, status: str, exit_code: int | None, error: str | None) -> Outcome:
+    """Write the end of a run (status, reason, figures of the end event, telemetry summary) to the store."""
+    end = watch.end or {}
     summary: dict[str, Any] = {}
     columns: dict[str, Any] = {}
     if end:
@@ -463,6 +783,8 @@ def _finish(store: Store, watch: _Watch, exit_code: int, stopped_by_user: bool) 
             "steps": end.get("steps"),
             "ranks": ranks,
             "saved": end.get("saved"),
+            "skipped": end.get("skipped"),
+            "checkpoint": end.get("checkpoint"),
             "first_step_time": watch.first_step_time,
             "last_step_time": watch.last_step_time,
         }
@@ -473,7 +795,7 @@ def _finish(store: Store, watch: _Watch, exit_code: int, stopped_by_user: bool) 
             "steps_done": end.get("steps"),
             "peak_mem_bytes": busiest_peak(ranks)[0],
         }
-    telemetry = _telemetry_summary(store, watch)
+    telemetry = _quietly(_telemetry_summary, store, watch)
     if telemetry is not None:
         summary["telemetry"] = telemetry
         overall = telemetry.get("active") or telemetry.get("whole") or {}
@@ -489,7 +811,6 @@ def _finish(store: Store, watch: _Watch, exit_code: int, stopped_by_user: bool) 
         summary=summary,
         **columns,
     )
-    store.add_event(watch.run_id, "exit", time.time(), {"exit_code": exit_code, "status": status})
     return Outcome(run_id=watch.run_id, status=status, exit_code=exit_code, error=error, summary=summary)
 
 
@@ -549,11 +870,6 @@ def _error_from_logs(run_dir: Path) -> str | None:
             if head.endswith(("Error", "Exception")) and " " not in head:
                 return f"{log.name}: {text}"[:500]
     return None
-
-
-def _slug(name: str) -> str:
-    keep = "".join(c if c.isalnum() or c in "-_" else "-" for c in name.strip())
-    return keep.strip("-")[:40] or "run"
 
 
 def _utcnow() -> datetime:
@@ -652,7 +968,11 @@ def find_batch_size(
         "trials": [t.__dict__ for t in trials],
     }
     last = trials[-1].run_id
-    store.add_event(last, "batch_size_found", time.time(), result)
+    last_run = store.get_run(last)
+    if last_run is not None:  # journal first, like every orchestrator event
+        recorder = _Recorder(store, last, Path(last_run.run_dir))
+        recorder.emit("batch_size_found", **result)
+        recorder.journal.close()
     store.update_run(last, summary={"find_batch": result})
     return result
 
@@ -671,19 +991,18 @@ def load_prepared(run_id: int, run_dir: Path) -> Prepared:
 
 def start_detached(db_url: str, prepared: Prepared, fake_gpus: int = 0) -> subprocess.Popen[bytes]:
     """Follow a prepared run from a background orchestrator in a session of its own, so that the
-    run and its recording outlive the caller (the TUI). Stop it with SIGTERM to that process, or
-    to the run's process group (``pgid`` in the store)."""
+    run and its recording outlive the caller (the TUI). Stop it with :func:`runner.procs.request_stop`
+    (SIGTERM to that process: a graceful stop; SIGUSR1: a kill)."""
     import sys
 
     assert prepared.run_id is not None
     argv = [sys.executable, "-m", "runner.orchestrator", "--db", db_url, "--run-id", str(prepared.run_id),
             "--fake-gpus", str(fake_gpus)]
-    log = open(prepared.run_dir / "orchestrator.log", "ab")  # noqa: SIM115
-    try:
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                cwd=prepared.run_dir, start_new_session=True)
-    finally:
-        log.close()
+    child = procs.spawn(argv, {}, prepared.run_dir, prepared.run_dir / "orchestrator.log")
+    # The watcher is the child from now on (the caller may exit at once): recover must not take the
+    # run for abandoned in the second before the child records itself.
+    record_watcher(Store(db_url), prepared.run_id, child.pid)
+    return child
 
 
 def probe_for(fake_gpus: int = 0) -> Any:
@@ -701,16 +1020,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", required=True)
     parser.add_argument("--run-id", type=int, required=True)
     parser.add_argument("--fake-gpus", type=int, default=0)
+    parser.add_argument("--grace", type=float, default=procs.DEFAULT_GRACE_S)
+    parser.add_argument("--attach", type=int, metavar="PGID",
+                        help="follow a run already started (process group PGID) whose watcher died")
+    parser.add_argument("--hang-after", type=float, default=300.0)
+    parser.add_argument("--lock-fd", type=int, help="with --attach: the inherited hold on RUN/watcher.lock")
     args = parser.parse_args(argv)
     store = Store(args.db)
     run = store.get_run(args.run_id)
     if run is None:
         print(f"run {args.run_id}: no such run in {args.db}")
         return 2
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    outcome = execute(store, load_prepared(run.id, Path(run.run_dir)), stop=stop, probe=probe_for(args.fake_gpus))
+    stop = procs.StopRequest()
+    stop.install()  # SIGTERM/SIGINT/SIGHUP: graceful stop; again: kill now; SIGUSR1: kill (ftui stop --kill)
+    prepared = load_prepared(run.id, Path(run.run_dir))
+    try:
+        if args.attach:
+            outcome = attach(store, prepared, args.attach, probe=probe_for(args.fake_gpus), stop=stop,
+                             hang_after_s=args.hang_after, lock_fd=args.lock_fd, grace_s=args.grace)
+        else:
+            outcome = execute(store, prepared, stop=stop, probe=probe_for(args.fake_gpus),
+                              hang_after_s=args.hang_after, grace_s=args.grace)
+    except PreflightError as exc:
+        print(exc)
+        return 2
     return 0 if outcome.status == "completed" else 1
 
 

@@ -8,6 +8,7 @@ is reported as one line naming the field path and, where the key appears in the 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import tomllib
 from collections.abc import Iterable, Set
@@ -21,7 +22,27 @@ from runner.builtin import BUILTIN_PREFIX, PYDOC_CORPUS, TINY_LLAMA
 
 
 class RecipeError(ValueError):
-    """A recipe problem, already phrased as one line for the user (field path, file, line)."""
+    """A recipe problem, already phrased as one line for the user (field path, file, line).
+
+    ``str(exc)`` is that line; the parts are attributes too, so that a form can put the problem
+    next to its field without parsing the line.
+
+    Attributes:
+        field: the field path (``train.batch_size``), or None when the problem is the whole file.
+        problem: what is wrong, without the file and the field (the whole line when there are none).
+        file: the recipe file (or source name such as ``form``); ``"--set"`` for a command-line
+            override; None when unknown.
+        line: the line of ``file`` the field is on, where known.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None, problem: str | None = None,
+                 file: str | None = None, line: int | None = None) -> None:
+        # One line whatever the input held (a value with a newline is shown escaped).
+        super().__init__(message.replace("\r", "\\r").replace("\n", "\\n"))
+        self.field = field
+        self.problem = problem if problem is not None else message
+        self.file = file
+        self.line = line
 
 
 class _Section(BaseModel):
@@ -88,6 +109,20 @@ class TrainSection(_Section):
     log_every: PositiveInt = 1
     save: bool = True
     """Save the adapter (LoRA) or the model (full) into the run folder at the end."""
+    save_every: NonNegInt = 0
+    """Write a resumable checkpoint (``RUN/checkpoints/step-NNNNNNNN/``) every this many optimizer
+    steps; 0 = none. A graceful stop (SIGTERM/SIGINT, ``s`` in the Monitor) always writes one."""
+    keep_checkpoints: PositiveInt = 2
+    """Keep only the newest this many complete checkpoints of the run."""
+    resume_from: str | None = None
+    """A checkpoint folder (``.../checkpoints/step-NNNNNNNN``, complete) to continue from: model or
+    adapter, optimizer, scheduler, RNG and data position; the run goes on at the next step. Same world
+    size and strategy as the checkpoint's. ``ftui resume ID`` fills it in."""
+    on_nan: Literal["stop", "skip"] = "stop"
+    """A non-finite loss (or gradient norm): ``stop`` fails the run (nothing saved), ``skip`` drops that
+    optimizer step (no update) and goes on."""
+    max_skipped_steps: NonNegInt = 10
+    """With ``on_nan = "skip"``: fail the run once more steps than this were skipped."""
 
 
     @property
@@ -186,25 +221,83 @@ def load_recipe(path: str | Path, overrides: Iterable[str] = ()) -> Recipe:
     """
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise RecipeError(f"{path}: cannot read recipe: {exc.strerror or exc}") from None
+        raise RecipeError(f"{path}: cannot read recipe: {exc.strerror or exc}", file=str(path),
+                          problem=f"cannot read recipe: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
-        raise RecipeError(f"{path}: not a TOML recipe (TOML is UTF-8 text)") from None
-    return parse_recipe(text, source=str(path), overrides=overrides)
+        raise RecipeError(f"{path}: not a TOML recipe (TOML is UTF-8 text)", file=str(path),
+                          problem="not a TOML recipe (TOML is UTF-8 text)") from None
+    return parse_recipe(text, source=str(path), overrides=overrides, base_dir=path.parent, allow_empty=False)
 
 
-def parse_recipe(text: str, source: str = "<recipe>", overrides: Iterable[str] = ()) -> Recipe:
-    """Validate recipe text; see :func:`load_recipe`."""
+PATH_FIELDS = ("data.source", "model.name", "launch.accelerate_config")
+"""Fields that may name a local file or folder; a relative one is made absolute at load time."""
+
+
+def parse_recipe(
+    text: str,
+    source: str = "<recipe>",
+    overrides: Iterable[str] = (),
+    base_dir: str | Path | None = None,
+    allow_empty: bool = True,
+) -> Recipe:
+    """Validate recipe text; see :func:`load_recipe`.
+
+    Args:
+        text: the TOML text.
+        source: the name errors give the text (a file name, ``form``).
+        overrides: ``"a.b=value"`` strings, see :func:`load_recipe`.
+        base_dir: the folder relative paths of the text (``data.source``, a ``model.name`` folder,
+            ``launch.accelerate_config``) are taken from: the recipe file's folder. Default: the
+            current folder. Relative paths given as overrides are always taken from the current
+            folder (they were typed there).
+        allow_empty: whether a text with no keys at all (empty, blank or only comments) is a recipe
+            of defaults; a recipe *file* never is (it is an error: nothing to run).
+    """
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise RecipeError(f"{source}: invalid TOML: {exc}") from None
+        raise RecipeError(f"{source}: invalid TOML: {exc}", file=source, problem=f"invalid TOML: {exc}",
+                          line=getattr(exc, "lineno", None)) from None
+    if not data and not allow_empty:
+        raise RecipeError(f"{source}: empty recipe (nothing to run)", file=source,
+                          problem="empty recipe (nothing to run)")
     overridden = {apply_override(data, item) for item in overrides}
+    _resolve_paths(data, Path(base_dir) if base_dir is not None else Path.cwd(), overridden)
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:
-        raise RecipeError(_first_error(exc, text, source, overridden)) from None
+        raise _first_error(exc, text, source, overridden) from None
+
+
+def _resolve_paths(data: dict[str, Any], base_dir: Path, overridden: Set[str]) -> None:
+    """Make the relative local paths of ``data`` absolute, in place (see :func:`parse_recipe`).
+
+    The trainer runs inside the run folder, so a path left relative would be looked up there;
+    the run folder's recipe.toml records the absolute path instead. A ``model.name`` is a hub id
+    (``org/model``) unless it starts with ``.``/``~`` or the folder exists, so only those are touched.
+    """
+    for dotted in PATH_FIELDS:
+        section, key = dotted.split(".")
+        table = data.get(section)
+        if not isinstance(table, dict):
+            continue
+        value = table.get(key)
+        if not isinstance(value, str) or not value or value.startswith(BUILTIN_PREFIX) or "\0" in value:
+            continue
+        base = Path.cwd() if dotted in overridden else base_dir
+        try:
+            path = Path(value).expanduser()
+            if path.is_absolute():
+                resolved = path
+            elif dotted == "model.name" and not value.startswith(".") and not (base / path).exists():
+                continue  # a hub id
+            else:
+                resolved = base / path
+            table[key] = os.path.abspath(resolved)
+        except (OSError, RuntimeError, ValueError):
+            continue  # left as written: the pre-flight reports it naming the field
 
 
 def apply_override(data: dict[str, Any], item: str) -> str:
@@ -212,14 +305,16 @@ def apply_override(data: dict[str, Any], item: str) -> str:
     key, sep, raw = item.partition("=")
     key = key.strip()
     if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", key):
-        raise RecipeError(f"--set {item!r}: expected FIELD.PATH=VALUE, e.g. train.max_steps=50")
+        raise RecipeError(f"--set {item!r}: expected FIELD.PATH=VALUE, e.g. train.max_steps=50", file="--set",
+                          problem="expected FIELD.PATH=VALUE, e.g. train.max_steps=50")
     value = _parse_value(raw.strip())
     *parents, leaf = key.split(".")
     node = data
     for part in parents:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise RecipeError(f"--set {key}: {part!r} is not a section")
+            raise RecipeError(f"--set {key}: {part!r} is not a section", field=key, file="--set",
+                              problem=f"{part!r} is not a section")
         node = child
     node[leaf] = value
     return key
@@ -232,7 +327,7 @@ def _parse_value(raw: str) -> Any:
         return raw  # a bare word: a string
 
 
-def _first_error(exc: ValidationError, text: str, source: str, overridden: Set[str] = frozenset()) -> str:
+def _first_error(exc: ValidationError, text: str, source: str, overridden: Set[str] = frozenset()) -> RecipeError:
     errors = exc.errors()
     err = errors[0]
     loc = [str(p) for p in err["loc"] if not isinstance(p, int)]
@@ -248,13 +343,12 @@ def _first_error(exc: ValidationError, text: str, source: str, overridden: Set[s
             path, msg = field, rest
     elif "input" in err and err["type"] not in ("missing",):
         msg = f"{msg} (got {err['input']!r})"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     if path in overridden:  # the value came from the command line, not from the file's line
-        where = f"--set {path}"
-        return f"{where}: {msg}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+        return RecipeError(f"--set {path}: {msg}{more}", field=path, problem=msg + more, file="--set")
     line = _find_line(text, path)
     where = f"{source}:{line}" if line else source
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{where}: {path}: {msg}{more}"
+    return RecipeError(f"{where}: {path}: {msg}{more}", field=path, problem=msg + more, file=source, line=line)
 
 
 def _find_line(text: str, path: str) -> int | None:

@@ -72,6 +72,10 @@ class RunSummary(TypedDict, total=False):
     steps: int | None
     ranks: list[RankFigures]
     saved: str | None
+    skipped: int | None
+    """Optimizer steps dropped for a non-finite loss or gradient norm (``train.on_nan = "skip"``)."""
+    checkpoint: str | None
+    """The newest complete checkpoint the run wrote (``runner.checkpoint``), or None."""
     first_step_time: float | None
     last_step_time: float | None
     telemetry: dict[str, Any]
@@ -80,6 +84,8 @@ class RunSummary(TypedDict, total=False):
     """The peak FLOP/s of one device that the run's MFU is measured against (:meth:`runner.mfu.Peak.to_json`:
     flops, source, kind, dtype, threads, measured_at, fingerprint, machine, size, spread, load), taken after
     the run on the machine that ran it; ``{"error": ...}`` when it could not be had."""
+    # a resumed run (``ftui resume``): the run and checkpoint it continues
+    resumed_from: dict[str, Any]
     # sweeps and the batch-size finder
     refused: bool
     sweep_note: str

@@ -133,8 +133,9 @@ def run_sweep(
         results.append(result)
         if on_done:
             on_done(item, result)
-        if outcome.status == "stopped":
-            break
+        stop = (execute_kwargs or {}).get("stop")
+        if outcome.status == "stopped" or (stop is not None and stop.is_set()):
+            break  # the user stopped the run (or killed it): the sweep ends with it
     return sweep_id, results
 
 

@@ -9,6 +9,13 @@ Data order is owned here, not by a sampler: the blocks are permuted once per epo
 recipe's seed, and optimizer step ``s``, micro-step ``m`` of rank ``r`` takes rows
 ``((s*GA + m)*W + r)*B ...`` of that order. So a run with W ranks of micro-batch B sees exactly the
 rows a one-process run of micro-batch W*B sees, and their losses can be compared step by step.
+
+The same makes a run resumable: the data position is the step number alone. With
+``train.save_every`` (and at a graceful stop) every rank takes part in accelerate's ``save_state``
+into ``RUN/checkpoints/step-N`` (:mod:`runner.checkpoint`); a run whose recipe sets
+``train.resume_from`` to such a folder restores model or adapter, optimizer, scheduler and RNG states
+after ``prepare`` and goes on at step N+1, with the step numbers, lr schedule and token count of the
+run it continues.
 """
 
 from __future__ import annotations
@@ -23,9 +30,12 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from runner import events as ev
+
+MEMORY_EVERY_S = 10.0
+"""Seconds between ``memory`` events (plus one at the run's first and last step)."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -50,11 +60,12 @@ def main(argv: list[str] | None = None) -> None:
     journal = ev.JournalWriter(run_dir / ev.EVENTS_FILE) if rank == 0 else None
     code = 0
     try:
-        Trainer(run_dir, rank, journal).run()
+        status = Trainer(run_dir, rank, journal).run()
+        code = 1 if status == "failed" else 0
     except BaseException as exc:  # noqa: BLE001 (report every failure, then exit non-zero)
         traceback.print_exc()
         if journal is not None:
-            journal.emit("error", message=f"{type(exc).__name__}: {exc}".strip(), rank=rank)
+            journal.write(ev.ErrorEvent(type="error", message=f"{type(exc).__name__}: {exc}".strip(), rank=rank))
         code = 1
     finally:
         sys.stdout.flush()
@@ -105,9 +116,9 @@ class Trainer:
         self.recipe = load_recipe(run_dir / ev.RECIPE_FILE)
         self.stop = _StopFlag()
 
-    def emit(self, type_: str, **payload: Any) -> None:
+    def emit(self, event: ev.TrainerEvent) -> None:
         if self.journal is not None:
-            self.journal.emit(type_, **payload)
+            self.journal.write(event)
 
     # ------------------------------------------------------------------ set-up
 
@@ -219,7 +230,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ run
 
-    def run(self) -> None:
+    def run(self) -> str:
+        """Train; return the end status (``completed``, ``stopped`` or ``failed``)."""
         import torch
 
         recipe = self.recipe
@@ -241,6 +253,9 @@ class Trainer:
                 f"{rows_per_step} rows (batch_size {B} x {world} processes x grad_accum {GA})"
             )
         total_steps = train.max_steps or max(1, math.floor(train.epochs * steps_per_epoch))
+        self.data_shape = {"rows": int(blocks.shape[0]), "rows_per_step": rows_per_step,
+                           "steps_per_epoch": steps_per_epoch, "total_steps": total_steps}
+        resume = self.check_resume() if train.resume_from else None  # before the model: fail fast
 
         model = self.load_model()
         from runner.mfu import dims_from_config
@@ -254,12 +269,22 @@ class Trainer:
         from transformers import get_scheduler
 
         # Not prepared: accelerate's scheduler wrapper steps once per process, which would make the
-        # lr curve depend on the world size.
+        # lr curve depend on the world size. Registered, so that save_state/load_state carry it.
         scheduler = get_scheduler(train.schedule, optimizer, train.warmup_steps, total_steps)
+        acc.register_for_checkpointing(scheduler)
+        self.prepare_checkpointing(model)
         input_device = _input_device(model) if mp else acc.device
 
-        self.emit(
-            "start",
+        start_step = tokens_done = 0  # real tokens: padding (data.pack = false) is not counted
+        resume_seconds = None
+        if resume is not None:
+            t_load = time.perf_counter()
+            self.load_checkpoint(model, Path(str(train.resume_from)))
+            resume_seconds = time.perf_counter() - t_load
+            start_step, tokens_done = int(resume["step"]), int(resume["tokens_done"])
+
+        self.emit(ev.StartEvent(
+            type="start",
             world_size=world,
             distributed_type=acc.distributed_type.value,
             strategy=recipe.launch.strategy,
@@ -279,23 +304,30 @@ class Trainer:
             tokens_per_step=rows_per_step * int(blocks.shape[1]),
             device_map=_device_map(model) if mp else None,
             pids=_gather_list([os.getpid()]) if world > 1 else [os.getpid()],
-        )
+            start_step=start_step,
+            resumed_from=train.resume_from,
+            resume_seconds=resume_seconds,
+        ))
 
-        tokens_done = 0  # real tokens: padding (data.pack = false) is not counted
+        tokens_at_start = tokens_done
         order: Any = None
         epoch = -1
         first_step_start = last_step_end = time.perf_counter()
         memory: dict[str, int] = {}
         memory_acts: dict[str, Any] = {}
         final_loss = float("nan")
-        status = "completed"
+        status: Literal["completed", "stopped", "failed"] = "completed"
+        skipped = 0
+        last_checkpoint: str | None = None
+        last_memory_event = -math.inf
+        step = start_step - 1
         model.train()
-        for step in range(total_steps):
+        for step in range(start_step, total_steps):
             if step // steps_per_epoch != epoch:
                 epoch = step // steps_per_epoch
                 order = _epoch_order(blocks.shape[0], train.seed, epoch, recipe.data.shuffle)
             t0 = time.perf_counter()
-            if step == 0:
+            if step == start_step:
                 first_step_start = t0
             loss_sum = torch.zeros((), device=acc.device)
             my_tokens = 0
@@ -315,8 +347,9 @@ class Trainer:
                 # The backward must run inside no_sync too: FSDP (1 and 2) reads the sync flag while
                 # reducing gradients in backward, DDP at forward time.
                 ctx = acc.no_sync(model) if micro < GA - 1 else contextlib.nullcontext()
-                # One forward (step 1, micro-step 0) measures what autograd saves; no hooks otherwise.
-                meter = _SavedBytes(model, acc.device) if step == 0 and micro == 0 else contextlib.nullcontext()
+                # One forward (the run's first step, micro-step 0) measures what autograd saves.
+                first = step == start_step and micro == 0
+                meter = _SavedBytes(model, acc.device) if first else contextlib.nullcontext()
                 with ctx:
                     with acc.autocast(), meter:
                         out = model(**inputs)
@@ -325,62 +358,233 @@ class Trainer:
                         memory_acts = meter.result()
                     acc.backward(loss)
                 loss_sum += loss.detach().to(acc.device)
-            grad_norm = None
-            if train.max_grad_norm > 0:
-                grad_norm = acc.clip_grad_norm_(model.parameters(), train.max_grad_norm)
-            optimizer.step()
-            if step == 0:
-                memory = {**self.state_bytes(model, optimizer), **memory_acts}
-            lr = scheduler.get_last_lr()[0]
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            # One collective per step carries the loss, the stop request and the token count, so every
-            # rank leaves the loop after the same step.
-            stats = torch.stack([loss_sum.float(), torch.tensor(float(self.stop.requested), device=acc.device),
-                                 torch.tensor(float(my_tokens), device=acc.device)])
+            # One collective per step carries the loss, the stop request, the token count and each
+            # rank's memory figures (its own slots, zeros elsewhere), so every rank leaves the loop
+            # after the same step and takes the same decision on a non-finite loss. It comes before
+            # the optimizer step for that decision. float64: byte counts exceed float32's 24 bits.
+            mem_slots = torch.zeros(3 * world, dtype=torch.float64)
+            mem_slots[3 * acc.process_index : 3 * acc.process_index + 3] = torch.tensor(
+                self.memory_now(), dtype=torch.float64)
+            stats = torch.cat([
+                torch.tensor([float(loss_sum), float(self.stop.requested), float(my_tokens)], dtype=torch.float64),
+                mem_slots,
+            ]).to(acc.device)
             if world > 1:
                 stats = acc.reduce(stats, reduction="sum")
                 stats[0] /= world
+            stats = stats.cpu()
             mean_loss = float(stats[0])
+            stop_requested = float(stats[1]) > 0
             step_tokens = int(stats[2])
+            grad_norm = None
+            bad: tuple[str, float] | None = None
+            if not math.isfinite(mean_loss):
+                bad = ("nan_loss", mean_loss)
+            elif train.max_grad_norm > 0:
+                grad_norm = float(acc.clip_grad_norm_(model.parameters(), train.max_grad_norm))
+                if not math.isfinite(grad_norm):  # global norm: the same on every rank
+                    bad = ("nan_grad_norm", grad_norm)
+            if bad is None:
+                optimizer.step()
+                if not memory:
+                    memory = {**self.state_bytes(model, optimizer), **memory_acts}
+            else:
+                skipped += 1  # no update: a non-finite loss or gradient must not reach the weights
+            lr = scheduler.get_last_lr()[0]
+            scheduler.step()  # the lr follows the step count, skipped steps included
+            optimizer.zero_grad(set_to_none=True)
             tokens_done += step_tokens
             t1 = time.perf_counter()
             last_step_end = t1
             final_loss = mean_loss
-            if (step + 1) % train.log_every == 0 or step + 1 == total_steps:
-                self.emit(
-                    "step",
+            notable = step + 1 == total_steps or stop_requested or bad is not None
+            if (step + 1) % train.log_every == 0 or notable:
+                step_event = ev.StepEvent(
+                    type="step",
                     step=step + 1,
                     epoch=epoch,
                     loss=mean_loss,
                     lr=lr,
-                    grad_norm=None if grad_norm is None else float(grad_norm),
+                    grad_norm=grad_norm,
                     tokens=tokens_done,
                     step_time=t1 - t0,
                     tokens_per_s=step_tokens / (t1 - t0),
                 )
-            if float(stats[1]) > 0:
+                if bad is not None:
+                    step_event["skipped"] = True
+                self.emit(step_event)
+            if step == start_step or notable or t1 - last_memory_event >= MEMORY_EVERY_S:
+                last_memory_event = t1
+                self.emit(ev.MemoryEvent(type="memory", step=step + 1, ranks=self.memory_ranks(stats[3:].tolist())))
+            if bad is not None:
+                reason, value = bad
+                what = "loss" if reason == "nan_loss" else "gradient norm"
+                if train.on_nan == "stop":
+                    self.emit(ev.ErrorEvent(
+                        type="error", reason=reason, step=step + 1, value=repr(value), rank=0,
+                        message=f"non-finite {what} ({value!r}) at step {step + 1}; the run was stopped "
+                                "without saving (train.on_nan = stop)"))
+                    status = "failed"
+                    break
+                if skipped > train.max_skipped_steps:
+                    self.emit(ev.ErrorEvent(
+                        type="error", reason="too_many_skipped", step=step + 1, value=repr(value), rank=0,
+                        message=f"{skipped} steps skipped for a non-finite loss or gradient norm, more "
+                                f"than train.max_skipped_steps = {train.max_skipped_steps}"))
+                    status = "failed"
+                    break
+            every = train.save_every > 0 and (step + 1) % train.save_every == 0
+            if every or stop_requested:
+                last_checkpoint = self.save_checkpoint(step + 1, epoch, tokens_done,
+                                                       reason="every" if every else "stop")
+            if stop_requested:
                 status = "stopped"
                 break
-        steps_done = step + 1 if total_steps else 0
+        steps_done = step + 1
         train_seconds = last_step_end - first_step_start
 
         saved = None
         if train.save and status == "completed":
             saved = self.save(model)
         ranks = self.rank_memory(memory)
-        self.emit(
-            "end",
+        run_tokens = tokens_done - tokens_at_start
+        self.emit(ev.EndEvent(
+            type="end",
             status=status,
             steps=steps_done,
             train_seconds=train_seconds,
             tokens=tokens_done,
-            tokens_per_s=tokens_done / train_seconds if train_seconds > 0 else None,
+            tokens_per_s=run_tokens / train_seconds if train_seconds > 0 and run_tokens else None,
             final_loss=final_loss,
             saved=saved,
             ranks=ranks,
-        )
+            skipped=skipped,
+            checkpoint=last_checkpoint,
+        ))
         acc.end_training()
+        return status
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def check_resume(self) -> dict[str, Any]:
+        """The manifest of ``train.resume_from``, checked against this run (one-line errors)."""
+        from runner.checkpoint import CheckpointError, check_resume
+
+        train = self.recipe.train
+        assert train.resume_from is not None
+        manifest = check_resume(train.resume_from, self.accelerator.num_processes, self.recipe.launch.strategy)
+        data = manifest.get("data") or {}
+        for key in ("rows", "rows_per_step", "steps_per_epoch"):
+            if data.get(key) != self.data_shape[key]:
+                raise CheckpointError(
+                    f"train.resume_from: the checkpoint's data position does not fit this run ({key} "
+                    f"{data.get(key)} there, {self.data_shape[key]} here): same data and batch needed"
+                )
+        if int(manifest["step"]) >= self.data_shape["total_steps"]:
+            raise CheckpointError(
+                f"train.resume_from: the checkpoint is at step {manifest['step']}, the run has "
+                f"{self.data_shape['total_steps']} steps: nothing left to train (raise train.max_steps)"
+            )
+        return manifest
+
+    def prepare_checkpointing(self, model: Any) -> None:
+        """Choose what save_state writes. Under FSDP a sharded torch distributed checkpoint (every rank
+        writes its own shard; the full-state-dict path segfaulted under FSDP1 on CPU, CPU-FACTS.md).
+        Elsewhere, for LoRA, only the trainable tensors: the frozen base is rebuilt from the recipe."""
+        acc = self.accelerator
+        self.adapter_keys: set[str] | None = None
+        if acc.distributed_type.value == "FSDP":
+            plugin = acc.state.fsdp_plugin
+            plugin.state_dict_config = plugin.optim_state_dict_config = None
+            plugin.set_state_dict_type("SHARDED_STATE_DICT")
+            return
+        if self.recipe.method.type == "full":
+            return
+        # Names without DDP's "module." prefix: accelerate hands save_state the module's own state dict.
+        keys = {_plain_name(name) for name, p in model.named_parameters() if p.requires_grad}
+        self.adapter_keys = keys
+
+        def only_trainable(models: list[Any], weights: list[dict[str, Any]], output_dir: str) -> None:
+            for i, sd in enumerate(weights):
+                weights[i] = {k: v for k, v in sd.items() if _plain_name(k) in keys}
+
+        acc.register_save_state_pre_hook(only_trainable)
+
+    def save_checkpoint(self, step: int, epoch: int, tokens_done: int, reason: Literal["every", "stop"]) -> str:
+        """Write a resumable checkpoint of this step (every rank takes part); return its folder.
+
+        ``ftui.json`` says ``complete: false`` until every rank has written its part (a barrier)
+        and rank 0 has checked that each rank's part is there; only then ``complete: true``."""
+        from runner import checkpoint as ck
+
+        acc = self.accelerator
+        t0 = time.perf_counter()
+        folder = ck.checkpoint_dir(self.run_dir, step)
+        manifest: dict[str, Any] = {
+            "format": ck.FORMAT,
+            "step": step,
+            "epoch": epoch,
+            "tokens_done": tokens_done,
+            "data": {k: self.data_shape[k] for k in ("rows", "rows_per_step", "steps_per_epoch")}
+            | {"step_in_epoch": step % self.data_shape["steps_per_epoch"], "seed": self.recipe.train.seed,
+               "shuffle": self.recipe.data.shuffle},
+            "recipe_digest": self.recipe.model_copy(
+                update={"train": self.recipe.train.model_copy(update={"resume_from": None})}).digest(),
+            "world_size": acc.num_processes,
+            "strategy": self.recipe.launch.strategy,
+            "distributed_type": acc.distributed_type.value,
+            "method": self.recipe.method.type,
+            "reason": reason,
+            "complete": False,
+        }
+        if acc.is_main_process:
+            folder.mkdir(parents=True, exist_ok=True)
+            ck.write_manifest(folder, manifest)
+        acc.wait_for_everyone()
+        acc.save_state(str(folder), safe_serialization=True)
+        acc.wait_for_everyone()
+        removed: list[str] = []
+        size = 0
+        if acc.is_main_process:
+            missing = ck.missing_rank_parts(folder, acc.num_processes)
+            if missing:
+                raise RuntimeError(f"checkpoint {folder.name}: parts missing after the save: {', '.join(missing)}")
+            files = ck.file_sizes(folder)
+            size = sum(files.values())
+            ck.write_manifest(folder, manifest | {"files": files, "bytes": size, "complete": True})
+            removed = ck.prune(self.run_dir, self.recipe.train.keep_checkpoints, folder)
+        acc.wait_for_everyone()
+        self.emit(ev.CheckpointEvent(type="checkpoint", step=step, path=str(folder), seconds=time.perf_counter() - t0,
+                                     bytes=size, reason=reason, removed=removed))
+        return str(folder)
+
+    def load_checkpoint(self, model: Any, folder: Path) -> None:
+        """Restore model (or adapter), optimizer, scheduler and RNG states from ``folder``."""
+        from runner.checkpoint import CheckpointError
+
+        kwargs: dict[str, Any] = {}
+        if self.adapter_keys is not None:
+            from safetensors import safe_open
+
+            with safe_open(str(folder / "model.safetensors"), framework="pt") as fh:
+                saved = set(fh.keys())
+            if {_plain_name(k) for k in saved} != self.adapter_keys:
+                raise CheckpointError(
+                    f"train.resume_from: the checkpoint's {len(saved)} tensors are not this run's "
+                    f"{len(self.adapter_keys)} trainable ones (another method, model or LoRA shape?)"
+                )
+            kwargs["strict"] = False  # the frozen base is not in the file; the checks here stand in
+        self.accelerator.load_state(str(folder), **kwargs)
+        if self.adapter_keys is not None:
+            # strict=False would also pass over keys that match nothing: check every tensor arrived.
+            from safetensors.torch import load_file
+
+            saved_tensors = load_file(str(folder / "model.safetensors"))
+            params = {_plain_name(n): p for n, p in model.named_parameters()}
+            wrong = [k for k, v in saved_tensors.items() if not params[_plain_name(k)].detach().cpu().equal(v)]
+            if wrong:
+                raise CheckpointError(f"train.resume_from: {len(wrong)} tensors did not load, e.g. {wrong[0]}")
+
 
     # ------------------------------------------------------------------ measurement and saving
 
@@ -397,6 +601,35 @@ class Trainer:
                 if hasattr(value, "untyped_storage"):
                     opt += _local_bytes(value)
         return {"param_bytes": params, "grad_bytes": grads, "optimizer_bytes": opt}
+
+    def memory_now(self) -> tuple[float, float, float]:
+        """This rank's three memory figures for the step collective: on CUDA the allocator's allocated,
+        reserved and peak allocated bytes of its device(s); on CPU, where torch keeps no allocator
+        statistics, the process RSS now and its peak (getrusage), third slot unused."""
+        import torch
+
+        if not self.on_cpu and torch.cuda.is_available():
+            # mp spreads one rank over every visible GPU; the others use their own device only.
+            mp = self.recipe.launch.strategy == "mp"
+            devices = list(range(torch.cuda.device_count())) if mp else [self.accelerator.device]
+            return (float(sum(torch.cuda.memory_allocated(d) for d in devices)),
+                    float(sum(torch.cuda.memory_reserved(d) for d in devices)),
+                    float(sum(torch.cuda.max_memory_allocated(d) for d in devices)))
+        rss = _rss_now()  # /proc counts pages, getrusage kilobytes: the peak is at least what is held now
+        return float(rss), float(max(rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)), 0.0
+
+    def memory_ranks(self, slots: list[float]) -> list[dict[str, Any]]:
+        """The ``ranks`` list of a ``memory`` event from the reduced slots (three per rank)."""
+        cuda = not self.on_cpu
+        ranks: list[dict[str, Any]] = []
+        for r in range(len(slots) // 3):
+            a, b, c = (int(v) for v in slots[3 * r : 3 * r + 3])
+            if cuda:
+                ranks.append({"rank": r, "source": "torch.cuda", "allocated_bytes": a, "reserved_bytes": b,
+                              "peak_allocated_bytes": c})
+            else:
+                ranks.append({"rank": r, "source": "rss", "rss_bytes": a, "peak_rss_bytes": b})
+        return ranks
 
     def rank_memory(self, memory: dict[str, int]) -> list[dict[str, Any]]:
         import torch
@@ -433,6 +666,22 @@ class Trainer:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _plain_name(name: str) -> str:
+    """A parameter or state-dict key without DDP's ``module.`` prefix."""
+    return name.removeprefix("module.")
+
+
+def _rss_now() -> int:
+    """Resident set size of this process now (Linux /proc; psutil elsewhere)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
 
 
 def _gather_list(items: list[Any]) -> list[Any]:

@@ -1,5 +1,14 @@
 """The ftui store: runs, per-step metrics, device samples and events in one SQL database."""
 
-from store.store import EventInfo, MetricPoint, ProcessSampleInfo, RunInfo, SampleInfo, Store, StoreError
+from store.store import (
+    EventInfo,
+    MetricPoint,
+    ProcessSampleInfo,
+    RunInfo,
+    RunUpdate,
+    SampleInfo,
+    Store,
+    StoreError,
+)
 
-__all__ = ["EventInfo", "MetricPoint", "ProcessSampleInfo", "RunInfo", "SampleInfo", "Store", "StoreError"]
+__all__ = ["EventInfo", "MetricPoint", "ProcessSampleInfo", "RunInfo", "RunUpdate", "SampleInfo", "Store", "StoreError"]

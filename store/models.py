@@ -1,7 +1,10 @@
 """The database schema (SQLAlchemy 2.0 typed declarative models).
 
-Portable SQL only (SQLite today, PostgreSQL for a shared store later): JSON columns through
-SQLAlchemy's ``JSON`` type, times as timezone-naive UTC ``DateTime``.
+Portable SQL only (SQLite and PostgreSQL): JSON columns through SQLAlchemy's ``JSON`` type, times as
+timezone-naive UTC ``DateTime``, byte counts as 64-bit integers.
+
+Every change here is a migration in ``store/migrations/versions/`` (a test compares the migrated schema with
+these models on both backends).
 """
 
 from __future__ import annotations
@@ -9,7 +12,18 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -17,14 +31,22 @@ class Base(DeclarativeBase):
     pass
 
 
+BIG = BigInteger().with_variant(Integer(), "sqlite")
+"""Byte and token counts: PostgreSQL's INTEGER stops at 2 GiB; SQLite's INTEGER is already 64-bit (and a
+distinct BIGINT there would only be a rename)."""
+
+
 class Run(Base):
     __tablename__ = "runs"
     __table_args__ = (
         Index("ix_runs_status", "status"),
         Index("ix_runs_sweep", "sweep_id"),
+        UniqueConstraint("uid", name="uq_runs_uid"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
+    uid: Mapped[str] = mapped_column(String(32))
+    """Globally unique, never reused (ids restart in a fresh database; this names the run folder)."""
     name: Mapped[str] = mapped_column(String(200))
     sweep_id: Mapped[str | None] = mapped_column(String(64), default=None)
     recipe_text: Mapped[str] = mapped_column(Text)
@@ -53,14 +75,25 @@ class Run(Base):
     train_seconds: Mapped[float | None] = mapped_column(Float, default=None)
     tokens_per_s: Mapped[float | None] = mapped_column(Float, default=None)
     final_loss: Mapped[float | None] = mapped_column(Float, default=None)
-    peak_mem_bytes: Mapped[int | None] = mapped_column(Integer, default=None)
+    peak_mem_bytes: Mapped[int | None] = mapped_column(BIG, default=None)
     mean_util: Mapped[float | None] = mapped_column(Float, default=None)
     summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     """Everything else: per-rank memory, params, telemetry summaries, estimates."""
     tags: Mapped[list[str]] = mapped_column(JSON, default=list)
     note: Mapped[str] = mapped_column(Text, default="")
+    resumed_from: Mapped[int | None] = mapped_column(
+        ForeignKey("runs.id", ondelete="SET NULL", name="fk_runs_resumed_from"), default=None
+    )
+    """The run this one continues from (its checkpoint), if any."""
+    watcher_pid: Mapped[int | None] = mapped_column(Integer, default=None)
+    """The process supervising the run (the orchestrator), on ``watcher_host``; for ``ftui recover``."""
+    watcher_host: Mapped[str | None] = mapped_column(String(255), default=None)
+    stop_requested_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
+    """Set by whoever asks the run to stop (the TUI, another host); the watcher polls it."""
 
-    metrics: Mapped[list[Metric]] = relationship(back_populates="run", cascade="all, delete-orphan", passive_deletes=True)
+    metrics: Mapped[list[Metric]] = relationship(
+        back_populates="run", cascade="all, delete-orphan", passive_deletes=True, foreign_keys="Metric.run_id"
+    )
 
 
 class Metric(Base):
@@ -74,7 +107,7 @@ class Metric(Base):
     loss: Mapped[float | None] = mapped_column(Float)
     lr: Mapped[float | None] = mapped_column(Float, default=None)
     grad_norm: Mapped[float | None] = mapped_column(Float, default=None)
-    tokens: Mapped[int | None] = mapped_column(Integer, default=None)
+    tokens: Mapped[int | None] = mapped_column(BIG, default=None)
     step_time: Mapped[float | None] = mapped_column(Float, default=None)
     tokens_per_s: Mapped[float | None] = mapped_column(Float, default=None)
 
@@ -94,8 +127,8 @@ class DeviceSampleRow(Base):
     index: Mapped[int] = mapped_column(Integer)
     name: Mapped[str] = mapped_column(String(200))
     util_pct: Mapped[float | None] = mapped_column(Float, default=None)
-    mem_used: Mapped[int | None] = mapped_column(Integer, default=None)
-    mem_total: Mapped[int | None] = mapped_column(Integer, default=None)
+    mem_used: Mapped[int | None] = mapped_column(BIG, default=None)
+    mem_total: Mapped[int | None] = mapped_column(BIG, default=None)
     power_w: Mapped[float | None] = mapped_column(Float, default=None)
     temp_c: Mapped[float | None] = mapped_column(Float, default=None)
     sm_clock_mhz: Mapped[int | None] = mapped_column(Integer, default=None)
@@ -115,7 +148,7 @@ class ProcessSampleRow(Base):
     gpu_index: Mapped[int] = mapped_column(Integer)
     pid: Mapped[int] = mapped_column(Integer)
     rank: Mapped[int | None] = mapped_column(Integer, default=None)
-    used_bytes: Mapped[int | None] = mapped_column(Integer, default=None)
+    used_bytes: Mapped[int | None] = mapped_column(BIG, default=None)
     source: Mapped[str] = mapped_column(String(16))
 
 

@@ -4,34 +4,94 @@ One writer per run (the orchestrator) writes in batches; SQLite runs in WAL mode
 ``ftui runs``) never block it. Ingesting the journal is idempotent: events carry their journal
 ``seq`` and a repeated ingest skips what is already stored, so a run can be re-ingested from its
 folder with no duplicate or missing rows.
+
+Every public call is one transaction. SQLite write transactions begin IMMEDIATE (they queue for the
+write lock instead of failing when another writer committed after they read); a call that still finds
+the database locked (another client holding it past the 10 s busy timeout) is retried whole, with
+backoff, for up to ``lock_timeout`` seconds, so a slow ``sqlite3`` shell or backup never ends a run's
+supervision. Opening checks the database (see :func:`open_engine`) and upgrades its schema
+(:mod:`store.migrate`).
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import math
+import os
 import socket
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, NoReturn, ParamSpec, TypedDict, TypeVar, Unpack
 
-from sqlalchemy import Engine, create_engine, delete, event, func, select
+from sqlalchemy import Connection, Engine, create_engine, delete, event, func, make_url, select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from runner.hardware.records import DeviceSample
-from store.models import Base, DeviceSampleRow, Event, Metric, ProcessSampleRow, Run
+from store.ids import new_uid
+from store.models import DeviceSampleRow, Event, Metric, ProcessSampleRow, Run
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 TERMINAL = ("completed", "failed", "stopped")
 
 
 class StoreError(RuntimeError):
-    """A store problem phrased for the user (names the database)."""
+    """A store problem phrased for the user: one line, ``--db URL: reason``."""
+
+
+LOCK_TIMEOUT_S = 120.0
+"""How long a store call waits out another client's lock before it gives up (``FTUI_DB_LOCK_TIMEOUT``)."""
+_BUSY_TIMEOUT_MS = 10_000
+"""SQLite's own wait per statement; the retry loop around each call covers the rest of the budget."""
+_LOCK_WORDS = ("database is locked", "database table is locked", "database is busy", "deadlock detected",
+               "could not serialize access")
+
+
+class RunUpdate(TypedDict, total=False):
+    """The columns of a run that :meth:`Store.update_run` may set (the recipe and identity are fixed)."""
+
+    name: str
+    sweep_id: str | None
+    status: str
+    distributed_type: str | None
+    device_type: str | None
+    host: str
+    run_dir: str
+    pgid: int | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    exit_code: int | None
+    error: str | None
+    total_steps: int | None
+    steps_done: int | None
+    train_seconds: float | None
+    tokens_per_s: float | None
+    final_loss: float | None
+    peak_mem_bytes: int | None
+    mean_util: float | None
+    summary: dict[str, Any]
+    """Merged into the stored summary (keys given replace those keys), never replacing it whole."""
+    tags: list[str]
+    note: str
+    watcher_pid: int | None
+    watcher_host: str | None
+    stop_requested_at: datetime | None
+
+
+RUN_UPDATE_KEYS = frozenset(RunUpdate.__annotations__)
 
 
 @dataclass(frozen=True)
 class RunInfo:
     id: int
+    uid: str
     name: str
     sweep_id: str | None
     recipe_text: str
@@ -62,6 +122,10 @@ class RunInfo:
     summary: dict[str, Any] = field(default_factory=dict)
     tags: list[str] = field(default_factory=list)
     note: str = ""
+    resumed_from: int | None = None
+    watcher_pid: int | None = None
+    watcher_host: str | None = None
+    stop_requested_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -113,39 +177,109 @@ def _frozen(cls: type[Any], row: Any) -> Any:
     return cls(**{f.name: getattr(row, f.name) for f in fields(cls)})
 
 
-class Store:
-    """Access to the ftui database at ``url`` (any SQLAlchemy URL; SQLite by default)."""
+def _lock_timeout() -> float:
+    text = os.environ.get("FTUI_DB_LOCK_TIMEOUT", "")
+    try:
+        return max(0.0, float(text)) if text else LOCK_TIMEOUT_S
+    except ValueError:
+        raise StoreError(f"FTUI_DB_LOCK_TIMEOUT: expected seconds, got {text!r}") from None
 
-    def __init__(self, url: str) -> None:
+
+def _is_lock_error(exc: OperationalError) -> bool:
+    message = str(exc.orig or exc).lower()
+    return any(word in message for word in _LOCK_WORDS)
+
+
+def _retrying(method: Callable[Concatenate[Store, _P], _R]) -> Callable[Concatenate[Store, _P], _R]:
+    """Retry a store method (one whole transaction) while the database is locked (see ``lock_timeout``)."""
+
+    @functools.wraps(method)
+    def call(self: Store, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        return self._retrying_call(lambda: method(self, *args, **kwargs))
+
+    return call
+
+
+class Store:
+    """Access to the ftui database at ``url`` (any SQLAlchemy URL; SQLite by default).
+
+    Opening checks the database and brings its schema up to date (see :mod:`store.migrate`). Every call
+    is one transaction, retried while another client holds a lock, for up to ``lock_timeout`` seconds.
+
+    Args:
+        url: A SQLAlchemy URL (``sqlite:///path``, ``postgresql+psycopg://...``).
+        create: Create the database when there is none (commands that record runs). Read commands pass
+            False: a missing SQLite file is refused rather than created empty.
+        lock_timeout: Seconds a call waits for another client's lock before raising :class:`StoreError`
+            (default ``FTUI_DB_LOCK_TIMEOUT`` or 120).
+
+    Raises:
+        StoreError: One line ``--db URL: reason`` (no such database, a folder, not a database, read-only,
+            unreachable, newer than this code).
+    """
+
+    def __init__(self, url: str, *, create: bool = True, lock_timeout: float | None = None) -> None:
+        from store import migrate
+
         self.url = url
-        if url.startswith("sqlite:///"):
-            path = Path(url.removeprefix("sqlite:///"))
-            if str(path) not in ("", ":memory:"):
-                try:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                except OSError as exc:
-                    raise StoreError(f"--db {url}: cannot create {path.parent}: {exc.strerror}") from None
-        try:
-            self.engine: Engine = create_engine(url)
-        except Exception as exc:  # noqa: BLE001 (any driver or URL problem becomes one line)
-            raise StoreError(f"--db {url}: {exc}") from None
-        if self.engine.dialect.name == "sqlite":
-            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self.lock_timeout = _lock_timeout() if lock_timeout is None else lock_timeout
+        self.engine: Engine = open_engine(url, create=create, lock_timeout=self.lock_timeout)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        # SQLite: a write transaction takes the write lock when it begins (BEGIN IMMEDIATE), so it waits in
+        # the busy handler instead of failing at once when it first reads and then finds another writer
+        # committed meanwhile (WAL's SQLITE_BUSY_SNAPSHOT, which no timeout retries).
+        self._writes = sessionmaker(self.engine.execution_options(ftui_write=True), expire_on_commit=False)
+        self.schema_change: tuple[str | None, str] | None = None
+        """(from, to) revisions when opening upgraded the database (from None: it was created)."""
         try:
-            Base.metadata.create_all(self.engine)
-        except Exception as exc:  # noqa: BLE001
-            # SQLAlchemy appends "(Background on this error at: ...)" on a line of its own.
-            reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
-            raise StoreError(f"--db {url}: cannot open database: {reason}") from None
+            self.schema_change = self._retrying_call(lambda: migrate.ensure_current(self.engine, create=create))
+        except migrate.NoDatabase:
+            self.engine.dispose()
+            raise StoreError(f"--db {url}: no such database (run something first, or check the path)") from None
+        except migrate.SchemaError as exc:
+            self.engine.dispose()
+            raise StoreError(f"--db {url}: {exc}") from None
+        except StoreError:
+            self.engine.dispose()
+            raise
+        except Exception as exc:  # noqa: BLE001 (any driver problem becomes one line)
+            self.engine.dispose()
+            raise StoreError(describe_error(url, exc)) from None
+
+    def _retrying_call(self, call: Callable[[], _R]) -> _R:
+        """Run ``call`` (one whole transaction), again while the database is locked, up to the budget."""
+        deadline = time.monotonic() + self.lock_timeout
+        delay = 0.05
+        while True:
+            try:
+                return call()
+            except OperationalError as exc:
+                if not _is_lock_error(exc):
+                    raise
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StoreError(
+                        f"--db {self.url}: database still locked by another program after "
+                        f"{self.lock_timeout:g} s (FTUI_DB_LOCK_TIMEOUT)"
+                    ) from None
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, 1.0)
 
     @contextmanager
     def _begin(self) -> Iterator[Session]:
+        """A read transaction."""
         with self.sessions.begin() as session:
+            yield session
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        """A write transaction (holds SQLite's write lock from its first statement)."""
+        with self._writes.begin() as session:
             yield session
 
     # ------------------------------------------------------------------ runs
 
+    @_retrying
     def create_run(
         self,
         *,
@@ -161,10 +295,17 @@ class Store:
         sweep_id: str | None = None,
         total_steps: int | None = None,
         summary: dict[str, Any] | None = None,
+        resumed_from: int | None = None,
     ) -> int:
-        """Record a new run (status ``created``) and return its id."""
-        with self._begin() as s:
+        """Record a new run (status ``created``, a fresh :func:`store.ids.new_uid` uid) and return its id.
+
+        Args:
+            resumed_from: Id of the run this one continues from (its checkpoint).
+        """
+        with self._write() as s:
             run = Run(
+                uid=new_uid(),
+                resumed_from=resumed_from,
                 name=name,
                 sweep_id=sweep_id,
                 recipe_text=recipe_text,
@@ -187,23 +328,44 @@ class Store:
             s.flush()
             return run.id
 
-    def update_run(self, run_id: int, **values: Any) -> None:
-        """Set columns of a run; ``summary`` is merged into the stored summary, not replaced."""
-        with self._begin() as s:
+    @_retrying
+    def update_run(self, run_id: int, **values: Unpack[RunUpdate]) -> None:
+        """Set columns of a run; ``summary`` is merged into the stored summary, not replaced.
+
+        Raises:
+            TypeError: A key that is not an updatable column (see :class:`RunUpdate`): a misspelled
+                column is a bug, never silently dropped.
+            StoreError: No such run.
+        """
+        unknown = sorted(set(values) - RUN_UPDATE_KEYS)
+        if unknown:
+            raise TypeError(f"update_run: not an updatable run column: {', '.join(unknown)} "
+                            f"(updatable: {', '.join(sorted(RUN_UPDATE_KEYS))})")
+        summary = values.get("summary")
+        columns = {key: value for key, value in values.items() if key != "summary"}
+        with self._write() as s:
             run = s.get(Run, run_id)
             if run is None:
                 raise StoreError(f"run {run_id}: no such run in {self.url}")
-            summary = values.pop("summary", None)
-            for key, value in values.items():
+            for key, value in columns.items():
                 setattr(run, key, value)
             if summary:
                 run.summary = {**(run.summary or {}), **summary}
 
+    @_retrying
     def get_run(self, run_id: int) -> RunInfo | None:
         with self._begin() as s:
             run = s.get(Run, run_id)
             return None if run is None else _frozen(RunInfo, run)
 
+    @_retrying
+    def get_run_by_uid(self, uid: str) -> RunInfo | None:
+        """The run whose globally unique ``uid`` this is (what names its folder)."""
+        with self._begin() as s:
+            run = s.scalars(select(Run).where(Run.uid == uid)).first()
+            return None if run is None else _frozen(RunInfo, run)
+
+    @_retrying
     def list_runs(self, status: str | None = None, sweep_id: str | None = None) -> list[RunInfo]:
         """Every run, newest first."""
         with self._begin() as s:
@@ -214,30 +376,37 @@ class Store:
                 query = query.where(Run.sweep_id == sweep_id)
             return [_frozen(RunInfo, r) for r in s.scalars(query)]
 
+    @_retrying
     def delete_run(self, run_id: int) -> bool:
-        with self._begin() as s:
+        with self._write() as s:
             for table in (Metric, Event, DeviceSampleRow, ProcessSampleRow):
                 s.execute(delete(table).where(table.run_id == run_id))
             return s.execute(delete(Run).where(Run.id == run_id)).rowcount > 0  # type: ignore[attr-defined,no-any-return]
 
     # ------------------------------------------------------------------ events and metrics
 
-    def ingest(self, run_id: int, events: Sequence[dict[str, Any]]) -> int:
-        """Store trainer journal events (and the metrics of step events); skip any already stored.
+    @_retrying
+    def ingest(self, run_id: int, events: Sequence[dict[str, Any]], source: str = "trainer") -> int:
+        """Store journal events (and the metrics of the trainer's step events); skip any already stored.
+
+        Args:
+            run_id: the run.
+            events: records of one journal, in ``seq`` order.
+            source: ``trainer`` (``events.jsonl``) or ``orchestrator`` (``orchestrator.jsonl``).
 
         Returns the number of events newly stored.
         """
         if not events:
             return 0
-        with self._begin() as s:
+        with self._write() as s:
             last = s.scalar(
-                select(func.max(Event.seq)).where(Event.run_id == run_id, Event.source == "trainer")
+                select(func.max(Event.seq)).where(Event.run_id == run_id, Event.source == source)
             )
             fresh = [e for e in events if last is None or int(e["seq"]) > last]
             for e in fresh:
                 payload = {k: v for k, v in e.items() if k not in ("seq", "type", "time")}
-                s.add(Event(run_id=run_id, source="trainer", seq=int(e["seq"]), type=e["type"], time=e["time"], payload=payload))
-                if e["type"] == "step":
+                s.add(Event(run_id=run_id, source=source, seq=int(e["seq"]), type=e["type"], time=e["time"], payload=payload))
+                if e["type"] == "step" and source == "trainer":
                     s.add(
                         Metric(
                             run_id=run_id,
@@ -258,14 +427,16 @@ class Store:
                     run.steps_done = max(steps + [run.steps_done or 0])
             return len(fresh)
 
+    @_retrying
     def add_event(self, run_id: int, type_: str, time: float, payload: dict[str, Any]) -> None:
         """Store an orchestrator event (launch, exit, hang, ...)."""
-        with self._begin() as s:
+        with self._write() as s:
             seq = s.scalar(
                 select(func.count(Event.id)).where(Event.run_id == run_id, Event.source == "orchestrator")
             )
             s.add(Event(run_id=run_id, source="orchestrator", seq=int(seq or 0), type=type_, time=time, payload=payload))
 
+    @_retrying
     def metrics(self, run_id: int, after_step: int | None = None) -> list[MetricPoint]:
         """Per-step metrics of a run, by step; only those after ``after_step`` when given (live views)."""
         with self._begin() as s:
@@ -274,6 +445,7 @@ class Store:
                 query = query.where(Metric.step > after_step)
             return [_frozen(MetricPoint, r) for r in s.scalars(query)]
 
+    @_retrying
     def events(self, run_id: int, type_: str | None = None) -> list[EventInfo]:
         with self._begin() as s:
             query = select(Event).where(Event.run_id == run_id).order_by(Event.time, Event.id)
@@ -287,10 +459,30 @@ class Store:
         """Store device samples and per-process GPU memory (objects with the columns' attributes)."""
         device_cols = [c.name for c in DeviceSampleRow.__table__.columns if c.name not in ("id", "run_id")]
         proc_cols = [c.name for c in ProcessSampleRow.__table__.columns if c.name not in ("id", "run_id")]
-        with self._begin() as s:
-            s.add_all(DeviceSampleRow(run_id=run_id, **{c: getattr(x, c) for c in device_cols}) for x in samples)
-            s.add_all(ProcessSampleRow(run_id=run_id, **{c: getattr(x, c) for c in proc_cols}) for x in processes)
+        # Rows as plain dicts first: a retried transaction must not find its iterators spent.
+        device = [{c: getattr(x, c) for c in device_cols} for x in samples]
+        procs = [{c: getattr(x, c) for c in proc_cols} for x in processes]
+        self._add_sample_rows(run_id, device, procs)
 
+    def ingest_samples(self, run_id: int, samples: Sequence[Any], processes: Sequence[Any] = ()) -> int:
+        """Like :meth:`add_samples`, but idempotent: readings not newer than the newest stored one of
+        their table are skipped (batches are stored whole, in time order). Returns rows added."""
+        with self._begin() as s:
+            last_d = s.scalar(select(func.max(DeviceSampleRow.time)).where(DeviceSampleRow.run_id == run_id))
+            last_p = s.scalar(select(func.max(ProcessSampleRow.time)).where(ProcessSampleRow.run_id == run_id))
+        fresh = [x for x in samples if last_d is None or x.time > last_d]
+        fresh_p = [x for x in processes if last_p is None or x.time > last_p]
+        if fresh or fresh_p:
+            self.add_samples(run_id, fresh, fresh_p)
+        return len(fresh) + len(fresh_p)
+
+    @_retrying
+    def _add_sample_rows(self, run_id: int, device: list[dict[str, Any]], procs: list[dict[str, Any]]) -> None:
+        with self._write() as s:
+            s.add_all(DeviceSampleRow(run_id=run_id, **row) for row in device)
+            s.add_all(ProcessSampleRow(run_id=run_id, **row) for row in procs)
+
+    @_retrying
     def samples(self, run_id: int, after_id: int | None = None) -> list[SampleInfo]:
         """Device samples of a run in write order; only rows after ``after_id`` when given."""
         with self._begin() as s:
@@ -301,6 +493,7 @@ class Store:
                 query = query.order_by(DeviceSampleRow.time, DeviceSampleRow.id)
             return [_frozen(SampleInfo, r) for r in s.scalars(query)]
 
+    @_retrying
     def process_samples(self, run_id: int, after_id: int = 0) -> list[ProcessSampleInfo]:
         """GPU memory per process of a run (NVML), in write order, after ``after_id``."""
         with self._begin() as s:
@@ -313,10 +506,136 @@ class Store:
         self.engine.dispose()
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+def describe_error(url: str, exc: BaseException) -> str:
+    """``--db URL: reason`` in one line for a driver error met while opening or reading a database."""
+    reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    lower = reason.lower()
+    if "file is not a database" in lower:
+        reason = "not an SQLite database (file is not a database)"
+    elif "readonly database" in lower or "read-only" in lower:
+        reason = "read-only database (ftui needs to write to it, and SQLite to its -wal/-shm files beside it)"
+    elif "unable to open database file" in lower:
+        reason = "cannot open the database file (check the path, and that its folder is writable)"
+    # SQLAlchemy appends "(Background on this error at: ...)" on a line of its own: dropped above.
+    return f"--db {url}: {reason}"
+
+
+def open_engine(url: str, *, create: bool, lock_timeout: float = LOCK_TIMEOUT_S) -> Engine:
+    """An engine for ``url`` after checking what can be checked before connecting, then connecting once.
+
+    For SQLite: a missing file is created (mode 0600, missing folders 0700) only when ``create``;
+    a folder, a file that is not SQLite, a read-only file (when ``create``: a writing command) or an
+    unwritable folder is refused. Every refusal is one line ``--db URL: reason``.
+
+    Raises:
+        StoreError: The database cannot be used (see above), the URL is malformed, or the server refuses.
+    """
+    try:
+        parsed = make_url(url)
+    except Exception as exc:  # noqa: BLE001
+        raise StoreError(f"--db {url}: not a database URL ({exc})") from None
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        _check_sqlite_file(url, Path(parsed.database or ""), create=create)
+    try:
+        if parsed.get_backend_name() == "sqlite":
+            engine = create_engine(url)
+        else:
+            engine = create_engine(url, json_serializer=_strict_json)
+    except Exception as exc:  # noqa: BLE001 (a missing driver or a bad URL becomes one line)
+        raise StoreError(f"--db {url}: {exc}") from None
+    if engine.dialect.name == "sqlite":
+        busy_ms = int(min(_BUSY_TIMEOUT_MS, lock_timeout * 1000))
+        event.listen(engine, "connect", functools.partial(sqlite_pragmas, busy_ms=busy_ms))
+        event.listen(engine, "begin", _sqlite_begin)
+    return engine
+
+
+def _strict_json(value: Any) -> str:
+    """JSON for servers that hold strict JSON (PostgreSQL): NaN and infinities, which Python writes and
+    PostgreSQL refuses (a diverged loss, an empty run's final loss), become null."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(value), allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _check_sqlite_file(url: str, path: Path, *, create: bool) -> None:
+    def refuse(reason: str) -> NoReturn:
+        raise StoreError(f"--db {url}: {reason}")
+
+    if path.is_dir():
+        refuse(f"{path} is a folder, not a database file")
+    if path.exists():
+        if not path.is_file():
+            refuse(f"{path} is not a regular file")
+        if not os.access(path, os.R_OK, effective_ids=True):
+            refuse(f"cannot read {path} (permission denied)")
+        with open(path, "rb") as fh:
+            header = fh.read(16)
+        if header and header != b"SQLite format 3\x00":
+            refuse(f"{path} is not an SQLite database")
+        if create and not os.access(path, os.W_OK, effective_ids=True):
+            refuse(f"{path} is read-only (ftui needs to write to it)")
+        if create and not os.access(path.parent, os.W_OK | os.X_OK, effective_ids=True):
+            refuse(f"folder {path.parent} is not writable (SQLite keeps its -wal and -shm files beside the database)")
+        return
+    if not create:
+        refuse("no such database (run something first, or check the path)")
+    _make_private_folders(url, path.parent)
+    if not os.access(path.parent, os.W_OK | os.X_OK, effective_ids=True):
+        refuse(f"cannot create {path}: folder {path.parent} is not writable")
+    try:
+        # An empty file is a valid empty SQLite database; creating it here sets its mode, and SQLite
+        # gives the -wal and -shm files the database file's mode.
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        pass  # another process created it meanwhile
+    except OSError as exc:
+        refuse(f"cannot create {path}: {exc.strerror}")
+
+
+def _make_private_folders(url: str, folder: Path) -> None:
+    """Create ``folder`` and its missing parents, mode 0700 (run records are the user's own)."""
+    missing: list[Path] = []
+    probe = folder
+    while not probe.exists():
+        missing.append(probe)
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise StoreError(f"--db {url}: cannot create folder {folder}: {probe} is a file")
+    for each in reversed(missing):
+        try:
+            each.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise StoreError(f"--db {url}: cannot create folder {each}: {exc.strerror}") from None
+        os.chmod(each, 0o700)  # mkdir's mode is filtered by the umask
+
+
+def sqlite_pragmas(dbapi_connection: Any, _record: Any, busy_ms: int = _BUSY_TIMEOUT_MS) -> None:
+    """Per-connection SQLite settings: WAL, foreign keys, a busy wait; transactions begun by SQLAlchemy."""
+    # The driver's own implicit BEGIN would skip DDL and cannot be IMMEDIATE; _sqlite_begin emits it.
+    dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA busy_timeout={int(busy_ms)}")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA busy_timeout=10000")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("ftui_write") else "BEGIN")

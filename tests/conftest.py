@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+pytest_plugins = ["store_backends"]  # db_url (SQLite and PostgreSQL) and pg_server fixtures
+
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "recipes" / "quickstart.toml"
 STEPS = 8
@@ -49,8 +51,12 @@ class Ftui:
 
 @pytest.fixture(scope="session")
 def ftui(tmp_path_factory: pytest.TempPathFactory) -> Ftui:
+    from store import Store
+
     home = tmp_path_factory.mktemp("ftui-home")
-    return Ftui(home=home, db=f"sqlite:///{home / 'ftui.db'}")
+    db = f"sqlite:///{home / 'ftui.db'}"
+    Store(db).close()  # FTUI_DB names it, so read commands refuse it until it exists
+    return Ftui(home=home, db=db)
 
 
 @pytest.fixture(scope="session")

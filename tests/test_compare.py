@@ -44,8 +44,12 @@ STEPS = 5
 @pytest.fixture(scope="module")
 def cftui(tmp_path_factory: pytest.TempPathFactory) -> Ftui:
     """A home of its own, so that the sweeps here are the only runs in the store."""
+    from store import Store
+
     home = tmp_path_factory.mktemp("ftui-compare-home")
-    return Ftui(home=home, db=f"sqlite:///{home / 'ftui.db'}")
+    db = f"sqlite:///{home / 'ftui.db'}"
+    Store(db).close()  # FTUI_DB names it, so read commands refuse it until it exists
+    return Ftui(home=home, db=db)
 
 
 def _sweep_id(output: str) -> str:
@@ -245,7 +249,7 @@ def test_recipe_diff_keeps_only_the_fields_that_differ() -> None:
 def _run(id_: int, strategy: str, nproc: int, tps: float | None, status: str = "completed",
          **summary: Any) -> RunInfo:
     now = datetime(2026, 1, 1)
-    return RunInfo(id=id_, name="q", sweep_id=None, recipe_text=f'[launch]\nstrategy = "{strategy}"\n',
+    return RunInfo(id=id_, uid=f"uid{id_}", name="q", sweep_id=None, recipe_text=f'[launch]\nstrategy = "{strategy}"\n',
                    recipe_hash="", recipe_source=None, strategy=strategy, nproc=nproc, method="lora",
                    model="builtin:tiny-llama", status=status, distributed_type=None, device_type="cpu", host="h",
                    run_dir="", pgid=None, created_at=now, started_at=now, ended_at=now, exit_code=0,
@@ -272,6 +276,7 @@ def test_speedups_against_the_baseline() -> None:
     assert build_comparison(runs, metrics, baseline_id=2).rows[0].speedup == pytest.approx(100 / 390)
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line_and_exit_2(cftui: Ftui) -> None:
     for args in (["compare"], ["compare", "9999"], ["compare", "--sweep", "no-such-sweep"],
                  ["sweep", str(QUICKSTART), "--strategies", "single,warp"],

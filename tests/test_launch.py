@@ -21,7 +21,7 @@ def _argv(config: str, threads: list[str] | None = None) -> list[str]:
 def test_single_on_cpu() -> None:
     spec = build_launch(parse_recipe(""), RUN, port=29555, cpu_threads=2)
     assert spec.argv == _argv(f"{RUN}/accelerate.yaml", ["--num_cpu_threads_per_process", "2"])
-    assert spec.env == {"PYTHONUNBUFFERED": "1"}
+    assert spec.env == {"PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo"}
     config = yaml.safe_load(spec.files["accelerate.yaml"])
     assert (config["distributed_type"], config["num_processes"], config["main_process_port"]) == ("NO", 1, 29555)
     assert config["use_cpu"] is False
@@ -32,7 +32,8 @@ def test_ddp_on_gpus() -> None:
     recipe = parse_recipe("[launch]\nstrategy='ddp'\nnproc=2\ngpus=[2,3]\n[train]\nprecision='bf16'\n")
     spec = build_launch(recipe, RUN, port=29600)
     assert spec.argv == _argv(f"{RUN}/accelerate.yaml")
-    assert spec.env == {"PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "2,3"}
+    assert spec.env == {"PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo",
+                        "CUDA_VISIBLE_DEVICES": "2,3"}
     config = yaml.safe_load(spec.accelerate_config_text or "")
     assert config["distributed_type"] == "MULTI_GPU"
     assert (config["num_processes"], config["gpu_ids"], config["mixed_precision"]) == (2, "2,3", "bf16")

@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from runner import orchestrator
 from runner.hardware import GIB, FakeGpu, FakeNvml, NvmlBackend, Probe
 from runner.launch import LaunchSpec
@@ -41,6 +43,7 @@ def _prepared(store: Store, tmp_path: Path, code: str, recipe_text: str = "") ->
     return orchestrator.Prepared(run_id=run_id, run_dir=tmp_path, spec=spec, recipe=recipe)
 
 
+@pytest.mark.slow
 def test_an_idle_rank_without_steps_is_flagged_as_a_hang(tmp_path: Path) -> None:
     store = Store(f"sqlite:///{tmp_path / 'ftui.db'}")
     prepared = _prepared(store, tmp_path, HANGING_RANK)

@@ -81,6 +81,7 @@ def _bad_recipe(tmp_path: Path) -> Path:
         (["run", str(QUICKSTART), "--find-batch-size", "--mem-cap", "1e400GiB"], "--mem-cap"),
     ],
 )
+@pytest.mark.slow
 def test_bad_estimate_input_is_one_line_naming_the_flag(ftui: Ftui, tmp_path: Path, args: list[str],
                                                           named: str) -> None:
     args = [str(_bad_recipe(tmp_path)) if a == "BROKEN" else a for a in args]
@@ -102,6 +103,7 @@ def test_estimate_from_a_model_name_without_a_recipe(ftui: Ftui) -> None:
     assert single["reserve"] == 0
 
 
+@pytest.mark.slow
 def test_seed_tinyllama_lora_on_4_gpus_recommends_ddp(ftui: Ftui) -> None:
     proc = ftui.run("estimate", "recipes/tinyllama-1.1b-lora.toml", "--gpu-mem", "48GiB", "--gpus", "4", check=True)
     assert "built-in table" in proc.stdout  # no hub: the published config values
@@ -111,6 +113,7 @@ def test_seed_tinyllama_lora_on_4_gpus_recommends_ddp(ftui: Ftui) -> None:
     assert report["strategies"]["ddp"]["fits"]
 
 
+@pytest.mark.slow
 def test_seed_codellama_34b_lora_on_4_gpus_recommends_sharding(ftui: Ftui) -> None:
     # The seed's demo: 4 x 48 GB, batch 4, 1024 context.
     report = _estimate_json(ftui, "--params", "34e9", "--method", "lora", "--gpus", "4", "--gpu-mem", "48GiB",

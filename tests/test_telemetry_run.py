@@ -36,6 +36,7 @@ def test_ddp_run_has_per_rank_samples_at_the_configured_rate(ftui: Ftui, strateg
     assert "util mean/peak" in run["stdout"]
 
 
+@pytest.mark.slow
 def test_ftui_gpus_without_nvml_says_so_in_one_line(ftui: Ftui) -> None:
     proc = ftui.run("gpus", check=True)
     assert "no NVML" in proc.stdout and "host" in proc.stdout

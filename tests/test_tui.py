@@ -28,7 +28,7 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
     return Store(f"sqlite:///{tmp_path}/ftui.db")
 
 
-async def wait_for(pilot, predicate, timeout: float = 15.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
+async def wait_for(pilot, predicate, timeout: float = 60.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -66,6 +66,7 @@ def assert_compare(screen, run_ids: list[int], diff_fields: list[str]) -> None: 
     assert steps and min(steps) >= 1  # steps as logged, not list positions
 
 
+@pytest.mark.slow
 async def test_runs_screen_filter_sort_tags_note_compare_delete(store: Store) -> None:
     a = add_finished_run(store, "alpha", 1e-3)
     b = add_finished_run(store, "beta", 2e-3)
@@ -119,6 +120,7 @@ async def test_runs_screen_filter_sort_tags_note_compare_delete(store: Store) ->
         assert {r.id for r in store.list_runs()} <= {a, b}
 
 
+@pytest.mark.slow
 async def test_compose_validates_as_you_type(store: Store) -> None:
     app = make_app(store)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -185,6 +187,7 @@ async def test_monitor_logs_toggle_at_80_columns(store: Store) -> None:
         assert not logs.display
 
 
+@pytest.mark.slow
 async def test_compose_palette_goes_to_a_field(store: Store) -> None:
     """ctrl+p "max steps" Enter focuses the field; keys typed then edit it and the form revalidates."""
     app = make_app(store)
@@ -209,6 +212,7 @@ async def test_compose_palette_goes_to_a_field(store: Store) -> None:
         assert screen.recipe is not None and screen.recipe.train.max_steps == 12
 
 
+@pytest.mark.slow
 async def test_compose_save_and_load(store: Store, tmp_path: Path) -> None:
     app = make_app(store)
     async with app.run_test(size=(120, 40)) as pilot:

@@ -10,6 +10,7 @@ from typing import Any
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.markup import escape
 from textual.screen import Screen
 
 from store import RunInfo, Store
@@ -59,7 +60,8 @@ class FtuiApp(App[int]):
                 yield SystemCommand(f"Go to field: {field.label}", field.path,
                                     lambda path=field.path: screen.focus_field(path))
         for run in self.runs[:20]:
-            yield SystemCommand(f"Open run {run.id} {run.name}", f"{run.status} · {run.strategy}",
+            # The palette parses command titles as markup: the run's name is escaped.
+            yield SystemCommand(f"Open run {run.id} {escape(run.name)}", f"{run.status} · {run.strategy}",
                                 lambda run_id=run.id: self.open_run(run_id))
 
     # ------------------------------------------------------------------ messages from screens
@@ -75,10 +77,10 @@ class FtuiApp(App[int]):
         self.open_run(message.run_id)
 
     def on_launch_failed(self, message: LaunchFailed) -> None:
-        self.notify(message.error, severity="error", timeout=8)
+        self.notify(message.error, severity="error", timeout=8, markup=False)
 
     def on_notice(self, message: Notice) -> None:
-        self.notify(message.text, severity=message.severity)  # type: ignore[arg-type]
+        self.notify(message.text, severity=message.severity, markup=False)  # type: ignore[arg-type]
 
     def on_compare_runs(self, message: CompareRuns) -> None:
         self.push_screen(CompareScreen(message.run_ids))

@@ -92,14 +92,24 @@ def seconds_at_least(low: float) -> Callable[[str], float]:
     return parse
 
 
-def open_store(args: argparse.Namespace) -> Store:
-    """The store named by ``--db`` (default: ``$FTUI_DB``, else SQLite in the data folder)."""
-    from runner.paths import default_db_url
+def open_store(args: argparse.Namespace, *, create: bool) -> Store:
+    """The store named by ``--db`` (default: ``$FTUI_DB``, else SQLite in the data folder).
+
+    ``create``: commands that record runs create a missing database; read commands refuse a missing one
+    named by ``--db`` or ``$FTUI_DB`` in one line (a mistyped path must not leave an empty database behind
+    and show "no runs"). The default database is created on first use by any command.
+    """
+    import os
+
+    from runner.paths import FolderError, default_db_url, home, make_private_dir
     from store import Store, StoreError
 
+    chosen = getattr(args, "db", None) or os.environ.get("FTUI_DB")
     try:
-        return Store(getattr(args, "db", None) or default_db_url())
-    except StoreError as exc:
+        if not chosen:
+            make_private_dir(home())  # the data folder is created mode 0700 (before SQLite creates it)
+        return Store(chosen or default_db_url(), create=create or not chosen)
+    except (StoreError, FolderError) as exc:
         raise UsageError(str(exc)) from None
 
 

@@ -97,7 +97,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from runner.compare import load_comparison, sweep_run_ids
 
     _output(args)
-    store = open_store(args)
+    store = open_store(args, create=False)
     ids = list(args.run_ids)
     if args.sweep:
         in_sweep = sweep_run_ids(store, args.sweep)
@@ -119,38 +119,54 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.text import Text
 
     from runner import sweep as sw
     from runner.compare import load_comparison
+    from runner.inputs import check_inputs
     from runner.orchestrator import cuda_device_count
-    from runner.recipe import RecipeError
+    from runner.recipe import RecipeError, load_recipe
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    if not strategies:
+        raise UsageError(f"--strategies: no strategy named in {args.strategies!r} (e.g. single,ddp)")
     _output(args)
     try:
         items = sw.plan(args.recipe, strategies, args.nproc, args.overrides, args.grid,
                         default_nproc=max(2, cuda_device_count()))
+        # Data and run folders are the same for every item: checked once, before any run is recorded.
+        check_inputs(load_recipe(args.recipe, args.overrides))
     except RecipeError as exc:
         raise UsageError(str(exc)) from None
-    store = open_store(args)
+    store = open_store(args, create=True)
     console = Console(highlight=False, stderr=args.format != "text" and args.output is None)
     sweep_id = sw.new_sweep_id()
-    console.print(f"sweep [bold]{sweep_id}[/]: {len(items)} runs, one after another")
+    console.print(Text.assemble("sweep ", (sweep_id, "bold"), f": {len(items)} runs, one after another"))
 
+    # Grid values, notes and failure reasons are the user's or a run's text: printed as text.
     def on_start(item: sw.SweepItem, run_id: int) -> None:
         grid = f" [{item.grid}]" if item.grid else ""
-        console.print(f"run {run_id} · {item.strategy} x {item.nproc}{grid} · {item.note}")
+        console.print(f"run {run_id} · {item.strategy} x {item.nproc}{grid} · {item.note}", markup=False)
 
     def on_done(item: sw.SweepItem, result: sw.SweepResult) -> None:
         style = {"completed": "green", "failed": "red"}.get(result.status, "yellow")
         reason = f": {result.reason}" if result.reason else ""
-        console.print(f"  run {result.run_id} {item.strategy}: [{style}]{result.status}[/]{reason}", soft_wrap=True)
+        console.print(Text.assemble(f"  run {result.run_id} {item.strategy}: ", (result.status, style), reason),
+                      soft_wrap=True)
 
-    _, results = sw.run_sweep(store, args.recipe, items, sweep_id=sweep_id, on_start=on_start, on_done=on_done)
+    from runner.procs import StopRequest
+
+    stop = StopRequest()
+    restore = stop.install()  # Ctrl-C/SIGTERM/SIGHUP stop the current run as in ftui run, and end the sweep
+    try:
+        _, results = sw.run_sweep(store, args.recipe, items, sweep_id=sweep_id, on_start=on_start, on_done=on_done,
+                                  execute_kwargs={"stop": stop})
+    finally:
+        restore()
     cmp = load_comparison(store, [r.run_id for r in results], peak_tflops=args.peak_tflops, sweep_id=sweep_id,
                           with_samples=args.format == "html")
     _emit(args, cmp)
     console.print(f"reopen with: ftui compare --sweep {sweep_id}", markup=False)
-    if any(r.status == "stopped" for r in results):
+    if stop.is_set() or any(r.status == "stopped" for r in results):
         return ExitCode.INTERRUPTED
     return ExitCode.OK if cmp.fastest_id is not None else ExitCode.FAILED

@@ -196,8 +196,8 @@ def _print_text(report: dict[str, Any], inp: Any, gpu_mem: int, n_gpus: int, not
         )
     con.print(table)
     for note in notes:
-        con.print(f"[dim]{note}[/]")
-    con.print(f"[bold]recommendation (estimated):[/] {report['recommendation']['reason']}")
+        con.print(Text(note, style="dim"))  # notes name the user's model: text, not markup
+    con.print(Text.assemble(("recommendation (estimated):", "bold"), f" {report['recommendation']['reason']}"))
 
 
 def _probe(args: argparse.Namespace) -> int:
@@ -239,14 +239,14 @@ def run_finder(args: argparse.Namespace, recipe: Any, mem_cap: str | None, sourc
     else:
         return fail("find batch size: on CPU give the memory budget per rank with --mem-cap or "
                      "launch.mem_cap in the recipe, e.g. 3GiB")
-    store = open_store(args)
+    store = open_store(args, create=True)
     con.print(f"finding the micro-batch for {recipe.launch.strategy} × {recipe.launch.nproc} within "
               f"{fmt_bytes(cap)} per rank ({origin}); short real runs of 2 steps, at most 6")
 
     def show(t: Any) -> None:
         verdict = "fits" if t.fits else ("over the cap" if t.status == "completed" else f"failed: {t.error}")
         con.print(f"  batch {t.batch_size:>3}: run {t.run_id}, measured {fmt_bytes(t.measured_bytes)} per rank"
-                  f" → {verdict}")
+                  f" → {verdict}", markup=False)
 
     result = orchestrator.find_batch_size(store, recipe, cap, source=source, on_trial=show)
     if getattr(args, "format", "text") == "json":

@@ -12,14 +12,17 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-from tui.cli.common import ExitCode, UsageError, db_option
+from tui.cli.common import ExitCode, UsageError, db_option, one_line_errors
 
 COMMANDS: tuple[str, ...] = (
     "tui.cli.run",       # run
+    "tui.cli.stop",      # stop
     "tui.cli.runs",      # runs, show
     "tui.cli.gpus",      # gpus
     "tui.cli.estimate",  # estimate
     "tui.cli.compare",   # compare, sweep
+    "tui.cli.recover",   # recover
+    "tui.cli.db",        # db upgrade, db current
 )
 """The command modules, in the order ``--help`` lists them. Each has ``add_parser(subparsers)`` and
 imports its heavy dependencies inside its handlers, so that building the parser stays fast."""
@@ -52,10 +55,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     for module in COMMANDS:
         importlib.import_module(module).add_parser(sub)
+    # Bad arguments of any command are one line (``ftui: ...``) and exit 2, like every other bad input.
+    for command in (parser, *sub.choices.values()):
+        one_line_errors(command)
     return parser
 
 
 def _open_app(args: argparse.Namespace) -> int:
     from tui.app import run_app  # the CLI's one import of the Textual app (see the module docstring)
+    from tui.cli.common import console, open_store
+    from tui.cli.recover import recover_quietly
 
+    try:  # runs whose watcher died (runner.recover); the app says itself what is wrong with the store
+        recover_quietly(open_store(args, create=True), console(stderr=True))
+    except UsageError:
+        pass
     return run_app(db_url=getattr(args, "db", None), fake_gpus=args.fake_gpus)

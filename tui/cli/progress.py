@@ -13,6 +13,7 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.text import Text
 
 
 class RunProgress:
@@ -50,18 +51,30 @@ class RunProgress:
                 description=f"training ({dist}, {event.get('world_size')} proc)",
                 total=event.get("total_steps"),
             )
-            self.progress.console.print(
+            self.progress.console.print(Text(
                 f"start: {event.get('distributed_type')} on {event.get('device_type')} × {event.get('world_size')}, "
-                f"{event.get('params', 0) / 1e6:.1f}M params, {event.get('trainable_params', 0) / 1e6:.2f}M trainable"
-            )
+                f"{(event.get('params') or 0) / 1e6:.1f}M params, {(event.get('trainable_params') or 0) / 1e6:.2f}M trainable"
+            ))
         elif kind == "step":
             self.progress.update(
                 self.task,
                 completed=event["step"],
-                loss=f"{event['loss']:.4f}",
+                # A non-finite loss arrives as null (JSON has no NaN).
+                loss="skipped" if event.get("skipped") else "-" if event.get("loss") is None else f"{event['loss']:.4f}",
                 tps=f"{event['tokens_per_s']:,.0f}",
             )
         elif kind == "end":
             self.progress.update(self.task, description=f"{event.get('status')}")
         elif kind == "error":
-            self.progress.console.print(f"[red]error:[/] {event.get('message')}")
+            # Run text is printed as text: a gloo message holds "[/path/pair.cc:553]", which rich
+            # would read as a closing markup tag (MarkupError, and ftui run died with its run).
+            self.progress.console.print(Text.assemble(("error:", "red"), f" {event.get('message')}"))
+        elif kind == "hang":
+            self.progress.console.print(Text.assemble(
+                ("warning:", "yellow"),
+                f" hang suspected: no step for {event.get('since_step_s', 0):.0f} s and "
+                f"{', '.join(event.get('idle') or []) or 'devices'} idle; the run is stopped if it lasts "
+                f"as long again (--hang-after)"))
+        elif kind == "rank_exit":
+            self.progress.console.print(Text.assemble(
+                ("warning:", "yellow"), f" rank {event.get('rank')} (pid {event.get('pid')}) ended before the run did"))

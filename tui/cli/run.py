@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rich.text import Text
+
 from runner import strategies
 from tui.cli.common import ExitCode, UsageError, console, db_option, open_store, seconds_at_least
 
@@ -28,8 +30,27 @@ def add_parser(sub: Any) -> None:
                      help="telemetry: seconds between device readings (default 0.5; 0 turns telemetry off)")
     run.add_argument("--hang-after", type=seconds_at_least(1), default=300.0, metavar="SECONDS",
                      help="flag a hang when no step came for this long and every device is idle (default 300)")
+    run.add_argument("--grace", type=seconds_at_least(0), default=30.0, metavar="SECONDS",
+                     help="on Ctrl-C, SIGTERM or SIGHUP: seconds the ranks get to finish their step, save and exit "
+                          "before SIGKILL (default 30; a second Ctrl-C kills at once)")
     db_option(run)
     run.set_defaults(handler=cmd_run)
+
+    resume = sub.add_parser(
+        "resume", help="continue a run from its newest complete checkpoint, as a new run",
+        description="Continue run ID from the newest complete checkpoint in its folder (train.save_every, "
+                    "or a graceful stop, writes them): a new run with the same recipe, strategy and process "
+                    "count, going on at the next step.")
+    resume.add_argument("run_id", type=int, metavar="ID", help="the run to continue")
+    resume.add_argument("--sample-interval", type=seconds_at_least(0), default=0.5, metavar="SECONDS",
+                        help="telemetry: seconds between device readings (default 0.5; 0 turns telemetry off)")
+    resume.add_argument("--hang-after", type=seconds_at_least(1), default=300.0, metavar="SECONDS",
+                        help="flag a hang when no step came for this long and every device is idle (default 300)")
+    resume.add_argument("--grace", type=seconds_at_least(0), default=30.0, metavar="SECONDS",
+                        help="on Ctrl-C, SIGTERM or SIGHUP: seconds the ranks get to finish their step, save "
+                             "and exit before SIGKILL (default 30; a second Ctrl-C kills at once)")
+    db_option(resume)
+    resume.set_defaults(handler=cmd_resume)
 
 
 
@@ -73,9 +94,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     except RecipeError as exc:
         raise UsageError(f"{args.recipe}: {exc}") from None
     out = console(stderr=args.format == "json")
-    warnings += _gpu_warnings(recipe, args.fake_gpus)
+    from runner.inputs import input_warnings
+
+    warnings += input_warnings(recipe) + _gpu_warnings(recipe, args.fake_gpus)
     for warning in warnings:
-        out.print(f"[yellow]warning:[/] {warning}")
+        out.print(Text.assemble(("warning:", "yellow"), f" {warning}"), soft_wrap=True)
     if args.find_batch_size:
         from tui.cli.estimate import run_finder
 
@@ -87,34 +110,73 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             import shlex
 
-            out.print("[bold]argv[/]  " + shlex.join(prepared.spec.argv), soft_wrap=True)
-            out.print("[bold]env[/]   " + " ".join(f"{k}={v}" for k, v in prepared.spec.env.items()))
-            out.print(f"[bold]accelerate config[/] {prepared.spec.accelerate_config}")
+            # Paths and values in the launch are the user's text: never markup.
+            out.print(Text.assemble(("argv", "bold"), "  " + shlex.join(prepared.spec.argv)), soft_wrap=True)
+            out.print(Text.assemble(("env", "bold"), "   " + " ".join(f"{k}={v}" for k, v in prepared.spec.env.items())))
+            out.print(Text.assemble(("accelerate config", "bold"), f" {prepared.spec.accelerate_config}"))
             if prepared.spec.accelerate_config_text:
                 out.print(prepared.spec.accelerate_config_text, markup=False, highlight=False)
         return ExitCode.OK
 
-    store = open_store(args)
-    prepared = orchestrator.prepare(store, recipe, source=str(args.recipe))
+    store = open_store(args, create=True)
+    from tui.cli.recover import recover_quietly
+
+    recover_quietly(store, out)  # runs whose watcher died (runner.recover): cheap when there are none
+    try:
+        prepared = orchestrator.prepare(store, recipe, source=str(args.recipe))
+    except RecipeError as exc:
+        raise UsageError(str(exc)) from None
+    return follow(args, store, prepared, out)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    """``ftui resume ID``: a new run continuing run ID from its newest complete checkpoint."""
+    from runner import orchestrator
+    from runner.recipe import RecipeError
+
+    store = open_store(args, create=False)
+    try:
+        prepared = orchestrator.prepare_resume(store, args.run_id)
+    except RecipeError as exc:
+        raise UsageError(str(exc)) from None
+    out = console()
+    out.print(f"resuming run {args.run_id} from {prepared.recipe.train.resume_from}", markup=False, highlight=False,
+              soft_wrap=True)
+    return follow(args, store, prepared, out)
+
+
+def follow(args: argparse.Namespace, store: Any, prepared: Any, out: Any) -> int:
+    """Run a prepared run with live progress, print its summary; the exit code of ``ftui run``."""
+    from runner import orchestrator
     from tui.cli.progress import RunProgress
 
-    out.print(f"run [bold]{prepared.run_id}[/] · {recipe.launch.strategy} × {recipe.launch.nproc} · {prepared.run_dir}")
-    with RunProgress(out) as progress:
-        outcome = orchestrator.execute(store, prepared, on_event=progress.on_event,
-                                       probe=orchestrator.probe_for(args.fake_gpus),
-                                       sample_interval_s=args.sample_interval, hang_after_s=args.hang_after)
+    recipe = prepared.recipe
+    out.print(Text.assemble("run ", (str(prepared.run_id), "bold"),
+                            f" · {recipe.launch.strategy} × {recipe.launch.nproc} · {prepared.run_dir}"))
+    from runner.procs import StopRequest
+
+    stop = StopRequest()
+    restore = stop.install()  # Ctrl-C, SIGTERM, SIGHUP: graceful stop, recorded; a second one: kill now
+    try:
+        with RunProgress(out) as progress:
+            outcome = orchestrator.execute(store, prepared, on_event=progress.on_event,
+                                           probe=orchestrator.probe_for(args.fake_gpus), stop=stop,
+                                           sample_interval_s=args.sample_interval, hang_after_s=args.hang_after,
+                                           grace_s=args.grace)
+    finally:
+        restore()
     run = store.get_run(outcome.run_id)
     from tui.render.report import run_summary_table
 
     out.print(run_summary_table(run))
+    if outcome.stop_report:
+        out.print(f"stop: {outcome.stop_report}", markup=False)
     if outcome.status == "completed":
         return ExitCode.OK
     if outcome.status == "stopped":
         out.print("[yellow]stopped[/]")
         return ExitCode.INTERRUPTED
-    from rich.markup import escape
-
-    out.print(f"[red]failed:[/] {escape(outcome.error or '')}")
+    out.print(Text.assemble(("failed:", "red"), f" {outcome.error or ''}"))
     return ExitCode.FAILED
 
 

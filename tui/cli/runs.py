@@ -25,7 +25,7 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    store = open_store(args)
+    store = open_store(args, create=False)
     runs = store.list_runs(status=args.status)
     if args.format == "json":
         from tui.render.report import run_to_json
@@ -39,7 +39,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    store = open_store(args)
+    store = open_store(args, create=False)
     run = store.get_run(args.run_id)
     if run is None:
         raise UsageError(f"run {args.run_id}: no such run in {store.url}")

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from runner.compare import Comparison, RunRow
+from tui.render.plain import row as text_row
 from tui.render.report import STATUS_STYLE, fmt_bytes, fmt_seconds
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
@@ -122,7 +123,7 @@ def summary_lines(cmp: Comparison) -> list[str]:
 def rich_table(cmp: Comparison) -> RenderableType:
     """Figures down, one column per run; then the sources, the recipe diff and the verdict."""
     title = f"comparison{f' of sweep {cmp.sweep_id}' if cmp.sweep_id else ''}"
-    table = Table(title=title, show_lines=False)
+    table = Table(title=Text(title), show_lines=False)  # the sweep id came from the command line
     table.add_column("figure")
     for r in cmp.rows:
         mark = " *" if r.run_id == cmp.fastest_id else ""
@@ -131,7 +132,7 @@ def rich_table(cmp: Comparison) -> RenderableType:
         cells: list[Any] = []
         for r in cmp.rows:
             text = cell(r)
-            cells.append(Text(text, style=STATUS_STYLE.get(r.status, "")) if header == "status" else text)
+            cells.append(Text(text, style=STATUS_STYLE.get(r.status, "")) if header == "status" else Text(text))
         table.add_row(header, *cells)
     parts: list[RenderableType] = [table]
     if cmp.fastest_id is not None:
@@ -143,7 +144,7 @@ def rich_table(cmp: Comparison) -> RenderableType:
         for r in cmp.rows:
             diff.add_column(f"run {r.run_id}")
         for key, values in cmp.recipe_diff.items():
-            diff.add_row(key, *values)
+            diff.add_row(*text_row(key, *map(str, values)))  # recipe values are the user's text
         parts.append(diff)
     parts.append(Text("\n".join(summary_lines(cmp)), style="bold"))
     return Group(*parts)

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from runner.hardware import GIB, SOURCE_LABELS, DeviceSample, Probe, ProcessGpuMemory
+from tui.render.plain import row as text_row
 
 
 def _gib(n: int | None) -> str:
@@ -49,7 +50,7 @@ def format_gpus(
             message = Text("NVML sees no GPU; showing host CPU/memory", style="yellow")
         return Group(message, _cpu_table(samples))
     src = SOURCE_LABELS.get(gpus[0].source, gpus[0].source)
-    table = Table(title=f"GPUs on {gpus[0].host}", caption=f"source: {src}", title_justify="left")
+    table = Table(title=Text(f"GPUs on {gpus[0].host}"), caption=f"source: {src}", title_justify="left")
     table.add_column("GPU", justify="right")
     table.add_column("name")
     table.add_column(f"util %\n{src}", justify="right")
@@ -66,7 +67,7 @@ def format_gpus(
         )
         limit = limits.get(s.index)
         power = _num(s.power_w) + ("" if limit is None or s.power_w is None else f"/{limit:.0f}")
-        table.add_row(
+        table.add_row(*text_row(
             str(s.index),
             s.name,
             _num(s.util_pct),
@@ -75,7 +76,7 @@ def format_gpus(
             power,
             _num(s.sm_clock_mhz),
             listed or "-",
-        )
+        ))
     return table
 
 
@@ -87,7 +88,7 @@ def _cpu_table(samples: Iterable[DeviceSample]) -> Table:
     table.add_column("memory GiB\nused/total psutil", justify="right")
     for s in samples:
         if s.kind in ("rank", "host"):
-            table.add_row(
+            table.add_row(*text_row(
                 s.name, _num(s.pid), _num(s.util_pct, "{:.1f}"), f"{_gib(s.mem_used)}/{_gib(s.mem_total)}"
-            )
+            ))
     return table

@@ -15,6 +15,7 @@ from rich.text import Text
 from runner.hardware.records import SOURCE_LABELS
 from runner.summary import model_state_bytes, rank_peak
 from store import MetricPoint, RunInfo
+from tui.render.plain import row as text_row
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -50,7 +51,7 @@ def runs_table(runs: list[RunInfo]) -> Table:
                 "tokens/s", "final loss"):
         table.add_column(col, justify="right" if col in ("id", "nproc", "tokens/s", "final loss") else "left")
     for r in runs:
-        table.add_row(
+        table.add_row(*text_row(
             str(r.id),
             r.name,
             r.strategy,
@@ -62,7 +63,7 @@ def runs_table(runs: list[RunInfo]) -> Table:
             fmt_seconds(r.train_seconds),
             _num(r.tokens_per_s, ",.0f"),
             _num(r.final_loss, ".4f"),
-        )
+        ))
     return table
 
 
@@ -75,7 +76,7 @@ def run_summary_table(run: RunInfo | None) -> Table:
     if run is None:
         return table
     table.add_row("status", Text(run.status, style=STATUS_STYLE.get(run.status, "")), "orchestrator")
-    table.add_row("distributed type", run.distributed_type or "-", "accelerate (in effect)")
+    table.add_row(*text_row("distributed type", run.distributed_type or "-", "accelerate (in effect)"))
     table.add_row("steps", f"{run.steps_done or 0}/{run.total_steps or '?'}", "trainer")
     table.add_row("training time", fmt_seconds(run.train_seconds), "measured (first to last step)")
     table.add_row("tokens/s", _num(run.tokens_per_s, ",.0f"), "measured")
@@ -86,7 +87,7 @@ def run_summary_table(run: RunInfo | None) -> Table:
         states = model_state_bytes(rank)
         table.add_row(f"rank {rank['rank']} model states", fmt_bytes(states), "measured (tensor bytes)")
     for row in estimate_rows(run.summary):
-        table.add_row(*row)
+        table.add_row(*text_row(*row))
     telemetry = run.summary.get("telemetry") or {}
     for key, dev in (telemetry.get("devices") or {}).items():
         if dev["kind"] == "host":
@@ -97,31 +98,33 @@ def run_summary_table(run: RunInfo | None) -> Table:
         threads = dev.get("threads")
         if dev["kind"] == "rank" and threads and stats.get("util_mean") is not None:
             unit += f" ({stats['util_mean'] / threads:.0f}% of its {threads} thread{'s' if threads != 1 else ''})"
-        table.add_row(
+        table.add_row(*text_row(
             f"{key} util mean/peak",
             f"{_num(stats.get('util_mean'), '.0f')}/{_num(stats.get('util_peak'), '.0f')}{unit}",
             f"{SOURCE_LABELS.get(dev['source'], dev['source'])}, {span}, {stats['n']} samples",
-        )
-        table.add_row(f"{key} memory peak", fmt_bytes(stats.get("mem_peak")), SOURCE_LABELS.get(dev["source"], dev["source"]))
+        ))
+        table.add_row(*text_row(f"{key} memory peak", fmt_bytes(stats.get("mem_peak")),
+                                SOURCE_LABELS.get(dev["source"], dev["source"])))
     for rank, peak in (telemetry.get("rank_gpu_mem_peak") or {}).items():
         table.add_row(f"rank {rank} GPU memory peak", fmt_bytes(peak), "NVML (the rank's own processes)")
     overall = telemetry.get("active") or telemetry.get("whole")
     if overall and overall.get("util_mean") is not None:
         span = "active window" if telemetry.get("active") else "whole run"
         unit = overall.get("util_unit") or ("GPU busy %" if overall.get("kind") == "gpu" else "CPU % of one core")
-        table.add_row("mean/peak device util", f"{overall['util_mean']:.0f}/{_num(overall.get('util_peak'), '.0f')}%",
-                      f"{unit}, over {overall['devices']} {overall['kind']} device(s), {span}")
+        table.add_row(*text_row("mean/peak device util",
+                                f"{overall['util_mean']:.0f}/{_num(overall.get('util_peak'), '.0f')}%",
+                                f"{unit}, over {overall['devices']} {overall['kind']} device(s), {span}"))
         low, high = overall.get("util_min"), overall.get("util_max")
         if overall.get("devices", 0) > 1 and low is not None and high is not None:
-            table.add_row("util min-max over devices", f"{low:.0f}-{high:.0f}%",
-                          f"{unit}: the lowest and highest device's mean, {span}")
+            table.add_row(*text_row("util min-max over devices", f"{low:.0f}-{high:.0f}%",
+                                    f"{unit}: the lowest and highest device's mean, {span}"))
     peak = run.summary.get("mfu_peak")
     if isinstance(peak, dict) and peak.get("flops"):
         from runner.mfu import Peak
 
         stored = Peak.from_json(peak)
         if stored is not None:
-            table.add_row("MFU peak/device", stored.label(), stored.source)
+            table.add_row(*text_row("MFU peak/device", stored.label(), stored.source))  # "[fingerprint]" is no markup
     if run.error:
         table.add_row("error", Text(run.error, style="red"), "")
     return table
@@ -194,6 +197,7 @@ def run_to_json(run: RunInfo, metrics: list[MetricPoint] | None = None) -> dict[
         "distributed_type": run.distributed_type,
         "device_type": run.device_type,
         "sweep_id": run.sweep_id,
+        "resumed_from": run.resumed_from,
         "host": run.host,
         "run_dir": run.run_dir,
         "created_at": run.created_at.isoformat() + "Z",

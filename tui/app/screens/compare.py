@@ -103,7 +103,7 @@ class CompareScreen(Screen[None]):
             cells: list[str | Text] = []
             for r in cmp.rows:
                 text = cell(r)
-                cells.append(Text(text, style=STATUS_STYLE.get(r.status, "")) if header == "status" else text)
+                cells.append(Text(text, style=STATUS_STYLE.get(r.status, "")) if header == "status" else Text(text))
             table.add_row(label, *cells, key=header)
         lines = Text()
         if cmp.fastest_id is not None:
@@ -117,7 +117,8 @@ class CompareScreen(Screen[None]):
         for r in cmp.rows:
             diff.add_column(f"run {r.run_id}", key=str(r.run_id))
         for path, values in cmp.recipe_diff.items():
-            diff.add_row(path, *values, key=path)
+            # Recipe values are the user's text (names, paths, templates): never markup.
+            diff.add_row(path, *(Text(str(v)) for v in values), key=path)  # paths: schema keys
         if not cmp.recipe_diff:
             diff.add_row("(recipes identical)", *["" for _ in cmp.rows])
         plot = self.query_one("#compare-loss", LinePlot)

@@ -5,7 +5,6 @@ memory estimate."""
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import time
 from dataclasses import dataclass
@@ -137,12 +136,10 @@ def estimate_text(recipe: Recipe, probe: Any) -> Text:
     return out
 
 
-def split_error(message: str) -> tuple[str, str]:
-    """``(field.path, problem)`` of a RecipeError line ``source[:line]: field.path: problem``, or of
-    ``--set field.path: problem`` (a value that came from an override, as the form's fields do)."""
-    match = re.match(r"^--set ([\w.]+): (.*)$", message, re.S) or re.match(
-        r"^[^:]*(?::\d+)?: ([\w.]+): (.*)$", message, re.S)
-    return (match.group(1), match.group(2)) if match else ("recipe", message)
+def split_error(exc: RecipeError) -> tuple[str, str]:
+    """``(field.path, problem)`` of a RecipeError (its attributes); ``("recipe", line)`` when the
+    problem names no field."""
+    return (exc.field, exc.problem) if exc.field else ("recipe", str(exc))
 
 
 class ComposeScreen(Screen[None]):
@@ -162,6 +159,8 @@ class ComposeScreen(Screen[None]):
     def __init__(self, recipe_path: str | None = None) -> None:
         super().__init__()
         self.base_text = ""
+        self.base_dir = Path.cwd()
+        """Relative paths of base_text are taken from here (the loaded file's folder)."""
         self.recipe: Recipe | None = None
         self.errors: dict[str, str] = {}
         if recipe_path:
@@ -202,11 +201,13 @@ class ComposeScreen(Screen[None]):
     def load(self, path: str) -> None:
         try:
             text = Path(path).expanduser().read_text()
-            recipe = parse_recipe(text, source=path)
+            base_dir = Path(path).expanduser().parent
+            recipe = parse_recipe(text, source=path, base_dir=base_dir)
         except (OSError, RecipeError) as exc:
-            self.notify(str(exc), severity="error")
+            self.notify(str(exc), severity="error", markup=False)
             return
         self.base_text = text
+        self.base_dir = base_dir
         self.recipe_path = path
         with self.prevent(Input.Changed, Select.Changed):
             for f in FIELDS:
@@ -246,9 +247,9 @@ class ComposeScreen(Screen[None]):
             if o is None:
                 continue
             try:
-                parse_recipe(self.base_text, source="form", overrides=[o])
+                parse_recipe(self.base_text, source="form", overrides=[o], base_dir=self.base_dir)
             except RecipeError as exc:
-                path, msg = split_error(str(exc))
+                path, msg = split_error(exc)
                 # A consistency check may name another field (strategy ddp -> launch.nproc).
                 target = path if path in paths else f.path
                 self.errors.setdefault(target, msg)
@@ -256,9 +257,10 @@ class ComposeScreen(Screen[None]):
         recipe: Recipe | None = None
         if not self.errors:
             try:
-                recipe = parse_recipe(self.base_text, source="form", overrides=self.overrides())
+                recipe = parse_recipe(self.base_text, source="form", overrides=self.overrides(),
+                                      base_dir=self.base_dir)
             except RecipeError as exc:
-                path, msg = split_error(str(exc))
+                path, msg = split_error(exc)
                 if path in paths:
                     self.errors[path] = msg
                 else:
@@ -344,16 +346,16 @@ class ComposeScreen(Screen[None]):
         try:
             path.write_text(recipe.to_toml())
         except OSError as exc:
-            self.notify(f"{path}: {exc.strerror}", severity="error")
+            self.notify(f"{path}: {exc.strerror}", severity="error", markup=False)
             return
-        self.notify(f"saved {path}")
+        self.notify(f"saved {path}", markup=False)
 
     def action_launch(self) -> None:
         recipe = self.validate()
         if recipe is None:
             self.notify("not launched: the recipe does not validate", severity="error")
             return
-        self.notify(f"launching {recipe.name} ({recipe.launch.strategy} × {recipe.launch.nproc})…")
+        self.notify(f"launching {recipe.name} ({recipe.launch.strategy} × {recipe.launch.nproc})…", markup=False)
         self.launch(recipe, self.recipe_path)
 
     @work(thread=True, group="launch")

@@ -20,7 +20,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Label(self.question)
+            yield Label(self.question, markup=False)
             with Horizontal(classes="buttons"):
                 yield Button("Yes (y)", variant="error", id="yes")
                 yield Button("No (n)", id="no")
@@ -44,7 +44,7 @@ class PromptScreen(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Label(self.question)
+            yield Label(self.question, markup=False)
             yield Input(value=self.value, id="prompt")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +29,8 @@ BAR = 10
 
 
 class MonitorScreen(Screen[None]):
-    """Watch one run; stop it (SIGTERM to its process group) or kill it (SIGKILL, confirmed)."""
+    """Watch one run; stop it (graceful: the ranks finish their step and save) or kill it (SIGKILL,
+    confirmed); both through :func:`runner.procs.request_stop`."""
 
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),
@@ -203,56 +202,32 @@ class MonitorScreen(Screen[None]):
         self.logs_toggled = not self.logs_toggled
 
     @work(thread=True, group="signal")
-    def _signal(self, sig: int, what: str) -> None:
-        """Read the run (DB) and find its orchestrator (psutil) in a thread; report with a Notice."""
-        from runner.orchestrator import signal_group
+    def _signal(self, kill: bool, what: str) -> None:
+        """Ask the run to stop (:func:`runner.procs.request_stop`) in a thread; report with a Notice.
+
+        A watcher alive on this host (the background orchestrator, or an ``ftui run``) is signalled and
+        records the status itself; without one, every process of the run is stopped and checked here."""
+        from runner.procs import StopRefused, request_stop
 
         try:
-            run = self.ftui.store.get_run(self.run_id)
+            result = request_stop(self.ftui.store, self.run_id, kill=kill, wait=False)
+        except StopRefused as exc:
+            self.post_message(Notice(str(exc), "warning"))
+            return
         except Exception as exc:  # noqa: BLE001 (a locked database: say so)
             self.post_message(Notice(f"run {self.run_id}: {exc}", "error"))
             return
-        if run is None or not run.pgid or run.status not in ("running", "created"):
-            self.post_message(Notice(f"run {self.run_id} is not running", "warning"))
-            return
-        orchestrator = _orchestrator_pid(run)
-        if sig == signal.SIGTERM and orchestrator is not None:
-            # The detached orchestrator stops the group itself (SIGTERM, then SIGKILL after a grace
-            # period) and records the run as stopped; a bare SIGTERM to the group kills the accelerate
-            # launcher first, and the run would be recorded as failed.
-            os.kill(orchestrator, sig)
-            self.post_message(Notice(f"{what} sent to run {run.id} (its orchestrator, pid {orchestrator})"))
-        elif signal_group(run.pgid, sig):
-            self.post_message(Notice(f"{what} sent to run {run.id} (process group {run.pgid})"))
-        else:
-            self.post_message(Notice(f"run {run.id}: process group {run.pgid} is gone (another machine, or ended)",
-                                     "warning"))
+        self.post_message(Notice(f"{what}: run {result.run_id}: {result.how}"))
 
     def action_stop(self) -> None:
-        self._signal(signal.SIGTERM, "SIGTERM (graceful stop)")
+        self._signal(False, "stop (graceful)")
 
     def action_kill(self) -> None:
         def done(yes: bool | None) -> None:
             if yes:
-                self._signal(signal.SIGKILL, "SIGKILL")
+                self._signal(True, "kill")
 
         self.app.push_screen(ConfirmScreen(f"Kill run {self.run_id} (SIGKILL every process)?"), done)
-
-
-def _orchestrator_pid(run: Any) -> int | None:
-    """The pid of the run's detached orchestrator, when it runs on this host and is still alive."""
-    import socket
-
-    import psutil
-
-    pid = run.summary.get("orchestrator_pid")
-    if not pid or run.host != socket.gethostname():
-        return None
-    try:
-        cmdline = " ".join(psutil.Process(pid).cmdline())
-    except (psutil.Error, OSError):
-        return None
-    return int(pid) if "runner.orchestrator" in cmdline and f"--run-id {run.id}" in cmdline else None
 
 
 def fmt_pair(used: int | None, total: int | None) -> str:
@@ -266,7 +241,9 @@ def fmt_pair(used: int | None, total: int | None) -> str:
 
 def _upsert(table: DataTable[Any], key: str, *cells: Any) -> None:
     """Update a row's cells in place (a cheap repaint), or add the row the first time its key is seen.
-    Clearing and re-adding every row forces a layout pass per update."""
+    Clearing and re-adding every row forces a layout pass per update. Strings become ``Text``: a
+    DataTable parses strings as markup, and these cells carry process and device names."""
+    cells = tuple(Text(c) if isinstance(c, str) else c for c in cells)
     if key not in table.rows:
         table.add_row(*cells, key=key)
         return

@@ -140,7 +140,8 @@ class RunsScreen(Screen[None]):
             current = self.current_id()
             table.clear()
             for key, cells in rows:
-                table.add_row(*cells, key=key)
+                # Strings given to a DataTable are parsed as markup: a run named "[/]" must stay text.
+                table.add_row(*(Text(c) if isinstance(c, str) else c for c in cells), key=key)
             if current is not None:
                 try:
                     table.move_cursor(row=table.get_row_index(str(current)), animate=False)

@@ -1,0 +1,50 @@
+"""Facts about this host that a command asks several times (is this a CPU run? how many GPUs?),
+detected once per process: each NVML start costs time, and ``ftui run`` asked 3-4 times."""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What this host has, as detected once (NVML for GPUs, psutil for cores)."""
+
+    gpu_count: int
+    """GPUs NVML lists (0 without a driver), before CUDA_VISIBLE_DEVICES."""
+    visible_gpus: int
+    """GPUs the trainer will see: ``gpu_count`` limited by CUDA_VISIBLE_DEVICES."""
+    cpu_cores: int
+    """Physical cores (psutil), else logical ones."""
+    hostname: str
+
+    @property
+    def has_cuda(self) -> bool:
+        """Whether a run here can train on a GPU."""
+        return self.visible_gpus > 0
+
+
+def detect() -> HostFacts:
+    """Detect the facts now (one NVML start)."""
+    import psutil
+
+    from runner.hardware import NvmlBackend
+
+    backend = NvmlBackend()
+    try:
+        count = backend.device_count()
+    finally:
+        backend.close()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    seen = count if visible is None else min(count, len([v for v in visible.split(",") if v.strip()]))
+    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    return HostFacts(gpu_count=count, visible_gpus=seen, cpu_cores=cores, hostname=socket.gethostname())
+
+
+@functools.cache
+def current() -> HostFacts:
+    """The facts of this host, detected on first use and then kept for the life of the command."""
+    return detect()

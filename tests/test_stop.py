@@ -1,0 +1,237 @@
+"""Stopping runs: signals to ``ftui run``, ``ftui stop``, hung ranks, escalation (issue 10: defects 3, 4,
+5, 12). Real ``ftui run`` subprocesses training quickstart on CPU; the processes of each run are checked
+with psutil from the pids the ranks wrote (RUN/ranks/*.pid)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.conftest import QUICKSTART, ROOT, Ftui
+
+# Small steps so that a stop (which waits for the current step) is quick on a busy 2-core machine.
+FAST = ["--set", "train.max_steps=5000", "--set", "data.context_length=32", "--set", "train.batch_size=2"]
+DDP = ["--strategy", "ddp", "--nproc", "2"]
+
+
+class Background:
+    """``ftui run`` started in the background, and its run (found through ``ftui runs``)."""
+
+    def __init__(self, ftui: Ftui, name: str, *flags: str) -> None:
+        self.ftui = ftui
+        self.name = name
+        self.proc = subprocess.Popen([sys.executable, "-m", "tui.cli", "run", str(QUICKSTART), *FAST, *flags,
+                                      "--name", name, "--sample-interval", "0"],
+                                     env=ftui.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+        self.run_id: int | None = None
+        self.run_dir: Path | None = None
+
+    def wait_for_steps(self, ranks: int, timeout: float = 240) -> None:
+        """Until the journal has a step and every rank has written its pid."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"ftui run ended early: {self.proc.communicate()[0][-3000:]}"
+            if self.run_dir is None:
+                run = next((r for r in self.ftui.runs() if r["name"] == self.name), None)
+                if run is not None and run.get("run_dir"):
+                    self.run_id, self.run_dir = run["id"], Path(run["run_dir"])
+            if self.run_dir is not None and len(self.pids()) == ranks and '"type":"step"' in self.journal_text():
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"no step within {timeout} s")
+
+    def pids(self) -> dict[int, int]:
+        assert self.run_dir is not None
+        folder = self.run_dir / "ranks"
+        return {int(p.stem): int(p.read_text()) for p in folder.glob("*.pid")} if folder.is_dir() else {}
+
+    def journal_text(self) -> str:
+        assert self.run_dir is not None
+        path = self.run_dir / "events.jsonl"
+        return path.read_text() if path.exists() else ""
+
+    def journal(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.journal_text().splitlines() if line.strip()]
+
+    def finish(self, timeout: float = 180) -> tuple[int, str]:
+        out, _ = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, out
+
+    def show(self) -> dict[str, Any]:
+        assert self.run_id is not None
+        return self.ftui.show(self.run_id)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def assert_all_gone(bg: Background) -> None:
+    pids = bg.pids()
+    assert pids, "the ranks wrote no pid files"
+    left = [pid for pid in pids.values() if alive(pid)]
+    assert not left, f"rank processes still alive: {left}"
+    assert bg.run_dir is not None
+    from runner.procs import find_processes
+
+    assert find_processes(bg.run_dir) == {}
+
+
+def test_stop_unknown_run_is_one_line_exit_2(ftui: Ftui) -> None:
+    proc = ftui.run("stop", "99999")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "ftui: run 99999: no such run"
+    assert proc.stdout == ""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_stop_ddp_like_ctrl_c(ftui: Ftui, sig: signal.Signals) -> None:
+    """Defect 3 (and 4: the ranks live in sessions of their own, away from the launcher's group)."""
+    bg = Background(ftui, f"stop-{sig.name}", *DDP, "--grace", "120")
+    bg.wait_for_steps(ranks=2)
+    bg.proc.send_signal(sig)
+    code, out = bg.finish()
+    assert code == 130, out[-3000:]
+    run = bg.show()
+    assert run["status"] == "stopped", run
+    ends = [e for e in bg.journal() if e["type"] == "end"]
+    assert ends and ends[-1]["status"] == "stopped", "the ranks did not finish their step and journal their end"
+    assert "all processes exited within the grace period" in run["summary"]["stop"]
+    assert_all_gone(bg)
+
+
+@pytest.mark.slow
+def test_ctrl_c_of_single_process_run_lets_the_rank_end(ftui: Ftui) -> None:
+    """Defect 5: the grace period waits for the rank, not for the launcher (which exits at once)."""
+    bg = Background(ftui, "stop-single-int", "--strategy", "single", "--grace", "120")
+    bg.wait_for_steps(ranks=1)
+    bg.proc.send_signal(signal.SIGINT)
+    code, out = bg.finish()
+    assert code == 130, out[-3000:]
+    ends = [e for e in bg.journal() if e["type"] == "end"]
+    assert ends and ends[-1]["status"] == "stopped", "the rank was killed before it journalled its end"
+    run = bg.show()
+    assert run["status"] == "stopped"
+    assert run["summary"]["steps"] >= 1 and run["summary"]["final_loss"] is not None
+    assert_all_gone(bg)
+
+
+@pytest.mark.slow
+def test_hung_rank_is_killed_after_the_grace_period(ftui: Ftui) -> None:
+    """Defect 4: a rank stopped with SIGSTOP (a hang) and its partner stuck in the collective are both
+    SIGKILLed after the grace period; the status is still recorded and ftui exits 130."""
+    bg = Background(ftui, "stop-hung", *DDP, "--grace", "3")
+    bg.wait_for_steps(ranks=2)
+    os.kill(bg.pids()[1], signal.SIGSTOP)
+    time.sleep(1.0)
+    started = time.monotonic()
+    bg.proc.send_signal(signal.SIGINT)
+    code, out = bg.finish(timeout=120)
+    assert code == 130, out[-3000:]
+    assert time.monotonic() - started < 60
+    run = bg.show()
+    assert run["status"] == "stopped", run
+    assert "SIGKILLed" in run["summary"]["stop"] and "no process of the run left" in run["summary"]["stop"]
+    assert_all_gone(bg)
+
+
+@pytest.mark.slow
+def test_second_ctrl_c_kills_at_once_and_records_the_status(ftui: Ftui) -> None:
+    """Defect 5: a second Ctrl-C cuts a long grace period short; the run is still recorded."""
+    bg = Background(ftui, "stop-twice", *DDP, "--grace", "600")
+    bg.wait_for_steps(ranks=2)
+    os.kill(bg.pids()[0], signal.SIGSTOP)  # keeps the run from ending on its own within the grace period
+    bg.proc.send_signal(signal.SIGINT)
+    time.sleep(2.0)
+    started = time.monotonic()
+    bg.proc.send_signal(signal.SIGINT)
+    code, out = bg.finish(timeout=120)
+    assert code == 130, out[-3000:]
+    assert time.monotonic() - started < 60
+    assert bg.show()["status"] == "stopped"
+    assert_all_gone(bg)
+
+
+@pytest.mark.slow
+def test_ftui_stop_from_another_process(ftui: Ftui) -> None:
+    """``ftui stop ID`` asks the run's watcher (the ``ftui run`` process) and waits for the status."""
+    bg = Background(ftui, "stop-cmd", *DDP, "--grace", "120")
+    bg.wait_for_steps(ranks=2)
+    assert bg.run_id is not None
+    proc = ftui.run("stop", str(bg.run_id), "--grace", "120", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"run {bg.run_id}: stopped" in proc.stdout
+    code, out = bg.finish()
+    assert code == 130, out[-3000:]
+    assert bg.show()["status"] == "stopped"
+    assert_all_gone(bg)
+    again = ftui.run("stop", str(bg.run_id))
+    assert (again.returncode, again.stderr.strip()) == (2, f"ftui: run {bg.run_id}: not running (status stopped)")
+
+
+@pytest.mark.slow
+def test_ftui_stop_kill_without_a_watcher(ftui: Ftui) -> None:
+    """The watcher is gone (SIGKILLed): ``ftui stop --kill`` finds the run's processes itself, kills
+    them, checks, and records ``failed`` ("killed by user")."""
+    bg = Background(ftui, "stop-orphan", *DDP)
+    bg.wait_for_steps(ranks=2)
+    bg.proc.kill()
+    bg.finish()
+    assert all(alive(p) for p in bg.pids().values()), "the ranks should outlive their watcher"
+    assert bg.run_id is not None
+    proc = ftui.run("stop", str(bg.run_id), "--kill", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = bg.show()
+    assert (run["status"], run["error"]) == ("failed", "killed by user")
+    assert_all_gone(bg)
+
+
+def test_one_machine_rendezvous_listens_on_loopback(ftui: Ftui) -> None:
+    """Defect 12, through the dry run: the accelerate config and the environment name the loopback."""
+    proc = ftui.run("run", str(QUICKSTART), *DDP, "--dry-run", "--format", "json", check=True)
+    spec = json.loads(proc.stdout)
+    assert spec["env"]["MASTER_ADDR"] == "127.0.0.1"
+    assert spec["env"]["GLOO_SOCKET_IFNAME"] == "lo"
+    import yaml
+
+    config = yaml.safe_load(Path(spec["accelerate_config"]).read_text())
+    assert (config["num_machines"], config["main_process_ip"]) == (1, "127.0.0.1")
+
+
+def test_host_facts_are_detected_once_per_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    """"Is this a CPU run?" was asked 3-4 times per ``ftui run``, each time starting NVML afresh."""
+    from runner import hostfacts, orchestrator
+    from runner.recipe import parse_recipe
+
+    calls: list[hostfacts.HostFacts] = []
+    real = hostfacts.detect
+
+    def counting() -> hostfacts.HostFacts:
+        calls.append(real())
+        return calls[-1]
+
+    monkeypatch.setattr(hostfacts, "detect", counting)
+    hostfacts.current.cache_clear()
+    recipe = parse_recipe("")
+    orchestrator.preflight(recipe)
+    orchestrator.cpu_threads(recipe)
+    orchestrator.cuda_device_count()
+    orchestrator.estimate_summary(recipe)
+    assert len(calls) == 1
+    facts = calls[0]
+    assert facts.has_cuda == (facts.visible_gpus > 0) and facts.cpu_cores >= 1
+    hostfacts.current.cache_clear()
