@@ -2,18 +2,18 @@
 
 :func:`build_comparison` is pure (stored runs and their metrics in, a :class:`Comparison` out);
 :func:`load_comparison` reads the store and resolves MFU peaks (which may run a short CPU benchmark).
-Rendering lives in ``tui/compare_report.py``.
+Rendering lives in ``tui/render/compare.py``.
 """
 
 from __future__ import annotations
 
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from runner import strategies
-from runner.mfu import Peak, compute_mfu, flops_per_token
+from runner.mfu import Peak, compute_mfu, flops_per_token, trustworthy
 from runner.summary import busiest_peak
 from store import MetricPoint, RunInfo, SampleInfo, Store
 
@@ -33,7 +33,15 @@ class RunRow:
     micro_batch: int | None
     grad_accum: int | None
     global_batch: int | None
-    util_mean: float | None
+    cpu_util: float | None
+    """CPU % of the rank's torch threads (mean over ranks), or CPU% of one core when ``cpu_threads`` is None."""
+    cpu_threads: int | None
+    """Torch threads of each rank (the divisor of ``cpu_util``)."""
+    gpu_busy: float | None
+    """NVML GPU busy % (time a kernel ran), mean over GPUs: a different unit from ``cpu_util``."""
+    util_min: float | None
+    """Lowest device's mean utilisation (same unit as the run's ``cpu_util`` or ``gpu_busy``)."""
+    util_max: float | None
     util_source: str
     train_seconds: float | None
     tokens_per_s: float | None
@@ -41,6 +49,17 @@ class RunRow:
     mfu: float | None
     achieved_tflops: float | None
     peak_source: str | None
+    peak_flops: float | None
+    """Peak FLOP/s of one device that MFU divides by."""
+    peak_dtype: str | None
+    peak_threads: int | None
+    peak_kind: str | None
+    """``measured`` (CPU benchmark), ``datasheet`` (GPU) or ``given`` (--peak-tflops, the recipe)."""
+    peak_measured_at: str | None
+    """ISO date-time (UTC) the CPU peak was measured."""
+    peak_fingerprint: str | None
+    peak_label: str
+    """``40.6 GFLOP/s fp32, 2 threads, measured 2026-11-23``, or ``-``."""
     mem_measured: int | None
     mem_measured_source: str
     mem_estimated: int | None
@@ -55,7 +74,9 @@ class RunRow:
     grid: str = ""
     """The sweep's grid values for this run (``train.batch_size=2``), empty outside a grid."""
     mfu_note: str | None = None
-    """Why MFU is '-' for a run that completed (an unknown GPU model, no model config...)."""
+    """Why MFU is '-' for a run that completed (an unknown GPU model, no model config, MFU > 100%...)."""
+    mfu_rejected: float | None = None
+    """An MFU above 100% that was not shown (the peak cannot be right), as a fraction."""
 
 
 @dataclass(frozen=True)
@@ -172,9 +193,16 @@ def _recipe(run: RunInfo) -> dict[str, Any]:
         return {}
 
 
-def model_dims(recipe: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Layers, heads, head size and context length of a recipe's model (builtin, or a local folder
-    whose config transformers can read offline); None when unknown."""
+def model_dims(recipe: Mapping[str, Any], run: RunInfo | None = None) -> dict[str, Any] | None:
+    """Layers, heads, head size and context length of a run's model: stored by the trainer in the
+    run's summary (``model_dims``: no transformers import), else read from the recipe's model (builtin,
+    or a local folder whose config transformers can read offline; ``config`` then holds it); None
+    when unknown."""
+    from runner.mfu import dims_from_config
+
+    stored = run.summary.get("model_dims") if run is not None else None
+    if isinstance(stored, Mapping) and all(isinstance(stored.get(k), int) for k in ("layers", "heads", "head_dim", "seq_len")):
+        return dict(stored)
     model = recipe.get("model", {}).get("name", "")
     seq = int(recipe.get("data", {}).get("context_length", 0) or 0)
     try:
@@ -188,18 +216,8 @@ def model_dims(recipe: Mapping[str, Any]) -> dict[str, Any] | None:
             cfg = AutoConfig.from_pretrained(model, local_files_only=True)
     except Exception:  # noqa: BLE001 (no config here: MFU is shown as '-')
         return None
-    heads = int(getattr(cfg, "num_attention_heads", 0) or 0)
-    hidden = int(getattr(cfg, "hidden_size", 0) or 0)
-    head_dim = int(getattr(cfg, "head_dim", 0) or 0) or (hidden // heads if heads else 0)
-    layers = int(getattr(cfg, "num_hidden_layers", 0) or 0)
-    if not (heads and head_dim and layers and seq):
-        return None
-    # The input embedding is a lookup, not a matmul: it costs no FLOPs (PaLM counts non-embedding N).
-    # An untied output head is a matmul and stays in N.
-    tied = bool(getattr(cfg, "tie_word_embeddings", False))
-    embedding = 0 if tied else int(getattr(cfg, "vocab_size", 0) or 0) * hidden
-    return {"layers": layers, "heads": heads, "head_dim": head_dim, "seq_len": seq, "embedding_params": embedding,
-            "config": cfg}
+    dims = dims_from_config(cfg, seq)
+    return None if dims is None else {**dims, "config": cfg}
 
 
 def estimated_memory(run: RunInfo, recipe: Mapping[str, Any], dims: Mapping[str, Any] | None) -> tuple[int | None, str]:
@@ -209,10 +227,12 @@ def estimated_memory(run: RunInfo, recipe: Mapping[str, Any], dims: Mapping[str,
     if isinstance(stored, (int, float)):
         return int(stored), "stored estimate"
     if isinstance(stored, Mapping):
+        if isinstance(stored.get("per_device_bytes"), Mapping):  # what the orchestrator stores at prepare time
+            stored = stored["per_device_bytes"]
         for key in ("total", "total_bytes", "per_device", "bytes"):
             if isinstance(stored.get(key), (int, float)):
                 return int(stored[key]), "stored estimate"
-    if dims is None:
+    if dims is None or "config" not in dims:  # dims stored by the trainer carry no config
         return None, "-"
     try:
         from runner.planner import EstimateInput, estimate, shape_from_config
@@ -236,16 +256,48 @@ def estimated_memory(run: RunInfo, recipe: Mapping[str, Any], dims: Mapping[str,
         return None, "-"
 
 
-def util_source(run: RunInfo) -> str:
+@dataclass(frozen=True)
+class Utilisation:
+    """A run's utilisation as compare shows it (see :func:`runner.telemetry.summarise`)."""
+
+    cpu: float | None
+    threads: int | None
+    gpu: float | None
+    low: float | None
+    high: float | None
+    source: str
+
+
+def utilisation(run: RunInfo) -> Utilisation:
+    """The run's mean utilisation over its ranks (CPU % of each rank's threads) or GPUs (NVML busy %),
+    with the lowest and highest device, from its stored telemetry summary (active window first)."""
+    from runner.telemetry import CPU_CORE_UNIT, GPU_UTIL_UNIT, cpu_threads_unit
+
     tel = run.summary.get("telemetry") or {}
     overall = tel.get("active") or tel.get("whole") or {}
     kind = overall.get("kind")
     window = "active window" if tel.get("active") else "whole run"
+    mean, low, high = overall.get("util_mean"), overall.get("util_min"), overall.get("util_max")
+    if (overall.get("devices") or 0) < 2:  # a spread needs two devices
+        low = high = None
     if kind == "gpu":
-        return f"NVML GPU utilisation %, {window}"
-    if kind == "rank":
-        return f"psutil CPU% of one core per rank, {window}"
-    return "-"
+        return Utilisation(None, None, mean, low, high, f"{GPU_UTIL_UNIT}, mean over GPUs, {window}")
+    if kind != "rank":
+        return Utilisation(None, None, None, None, None, "-")
+    threads = overall.get("threads")
+    if "util_unit" not in overall:  # stored before threads were recorded: CPU% of one core, no spread
+        stored = run.summary.get("threads")
+        threads = int(stored) if isinstance(stored, int) and stored > 0 else None
+        if mean is not None and threads:
+            mean = mean / threads
+        low = high = None
+    unit = cpu_threads_unit(threads) if threads else CPU_CORE_UNIT
+    return Utilisation(mean, threads, None, low, high, f"{unit}, mean over ranks, {window}")
+
+
+def util_source(run: RunInfo) -> str:
+    """Where the run's utilisation figure comes from, and its unit."""
+    return utilisation(run).source
 
 
 def _mem_measured(run: RunInfo) -> tuple[int | None, str]:
@@ -287,7 +339,9 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
               dims: Mapping[str, Any] | None, grid: str = "", peak_note: str | None = None) -> RunRow:
     """The figures of one run (pure, apart from a memory estimate computed from the recipe).
 
-    ``peak_note`` says why ``peak`` is None (shown as the reason MFU is '-').
+    ``peak_note`` says why ``peak`` is None (shown as the reason MFU is '-'), or what was done about a
+    peak that gave an MFU above 100% (such an MFU is never shown: ``mfu`` is None, ``mfu_rejected``
+    holds it and ``mfu_note`` says why).
     """
     recipe = _recipe(run)
     train = recipe.get("train", {})
@@ -296,28 +350,47 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
     devices = device_count(run)
     global_batch = strategies.global_batch(run.strategy, micro, ga, run.nproc) if micro and ga else None
     tps = run.tokens_per_s
-    mfu = achieved = None
+    mfu = achieved = rejected = None
     peak_source = peak.source if peak else None
     params = run.summary.get("params")
+    over_note = None
     if tps and peak and dims and params:
         trainable = run.summary.get("trainable_params") if run.method != "full" else None
         matmul_params = int(params) - int(dims.get("embedding_params", 0))
         fpt = flops_per_token(matmul_params, dims["layers"], dims["heads"], dims["head_dim"], dims["seq_len"], trainable)
         m = compute_mfu(fpt, tps, peak, devices)
-        mfu, achieved = m.mfu, m.achieved_flops / 1e12
+        achieved = m.achieved_flops / 1e12
+        if trustworthy(m.mfu):
+            mfu = m.mfu
+        else:  # never printed: a figure above 100% says the peak is wrong, not that the run was fast
+            rejected = m.mfu
+            over_note = (f"MFU > 100% against {peak.label()} x {devices} device(s): peak not trustworthy"
+                         f"{'; ' + peak_note if peak_note else ''}")
+    util = utilisation(run)
+    measured_at = None
+    if peak and peak.measured_at:
+        from datetime import UTC, datetime
+
+        measured_at = datetime.fromtimestamp(peak.measured_at, UTC).isoformat(timespec="seconds")
     mem, mem_source = _mem_measured(run)
     est, est_source = estimated_memory(run, recipe, dims)
     reason = run.error if run.status != "completed" else None
     return RunRow(
         run_id=run.id, name=run.name, strategy=run.strategy, method=run.method, devices=devices,
         device_type=run.device_type, micro_batch=micro, grad_accum=ga, global_batch=global_batch,
-        util_mean=run.mean_util, util_source=util_source(run), train_seconds=run.train_seconds,
+        cpu_util=util.cpu, cpu_threads=util.threads, gpu_busy=util.gpu, util_min=util.low, util_max=util.high,
+        util_source=util.source, train_seconds=run.train_seconds,
         tokens_per_s=tps, tokens_per_s_per_device=tps / devices if tps else None,
         mfu=mfu, achieved_tflops=achieved, peak_source=peak_source,
+        peak_flops=peak.flops if peak else None, peak_dtype=peak.dtype if peak else None,
+        peak_threads=peak.threads if peak else None, peak_kind=peak.kind if peak else None,
+        peak_measured_at=measured_at, peak_fingerprint=peak.fingerprint if peak else None,
+        peak_label=peak.label() if peak else "-",
         mem_measured=mem, mem_measured_source=mem_source, mem_estimated=est, mem_estimated_source=est_source,
         final_loss=run.final_loss, best_loss=best_loss(metrics), status=run.status, reason=reason,
         note=run.summary.get("sweep_note"), grid=grid or str(run.summary.get("sweep_grid") or ""),
-        mfu_note=None if mfu is not None else _mfu_note(run, peak, peak_note, dims),
+        mfu_note=over_note or (None if mfu is not None else _mfu_note(run, peak, peak_note, dims)),
+        mfu_rejected=rejected,
     )
 
 
@@ -371,8 +444,6 @@ def build_comparison(
 
 
 def _with(row: RunRow, **changes: Any) -> RunRow:
-    from dataclasses import replace
-
     return replace(row, **changes)
 
 
@@ -394,8 +465,13 @@ def timeline(samples: Sequence[SampleInfo]) -> dict[str, list[tuple[float, float
 
 def default_peak(run: RunInfo, recipe: Mapping[str, Any], peak_tflops: float | None = None,
                  samples: Sequence[SampleInfo] = ()) -> Peak | None:
-    """The peak FLOP/s of one of the run's devices: ``peak_tflops`` when given, the datasheet figure
-    of its GPU, or on CPU the measured matmul peak with the threads each rank used."""
+    """The peak FLOP/s of one of the run's devices, in the dtype it trained in.
+
+    In order: ``peak_tflops`` when given; the recipe's ``launch.peak_tflops``; the peak the run stored
+    when it ended (``summary["mfu_peak"]``: no benchmark, no torch import); the datasheet figure of its
+    GPU; on CPU, for a run stored before peaks were, the cached (or measured now) matmul peak of this
+    machine for the run's dtype and threads, flagged as measured at compare time.
+    """
     from runner import mfu
 
     if peak_tflops:
@@ -403,25 +479,63 @@ def default_peak(run: RunInfo, recipe: Mapping[str, Any], peak_tflops: float | N
     in_recipe = recipe.get("launch", {}).get("peak_tflops")
     if in_recipe:
         return Peak(float(in_recipe) * 1e12, f"given (recipe launch.peak_tflops {float(in_recipe):g})")
-    precision = recipe.get("train", {}).get("precision", "fp32")
+    stored = mfu.Peak.from_json(run.summary.get("mfu_peak"))
+    if stored is not None:
+        return stored
+    dtype = mfu.run_dtype(recipe.get("train", {}).get("precision", "fp32"))
     gpu_names = [s.name for s in samples if s.kind == "gpu"]
     if run.device_type == "cuda" or gpu_names:
-        return mfu.gpu_peak(gpu_names[0], precision) if gpu_names else None
+        return mfu.gpu_peak(gpu_names[0], dtype) if gpu_names else None
     if run.device_type != "cpu":
         return None
-    import os
     import socket
+
+    peak = mfu.cpu_peak(run_threads(run), dtype)
+    note = "measured by compare, not stored with the run"
+    here = socket.gethostname()
+    if run.host and run.host != here:  # the benchmark runs where ``ftui compare`` runs
+        note += f"; on {here}, not on the run's host {run.host}: give --peak-tflops for that host"
+    return replace(peak, source=f"{peak.source} ({note})")
+
+
+def run_threads(run: RunInfo) -> int:
+    """Torch threads each rank of a CPU run used: recorded at start, else what the orchestrator gives
+    (the physical cores shared out over the processes)."""
+    stored = run.summary.get("threads")
+    if isinstance(stored, int) and stored > 0:
+        return stored
+    import os
 
     import psutil
 
     cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    threads = max(1, cores // max(1, run.nproc))  # what the orchestrator gave each rank
-    peak = mfu.cpu_peak(threads)
-    here = socket.gethostname()
-    if run.host and run.host != here:  # the benchmark runs where ``ftui compare`` runs
-        peak = Peak(peak.flops, f"{peak.source}; measured on {here}, not on the run's host {run.host}: "
-                                "give --peak-tflops for that host")
-    return peak
+    return max(1, cores // max(1, run.nproc))
+
+
+def remeasured_peak(run: RunInfo, peak: Peak, cache: Any = None) -> tuple[Peak | None, str]:
+    """Measure once more the CPU peak that gave a run an MFU above 100%.
+
+    Only a measured peak of this very machine (same fingerprint) can be measured again here; a cache
+    entry newer than ``peak`` is the re-measurement already made (by an earlier compare), so a bad
+    run costs one benchmark, not one per compare.
+
+    Returns:
+        The new peak (None when it cannot be re-measured here) and one line saying what was done.
+    """
+    from runner import mfu
+
+    if peak.kind != "measured" or not peak.dtype or not peak.threads:
+        return None, f"the {peak.kind} peak cannot be re-measured: check it (--peak-tflops)"
+    here = mfu.machine_fingerprint()
+    if peak.fingerprint != here.key:
+        return None, (f"the peak was measured on another machine ({peak.machine or peak.fingerprint}), "
+                      "it cannot be re-measured here")
+    newer = mfu.read_cache(cache).get(mfu.cache_key(here.key, peak.dtype, peak.threads))
+    if newer is not None and (newer.measured_at or 0) > (peak.measured_at or 0):
+        again = newer
+    else:
+        again = mfu.cpu_peak(peak.threads, peak.dtype, cache, remeasure=True)
+    return again, f"re-measured once ({peak.label()} gave MFU > 100%; now {again.label()})"
 
 
 def peak_note(run: RunInfo, recipe: Mapping[str, Any], samples: Sequence[SampleInfo] = ()) -> str:
@@ -449,10 +563,23 @@ def load_comparison(store: Store, run_ids: Sequence[int], baseline_id: int | Non
         runs.append(run)
     metrics = {r.id: store.metrics(r.id) for r in runs}
     samples = {r.id: store.samples(r.id) for r in runs}
-    dims = {r.id: model_dims(_recipe(r)) for r in runs}
+    dims = {r.id: model_dims(_recipe(r), r) for r in runs}
     peaks = {r.id: default_peak(r, _recipe(r), peak_tflops, samples[r.id]) if r.status == "completed" else None
              for r in runs}
     notes = {r.id: peak_note(r, _recipe(r), samples[r.id]) for r in runs if peaks[r.id] is None}
+    cmp = build_comparison(runs, metrics, peaks, dims, baseline_id,
+                           samples if with_samples else None, sweep_id, peak_notes=notes)
+    # An MFU above 100% means the peak is wrong: measure it once more; build_row suppresses what is
+    # still above 100% and says why.
+    redo = {row.run_id for row in cmp.rows if row.mfu_rejected is not None}
+    if not redo:
+        return cmp
+    for run in runs:
+        old_peak = peaks[run.id]
+        if run.id in redo and old_peak is not None:
+            new_peak, notes[run.id] = remeasured_peak(run, old_peak)
+            if new_peak is not None:
+                peaks[run.id] = replace(new_peak, source=f"{new_peak.source}; {notes[run.id]}")
     return build_comparison(runs, metrics, peaks, dims, baseline_id,
                             samples if with_samples else None, sweep_id, peak_notes=notes)
 

@@ -117,6 +117,10 @@ class StartEvent(TypedDict):
     device: str
     device_type: str
     mixed_precision: str
+    threads: int
+    """``torch.get_num_threads()`` of the rank: divides its CPU% and picks the CPU peak for MFU."""
+    model_dims: dict[str, int] | None
+    """:func:`runner.mfu.dims_from_config`: what FLOPs per token need, so compare reads no model config."""
     fsdp_version: int | None
     params: int
     trainable_params: int

@@ -337,7 +337,8 @@ class _Watch:
             summary={"params": event.get("params"), "trainable_params": event.get("trainable_params"),
                      "local_param_numel": event.get("local_param_numel"), "world_size": event.get("world_size"),
                      "tokens_per_step": event.get("tokens_per_step"), "mixed_precision": event.get("mixed_precision"),
-                     "device_map": event.get("device_map"), "pids": event.get("pids")},
+                     "device_map": event.get("device_map"), "pids": event.get("pids"),
+                     "threads": event.get("threads"), "model_dims": event.get("model_dims")},
         )
         if in_effect not in strategy.expect:
             self.mismatch = (
@@ -804,6 +805,8 @@ def _project_end(store: Store, watch: _Watch, status: str, exit_code: int | None
         summary["telemetry"] = telemetry
         overall = telemetry.get("active") or telemetry.get("whole") or {}
         columns["mean_util"] = overall.get("util_mean")
+    if status == "completed":  # after the run, never during it: the peak its MFU is measured against
+        summary["mfu_peak"] = _mfu_peak(watch, telemetry)
     store.update_run(
         watch.run_id,
         status=status,
@@ -814,6 +817,22 @@ def _project_end(store: Store, watch: _Watch, status: str, exit_code: int | None
         **columns,
     )
     return Outcome(run_id=watch.run_id, status=status, exit_code=exit_code, error=error, summary=summary)
+
+
+def _mfu_peak(watch: _Watch, telemetry: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The peak FLOP/s of one device of the run (:func:`runner.mfu.peak_for_run`), stored with it so
+    that compare never benchmarks; None when unknown. Never fails a run."""
+    from runner import mfu
+
+    start = watch.start
+    device_type = start.get("device_type") if start is not None else None
+    threads = start.get("threads") if start is not None else None
+    gpus = [d["name"] for d in ((telemetry or {}).get("devices") or {}).values() if d.get("kind") == "gpu"]
+    try:
+        peak = mfu.peak_for_run(device_type, watch.prepared.recipe.train.precision, threads, gpus)
+    except Exception as exc:  # noqa: BLE001 (a peak is informative only)
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    return peak.to_json() if peak is not None else None
 
 
 def _telemetry_summary(store: Store, watch: _Watch) -> dict[str, Any] | None:
@@ -827,7 +846,7 @@ def _telemetry_summary(store: Store, watch: _Watch) -> dict[str, Any] | None:
     window = None
     if watch.first_step_time is not None and watch.last_step_time is not None:
         window = (watch.first_step_time, watch.last_step_time)
-    result = summarise(samples, window)
+    result = summarise(samples, window, threads=watch.start.get("threads") if watch.start is not None else None)
     plain: dict[str, Any] = json.loads(json.dumps(result))  # tuples -> lists, as stored
     # Each rank's own GPU memory (NVML's per-process figure, summed over the GPUs it touches in one
     # reading), peak over the run: what a rank really held, beside the device-wide peaks above.

@@ -57,6 +57,11 @@ class RunSummary(TypedDict, total=False):
     mixed_precision: str
     device_map: dict[str, Any] | None
     pids: list[int]
+    threads: int
+    """Torch intra-op threads of each rank (``torch.get_num_threads()`` at start)."""
+    model_dims: dict[str, int] | None
+    """:func:`runner.mfu.dims_from_config` of the model trained: layers, heads, head_dim, seq_len,
+    embedding_params (what MFU's FLOPs per token need)."""
     # the process that watches the run
     orchestrator_pid: int
     # from the trainer's end event, at the end
@@ -75,6 +80,10 @@ class RunSummary(TypedDict, total=False):
     last_step_time: float | None
     telemetry: dict[str, Any]
     """runner.telemetry.summarise's result, plus ``rank_gpu_mem_peak``."""
+    mfu_peak: dict[str, Any] | None
+    """The peak FLOP/s of one device that the run's MFU is measured against (:meth:`runner.mfu.Peak.to_json`:
+    flops, source, kind, dtype, threads, measured_at, fingerprint, machine, size, spread, load), taken after
+    the run on the machine that ran it; ``{"error": ...}`` when it could not be had."""
     # a resumed run (``ftui resume``): the run and checkpoint it continues
     resumed_from: dict[str, Any]
     # sweeps and the batch-size finder

@@ -258,6 +258,9 @@ class Trainer:
         resume = self.check_resume() if train.resume_from else None  # before the model: fail fast
 
         model = self.load_model()
+        from runner.mfu import dims_from_config
+
+        dims = dims_from_config(model.config, int(blocks.shape[1]))  # for MFU, so compare reads no config
         optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=train.lr, weight_decay=train.weight_decay
         )
@@ -288,6 +291,8 @@ class Trainer:
             device=str(acc.device),
             device_type=acc.device.type,
             mixed_precision=acc.mixed_precision,
+            threads=torch.get_num_threads(),  # intra-op threads: the divisor of CPU% and the MFU peak's
+            model_dims=dims,
             fsdp_version=recipe.launch.fsdp_version if acc.distributed_type.value == "FSDP" else None,
             params=self.total_params,
             trainable_params=self.trainable_params,

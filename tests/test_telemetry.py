@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from runner.hardware import DeviceSample, FakeNvml, NvmlBackend, Probe, ProcessGpuMemory
-from runner.telemetry import HangDetector, Sampler, summarise
+from runner.telemetry import CPU_CORE_UNIT, GPU_UTIL_UNIT, HangDetector, Sampler, summarise
 
 
 @pytest.fixture
@@ -184,6 +184,10 @@ def test_summarise_exact_figures_and_window() -> None:
         "devices": 2,
         "util_mean": pytest.approx((55.0 + 70 / 3) / 2),
         "util_peak": 100,
+        "util_min": pytest.approx(70 / 3),
+        "util_max": 55.0,
+        "util_unit": GPU_UTIL_UNIT,
+        "threads": None,
         "power_mean_w": 240.0,
         "power_total_w": 240.0,
         "mem_peak": 90,
@@ -193,6 +197,10 @@ def test_summarise_exact_figures_and_window() -> None:
         "devices": 2,
         "util_mean": 75.0,
         "util_peak": 100,
+        "util_min": 60.0,
+        "util_max": 90.0,
+        "util_unit": GPU_UTIL_UNIT,
+        "threads": None,
         "power_mean_w": 350.0,
         "power_total_w": 350.0,
         "mem_peak": 70,
@@ -214,10 +222,32 @@ def test_summarise_cpu_run_uses_ranks_and_no_window() -> None:
         "devices": 2,
         "util_mean": 100.0,  # (150 + 50) / 2: each rank counts once
         "util_peak": 200.0,
+        "util_min": 50.0,
+        "util_max": 150.0,
+        "util_unit": CPU_CORE_UNIT,  # threads unknown: left in CPU% of one core
+        "threads": None,
         "power_mean_w": None,
         "power_total_w": None,
         "mem_peak": 4,
     }
+
+
+def test_summarise_normalises_rank_cpu_by_its_threads() -> None:
+    """A single process with 2 threads at 198% and two 1-thread ranks at 96% are 99% vs 96%."""
+    single = [sample(t, "rank", 0, 198.0) for t in range(4)]
+    ddp = [sample(t, "rank", r, u) for t in range(4) for r, u in ((0, 100.0), (1, 92.0))]
+    one = summarise(single, None, threads=2)["whole"]
+    two = summarise(ddp, None, threads=1)["whole"]
+    assert one["util_mean"] == pytest.approx(99.0) and one["util_unit"] == "CPU % of its 2 threads (psutil)"
+    assert one["util_min"] == one["util_max"] == pytest.approx(99.0) and one["threads"] == 2
+    assert two["util_mean"] == pytest.approx(96.0) and two["util_unit"] == "CPU % of its 1 thread (psutil)"
+    assert (two["util_min"], two["util_max"]) == (pytest.approx(92.0), pytest.approx(100.0))  # the spread
+    # Samples stay raw (CPU% of one core): the per-device figures are untouched, they carry the threads.
+    dev = summarise(single, None, threads=2)["devices"]["rank:0"]
+    assert dev["whole"]["util_mean"] == 198.0 and dev["threads"] == 2
+    # GPUs are never divided by a thread count.
+    gpu = summarise([sample(0, "gpu", 0, 80.0), sample(0, "rank", 0, 100.0)], None, threads=4)["whole"]
+    assert gpu["util_mean"] == 80.0 and gpu["util_unit"] == GPU_UTIL_UNIT and gpu["threads"] is None
 
 
 def test_summarise_window_with_no_samples_and_several_hosts() -> None:

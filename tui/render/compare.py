@@ -37,6 +37,27 @@ def _mfu(r: RunRow) -> str:
     return "-" if r.mfu is None else f"{r.mfu * 100:.2f}% ({r.achieved_tflops * 1e3:.2f} GFLOP/s)" if r.achieved_tflops else f"{r.mfu * 100:.2f}%"
 
 
+def _cpu_util(r: RunRow) -> str:
+    if r.cpu_util is None:
+        return "-"
+    if r.cpu_threads is None:
+        return f"{r.cpu_util:.0f}% of one core"
+    return f"{r.cpu_util:.0f}% of {r.cpu_threads} thread{'s' if r.cpu_threads != 1 else ''}"
+
+
+def _spread(r: RunRow) -> str:
+    # Shown for every run sampled on several devices (also when they agree), so a reader sees it was looked at.
+    if r.util_min is None or r.util_max is None:
+        return "-"
+    return f"{r.util_min:.0f}-{r.util_max:.0f}%"
+
+
+def _mfu_cell(r: RunRow) -> str:
+    if r.mfu is not None:
+        return f"{r.mfu * 100:.2f}%"
+    return "- (> 100%: peak not trustworthy)" if r.mfu_rejected is not None else "-"
+
+
 def _status(r: RunRow) -> str:
     return r.status if not r.reason else f"{r.status}: {r.reason}"
 
@@ -48,11 +69,14 @@ COLUMNS: list[tuple[str, Callable[[RunRow], str]]] = [
     ("method", lambda r: r.method),
     ("devices", lambda r: str(r.devices)),
     ("micro-batch x GA", _batch),
-    ("util mean", lambda r: _num(r.util_mean, ".0f", "%")),
+    ("CPU % of its threads", _cpu_util),
+    ("GPU busy % (NVML)", lambda r: _num(r.gpu_busy, ".0f", "%")),
+    ("util min-max over devices", _spread),
     ("train time", lambda r: "-" if r.train_seconds is None else fmt_seconds(r.train_seconds)),
     ("tokens/s", lambda r: _num(r.tokens_per_s, ",.0f")),
     ("tokens/s/device", lambda r: _num(r.tokens_per_s_per_device, ",.0f")),
-    ("MFU", lambda r: "-" if r.mfu is None else f"{r.mfu * 100:.2f}%"),
+    ("MFU", _mfu_cell),
+    ("MFU peak/device (dtype, threads)", lambda r: r.peak_label),
     ("peak mem/device (measured)", lambda r: fmt_bytes(r.mem_measured)),
     ("peak mem/device (estimated)", lambda r: fmt_bytes(r.mem_estimated)),
     ("final loss", lambda r: _num(r.final_loss, ".4f")),
@@ -67,11 +91,13 @@ def sources(cmp: Comparison) -> list[str]:
     out = []
     util = sorted({r.util_source for r in cmp.rows if r.util_source != "-"})
     if util:
-        out.append("util mean: " + "; ".join(util))
+        out.append("utilisation: " + "; ".join(util))
     out.append("train time, tokens/s, loss: measured by the trainer (tokens/s over all devices; first to last step)")
     peaks = sorted({r.peak_source for r in cmp.rows if r.peak_source})
     if peaks:
-        out.append("MFU: (6N_trainable + 4N_frozen + 12*L*H*Q*T) x tokens/s / (peak x devices), N without the input embedding (a lookup); peak: " + "; ".join(peaks))
+        out.append("MFU: (6N_trainable + 4N_frozen + 12*L*H*Q*T) x tokens/s / (peak x devices), N without the input "
+                   "embedding (a lookup); the peak is of one device in the run's dtype (bf16 runs: the bf16 peak), "
+                   "an MFU above 100% is never shown; peak: " + "; ".join(peaks))
     out += [f"MFU '-' for run {r.run_id}: {r.mfu_note}" for r in cmp.rows if r.mfu_note]
     mem = sorted({r.mem_measured_source for r in cmp.rows if r.mem_measured is not None})
     if mem:

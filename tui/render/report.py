@@ -94,7 +94,10 @@ def run_summary_table(run: RunInfo | None) -> Table:
             continue
         stats = dev.get("active") or dev["whole"]
         span = "active" if dev.get("active") else "whole run"
-        unit = "% GPU" if dev["kind"] == "gpu" else "% of a core"
+        unit = "% GPU busy" if dev["kind"] == "gpu" else "% of a core"
+        threads = dev.get("threads")
+        if dev["kind"] == "rank" and threads and stats.get("util_mean") is not None:
+            unit += f" ({stats['util_mean'] / threads:.0f}% of its {threads} thread{'s' if threads != 1 else ''})"
         table.add_row(*text_row(
             f"{key} util mean/peak",
             f"{_num(stats.get('util_mean'), '.0f')}/{_num(stats.get('util_peak'), '.0f')}{unit}",
@@ -106,9 +109,22 @@ def run_summary_table(run: RunInfo | None) -> Table:
         table.add_row(f"rank {rank} GPU memory peak", fmt_bytes(peak), "NVML (the rank's own processes)")
     overall = telemetry.get("active") or telemetry.get("whole")
     if overall and overall.get("util_mean") is not None:
-        table.add_row("mean/peak device util", f"{overall['util_mean']:.0f}/{_num(overall.get('util_peak'), '.0f')}%",
-                      f"over {overall['devices']} {overall['kind']} device(s), "
-                      + ("active window" if telemetry.get("active") else "whole run"))
+        span = "active window" if telemetry.get("active") else "whole run"
+        unit = overall.get("util_unit") or ("GPU busy %" if overall.get("kind") == "gpu" else "CPU % of one core")
+        table.add_row(*text_row("mean/peak device util",
+                                f"{overall['util_mean']:.0f}/{_num(overall.get('util_peak'), '.0f')}%",
+                                f"{unit}, over {overall['devices']} {overall['kind']} device(s), {span}"))
+        low, high = overall.get("util_min"), overall.get("util_max")
+        if overall.get("devices", 0) > 1 and low is not None and high is not None:
+            table.add_row(*text_row("util min-max over devices", f"{low:.0f}-{high:.0f}%",
+                                    f"{unit}: the lowest and highest device's mean, {span}"))
+    peak = run.summary.get("mfu_peak")
+    if isinstance(peak, dict) and peak.get("flops"):
+        from runner.mfu import Peak
+
+        stored = Peak.from_json(peak)
+        if stored is not None:
+            table.add_row(*text_row("MFU peak/device", stored.label(), stored.source))  # "[fingerprint]" is no markup
     if run.error:
         table.add_row("error", Text(run.error, style="red"), "")
     return table
