@@ -489,7 +489,7 @@ class Trainer:
 
     def prepare_checkpointing(self, model: Any) -> None:
         """Choose what save_state writes. Under FSDP a sharded torch distributed checkpoint (every rank
-        writes its own shard; the full-state-dict path segfaulted under FSDP1 on CPU, CPU-FACTS.md).
+        writes its own shard; the full-state-dict path segfaulted under FSDP1 on CPU, docs/cpu-facts.md).
         Elsewhere, for LoRA, only the trainable tensors: the frozen base is rebuilt from the recipe."""
         acc = self.accelerator
         self.adapter_keys: set[str] | None = None

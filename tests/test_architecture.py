@@ -56,3 +56,16 @@ def test_the_cli_imports_neither_textual_nor_torch() -> None:
 def test_the_core_imports_no_front_end() -> None:
     loaded = _modules_after("import runner.orchestrator, runner.compare, runner.sweep, runner.hardware, store")
     assert not {m for m in loaded if m.split(".")[0] in ("textual", "rich", "tui")}
+
+
+def test_comments_cite_only_documents_in_the_project() -> None:
+    """What the code relies on is written in the project (docs/), so every .md a comment names exists here."""
+    import re
+
+    missing = []
+    for path in [*(ROOT / "runner").rglob("*.py"), *(ROOT / "store").rglob("*.py"), *(ROOT / "tui").rglob("*.py")]:
+        for name in re.findall(r"([\w./-]+\.md)\b", path.read_text()):
+            candidates = [ROOT / name, ROOT / "docs" / name, ROOT / "docs" / name.removeprefix("docs/")]
+            if not any(c.is_file() for c in candidates):
+                missing.append(f"{path.relative_to(ROOT)}: {name}")
+    assert missing == []
