@@ -121,10 +121,14 @@ def build_launch(
         config_path = str(run_dir / ev.ACCELERATE_FILE)
         text = yaml.safe_dump(accelerate_config(recipe, port), sort_keys=False)
         files[ev.ACCELERATE_FILE] = text
+    # Several processes on one machine: accelerate launch through runner/loopback_launch.py, which binds
+    # torchrun's rendezvous store to the loopback address (its server would otherwise listen on every
+    # interface). One process has no store: plain accelerate launch.
+    launcher = "runner.loopback_launch" if launch.nproc > 1 else "accelerate.commands.launch"
     argv = [
         python,
         "-m",
-        "accelerate.commands.launch",
+        launcher,
         "--config_file",
         config_path,
         *(["--num_cpu_threads_per_process", str(cpu_threads)] if cpu_threads else []),

@@ -49,7 +49,7 @@ def test_dry_run_prints_the_launch_and_runs_nothing(ftui: Ftui) -> None:
                     "--format", "json", check=True)
     launch = json.loads(proc.stdout)
     assert set(launch) == {"argv", "env", "accelerate_config"}
-    assert launch["argv"][1:4] == ["-m", "accelerate.commands.launch", "--config_file"]
+    assert launch["argv"][1:4] == ["-m", "runner.loopback_launch", "--config_file"]  # accelerate launch, loopback store
     config = Path(launch["accelerate_config"])
     assert config.is_file() and "distributed_type: FSDP" in config.read_text()
     recipe = (config.parent / "recipe.toml").read_text()

@@ -13,8 +13,8 @@ from runner.recipe import parse_recipe
 RUN = Path("/runs/00007-quickstart")
 
 
-def _argv(config: str, threads: list[str] | None = None) -> list[str]:
-    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config, *(threads or []),
+def _argv(config: str, threads: list[str] | None = None, launcher: str = "accelerate.commands.launch") -> list[str]:
+    return [sys.executable, "-m", launcher, "--config_file", config, *(threads or []),
             "-m", "runner.trainer", "--run-dir", str(RUN)]
 
 
@@ -31,7 +31,8 @@ def test_single_on_cpu() -> None:
 def test_ddp_on_gpus() -> None:
     recipe = parse_recipe("[launch]\nstrategy='ddp'\nnproc=2\ngpus=[2,3]\n[train]\nprecision='bf16'\n")
     spec = build_launch(recipe, RUN, port=29600)
-    assert spec.argv == _argv(f"{RUN}/accelerate.yaml")
+    # several processes on one machine: accelerate launch with the rendezvous store on the loopback
+    assert spec.argv == _argv(f"{RUN}/accelerate.yaml", launcher="runner.loopback_launch")
     assert spec.env == {"PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo",
                         "CUDA_VISIBLE_DEVICES": "2,3"}
     config = yaml.safe_load(spec.accelerate_config_text or "")

@@ -212,6 +212,28 @@ def test_one_machine_rendezvous_listens_on_loopback(ftui: Ftui) -> None:
     assert (config["num_machines"], config["main_process_ip"]) == (1, "127.0.0.1")
 
 
+@pytest.mark.slow
+def test_a_live_ddp_run_listens_on_the_loopback_only(ftui: Ftui) -> None:
+    """Defect 12 on a live run: every listening socket of every process of the run (torchrun's
+    rendezvous store in the launcher, gloo in the ranks) is bound to 127.0.0.1."""
+    from runner.procs import find_processes
+
+    bg = Background(ftui, "loopback", *DDP)
+    bg.wait_for_steps(ranks=2)
+    assert bg.run_dir is not None
+    listening: list[tuple[int, str, int]] = []
+    for pid in find_processes(bg.run_dir):
+        try:
+            listening += [(pid, c.laddr.ip, c.laddr.port) for c in psutil.Process(pid).net_connections()
+                          if c.status == psutil.CONN_LISTEN]
+        except psutil.NoSuchProcess:
+            continue
+    bg.proc.send_signal(signal.SIGINT)
+    bg.finish()
+    assert listening, "the run listens on no port at all?"
+    assert {ip for _, ip, _ in listening} == {"127.0.0.1"}, listening
+
+
 def test_host_facts_are_detected_once_per_command(monkeypatch: pytest.MonkeyPatch) -> None:
     """"Is this a CPU run?" was asked 3-4 times per ``ftui run``, each time starting NVML afresh."""
     from runner import hostfacts, orchestrator
