@@ -34,7 +34,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
         return ExitCode.OK
     from tui.render.report import runs_table
 
-    console().print(runs_table(runs))
+    out = console()
+    out.print(runs_table(runs, width=out.width))
     return ExitCode.OK
 
 

@@ -45,25 +45,48 @@ def _num(v: float | None, fmt: str) -> str:
 STATUS_STYLE = {"completed": "green", "failed": "red", "stopped": "yellow", "running": "cyan", "created": "dim"}
 
 
-def runs_table(runs: list[RunInfo]) -> Table:
-    table = Table(title="runs", caption="tokens/s, loss and time: measured by the trainer")
-    for col in ("id", "name", "strategy", "method", "nproc", "status", "dist. type", "started", "train time",
-                "tokens/s", "final loss"):
-        table.add_column(col, justify="right" if col in ("id", "nproc", "tokens/s", "final loss") else "left")
+DIST_WORDS = {"NO": "one process", "MULTI_CPU": "DDP (CPU)", "MULTI_GPU": "DDP (GPU)", "FSDP": "FSDP",
+              "DEEPSPEED": "DeepSpeed"}
+"""accelerate's ``DistributedType`` values in a user's words."""
+
+# The columns of ``ftui runs``, most important first: at a narrow width the last ones are left out
+# rather than every cell being cut. (header, justify, cell, most width given)
+_RUN_COLUMNS: tuple[tuple[str, str, Any, int], ...] = (
+    ("id", "right", lambda r: str(r.id), 8),
+    ("name", "left", lambda r: r.name, 28),
+    ("status", "left", lambda r: Text(r.status, style=STATUS_STYLE.get(r.status, "")), 9),
+    ("strategy", "left", lambda r: f"{r.strategy} x{r.nproc}" if r.nproc > 1 else r.strategy, 10),
+    ("tokens/s", "right", lambda r: _num(r.tokens_per_s, ",.0f"), 9),
+    ("final loss", "right", lambda r: _num(r.final_loss, ".4f"), 10),
+    ("train time", "right", lambda r: fmt_seconds(r.train_seconds), 10),
+    ("method", "left", lambda r: r.method, 6),
+    ("started", "left", lambda r: r.started_at.strftime("%m-%d %H:%M") if r.started_at else "-", 11),
+    ("in effect", "left", lambda r: DIST_WORDS.get(r.distributed_type or "", r.distributed_type or "-"), 12),
+)
+
+
+def runs_table(runs: list[RunInfo], width: int | None = None) -> Table:
+    """Every run, one line each. Columns are chosen to fit ``width`` (the terminal's; None: all): the
+    least important are left out, never a cell cut short (a long name folds onto a second line)."""
+    from rich import box
+
+    chosen = list(_RUN_COLUMNS)
+    if width is not None:
+        def natural(col: tuple[str, str, Any, int]) -> int:
+            header, _, get, most = col
+            cells = [len(str(get(r))) for r in runs[:200]]
+            return min(most, max([len(header), *cells]))
+
+        # each column costs its content plus 2 of padding (box.SIMPLE_HEAD draws no vertical lines)
+        # (and the table's own edges: 4)
+        while len(chosen) > 3 and sum(natural(c) + 2 for c in chosen) + 4 > width:
+            chosen.pop()
+    table = Table(title="runs", caption="tokens/s, loss and time: measured by the trainer", box=box.SIMPLE_HEAD)
+    for header, justify, _, _ in chosen:
+        table.add_column(header, justify=justify, overflow="fold",  # type: ignore[arg-type]
+                         no_wrap=header != "name", min_width=8 if header == "name" else None)
     for r in runs:
-        table.add_row(*text_row(
-            str(r.id),
-            r.name,
-            r.strategy,
-            r.method,
-            str(r.nproc),
-            Text(r.status, style=STATUS_STYLE.get(r.status, "")),
-            r.distributed_type or "-",
-            r.started_at.strftime("%Y-%m-%d %H:%M:%S") if r.started_at else "-",
-            fmt_seconds(r.train_seconds),
-            _num(r.tokens_per_s, ",.0f"),
-            _num(r.final_loss, ".4f"),
-        ))
+        table.add_row(*text_row(*(get(r) for _, _, get, _ in chosen)))
     return table
 
 
