@@ -126,14 +126,20 @@ def test_seed_codellama_34b_lora_on_4_gpus_recommends_sharding(ftui: Ftui) -> No
     assert recipe["recommendation"]["strategy"] in ("fsdp", "zero3")
 
 
-def test_estimate_needs_gpu_memory_without_nvml(ftui: Ftui) -> None:
+def test_estimate_on_a_cpu_machine_budgets_host_memory(ftui: Ftui) -> None:
+    """Issue 16 defect 5: `ftui estimate RECIPE` on a CPU-only machine exited 2 asking for --gpu-mem."""
     from runner.hardware import NvmlBackend
 
     if NvmlBackend().device_count():
         pytest.skip("NVML sees GPUs here")
-    proc = ftui.run("estimate", "--params", "7e9")
-    assert proc.returncode == 2
-    assert "--gpu-mem" in proc.stderr and "Traceback" not in proc.stderr
+    import psutil
+
+    proc = ftui.run("estimate", str(QUICKSTART))
+    assert proc.returncode == 0, proc.stderr
+    assert "host memory" in proc.stdout and "psutil" in proc.stdout and "Traceback" not in proc.stderr
+    report = json.loads(ftui.run("estimate", str(QUICKSTART), "--format", "json", check=True).stdout)
+    single = report["strategies"]["single"]
+    assert single["fits"] is (single["per_device_bytes"]["total"] <= psutil.virtual_memory().total)
 
 
 def test_estimate_help_does_not_import_torch() -> None:

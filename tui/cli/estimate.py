@@ -156,7 +156,12 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         gpu_mem = min(nvml)
         notes.append(f"GPU memory: {gpu_mem / E.GIB:.1f} GiB (NVML, smallest of {len(nvml)} GPUs)")
     else:
-        return fail("estimate: no GPU visible (NVML): give the memory of one GPU with --gpu-mem, e.g. 48GiB")
+        # No GPU here: a run on this machine trains on the CPU, whose budget is the host's memory.
+        import psutil
+
+        gpu_mem = int(psutil.virtual_memory().total)
+        notes.append(f"no GPU visible (NVML): budget per device = host memory {gpu_mem / E.GIB:.1f} GiB (psutil); "
+                     "--gpu-mem SIZE plans for a GPU instead")
     n_gpus = args.gpus or len(nvml) or (recipe.launch.nproc if recipe is not None else 1)
     chosen = args.strategy or strategies.names()
     report = E.estimate_report(inp, gpu_mem, n_gpus, chosen)
