@@ -25,7 +25,7 @@ from runner import strategies
 from runner.launch import LaunchSpec, build_launch
 from runner.paths import runs_dir
 from runner.recipe import Recipe, RecipeError
-from runner.summary import busiest_peak, rank_peak, trained_bytes
+from runner.summary import busiest_peak, trained_bytes
 from store import Store
 
 EventCallback = Callable[[dict[str, Any]], None]
@@ -555,20 +555,16 @@ class BatchTrial:
     run_id: int
     status: str
     measured_bytes: int | None
-    """Busiest rank: CUDA peak allocated on GPU; on CPU params + grads + optimizer + activations."""
+    """Busiest rank's measured peak: CUDA peak allocated on GPU, the live-tensor peak on CPU."""
     fits: bool
     error: str | None = None
 
 
 def trial_bytes(ranks: list[dict[str, Any]]) -> int | None:
-    """The memory a run needed on its busiest rank, as the finder compares it with the budget."""
-    values = []
-    for r in ranks:
-        peak, source = rank_peak(r)
-        if peak is not None and source == "CUDA allocator peak":
-            values.append(peak)
-        elif (trained := trained_bytes(r)) is not None:
-            values.append(trained)
+    """The memory a run needed on its busiest rank, as the finder compares it with the budget: the
+    independent measurement (:func:`runner.summary.trained_bytes`: CUDA peak allocated on GPU, the
+    live-tensor peak on CPU), never the planner's estimate."""
+    values = [v for r in ranks if (v := trained_bytes(r)) is not None]
     return max(values) if values else None
 
 

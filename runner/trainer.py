@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import events as ev
+from runner import memtrack
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -121,7 +122,13 @@ class Trainer:
         if cpu and launch.strategy == "fsdp" and launch.fsdp_version == 1:
             os.environ["ACCELERATE_TORCH_DEVICE"] = "cpu"
         mixed = train.accelerate_mixed_precision
-        accelerator = Accelerator(cpu=cpu, mixed_precision=mixed)
+        from accelerate.utils import DistributedDataParallelKwargs
+
+        # Gradients as views into DDP's buckets: without it each rank holds the gradients twice (the
+        # parameters' .grad and the reducer's flat buckets), +w bytes per trainable parameter
+        # (PyTorch DDP docs, ``gradient_as_bucket_view``; docs/memory-model.md). Only DDP reads it.
+        accelerator = Accelerator(cpu=cpu, mixed_precision=mixed,
+                                  kwargs_handlers=[DistributedDataParallelKwargs(gradient_as_bucket_view=True)])
         if cpu and launch.strategy == "fsdp":
             _force_fsdp_on_cpu(accelerator, launch.fsdp_version, mixed)
         return accelerator
@@ -242,6 +249,9 @@ class Trainer:
             )
         total_steps = train.max_steps or max(1, math.floor(train.epochs * steps_per_epoch))
 
+        # The runtime's own resident memory before the model exists (RSS is reported separately from
+        # the tensor peak, and this is the part of it training did not add).
+        self.rss_baseline = memtrack.current_rss()
         model = self.load_model()
         optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=train.lr, weight_decay=train.weight_decay
@@ -280,8 +290,9 @@ class Trainer:
         order: Any = None
         epoch = -1
         first_step_start = last_step_end = time.perf_counter()
-        memory: dict[str, int] = {}
+        memory: dict[str, Any] = {}
         memory_acts: dict[str, Any] = {}
+        measured_peaks: list[dict[str, Any]] = []
         final_loss = float("nan")
         status = "completed"
         model.train()
@@ -294,6 +305,9 @@ class Trainer:
                 first_step_start = t0
             loss_sum = torch.zeros((), device=acc.device)
             my_tokens = 0
+            # The first steps measure peak memory per phase (runner/memtrack.py); later steps pay nothing.
+            peaks = memtrack.meter_for(not self.on_cpu, model, optimizer) if step < memtrack.MEASURED_STEPS \
+                else memtrack.NoMeter()
             base = (step % steps_per_epoch) * rows_per_step
             for micro in range(GA):
                 start = base + (micro * world + acc.process_index) * B
@@ -311,21 +325,26 @@ class Trainer:
                 # reducing gradients in backward, DDP at forward time.
                 ctx = acc.no_sync(model) if micro < GA - 1 else contextlib.nullcontext()
                 # One forward (step 1, micro-step 0) measures what autograd saves; no hooks otherwise.
-                meter = _SavedBytes(model, acc.device) if step == 0 and micro == 0 else contextlib.nullcontext()
+                saved = _SavedBytes(model, acc.device) if step == 0 and micro == 0 else contextlib.nullcontext()
                 with ctx:
-                    with acc.autocast(), meter:
-                        out = model(**inputs)
-                        loss = out.loss / GA
-                    if isinstance(meter, _SavedBytes):
-                        memory_acts = meter.result()
-                    acc.backward(loss)
+                    with peaks.phase("forward"), acc.autocast(), saved:
+                        # Only the loss is kept: holding the output would keep the logits alive through
+                        # backward and into the next forward (docs/memory-model.md).
+                        loss = model(**inputs).loss / GA
+                    if isinstance(saved, _SavedBytes):
+                        memory_acts = saved.result()
+                    with peaks.phase("backward"):
+                        acc.backward(loss)
                 loss_sum += loss.detach().to(acc.device)
             grad_norm = None
-            if train.max_grad_norm > 0:
-                grad_norm = acc.clip_grad_norm_(model.parameters(), train.max_grad_norm)
-            optimizer.step()
+            with peaks.phase("optimizer"):
+                if train.max_grad_norm > 0:
+                    grad_norm = acc.clip_grad_norm_(model.parameters(), train.max_grad_norm)
+                optimizer.step()
             if step == 0:
                 memory = {**self.state_bytes(model, optimizer), **memory_acts}
+            if step < memtrack.MEASURED_STEPS:
+                measured_peaks.append(peaks.result())
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -363,7 +382,7 @@ class Trainer:
         saved = None
         if train.save and status == "completed":
             saved = self.save(model)
-        ranks = self.rank_memory(memory)
+        ranks = self.rank_memory({**memory, **memtrack.merge(measured_peaks)})
         self.emit(
             "end",
             status=status,
@@ -393,7 +412,7 @@ class Trainer:
                     opt += _local_bytes(value)
         return {"param_bytes": params, "grad_bytes": grads, "optimizer_bytes": opt}
 
-    def rank_memory(self, memory: dict[str, int]) -> list[dict[str, Any]]:
+    def rank_memory(self, memory: dict[str, Any]) -> list[dict[str, Any]]:
         import torch
 
         mine: dict[str, Any] = {
@@ -401,11 +420,14 @@ class Trainer:
             "pid": os.getpid(),
             **memory,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "rss_baseline_bytes": getattr(self, "rss_baseline", None),
             "source": "psutil/getrusage" if self.on_cpu else "torch.cuda",
         }
         if not self.on_cpu and torch.cuda.is_available():
-            mine["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
-            mine["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+            # The measured phases reset the allocator's peak; the rest of the run kept counting after.
+            mine["peak_allocated_bytes"] = max(torch.cuda.max_memory_allocated(), int(memory.get("peak_tensor_bytes") or 0))
+            reserved = (memory.get("phase_reserved") or {}).values()
+            mine["peak_reserved_bytes"] = max([torch.cuda.max_memory_reserved(), *reserved])
         if self.accelerator.num_processes == 1:
             return [mine]
         return _gather_list([mine])
