@@ -176,17 +176,24 @@ def estimate_summary(recipe: Recipe) -> dict[str, Any]:
     try:
         source = resolve_model_shape(recipe.model.name, allow_network=False)
         inp = inputs_from_recipe(recipe, shape=source.shape)
-        if runs_on_cpu(recipe) and strategies.get(inp.strategy).layer_split:
+        if runs_on_cpu(recipe):
             from dataclasses import replace
 
-            inp = replace(inp, n_devices=1)  # one device on CPU: mp is the single-process run
+            inp = replace(inp, device="cpu")
+            if strategies.get(inp.strategy).layer_split:
+                inp = replace(inp, n_devices=1)  # one device on CPU: mp is the single-process run
+        breakdown = estimate(inp)
         return {
-            "per_device_bytes": breakdown_json(estimate(inp)),
+            "per_device_bytes": breakdown_json(breakdown),
             "strategy": inp.strategy,
             "n_devices": inp.n_devices,
             "micro_batch": inp.micro_batch,
             "seq_len": inp.seq_len,
             "model": source.note,
+            "precision": inp.precision,
+            "param_dtype": inp.param_dtype or "auto",
+            "device": inp.device,
+            **({"approximate": breakdown.approximate} if breakdown.approximate else {}),
         }
     except Exception as exc:  # noqa: BLE001 (an estimate is informative only)
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}

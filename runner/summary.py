@@ -59,12 +59,18 @@ class RankFigures(TypedDict, total=False):
 class EstimateSummary(TypedDict, total=False):
     """The planner's estimate for one device of the run, made at prepare time."""
 
-    per_device_bytes: dict[str, int]
+    per_device_bytes: dict[str, Any]
+    """``runner.planner.breakdown_json``: the parts (adding up to ``total``, the peak), ``phases``,
+    ``peak_phase``, ``activations_stored`` and ``approximate`` when the architecture is not modelled."""
     strategy: str
     n_devices: int
     micro_batch: int
     seq_len: int
     model: str
+    precision: str
+    param_dtype: str
+    device: str
+    approximate: str
     error: str
 
 
