@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
+import os
 import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -60,6 +62,10 @@ class LiveTensorPeaks:
         self.current: str | None = None
         self.heap: dict[str, int] = {}
         self.tensor_marks: dict[str, int] = {}
+        # FTUI_MEMTRACK_DUMP=FILE appends the storages alive at the peak to FILE (a debugging aid).
+        self.dump = os.environ.get("FTUI_MEMTRACK_DUMP")
+        self.at_peak: tuple[str | None, list[int]] = (None, [])
+        self.at_phase_peak: dict[str, list[int]] = {}
         for t in seed:
             self._track(t)
 
@@ -98,8 +104,12 @@ class LiveTensorPeaks:
         self.live += delta
         if self.live > self.peak:
             self.peak = self.live
+            if self.dump is not None:  # what made the peak: the live storages by size, and the phase
+                self.at_peak = (self.current, sorted(self.sizes.values(), reverse=True))
         if self.current is not None and self.live > self.phase_peaks.get(self.current, 0):
             self.phase_peaks[self.current] = self.live
+            if self.dump is not None:
+                self.at_phase_peak[self.current] = sorted(self.sizes.values(), reverse=True)
 
     # ---------------------------------------------------------------- measuring
 
@@ -155,6 +165,11 @@ class LiveTensorPeaks:
     def result(self) -> dict[str, Any]:
         """The figures of a :class:`~runner.summary.RankFigures`: ``peak_tensor_bytes``, ``phase_peaks``,
         ``memory_source`` and the heap cross-check (``heap_check``)."""
+        if self.dump is not None:
+            with open(self.dump, "a") as fh:
+                fh.write(json.dumps({"pid": os.getpid(), "peak": self.peak, "phase": self.at_peak[0],
+                                     "sizes": self.at_peak[1][:60],
+                                     "phases": {k: v[:60] for k, v in self.at_phase_peak.items()}}) + "\n")
         out: dict[str, Any] = {
             "peak_tensor_bytes": self.peak,
             "phase_peaks": {k: self.phase_peaks[k] for k in PHASES if k in self.phase_peaks},

@@ -460,15 +460,16 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
         optimizer, master, opt_transient = optimizer / n, master / n, opt_transient / n
     if "grads" in shards:
         grads = grads / n
-    gathered = 0.0
+    gathered = root_gathered = 0.0
     flat_grads = 0.0
     if "params" in shards:
         params = params / n
         gather_e = e if e < w else w  # FSDP's mixed precision gathers in the compute dtype
-        # The root unit (embeddings, head, final norm) stays gathered through forward and backward; the
-        # layer being computed and the one prefetched are gathered beside it.
-        root = max(0, sh.total_params - sh.layers * sh.layer_params)
-        gathered = float((root + 2 * sh.layer_params) * gather_e)
+        # The root unit (embeddings, head, final norm: what the per-layer wrapping leaves) is gathered
+        # while the loss is computed and again for the head's backward; inside the layer stack the layer
+        # being computed and the one prefetched are gathered beside it (measured: docs/memory-model.md).
+        root_gathered = float(max(0, sh.total_params - sh.layers * sh.layer_params) * gather_e)
+        gathered = root_gathered + 2.0 * sh.layer_params * gather_e
         if inp.method == "full" or train:
             # A layer's unsharded gradient before its reduce-scatter (FSDP1: the flat gradient).
             layer_train = train / max(1, sh.layers) if inp.method != "full" else sh.layer_params
@@ -491,14 +492,18 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
     buffers = copies + gathered
     # Candidate peak moments, each as the parts alive then.
     moments: dict[str, dict[str, float]] = {
-        "forward": {"activations": stored, "transient": logits_fwd, "buffers": buffers, "grads": persistent_grads},
-        "backward": {"activations": stored, "transient": logits_bwd, "buffers": buffers, "grads": persistent_grads},
+        "forward": {"activations": stored, "transient": logits_fwd, "buffers": copies + root_gathered,
+                    "grads": persistent_grads},
+        "backward": {"activations": stored, "transient": logits_bwd, "buffers": copies, "grads": persistent_grads},
         # The end of backward: every gradient, the activations released; the embedding's input gradient
         # and its copy remain.
         "backward_end": {"transient": 2.0 * e * sh.hidden * inp.micro_batch * inp.seq_len, "buffers": gathered,
                          "grads": grads, "grad_buckets": flat_grads},
         "optimizer": {"grads": grads, "transient": opt_transient},
     }
+    if root_gathered:  # the root gathered for the head's backward, beside one of the loss's gradients
+        moments["backward_root"] = {"activations": stored, "transient": logits_bwd / 2,
+                                    "buffers": copies + root_gathered, "grads": persistent_grads}
     if inp.gradient_checkpointing:
         moments["backward_recompute"] = {
             "activations": stored - acts.logits, "recompute": recompute, "transient": acts.layer_backward,
