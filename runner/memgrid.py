@@ -143,9 +143,9 @@ device = "cpu"
 
 def estimate_for(recipe: Any) -> Any:
     """The planner's estimate for one device of the recipe (what ``ftui run`` stores), and its shape note."""
-    from runner.planner import estimate, inputs_from_recipe, resolve_model_shape
-
     from dataclasses import replace
+
+    from runner.planner import estimate, inputs_from_recipe, resolve_model_shape
 
     source = resolve_model_shape(recipe.model.name, allow_network=False)
     inp = replace(inputs_from_recipe(recipe, shape=source.shape), device="cpu")

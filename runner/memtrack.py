@@ -33,7 +33,7 @@ import json
 import os
 import weakref
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 MEASURED_STEPS = 2
 """Optimizer steps measured: the first creates the optimizer state, the second runs forward and backward
@@ -44,6 +44,12 @@ PHASES = ("forward", "backward", "optimizer")
 
 LIVE_TENSOR_SOURCE = "live tensors (TorchDispatchMode)"
 CUDA_SOURCE = "CUDA allocator peak"
+
+
+class Meter(Protocol):
+    """What the training loop wraps its phases in."""
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager[None]: ...
 
 
 class LiveTensorPeaks:
@@ -122,7 +128,7 @@ class LiveTensorPeaks:
 
         tracker = self
 
-        class _Mode(TorchDispatchMode):
+        class _Mode(TorchDispatchMode):  # type: ignore[no-untyped-call]
             def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
                 out = func(*args, **(kwargs or {}))
                 for t in tree_leaves(out):
@@ -141,7 +147,7 @@ class LiveTensorPeaks:
 
         torch.UntypedStorage.resize_ = resize  # type: ignore[method-assign,assignment]
         try:
-            with _Mode():
+            with _Mode():  # type: ignore[no-untyped-call]
                 yield
         finally:
             torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]

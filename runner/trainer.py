@@ -292,7 +292,9 @@ class Trainer:
         first_step_start = last_step_end = time.perf_counter()
         memory: dict[str, Any] = {}
         memory_acts: dict[str, Any] = {}
-        measured_peaks: list[dict[str, Any]] = []
+        # One meter over the measured steps: what step 1 leaves alive (optimizer state, DDP's buckets) is
+        # still counted in step 2.
+        meter = memtrack.meter_for(not self.on_cpu, model, optimizer)
         final_loss = float("nan")
         status = "completed"
         model.train()
@@ -306,8 +308,7 @@ class Trainer:
             loss_sum = torch.zeros((), device=acc.device)
             my_tokens = 0
             # The first steps measure peak memory per phase (runner/memtrack.py); later steps pay nothing.
-            peaks = memtrack.meter_for(not self.on_cpu, model, optimizer) if step < memtrack.MEASURED_STEPS \
-                else memtrack.NoMeter()
+            peaks: memtrack.Meter = meter if step < memtrack.MEASURED_STEPS else memtrack.NoMeter()
             base = (step % steps_per_epoch) * rows_per_step
             for micro in range(GA):
                 start = base + (micro * world + acc.process_index) * B
@@ -325,14 +326,14 @@ class Trainer:
                 # reducing gradients in backward, DDP at forward time.
                 ctx = acc.no_sync(model) if micro < GA - 1 else contextlib.nullcontext()
                 # One forward (step 1, micro-step 0) measures what autograd saves; no hooks otherwise.
-                saved = _SavedBytes(model, acc.device) if step == 0 and micro == 0 else contextlib.nullcontext()
+                saved_meter = _SavedBytes(model, acc.device) if step == 0 and micro == 0 else contextlib.nullcontext()
                 with ctx:
-                    with peaks.phase("forward"), acc.autocast(), saved:
+                    with peaks.phase("forward"), acc.autocast(), saved_meter:
                         # Only the loss is kept: holding the output would keep the logits alive through
                         # backward and into the next forward (docs/memory-model.md).
                         loss = model(**inputs).loss / GA
-                    if isinstance(saved, _SavedBytes):
-                        memory_acts = saved.result()
+                    if isinstance(saved_meter, _SavedBytes):
+                        memory_acts = saved_meter.result()
                     with peaks.phase("backward"):
                         acc.backward(loss)
                 loss_sum += loss.detach().to(acc.device)
@@ -343,8 +344,6 @@ class Trainer:
                 optimizer.step()
             if step == 0:
                 memory = {**self.state_bytes(model, optimizer), **memory_acts}
-            if step < memtrack.MEASURED_STEPS:
-                measured_peaks.append(peaks.result())
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -382,7 +381,8 @@ class Trainer:
         saved = None
         if train.save and status == "completed":
             saved = self.save(model)
-        ranks = self.rank_memory({**memory, **memtrack.merge(measured_peaks)})
+        measured = {**meter.result(), "measured_steps": min(steps_done, memtrack.MEASURED_STEPS)} if steps_done else {}
+        ranks = self.rank_memory({**memory, **measured})
         self.emit(
             "end",
             status=status,

@@ -332,7 +332,6 @@ def activation_bytes(inp: EstimateInput) -> ActivationBytes:
     rotary = 2 * inp.seq_len * sh.head_dim * w if sh.family not in ("gpt2",) else 0
     dropout_total[0] = 0
     per_layer = layer(True) * tokens
-    layer_dropout = dropout_total[0] * tokens
     head_w = sh.vocab * sh.hidden if "lm_head" in sh.linears else 0  # the head's matmul casts it, tied or not
     layer_linear = (sh.linear_params - (0 if sh.tied_embeddings else head_w)) // max(1, sh.layers)
     # Around the loss: the logits in compute precision and, at 16 bit, HF's fp32 upcast, beside the

@@ -320,6 +320,8 @@ def shape_from_params(
         vocab=vocab,
         tied_embeddings=tied_embeddings,
         linears=_llama_linears(layers, hidden, heads, kv_heads, head_dim, intermediate, vocab),
+        approximate="the shape comes from a parameter count (a Llama layout is assumed); give the model's "
+                    "config (--model or a recipe) for an exact shape",
     )
 
 
