@@ -198,6 +198,8 @@ class ActivationBytes:
             its input gradient, both fp32 (beside the saved log-softmax: 3 x 4V bytes per token in all).
         layer_backward: Temporaries of one layer's backward (the gradients of its largest intermediates).
         recompute_copies: Autocast weight casts of the recomputed layer (checkpointing), in ``recompute``.
+        forward_copies: Autocast weight casts alive at the end of the forward: all of them, checkpointing
+            or not (autocast caches the casts of trainable leaves until its context exits: torch.amp docs).
     """
 
     per_layer: int
@@ -210,6 +212,7 @@ class ActivationBytes:
     logits_backward: int = 0
     layer_backward: int = 0
     recompute_copies: int = 0
+    forward_copies: int = 0
 
     @property
     def peak(self) -> int:
@@ -289,15 +292,16 @@ def activation_bytes(inp: EstimateInput) -> ActivationBytes:
         trains = full
         if not (input_grad or trains):
             return 0
-        if sh.norm == "layer":  # native_layer_norm saves its input (the residual stream) and mean, rstd
-            return w * h + 8
+        if sh.norm == "layer":  # native_layer_norm saves its input and mean, rstd; autocast runs it in fp32
+            return (4 if e < 4 else w) * h + 8
         normalized = (4 if sh.norm_fp32_output else w) * h if trains else 0
         return 4 * h + 4 + normalized  # RMSNorm: the fp32 upcast input and rsqrt
 
     # Attention with dropout in training cannot use the fused kernels: the math path keeps the scores.
     math_attention = sh.attn_dropout > 0
-    # Under CPU autocast the math path runs in fp32 (measured, docs/memory-model.md).
-    att_e = 4 if (math_attention and autocast and inp.device == "cpu") else e
+    # Under CPU autocast (16-bit precision: the trainer always autocasts then) the math path runs in fp32
+    # (measured, docs/memory-model.md).
+    att_e = 4 if (math_attention and e < 4 and inp.device == "cpu") else e
 
     def attention() -> int:
         qkv = att_e * (qd + 2 * kvd)
@@ -341,6 +345,8 @@ def activation_bytes(inp: EstimateInput) -> ActivationBytes:
     # One layer's backward holds the gradients of its widest intermediates (the MLP's, in compute
     # precision) beside the incoming hidden gradient.
     layer_backward = tokens * e * (2 * inter + 2 * h)
+    if math_attention:  # or the gradients of the scores: through the dropout and the softmax
+        layer_backward = max(layer_backward, tokens * (3 * att_e * sh.heads * inp.seq_len + 2 * e * h))
     if inp.gradient_checkpointing:
         stored = sh.layers * w * h * tokens + post + rotary
         recompute_copies = 2 * layer_linear if autocast else 0
@@ -352,8 +358,9 @@ def activation_bytes(inp: EstimateInput) -> ActivationBytes:
         recompute = recompute_copies = 0
         copies = 2 * (sh.linear_params + (head_w if sh.tied_embeddings else 0)) if autocast else 0
         dropout = lora_dropout
+    all_copies = 2 * (sh.linear_params + (head_w if sh.tied_embeddings else 0)) if autocast else 0
     return ActivationBytes(per_layer, stored, recompute, logits, copies, dropout, logits_forward, logits_backward,
-                           layer_backward, recompute_copies)
+                           layer_backward, recompute_copies, all_copies)
 
 
 def _largest_trainable(inp: EstimateInput) -> int:
@@ -438,12 +445,18 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
     else:
         opt_transient = float(2 * state_e * _largest_trainable(inp))
 
-    acts = activation_bytes(replace(inp, param_dtype="bf16" if w == 2 else inp.param_dtype))
+    # FSDP's mixed precision gathers the weights in the compute dtype and casts the inputs: the forward
+    # runs as over 16-bit weights (no autocast copies), whatever the stored dtype.
+    fsdp_mixed = "params" in table_row.shards and not deepspeed and e < w
+    acts = activation_bytes(replace(inp, param_dtype="bf16" if w == 2 or fsdp_mixed else inp.param_dtype))
     stored = float(acts.stored)
     copies = float(acts.weight_copies)
+    fwd_copies = float(acts.forward_copies)
     recompute = float(acts.recompute)
     logits_fwd, logits_bwd = float(acts.logits_forward), float(acts.logits_backward)
-    head_grads = float(sh.vocab * sh.hidden * tw) if inp.method == "full" and not sh.tied_embeddings else 0.0
+    # The head's weight gradient exists from the head's backward on (tied or not: a tied head's is the
+    # embedding's gradient, created there).
+    head_grads = float(sh.vocab * sh.hidden * tw) if inp.method == "full" else 0.0
 
     shards = table_row.shards
     if table_row.layer_split:
@@ -455,6 +468,7 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
         # Layer activations split with the layers; the logits are all on the last device.
         stored = (acts.stored - acts.logits) * layer_share + acts.logits
         copies = acts.weight_copies * weight_share
+        fwd_copies = acts.forward_copies * weight_share
     if "optimizer" in shards:
         optimizer, master, opt_transient = optimizer / n, master / n, opt_transient / n
     if "grads" in shards:
@@ -491,7 +505,7 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
     buffers = copies + gathered
     # Candidate peak moments, each as the parts alive then.
     moments: dict[str, dict[str, float]] = {
-        "forward": {"activations": stored, "transient": logits_fwd, "buffers": copies + root_gathered,
+        "forward": {"activations": stored, "transient": logits_fwd, "buffers": fwd_copies + root_gathered,
                     "grads": persistent_grads},
         "backward": {"activations": stored, "transient": logits_bwd, "buffers": copies, "grads": persistent_grads},
         # The end of backward: every gradient, the activations released; the embedding's input gradient
