@@ -44,6 +44,25 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def reestimate(rows: list[dict]) -> list[dict]:
+    """The stored measurements beside the CURRENT estimate of each point (the estimate is a pure function of
+    the recipe, so a changed formula is checked against the same measurements without training again)."""
+    from runner import memgrid
+
+    models = Path(tempfile.mkdtemp(prefix="ftui-memgrid-models-"))
+    out = []
+    for row in rows:
+        if row.get("measured") is None:
+            out.append(row)
+            continue
+        point = memgrid.point_from_label(row["config"])
+        breakdown, _ = memgrid.estimate_for(memgrid.recipe_for(point, memgrid.model_folder(point.arch, models)))
+        est = int(breakdown.total - breakdown.reserve)
+        out.append({**row, "estimated": est, "error_pct": (est - row["measured"]) / row["measured"] * 100,
+                    "peak_phase": breakdown.peak_phase, "estimated_phases": dict(breakdown.phases)})
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--archs", default="llama,qwen2,gpt2")
@@ -62,7 +81,7 @@ def main() -> int:
             row = json.loads(line)
             done[row["config"]] = row
     if args.markdown:
-        print(table(list(done.values())))
+        print(table(reestimate(list(done.values()))))
         return 0
 
     from runner import memgrid
@@ -87,7 +106,7 @@ def main() -> int:
             if strategy == "single":
                 ranks = memgrid.measure_in_process(recipe, work / f"run-{len(done)}")
             else:
-                status, ranks = memgrid.measure_launched(store, recipe)
+                status, ranks = memgrid.measure_launched(store, recipe, root=work / "runs")
             row = memgrid.compare(point, ranks, breakdown)
             row |= {"status": status, "peak_phase": breakdown.peak_phase, "seconds": time.perf_counter() - t0}
             done[point.label] = row

@@ -106,6 +106,14 @@ class GridPoint:
         return " ".join(parts)
 
 
+def point_from_label(label: str) -> GridPoint:
+    """The grid point a :attr:`GridPoint.label` names (to re-estimate stored measurements)."""
+    p = label.split()
+    extra = dict(x.split("=", 1) for x in p[6:])
+    return GridPoint(p[0], p[1], p[2], p[3], p[4] == "ckpt", int(p[5].removeprefix("seq")),
+                     dtype=extra.get("dtype", "auto"), lora_dropout=float(extra.get("dropout", 0.0)))
+
+
 def recipe_for(point: GridPoint, folder: Path | str) -> Any:
     """The recipe of a grid point: two steps, no save, the builtin corpus at the point's sequence length."""
     from runner.recipe import parse_recipe
@@ -175,11 +183,12 @@ def measure_in_process(recipe: Any, run_dir: Path) -> list[dict[str, Any]]:
     raise RuntimeError(f"{run_dir}: no end event")
 
 
-def measure_launched(store: Any, recipe: Any) -> tuple[str, list[dict[str, Any]]]:
-    """Run the recipe as ``ftui run`` does (``accelerate launch``, real processes); (status, ranks)."""
+def measure_launched(store: Any, recipe: Any, root: Path | None = None) -> tuple[str, list[dict[str, Any]]]:
+    """Run the recipe as ``ftui run`` does (``accelerate launch``, real processes); (status, ranks). ``root``:
+    the folder of the run folders (default: the ftui data folder's)."""
     from runner.orchestrator import execute, prepare
 
-    outcome = execute(store, prepare(store, recipe, source="memgrid"))
+    outcome = execute(store, prepare(store, recipe, source="memgrid", root=root))
     return outcome.status, list(outcome.summary.get("ranks") or [])
 
 

@@ -74,6 +74,8 @@ class ModelShape:
     """Gemma's RMSNorm multiplies in fp32 (``1 + weight``), so a trained norm keeps a 4-byte normalized copy."""
     approximate: str | None = None
     """Why the activation formula is only approximate for this model (None: the family is modelled)."""
+    position_embedding_params: int = 0
+    """Learned position embeddings (GPT-2's ``wpe``): outside the layers, in FSDP's root unit."""
 
     @property
     def linear_params(self) -> int:
@@ -92,7 +94,7 @@ class ModelShape:
     @property
     def layer_params(self) -> int:
         """Parameters of one decoder layer (the rest spread evenly)."""
-        rest = self.total_params - self.embedding_params - self.hidden
+        rest = self.total_params - self.embedding_params - self.position_embedding_params - self.hidden
         return max(0, rest) // max(1, self.layers)
 
 
@@ -136,6 +138,8 @@ def shape_from_config(config: PretrainedConfig) -> ModelShape:
     hidden = int(_cfg(config, "hidden_size", "n_embd", "d_model"))
     heads = int(_cfg(config, "num_attention_heads", "n_head"))
     head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+    vocab = int(config.vocab_size)
+    embeddings = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding))
     features = _features(config, linears, biases=any(
         getattr(m, "bias", None) is not None for m in model.modules()
         if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D"))
@@ -152,6 +156,7 @@ def shape_from_config(config: PretrainedConfig) -> ModelShape:
         vocab=int(config.vocab_size),
         tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         linears=linears,
+        position_embedding_params=max(0, embeddings - vocab * hidden),
         **features,
     )
 
