@@ -201,14 +201,20 @@ class CudaPeaks:
     def phase(self, name: str) -> Iterator[None]:
         import torch
 
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+        # Every visible device: a model-parallel rank spreads its layers over several, and the busiest counts.
+        devices = range(torch.cuda.device_count())
+        for d in devices:
+            torch.cuda.synchronize(d)
+            torch.cuda.reset_peak_memory_stats(d)
         try:
             yield
         finally:
-            torch.cuda.synchronize()
-            self.phase_peaks[name] = max(self.phase_peaks.get(name, 0), int(torch.cuda.max_memory_allocated()))
-            self.phase_reserved[name] = max(self.phase_reserved.get(name, 0), int(torch.cuda.max_memory_reserved()))
+            for d in devices:
+                torch.cuda.synchronize(d)
+            allocated = max((int(torch.cuda.max_memory_allocated(d)) for d in devices), default=0)
+            reserved = max((int(torch.cuda.max_memory_reserved(d)) for d in devices), default=0)
+            self.phase_peaks[name] = max(self.phase_peaks.get(name, 0), allocated)
+            self.phase_reserved[name] = max(self.phase_reserved.get(name, 0), reserved)
 
     def result(self) -> dict[str, Any]:
         return {
