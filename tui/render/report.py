@@ -130,7 +130,7 @@ ESTIMATE_KINDS: tuple[tuple[str, str, str, str, str], ...] = (
     ("backward peak", "phases.backward", "phase_peaks.backward", "max", "busiest rank"),
     ("optimizer-step peak", "phases.optimizer", "phase_peaks.optimizer", "max", "busiest rank"),
     ("params", "params", "param_bytes", "mean", "exact tensor bytes"),
-    ("grads", "grads_total", "grad_bytes", "mean", "exact tensor bytes"),
+    ("grads", "grads_total|grads", "grad_bytes", "mean", "exact tensor bytes"),
     ("optimizer state", "optimizer", "optimizer_bytes", "mean", "exact tensor bytes"),
     ("saved activations", "activations_stored", "activation_bytes", "mean",
      "saved_tensors_hooks, one forward: a detail, not the peak"),
@@ -158,8 +158,8 @@ def estimate_vs_measured(summary: dict[str, Any]) -> list[tuple[str, int, float 
     ranks = summary.get("ranks") or []
     out: list[tuple[str, int, float | None, float | None]] = []
     for kind, key_est, key_meas, how, _ in ESTIMATE_KINDS:
-        est = _dig(per_device, key_est)
-        if est is None:
+        est = next((v for k in key_est.split("|") if (v := _dig(per_device, k)) is not None), None)
+        if est is None:  # an estimate stored by an older version lacks the key
             continue
         est = int(est) + (int(per_device.get("master") or 0) if kind == "optimizer state" else 0)
         if key_meas == "peak":
