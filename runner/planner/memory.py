@@ -473,6 +473,7 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
         optimizer, master, opt_transient = optimizer / n, master / n, opt_transient / n
     if "grads" in shards:
         grads = grads / n
+        head_grads = head_grads / n
     gathered = root_gathered = 0.0
     flat_grads = 0.0
     if "params" in shards:
@@ -480,9 +481,9 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
         gather_e = e if e < w else w  # FSDP's mixed precision gathers in the compute dtype
         # The root unit (embeddings, head, final norm: what the per-layer wrapping leaves) is gathered
         # while the loss is computed and again for the head's backward; inside the layer stack the layer
-        # being computed and the one prefetched are gathered beside it (measured: docs/memory-model.md).
+        # being computed is gathered beside it (measured: docs/memory-model.md).
         root_gathered = float(max(0, sh.total_params - sh.layers * sh.layer_params) * gather_e)
-        gathered = root_gathered + 2.0 * sh.layer_params * gather_e
+        gathered = root_gathered + 1.0 * sh.layer_params * gather_e
         if inp.method == "full" or train:
             # A layer's unsharded gradient before its reduce-scatter (FSDP1: the flat gradient).
             layer_train = train / max(1, sh.layers) if inp.method != "full" else sh.layer_params
