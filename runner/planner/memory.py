@@ -1,49 +1,24 @@
-"""Memory estimate and strategy recommendation for a fine-tuning run: pure functions, no I/O, no GPU (the shape comes from ``runner.planner.shapes``).
+"""Memory estimate for a fine-tuning run: pure functions, no I/O, no GPU (the shape comes from
+``runner.planner.shapes``). docs/memory-model.md has every formula with its source and the grid it was
+checked on; in short:
 
-Model states (bytes per parameter, Adam):
-    Trainable weights cost ``w`` (weights) + ``w`` (grads) + 8 (Adam m and v in fp32) + 4 (fp32 master copy,
-    only when the weights are stored in 16 bit). Accelerate's mixed precision keeps fp32 weights and autocasts,
-    so bf16 training of fp32 weights is 4 + 4 + 8 = 16 B/param with no master; 16-bit weights give the
-    seed's split 2 + 2 + (8 + 4) = 16 B/param, ``K = 12`` in the ZeRO paper. DeepSpeed (``zero1/2/3``) always
-    stores 16-bit weights with an fp32 master in its bf16/fp16 modes. Frozen LoRA base weights cost only their
-    storage; adapters are fp32 (peft upcasts them) with 4 + 4 + 8 = 16 B/param. QLoRA stores the quantized
-    linear layers (every ``nn.Linear`` but ``lm_head``) in 4 bits plus the NF4 quantization constants:
-    one fp8 absmax per 64 weights and, with double quantization, one fp32 constant per 256 blocks,
-    8/64 + 32/(64*256) = 0.127 bits/param. Embeddings, norms and ``lm_head`` stay 16 bit.
+The estimate is the PEAK of one training step on the busiest device: the largest of the forward (at the
+loss), the backward (its start, the recomputed layer under checkpointing, its end) and the optimizer step,
+each the sum of what is alive at that moment; the parts of ``MemoryBreakdown`` are the parts of that
+moment and add up to ``total``. The independent measurement it is compared with is runner/memtrack.py's.
 
-Sharding (Rajbhandari et al. 2020, "ZeRO", N devices): ``zero1`` divides optimizer states (and master) by N,
-``zero2`` also the grads, ``zero3`` and ``fsdp`` also the weights; ``ddp`` and ``single`` replicate; ``mp``
-(naive model parallel, layers split across devices) holds ``ceil(L/N)`` layers per device, plus the
-embedding or the head, and reports the busiest device.
+Model states: weights (``w`` B/param), gradients in the trainable dtype, AdamW's two moments in the
+trainable dtype (torch's AdamW uses ``zeros_like(param)``: bf16 weights keep bf16 moments and no master),
+an fp32 master only under DeepSpeed's bf16/fp16 (ZeRO's ``K = 12``). LoRA adapters are fp32 (peft); QLoRA
+stores NF4 with double quantization (0.127 bits/param of constants). Sharding follows ZeRO (Rajbhandari et
+al. 2020); DDP's buckets are the gradients (``gradient_as_bucket_view``) and live all step; FSDP gathers its
+root unit at the loss and one layer inside the stack.
 
-Activations (bytes saved for backward): Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-Transformer Models", give ``s*b*h*(34 + 5*a*s/h)`` bytes per layer for a 16-bit GPT layer with dropout and
-an explicit ``s*s`` attention matrix. HF Llama with SDPA saves less and differently, so the count is redone
-per tensor (``e``: compute element size, 4 for fp32, 2 for bf16/fp16; ``w``: weight element size, which is
-the dtype of the residual stream; ``kv``: kv heads; ``d``: head dim; ``I``: intermediate size), per token:
-
-* each RMSNorm: the input upcast to fp32 (``4h``) and ``rsqrt`` (4), plus the normalized value (``w*h``)
-  when the norm weight is trainable;
-* each linear whose weight or adapter is trainable saves its input (shared by q/k/v and by gate/up unless
-  autocast or peft casts it, which makes one copy per module); the o_proj input is the SDPA output;
-* SDPA (flash or memory-efficient, no ``s*s`` matrix): rotated q (``e*a*d``), k and v (``e*kv*d`` each, GQA
-  not expanded), the output (``e*a*d``) and the fp32 logsumexp (``4*a``);
-* SwiGLU MLP: the gate output, its SiLU and the up output (``3*e*I``), plus the down_proj input (``e*I``)
-  when down_proj trains: no dropout anywhere;
-* a LoRA adapter adds its ``lora_B`` input (``r`` elements); with 16-bit weights and no autocast peft casts
-  the input to the fp32 adapter, a ``4h`` copy per adapted module;
-* after the layers: the final norm, the lm_head input if it trains, and the logits' ``log_softmax`` in
-  fp32 for the loss (``4*V`` per token, the largest term for small models) plus the int64 labels.
-
-Full fine-tuning in fp32 is ``4*(8h + 2*kv*d + 4I) + 8 + 4a``
-bytes per token per layer (Korthikanti's ``34h`` becomes about ``20h + 4*kv*d + 8I`` at 16 bit). With
-gradient checkpointing (HF checkpoints each decoder layer) the forward keeps only the layer inputs
-(``w*h`` per token per layer) plus the post-layer terms, and backward recomputes one layer at a time, so
-the peak adds one layer's full activations. Calibrated on the builtin tiny Llama (CPU, fp32, micro-batch
-4, seq 256) against ``torch.autograd.graph.saved_tensors_hooks``: within 1% for full fine-tuning and LoRA,
-with and without checkpointing (see ``docs/memory-model.md``). Not counted: transient buffers of
-backward (the logits gradient is another ``4*V`` per token at the start of backward) and the CUDA context
-and allocator slack, which is what ``reserve_bytes`` is for."""
+Activations are counted tensor by tensor from what autograd saves (Korthikanti et al. 2022 as the starting
+point), by architecture features read from the config (norm kind, gated/plain MLP, fused linears, dropout,
+parallel blocks), plus the temporaries of each moment: the logits around the loss (3 x 4V bytes per token at
+the start of backward), a layer's backward, AdamW's step temporaries; autocast's weight copies (cached to the
+end of the forward); LoRA dropout's copies and masks."""
 
 from __future__ import annotations
 
