@@ -75,6 +75,7 @@ class EstimateInput:
         device: ``cuda`` or ``cpu``: a dropout mask is a byte per element on GPU, an element on CPU.
         grad_bucket_view: DDP's gradients are views into its buckets (ftui's trainer sets it), else the
             buckets are a second copy of the gradients.
+        fsdp_version: 1 or 2 (``launch.fsdp_version``): FSDP1 keeps a flat gradient per unit.
     """
 
     shape: ModelShape
@@ -94,6 +95,7 @@ class EstimateInput:
     lora_dropout: float = 0.0
     device: Literal["cuda", "cpu"] = "cuda"
     grad_bucket_view: bool = True
+    fsdp_version: int = 2
 
 
 @dataclass(frozen=True)
@@ -449,6 +451,10 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
     if "grads" in shards:
         grads = grads / n
         head_grads = head_grads / n
+        if table_row.name == "fsdp" and inp.fsdp_version == 1 and inp.method != "full":
+            # FSDP1's gradient is flat per unit: it covers the frozen parameters of every unit that holds an
+            # adapter (the decoder layers), not only the adapters.
+            grads = float((sh.layers * sh.layer_params + train) * tw / n)
     gathered = root_gathered = 0.0
     flat_grads = 0.0
     if "params" in shards:
