@@ -173,8 +173,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
              "mlp": "gated"},
     "phi": {"names": (("q_proj", "k_proj", "v_proj", "fc1"), ("dense",), (), ("fc2",)), "norm": "layer",
             "mlp": "plain", "parallel_block": True},
-    "gpt2": {"names": (("c_attn",), ("c_proj@256x256", "c_proj"), ("c_fc",), ("c_proj",)), "norm": "layer",
-             "mlp": "plain"},
+    # GPT-2's two c_proj (attention h x h, MLP 4h x h) are told apart by shape in _features.
+    "gpt2": {"names": (("c_attn",), ("c_proj",), ("c_fc",), ("c_proj",)), "norm": "layer", "mlp": "plain"},
 }
 
 
