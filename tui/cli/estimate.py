@@ -189,7 +189,12 @@ def _print_text(report: dict[str, Any], inp: Any, gpu_mem: int, n_gpus: int, not
     table = Table(title=title, caption="every figure is estimated (runner.planner; docs/memory-model.md): the "
                   "parts alive at the step's peak (phase column) add up to the total; buffers: autocast's 16-bit "
                   "weight copies, or the gathered units under zero3/fsdp")
-    parts = E.PARTS
+    # Parts that are 0 for every strategy shown are left out (named in the caption), so the table fits.
+    entries = list(report["strategies"].values())
+    parts = tuple(p for p in E.PARTS if any(e["per_device_bytes"][p] for e in entries))
+    zero = [p for p in E.PARTS if p not in parts]
+    if zero:
+        table.caption = f"{table.caption}; 0 for every strategy, not shown: {', '.join(zero)}"
     cols = ("strategy", *parts, "total", "peak phase", "fits", "GPUs needed")
     for col in cols:
         table.add_column(col, justify="left" if col == "strategy" else "right", no_wrap=True)
