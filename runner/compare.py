@@ -221,37 +221,28 @@ def model_dims(recipe: Mapping[str, Any], run: RunInfo | None = None) -> dict[st
 
 
 def estimated_memory(run: RunInfo, recipe: Mapping[str, Any], dims: Mapping[str, Any] | None) -> tuple[int | None, str]:
-    """Per-device bytes predicted for the run: ``summary["estimate"]`` when stored, else
-    :func:`runner.planner.estimate` for a model whose config is at hand."""
+    """Per-device peak bytes predicted for the run: the estimate stored at prepare time
+    (``summary["estimate"]["per_device_bytes"]["total"]``, made with the recipe's real dtypes), else
+    :func:`runner.planner.estimate` of the stored recipe (through :func:`runner.planner.inputs_from_recipe`,
+    so ``model.dtype`` and the LoRA settings count) for a model whose config is at hand."""
     stored = run.summary.get("estimate")
-    if isinstance(stored, (int, float)):
-        return int(stored), "stored estimate"
     if isinstance(stored, Mapping):
-        if isinstance(stored.get("per_device_bytes"), Mapping):  # what the orchestrator stores at prepare time
-            stored = stored["per_device_bytes"]
-        for key in ("total", "total_bytes", "per_device", "bytes"):
-            if isinstance(stored.get(key), (int, float)):
-                return int(stored[key]), "stored estimate"
-    if dims is None or "config" not in dims:  # dims stored by the trainer carry no config
+        per_device = stored.get("per_device_bytes")
+        if isinstance(per_device, Mapping) and isinstance(per_device.get("total"), (int, float)):
+            return int(per_device["total"]), "estimated at prepare time (runner.planner)"
+    if dims is None or "config" not in dims or not run.recipe_text:  # dims stored by the trainer carry no config
         return None, "-"
     try:
-        from runner.planner import EstimateInput, estimate, shape_from_config
+        from dataclasses import replace
 
-        train, method, launch = recipe.get("train", {}), recipe.get("method", {}), recipe.get("launch", {})
-        lora = method.get("lora", {})
-        inp = EstimateInput(
-            shape=shape_from_config(dims["config"]),
-            method=method.get("type", "lora"),
-            precision=train.get("precision", "fp32"),
-            strategy=launch.get("strategy", "single"),
-            n_devices=int(launch.get("nproc", 1)),
-            micro_batch=int(train.get("batch_size", 1)),
-            seq_len=int(dims["seq_len"]),
-            gradient_checkpointing=bool(train.get("gradient_checkpointing", False)),
-            lora_r=int(lora.get("r", 8)),
-            lora_targets=tuple(lora.get("target_modules", ("q_proj", "v_proj"))),
-        )
-        return estimate(inp).total, "runner.planner (training tensors)"
+        from runner.planner import estimate, inputs_from_recipe, shape_from_config
+        from runner.recipe import parse_recipe
+
+        parsed = parse_recipe(run.recipe_text, source=f"run {run.id}")
+        inp = inputs_from_recipe(parsed, shape=shape_from_config(dims["config"]))
+        if run.device_type == "cpu":
+            inp = replace(inp, device="cpu")
+        return estimate(inp).total, "estimated from the stored recipe (runner.planner)"
     except Exception:  # noqa: BLE001 (an estimate we cannot make is a '-')
         return None, "-"
 

@@ -26,7 +26,7 @@ from runner.inputs import check_inputs
 from runner.launch import LaunchSpec, build_launch
 from runner.paths import runs_dir
 from runner.recipe import Recipe, RecipeError
-from runner.summary import busiest_peak, rank_peak, trained_bytes
+from runner.summary import busiest_peak, trained_bytes
 from store import Store
 
 EventCallback = Callable[[dict[str, Any]], None]
@@ -236,17 +236,24 @@ def estimate_summary(recipe: Recipe) -> dict[str, Any]:
     try:
         source = resolve_model_shape(recipe.model.name, allow_network=False)
         inp = inputs_from_recipe(recipe, shape=source.shape)
-        if runs_on_cpu(recipe) and strategies.get(inp.strategy).layer_split:
+        if runs_on_cpu(recipe):
             from dataclasses import replace
 
-            inp = replace(inp, n_devices=1)  # one device on CPU: mp is the single-process run
+            inp = replace(inp, device="cpu")
+            if strategies.get(inp.strategy).layer_split:
+                inp = replace(inp, n_devices=1)  # one device on CPU: mp is the single-process run
+        breakdown = estimate(inp)
         return {
-            "per_device_bytes": breakdown_json(estimate(inp)),
+            "per_device_bytes": breakdown_json(breakdown),
             "strategy": inp.strategy,
             "n_devices": inp.n_devices,
             "micro_batch": inp.micro_batch,
             "seq_len": inp.seq_len,
             "model": source.note,
+            "precision": inp.precision,
+            "param_dtype": inp.param_dtype or "auto",
+            "device": inp.device,
+            **({"approximate": breakdown.approximate} if breakdown.approximate else {}),
         }
     except Exception as exc:  # noqa: BLE001 (an estimate is informative only)
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
@@ -895,20 +902,16 @@ class BatchTrial:
     run_id: int
     status: str
     measured_bytes: int | None
-    """Busiest rank: CUDA peak allocated on GPU; on CPU params + grads + optimizer + activations."""
+    """Busiest rank's measured peak: CUDA peak allocated on GPU, the live-tensor peak on CPU."""
     fits: bool
     error: str | None = None
 
 
 def trial_bytes(ranks: list[dict[str, Any]]) -> int | None:
-    """The memory a run needed on its busiest rank, as the finder compares it with the budget."""
-    values = []
-    for r in ranks:
-        peak, source = rank_peak(r)
-        if peak is not None and source == "CUDA allocator peak":
-            values.append(peak)
-        elif (trained := trained_bytes(r)) is not None:
-            values.append(trained)
+    """The memory a run needed on its busiest rank, as the finder compares it with the budget: the
+    independent measurement (:func:`runner.summary.trained_bytes`: CUDA peak allocated on GPU, the
+    live-tensor peak on CPU), never the planner's estimate."""
+    values = [v for r in ranks if (v := trained_bytes(r)) is not None]
     return max(values) if values else None
 
 

@@ -12,6 +12,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TypedDict
 
 
+class PhasePeaks(TypedDict, total=False):
+    """Peak bytes per phase of a training step."""
+
+    forward: int
+    backward: int
+    optimizer: int
+
+
 class RankFigures(TypedDict, total=False):
     """What one rank measured about itself (the trainer's ``end`` event, one entry per rank)."""
 
@@ -22,24 +30,47 @@ class RankFigures(TypedDict, total=False):
     grad_bytes: int
     optimizer_bytes: int
     activation_bytes: int
-    """Bytes autograd saved for backward during one forward (saved-tensor hooks), deduplicated."""
+    """Bytes autograd saved for backward during one forward (saved-tensor hooks), deduplicated. The quantity
+    the activation formula was first fitted to: a detail, not the peak."""
+    peak_tensor_bytes: int
+    """The independent measurement (runner/memtrack.py): the peak bytes of live tensors over the measured
+    steps (CPU: a TorchDispatchMode tracking storages; GPU: the CUDA allocator's peak allocated)."""
+    phase_peaks: PhasePeaks
+    """The same peak per phase of the measured steps."""
+    phase_reserved: PhasePeaks
+    """GPU only: the allocator's peak reserved bytes per phase."""
+    memory_source: str
+    """How ``peak_tensor_bytes`` was measured."""
+    measured_steps: int
+    heap_check: dict[str, Any]
+    """CPU: glibc heap growth beside tensor growth over the first forward (a cross-check)."""
     peak_rss_bytes: int
-    """getrusage peak resident set of the rank's process (CPU: includes the ~600 MB runtime)."""
+    """getrusage peak resident set of the rank's process (CPU: includes the ~600 MB runtime). Not a
+    training-memory figure: it is shown as "peak RSS", never as "measured" memory."""
+    rss_baseline_bytes: int | None
+    """The process's RSS before the model was built (the runtime: Python, torch, libraries)."""
     peak_allocated_bytes: int
-    """``torch.cuda.max_memory_allocated`` (GPU only)."""
+    """``torch.cuda.max_memory_allocated`` over the run (GPU only)."""
     peak_reserved_bytes: int
     source: str
+
 
 
 class EstimateSummary(TypedDict, total=False):
     """The planner's estimate for one device of the run, made at prepare time."""
 
-    per_device_bytes: dict[str, int]
+    per_device_bytes: dict[str, Any]
+    """``runner.planner.breakdown_json``: the parts (adding up to ``total``, the peak), ``phases``,
+    ``peak_phase``, ``activations_stored`` and ``approximate`` when the architecture is not modelled."""
     strategy: str
     n_devices: int
     micro_batch: int
     seq_len: int
     model: str
+    precision: str
+    param_dtype: str
+    device: str
+    approximate: str
     error: str
 
 
@@ -93,14 +124,25 @@ class RunSummary(TypedDict, total=False):
     find_batch: dict[str, Any]
 
 
+MEASURED_CUDA = "measured: CUDA allocator peak"
+MEASURED_LIVE = "measured: live-tensor peak"
+
+
 def rank_peak(rank: Mapping[str, Any]) -> tuple[int | None, str]:
-    """A rank's peak memory and where it comes from: the CUDA allocator's peak on GPU, else the
-    process's peak RSS (getrusage)."""
+    """A rank's measured peak memory and where it comes from: the CUDA allocator's peak allocated on GPU,
+    the peak of live tensor bytes on CPU (runner/memtrack.py). Never RSS: a rank that measured neither
+    is "not measured" (its RSS is :func:`rank_rss`)."""
     if rank.get("peak_allocated_bytes"):
-        return int(rank["peak_allocated_bytes"]), "CUDA allocator peak"
-    if rank.get("peak_rss_bytes"):
-        return int(rank["peak_rss_bytes"]), "getrusage peak RSS"
+        return int(rank["peak_allocated_bytes"]), MEASURED_CUDA
+    if rank.get("peak_tensor_bytes"):
+        return int(rank["peak_tensor_bytes"]), MEASURED_LIVE
     return None, "not measured"
+
+
+def rank_rss(rank: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """A rank's peak resident set (getrusage) and its runtime baseline (RSS before the model was built)."""
+    peak, base = rank.get("peak_rss_bytes"), rank.get("rss_baseline_bytes")
+    return (int(peak) if peak else None), (int(base) if base else None)
 
 
 def busiest_peak(ranks: Iterable[Mapping[str, Any]]) -> tuple[int | None, str]:
@@ -119,8 +161,12 @@ def model_state_bytes(rank: Mapping[str, Any]) -> int:
 
 
 def trained_bytes(rank: Mapping[str, Any]) -> int | None:
-    """Model states plus the activations of one forward: what the batch-size finder compares with its
-    budget on CPU (None when the rank measured no activations)."""
+    """What a rank needed for training, as the batch-size finder compares it with its budget: the measured
+    peak (:func:`rank_peak`); for a summary written before that existed, model states plus the saved
+    activations of one forward (None when neither was measured)."""
+    peak, _ = rank_peak(rank)
+    if peak is not None:
+        return peak
     if rank.get("activation_bytes") is None:
         return None
     return model_state_bytes(rank) + int(rank.get("activation_bytes") or 0)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from runner import events as ev
+from runner import memtrack
 
 MEMORY_EVERY_S = 10.0
 """Seconds between ``memory`` events (plus one at the run's first and last step)."""
@@ -132,7 +133,13 @@ class Trainer:
         if cpu and launch.strategy == "fsdp" and launch.fsdp_version == 1:
             os.environ["ACCELERATE_TORCH_DEVICE"] = "cpu"
         mixed = train.accelerate_mixed_precision
-        accelerator = Accelerator(cpu=cpu, mixed_precision=mixed)
+        from accelerate.utils import DistributedDataParallelKwargs
+
+        # Gradients as views into DDP's buckets: without it each rank holds the gradients twice (the
+        # parameters' .grad and the reducer's flat buckets), +w bytes per trainable parameter
+        # (PyTorch DDP docs, ``gradient_as_bucket_view``; docs/memory-model.md). Only DDP reads it.
+        accelerator = Accelerator(cpu=cpu, mixed_precision=mixed,
+                                  kwargs_handlers=[DistributedDataParallelKwargs(gradient_as_bucket_view=True)])
         if cpu and launch.strategy == "fsdp":
             _force_fsdp_on_cpu(accelerator, launch.fsdp_version, mixed)
         return accelerator
@@ -257,6 +264,9 @@ class Trainer:
                            "steps_per_epoch": steps_per_epoch, "total_steps": total_steps}
         resume = self.check_resume() if train.resume_from else None  # before the model: fail fast
 
+        # The runtime's own resident memory before the model exists (RSS is reported separately from
+        # the tensor peak, and this is the part of it training did not add).
+        self.rss_baseline = memtrack.current_rss()
         model = self.load_model()
         from runner.mfu import dims_from_config
 
@@ -313,8 +323,11 @@ class Trainer:
         order: Any = None
         epoch = -1
         first_step_start = last_step_end = time.perf_counter()
-        memory: dict[str, int] = {}
+        memory: dict[str, Any] = {}
         memory_acts: dict[str, Any] = {}
+        # One meter over the measured steps: what step 1 leaves alive (optimizer state, DDP's buckets) is
+        # still counted in step 2.
+        meter = memtrack.meter_for(not self.on_cpu, model, optimizer)
         final_loss = float("nan")
         status: Literal["completed", "stopped", "failed"] = "completed"
         skipped = 0
@@ -331,6 +344,8 @@ class Trainer:
                 first_step_start = t0
             loss_sum = torch.zeros((), device=acc.device)
             my_tokens = 0
+            # The first steps measure peak memory per phase (runner/memtrack.py); later steps pay nothing.
+            peaks: memtrack.Meter = meter if step - start_step < memtrack.MEASURED_STEPS else memtrack.NoMeter()
             base = (step % steps_per_epoch) * rows_per_step
             for micro in range(GA):
                 start = base + (micro * world + acc.process_index) * B
@@ -349,14 +364,16 @@ class Trainer:
                 ctx = acc.no_sync(model) if micro < GA - 1 else contextlib.nullcontext()
                 # One forward (the run's first step, micro-step 0) measures what autograd saves.
                 first = step == start_step and micro == 0
-                meter = _SavedBytes(model, acc.device) if first else contextlib.nullcontext()
+                saved_meter = _SavedBytes(model, acc.device) if first else contextlib.nullcontext()
                 with ctx:
-                    with acc.autocast(), meter:
-                        out = model(**inputs)
-                        loss = out.loss / GA
-                    if isinstance(meter, _SavedBytes):
-                        memory_acts = meter.result()
-                    acc.backward(loss)
+                    with peaks.phase("forward"), acc.autocast(), saved_meter:
+                        # Only the loss is kept: holding the output would keep the logits alive through
+                        # backward and into the next forward (docs/memory-model.md).
+                        loss = model(**inputs).loss / GA
+                    if isinstance(saved_meter, _SavedBytes):
+                        memory_acts = saved_meter.result()
+                    with peaks.phase("backward"):
+                        acc.backward(loss)
                 loss_sum += loss.detach().to(acc.device)
             # One collective per step carries the loss, the stop request, the token count and each
             # rank's memory figures (its own slots, zeros elsewhere), so every rank leaves the loop
@@ -378,14 +395,16 @@ class Trainer:
             step_tokens = int(stats[2])
             grad_norm = None
             bad: tuple[str, float] | None = None
-            if not math.isfinite(mean_loss):
-                bad = ("nan_loss", mean_loss)
-            elif train.max_grad_norm > 0:
-                grad_norm = float(acc.clip_grad_norm_(model.parameters(), train.max_grad_norm))
-                if not math.isfinite(grad_norm):  # global norm: the same on every rank
-                    bad = ("nan_grad_norm", grad_norm)
+            with peaks.phase("optimizer"):
+                if not math.isfinite(mean_loss):
+                    bad = ("nan_loss", mean_loss)
+                elif train.max_grad_norm > 0:
+                    grad_norm = float(acc.clip_grad_norm_(model.parameters(), train.max_grad_norm))
+                    if not math.isfinite(grad_norm):  # global norm: the same on every rank
+                        bad = ("nan_grad_norm", grad_norm)
+                if bad is None:
+                    optimizer.step()
             if bad is None:
-                optimizer.step()
                 if not memory:
                     memory = {**self.state_bytes(model, optimizer), **memory_acts}
             else:
@@ -446,7 +465,10 @@ class Trainer:
         saved = None
         if train.save and status == "completed":
             saved = self.save(model)
-        ranks = self.rank_memory(memory)
+        measured: dict[str, Any] = {}
+        if steps_done > start_step:
+            measured = {**meter.result(), "measured_steps": min(steps_done - start_step, memtrack.MEASURED_STEPS)}
+        ranks = self.rank_memory({**memory, **measured})
         run_tokens = tokens_done - tokens_at_start
         self.emit(ev.EndEvent(
             type="end",
@@ -631,7 +653,7 @@ class Trainer:
                 ranks.append({"rank": r, "source": "rss", "rss_bytes": a, "peak_rss_bytes": b})
         return ranks
 
-    def rank_memory(self, memory: dict[str, int]) -> list[dict[str, Any]]:
+    def rank_memory(self, memory: dict[str, Any]) -> list[dict[str, Any]]:
         import torch
 
         mine: dict[str, Any] = {
@@ -639,11 +661,14 @@ class Trainer:
             "pid": os.getpid(),
             **memory,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "rss_baseline_bytes": getattr(self, "rss_baseline", None),
             "source": "psutil/getrusage" if self.on_cpu else "torch.cuda",
         }
         if not self.on_cpu and torch.cuda.is_available():
-            mine["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
-            mine["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+            # The measured phases reset the allocator's peak; the rest of the run kept counting after.
+            mine["peak_allocated_bytes"] = max(torch.cuda.max_memory_allocated(), int(memory.get("peak_tensor_bytes") or 0))
+            reserved = (memory.get("phase_reserved") or {}).values()
+            mine["peak_reserved_bytes"] = max([torch.cuda.max_memory_reserved(), *reserved])
         if self.accelerator.num_processes == 1:
             return [mine]
         return _gather_list([mine])

@@ -402,3 +402,18 @@ def test_show_names_the_thread_unit_the_spread_and_the_peak(cftui: Ftui, sweep: 
     peak = summary["mfu_peak"]
     assert (peak["dtype"], peak["threads"], peak["kind"]) == ("fp32", 1, "measured") and peak["flops"] > 0
     assert peak["fingerprint"] == mfu.machine_fingerprint().key and peak["measured_at"] > 0
+
+
+def test_memory_columns_are_the_measured_peak_and_the_stored_estimate() -> None:
+    """Issue 17: measured = the independent peak (live tensors on CPU), never RSS; estimated = the estimate
+    stored at prepare time (its key used to be missed, so compare re-estimated without model.dtype)."""
+    ranks = [{"rank": 0, "peak_tensor_bytes": 200 * 2**20, "peak_rss_bytes": 900 * 2**20},
+             {"rank": 1, "peak_tensor_bytes": 210 * 2**20, "peak_rss_bytes": 950 * 2**20}]
+    run = _run(1, "ddp", 2, 100.0, ranks=ranks,
+               estimate={"per_device_bytes": {"total": 205 * 2**20, "params": 1}, "strategy": "ddp"})
+    row = build_comparison([run], {}).rows[0]
+    assert (row.mem_measured, row.mem_estimated) == (210 * 2**20, 205 * 2**20)
+    assert row.mem_measured_source == "measured: live-tensor peak, busiest rank"
+    assert row.mem_estimated_source == "estimated at prepare time (runner.planner)"
+    rss_only = build_comparison([_run(2, "single", 1, 100.0, ranks=[{"rank": 0, "peak_rss_bytes": 9}])], {}).rows[0]
+    assert rss_only.mem_measured is None

@@ -4,8 +4,9 @@ Split on its seams:
 
 * ``shapes``: the model's shape, read from its config (local folder, Hugging Face cache, builtin table)
   or derived from a parameter count: the planner's only I/O;
-* ``memory``: the formulas, pure functions (``estimate``: weights, gradients, optimizer, master,
-  activations, buffers, reserve per device); docs/memory-model.md keeps them with their sources;
+* ``memory``: the formulas, pure functions (``estimate``: the peak of a training step per device, the parts
+  alive at that moment adding up to the total: weights, gradients, buckets, optimizer, master, activations,
+  dropout, recompute, transients, buffers, reserve); docs/memory-model.md keeps them with their sources;
 * ``recommend``: devices needed and the recommended strategy (the seed's decision flow);
 * ``glue``: the recipe as the planner sees it, with the trainer's semantics (shared by ``ftui estimate``,
   ``ftui run``'s stored estimate and Compose).

@@ -56,4 +56,8 @@ def inputs_from_recipe(
         gradient_checkpointing=train.gradient_checkpointing,
         lora_r=method.lora.r,
         lora_targets=tuple(method.lora.target_modules),
+        lora_dropout=method.lora.dropout,
+        fsdp_version=launch.fsdp_version,
+        # "auto" is decided at launch (runner.orchestrator.runs_on_cpu corrects it for a run's stored estimate).
+        device="cpu" if launch.device == "cpu" else "cuda",
     )

@@ -51,6 +51,31 @@ class ModelShape:
     vocab: int
     tied_embeddings: bool
     linears: Mapping[str, LinearSpec] = field(hash=False)
+    family: str = "llama"
+    """``config.model_type`` (``llama`` for shapes built without a config)."""
+    norm: str = "rms"
+    """``rms`` (RMSNorm, computed in fp32) or ``layer`` (LayerNorm)."""
+    mlp: str = "gated"
+    """``gated`` (SwiGLU/GeGLU: act(gate) * up, then down) or ``plain`` (fc1, act, fc2)."""
+    act: str = "silu"
+    """The MLP activation as transformers names it (``silu``, ``gelu``, ``gelu_pytorch_tanh``, ``gelu_new``...)."""
+    attn_in: tuple[str, ...] = ("q_proj", "k_proj", "v_proj")
+    """The linears reading the attention's normalized input (one name when q, k, v are fused)."""
+    attn_out: tuple[str, ...] = ("o_proj",)
+    mlp_in: tuple[str, ...] = ("gate_proj", "up_proj")
+    mlp_out: tuple[str, ...] = ("down_proj",)
+    parallel_block: bool = False
+    """Attention and MLP read one shared norm (Phi, GPT-J): one norm per layer."""
+    attn_dropout: float = 0.0
+    resid_dropout: float = 0.0
+    embd_dropout: float = 0.0
+    biases: bool = False
+    norm_fp32_output: bool = False
+    """Gemma's RMSNorm multiplies in fp32 (``1 + weight``), so a trained norm keeps a 4-byte normalized copy."""
+    approximate: str | None = None
+    """Why the activation formula is only approximate for this model (None: the family is modelled)."""
+    position_embedding_params: int = 0
+    """Learned position embeddings (GPT-2's ``wpe``): outside the layers, in FSDP's root unit."""
 
     @property
     def linear_params(self) -> int:
@@ -69,7 +94,7 @@ class ModelShape:
     @property
     def layer_params(self) -> int:
         """Parameters of one decoder layer (the rest spread evenly)."""
-        rest = self.total_params - self.embedding_params - self.hidden
+        rest = self.total_params - self.embedding_params - self.position_embedding_params - self.hidden
         return max(0, rest) // max(1, self.layers)
 
 
@@ -113,6 +138,11 @@ def shape_from_config(config: PretrainedConfig) -> ModelShape:
     hidden = int(_cfg(config, "hidden_size", "n_embd", "d_model"))
     heads = int(_cfg(config, "num_attention_heads", "n_head"))
     head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+    vocab = int(config.vocab_size)
+    embeddings = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding))
+    features = _features(config, linears, biases=any(
+        getattr(m, "bias", None) is not None for m in model.modules()
+        if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D"))
     return ModelShape(
         total_params=total,
         layers=int(_cfg(config, "num_hidden_layers", "n_layer")),
@@ -126,7 +156,52 @@ def shape_from_config(config: PretrainedConfig) -> ModelShape:
         vocab=int(config.vocab_size),
         tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         linears=linears,
+        position_embedding_params=max(0, embeddings - vocab * hidden),
+        **features,
     )
+
+
+# Families whose decoder layer the activation formula models (docs/memory-model.md, "Architectures"),
+# with the linears reading each input: attention in, attention out, MLP in, MLP out.
+_LLAMA_NAMES = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
+FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": {"names": _LLAMA_NAMES, "norm": "rms", "mlp": "gated"},
+    "mistral": {"names": _LLAMA_NAMES, "norm": "rms", "mlp": "gated"},
+    "qwen2": {"names": _LLAMA_NAMES, "norm": "rms", "mlp": "gated"},
+    "gemma": {"names": _LLAMA_NAMES, "norm": "rms", "mlp": "gated", "norm_fp32_output": True},
+    "phi3": {"names": (("qkv_proj",), ("o_proj",), ("gate_up_proj",), ("down_proj",)), "norm": "rms",
+             "mlp": "gated"},
+    "phi": {"names": (("q_proj", "k_proj", "v_proj", "fc1"), ("dense",), (), ("fc2",)), "norm": "layer",
+            "mlp": "plain", "parallel_block": True},
+    # GPT-2's two c_proj (attention h x h, MLP 4h x h) are told apart by shape in _features.
+    "gpt2": {"names": (("c_attn",), ("c_proj",), ("c_fc",), ("c_proj",)), "norm": "layer", "mlp": "plain"},
+}
+
+
+def _features(config: Any, linears: Mapping[str, LinearSpec], biases: bool) -> dict[str, Any]:
+    """The architecture features the activation formula needs, read from the config."""
+    family = str(getattr(config, "model_type", "") or "unknown")
+    act = str(getattr(config, "hidden_act", None) or getattr(config, "hidden_activation", None)
+              or getattr(config, "activation_function", None) or "silu")
+    drop = {
+        "attn_dropout": float(getattr(config, "attention_dropout", None) or getattr(config, "attn_pdrop", None) or 0.0),
+        "resid_dropout": float(getattr(config, "resid_pdrop", None) or getattr(config, "hidden_dropout", None) or 0.0),
+        "embd_dropout": float(getattr(config, "embd_pdrop", None) or getattr(config, "embedding_dropout", None) or 0.0),
+    }
+    known = FAMILIES.get(family)
+    if known is None:
+        return {"family": family, "act": act, "biases": biases, **drop,
+                "approximate": f"architecture {family!r} is not modelled: its activations are estimated with the "
+                               "Llama layer (modelled: " + ", ".join(sorted(FAMILIES)) + ")"}
+    attn_in, attn_out, mlp_in, mlp_out = known["names"]
+    if family == "gpt2":  # the attention's c_proj is h x h, the MLP's 4h x h: shapes.py keys the second by shape
+        square = [k for k, v in linears.items() if k.startswith("c_proj") and v.in_features == v.out_features]
+        other = [k for k in linears if k.startswith("c_proj") and k not in square]
+        attn_out, mlp_out = tuple(square), tuple(other)
+    return {"family": family, "norm": known["norm"], "mlp": known["mlp"], "act": act, "attn_in": attn_in,
+            "attn_out": attn_out, "mlp_in": mlp_in, "mlp_out": mlp_out,
+            "parallel_block": bool(known.get("parallel_block", False)), "biases": biases,
+            "norm_fp32_output": bool(known.get("norm_fp32_output", False)), **drop}
 
 
 def _cfg(config: Any, *names: str) -> Any:
@@ -250,6 +325,8 @@ def shape_from_params(
         vocab=vocab,
         tied_embeddings=tied_embeddings,
         linears=_llama_linears(layers, hidden, heads, kv_heads, head_dim, intermediate, vocab),
+        approximate="the shape comes from a parameter count (a Llama layout is assumed); give the model's "
+                    "config (--model or a recipe) for an exact shape",
     )
 
 

@@ -127,6 +127,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
                 recipe.model.dtype, inp.method, args.precision))
         if args.lora_r is not None:
             inp = replace(inp, lora_r=args.lora_r)
+    if (warning := _approximate_note(inp.shape)) is not None:
+        notes.insert(0, warning)
     if args.micro_batch is not None:
         inp = replace(inp, micro_batch=args.micro_batch)
     if args.seq is not None:
@@ -172,6 +174,11 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _approximate_note(shape: Any) -> str | None:
+    """The warning an estimate of a model the formulas do not model carries (never silently Llama)."""
+    return f"APPROXIMATE: {shape.approximate}" if shape.approximate else None
+
+
 def _print_text(report: dict[str, Any], inp: Any, gpu_mem: int, n_gpus: int, notes: list[str]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -184,10 +191,16 @@ def _print_text(report: dict[str, Any], inp: Any, gpu_mem: int, n_gpus: int, not
     title = (f"ESTIMATED memory per device · {inp.method} · {inp.precision} · micro-batch {inp.micro_batch} × "
              f"{inp.seq_len} tokens{' · grad ckpt' if inp.gradient_checkpointing else ''} · {n_gpus} GPU(s) of "
              f"{fmt_bytes(gpu_mem)}")
-    table = Table(title=title, caption="every figure is estimated (runner.planner; docs/memory-model.md); "
-                  "buffers: autocast's 16-bit weight copies, or the gathered layer under zero3/fsdp")
-    parts = E.PARTS
-    cols = ("strategy", *parts, "total", "fits", "GPUs needed")
+    table = Table(title=title, caption="every figure is estimated (runner.planner; docs/memory-model.md): the "
+                  "parts alive at the step's peak (phase column) add up to the total; buffers: autocast's 16-bit "
+                  "weight copies, or the gathered units under zero3/fsdp")
+    # Parts that are 0 for every strategy shown are left out (named in the caption), so the table fits.
+    entries = list(report["strategies"].values())
+    parts = tuple(p for p in E.PARTS if any(e["per_device_bytes"][p] for e in entries))
+    zero = [p for p in E.PARTS if p not in parts]
+    if zero:
+        table.caption = f"{table.caption}; 0 for every strategy, not shown: {', '.join(zero)}"
+    cols = ("strategy", *parts, "total", "peak phase", "fits", "GPUs needed")
     for col in cols:
         table.add_column(col, justify="left" if col == "strategy" else "right", no_wrap=True)
     rec = report["recommendation"]["strategy"]
@@ -196,12 +209,13 @@ def _print_text(report: dict[str, Any], inp: Any, gpu_mem: int, n_gpus: int, not
         table.add_row(
             Text(name + (" ★" if name == rec else ""), style="bold" if name == rec else ""),
             *(fmt_bytes(b[k]) for k in (*parts, "total")),
+            str(b.get("peak_phase", "-")),
             Text("yes", style="green") if entry["fits"] else Text("no", style="red"),
             "-" if entry["gpus_needed"] is None else str(entry["gpus_needed"]),
         )
     con.print(table)
-    for note in notes:
-        con.print(Text(note, style="dim"))  # notes name the user's model: text, not markup
+    for note in notes:  # model names and paths are user text: never markup
+        con.print(Text(note, style="bold yellow" if note.startswith("APPROXIMATE") else "dim"))
     con.print(Text.assemble(("recommendation (estimated):", "bold"), f" {report['recommendation']['reason']}"))
 
 

@@ -1,7 +1,8 @@
 """Rich renderings of runs for the command line: lists, one run, JSON for scripts.
 
-Every figure says where it comes from: "measured" figures come from the trainer's own events,
-memory from getrusage/psutil on CPU and the CUDA allocator on GPU.
+Every figure says where it comes from: "measured" figures come from the trainer's own events; measured
+memory is the CUDA allocator's peak on GPU and the peak of live tensor bytes on CPU (runner/memtrack.py);
+process RSS (getrusage/psutil) is shown as such, never as "measured memory".
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from runner.hardware.records import SOURCE_LABELS
-from runner.summary import model_state_bytes, rank_peak
+from runner.summary import model_state_bytes, rank_peak, rank_rss
 from store import MetricPoint, RunInfo
 from tui.render.plain import row as text_row
 
@@ -107,8 +108,18 @@ def run_summary_table(run: RunInfo | None) -> Table:
     for rank in run.summary.get("ranks") or []:
         peak, src = rank_peak(rank)
         table.add_row(f"rank {rank['rank']} peak memory", fmt_bytes(peak), src)
+        phases = rank.get("phase_peaks") or {}
+        if phases:
+            table.add_row(f"rank {rank['rank']} peak fwd/bwd/opt",
+                          " / ".join(fmt_bytes(phases.get(k)) for k in ("forward", "backward", "optimizer")),
+                          f"{src}, per phase of the first {rank.get('measured_steps', 1)} step(s)")
         states = model_state_bytes(rank)
         table.add_row(f"rank {rank['rank']} model states", fmt_bytes(states), "measured (tensor bytes)")
+        rss, baseline = rank_rss(rank)
+        if rss is not None:
+            table.add_row(f"rank {rank['rank']} peak RSS", fmt_bytes(rss),
+                          "getrusage: the whole process, not training memory"
+                          + (f"; {fmt_bytes(baseline)} before the model was built (psutil)" if baseline else ""))
     for row in estimate_rows(run.summary):
         table.add_row(*text_row(*row))
     telemetry = run.summary.get("telemetry") or {}
@@ -153,27 +164,53 @@ def run_summary_table(run: RunInfo | None) -> Table:
     return table
 
 
-ESTIMATE_KINDS = (("params", "param_bytes"), ("grads", "grad_bytes"), ("optimizer", "optimizer_bytes"),
-                  ("activations", "activation_bytes"))
+# (row, estimate key in per_device_bytes, measured key in a rank's figures, how the ranks combine, source note)
+ESTIMATE_KINDS: tuple[tuple[str, str, str, str, str], ...] = (
+    ("peak", "total", "peak", "max", "busiest rank"),
+    ("forward peak", "phases.forward", "phase_peaks.forward", "max", "busiest rank"),
+    ("backward peak", "phases.backward", "phase_peaks.backward", "max", "busiest rank"),
+    ("optimizer-step peak", "phases.optimizer", "phase_peaks.optimizer", "max", "busiest rank"),
+    ("params", "params", "param_bytes", "mean", "exact tensor bytes"),
+    ("grads", "grads_total|grads", "grad_bytes", "mean", "exact tensor bytes"),
+    ("optimizer state", "optimizer", "optimizer_bytes", "mean", "exact tensor bytes"),
+    ("saved activations", "activations_stored", "activation_bytes", "mean",
+     "saved_tensors_hooks, one forward: a detail, not the peak"),
+)
+
+
+def _dig(mapping: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(mapping, dict):
+            return None
+        mapping = mapping.get(part)
+    return mapping
 
 
 def estimate_vs_measured(summary: dict[str, Any]) -> list[tuple[str, int, float | None, float | None]]:
-    """(kind, estimated bytes per device, measured bytes (mean over ranks), error in percent) for params,
-    grads, optimizer and activations; empty when the run has no estimate.
-
-    Activations compare like with like: the trainer measures what one forward saves for backward, so the
-    estimate's ``activations_stored`` is used (not the peak, which adds the layer checkpointing recomputes);
-    estimates stored before that key existed fall back to ``activations``."""
+    """(kind, estimated bytes per device, measured bytes, error in percent) for each figure both sides
+    have: the peak and each phase's peak against the independent measurement (runner/memtrack.py: the
+    CUDA allocator's peak on GPU, the live-tensor peak on CPU; busiest rank), the model states against their
+    exact tensor bytes (mean over ranks), and the saved activations of one forward (a detail). Empty when the
+    run has no estimate; a row is left out when the estimate lacks its key (estimates stored by older
+    versions)."""
     per_device = (summary.get("estimate") or {}).get("per_device_bytes")
     if not per_device:
         return []
     ranks = summary.get("ranks") or []
     out: list[tuple[str, int, float | None, float | None]] = []
-    for kind, key in ESTIMATE_KINDS:
-        key_est = "activations_stored" if kind == "activations" and "activations_stored" in per_device else kind
-        est = int(per_device.get(key_est) or 0) + (int(per_device.get("master") or 0) if kind == "optimizer" else 0)
-        values = [r[key] for r in ranks if r.get(key) is not None]
-        measured = sum(values) / len(values) if values else None
+    for kind, key_est, key_meas, how, _ in ESTIMATE_KINDS:
+        est = next((v for k in key_est.split("|") if (v := _dig(per_device, k)) is not None), None)
+        if est is None:  # an estimate stored by an older version lacks the key
+            continue
+        est = int(est) + (int(per_device.get("master") or 0) if kind == "optimizer state" else 0)
+        if key_meas == "peak":
+            values = [v for r in ranks if (v := rank_peak(r)[0]) is not None]
+        else:
+            values = [v for r in ranks if (v := _dig(r, key_meas)) is not None]
+        if how == "max":
+            measured: float | None = max(values) if values else None
+        else:
+            measured = sum(values) / len(values) if values else None
         err = (est - measured) / measured * 100 if measured else None
         out.append((kind, est, measured, err))
     return out
@@ -182,13 +219,18 @@ def estimate_vs_measured(summary: dict[str, Any]) -> list[tuple[str, int, float 
 def estimate_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
     rows = []
     n = len(summary.get("ranks") or [])
+    notes = {kind: note for kind, _, _, _, note in ESTIMATE_KINDS}
+    peak_source = next((rank_peak(r)[1] for r in summary.get("ranks") or [] if rank_peak(r)[0] is not None),
+                       "not measured")
     for kind, est, measured, err in estimate_vs_measured(summary):
         value = f"{fmt_bytes(est)} est. / {fmt_bytes(measured)} meas."
-        note = "estimated (runner.planner) vs measured " + (
-            "(activations: saved tensors of one forward, both sides)" if kind == "activations" else "(tensor bytes)")
-        if n > 1:
-            note += f", mean of {n} ranks"
+        what = peak_source if "peak" in kind else "measured"
+        note = f"estimated (runner.planner) vs {what} ({notes[kind]}"
+        note += f", {n} ranks)" if n > 1 and "busiest" not in notes[kind] else ")"
         rows.append((f"{kind} per device", value + ("" if err is None else f" ({err:+.1f}%)"), note))
+    approximate = (summary.get("estimate") or {}).get("approximate")
+    if approximate:
+        rows.append(("estimate", "approximate", str(approximate)))
     return rows
 
 

@@ -1,0 +1,136 @@
+"""The independent memory measurement (runner/memtrack.py) and the rules that read it (runner/summary.py):
+live-tensor accounting on CPU, per phase, and "measured" never meaning RSS."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from runner import memtrack
+from runner.orchestrator import trial_bytes
+from runner.summary import MEASURED_LIVE, busiest_peak, rank_peak, rank_rss, trained_bytes
+
+F32 = 4
+
+
+def test_live_tensor_peak_sees_allocations_and_frees_per_phase() -> None:
+    meter = memtrack.LiveTensorPeaks()
+    with meter.phase("forward"):
+        a = torch.empty(1000)
+        b = torch.empty(2000)
+        del a  # freed: the next allocation does not raise the peak above a + b
+        c = torch.empty(500)
+    assert meter.peak == 3000 * F32
+    assert meter.live == 2500 * F32
+    with meter.phase("backward"):
+        d = torch.empty(100)
+    result = meter.result()
+    assert result["phase_peaks"] == {"forward": 3000 * F32, "backward": 2600 * F32}
+    assert result["memory_source"] == memtrack.LIVE_TENSOR_SOURCE
+    del b, c, d
+    assert meter.live == 0
+
+
+def test_views_count_once_and_in_place_resizes_are_seen() -> None:
+    meter = memtrack.LiveTensorPeaks()
+    with meter.phase("forward"):
+        x = torch.zeros(1000)
+        v = x[:10].view(2, 5)  # a view shares the storage
+        assert meter.live == 1000 * F32
+        x.untyped_storage().resize_(0)  # FSDP frees unsharded parameters this way
+        assert meter.live == 0
+        x.untyped_storage().resize_(400 * F32)
+        assert meter.live == 400 * F32
+    assert meter.peak == 1000 * F32
+    del v
+
+
+def test_tensors_alive_before_the_step_are_seeded_and_saved_tensors_stay_live() -> None:
+    weight = torch.nn.Parameter(torch.randn(64, 64))
+    meter = memtrack.LiveTensorPeaks([weight])
+    assert meter.live == 64 * 64 * F32
+    with meter.phase("forward"):
+        x = torch.randn(8, 64, requires_grad=True)
+        h = (x @ weight).sin()  # the matmul output is saved by sin for backward
+        loss = h.sum()
+        del h
+    saved_live = meter.live
+    with meter.phase("backward"):
+        loss.backward()
+    del loss
+    # Backward released what the forward saved; the peak of the backward includes the gradients.
+    assert meter.live < saved_live + 64 * 64 * F32
+    assert meter.result()["phase_peaks"]["backward"] >= saved_live
+
+
+def test_frozen_meter_ignores_later_allocations() -> None:
+    meter = memtrack.LiveTensorPeaks()
+    with meter.phase("forward"):
+        keep = torch.empty(100)
+    first = meter.result()
+    later = torch.empty(10_000)  # outside any phase: not an op the mode sees
+    assert meter.result()["peak_tensor_bytes"] == first["peak_tensor_bytes"] == 100 * F32
+    del keep, later
+
+
+def test_merge_keeps_the_largest_peak_of_each_phase() -> None:
+    one = {"peak_tensor_bytes": 10, "phase_peaks": {"forward": 8, "backward": 10, "optimizer": 6},
+           "memory_source": memtrack.LIVE_TENSOR_SOURCE, "heap_check": {"x": 1}}
+    two = {"peak_tensor_bytes": 12, "phase_peaks": {"forward": 11, "backward": 12, "optimizer": 5},
+           "memory_source": memtrack.LIVE_TENSOR_SOURCE}
+    merged = memtrack.merge([one, two])
+    assert merged["peak_tensor_bytes"] == 12
+    assert merged["phase_peaks"] == {"forward": 11, "backward": 12, "optimizer": 6}
+    assert merged["measured_steps"] == 2 and merged["heap_check"] == {"x": 1}
+    assert memtrack.merge([]) == {}
+
+
+@pytest.mark.slow
+def test_tiny_llama_forward_agrees_with_the_heap() -> None:
+    """The cross-check the trainer stores: glibc's heap growth over one forward against the tensor growth."""
+    from transformers import AutoModelForCausalLM
+
+    from runner.builtin import tiny_llama_config
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_llama_config())
+    optimizer = torch.optim.AdamW(model.parameters())
+    meter = memtrack.meter_for(False, model, optimizer)
+    ids = torch.randint(0, 4000, (2, 256))
+    with meter.phase("forward"):
+        loss = model(input_ids=ids, labels=ids).loss
+    with meter.phase("backward"):
+        loss.backward()
+    result = meter.result()
+    check = result["heap_check"]
+    assert check["tensor_growth_bytes"] > 50 * 2**20
+    assert check["heap_growth_bytes"] == pytest.approx(check["tensor_growth_bytes"], rel=0.2)
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert result["phase_peaks"]["backward"] > params + check["tensor_growth_bytes"]
+
+
+def _rank(**kw: Any) -> dict[str, Any]:
+    return {"rank": 0, "param_bytes": 10, "grad_bytes": 1, "optimizer_bytes": 2, **kw}
+
+
+def test_measured_peak_is_the_independent_measurement_never_rss() -> None:
+    cpu = _rank(peak_tensor_bytes=500, peak_rss_bytes=900_000_000, rss_baseline_bytes=300_000_000,
+                activation_bytes=100)
+    assert rank_peak(cpu) == (500, MEASURED_LIVE)
+    assert rank_rss(cpu) == (900_000_000, 300_000_000)
+    gpu = _rank(peak_allocated_bytes=700, peak_tensor_bytes=650, peak_rss_bytes=2_000_000_000)
+    assert rank_peak(gpu)[0] == 700 and "CUDA" in rank_peak(gpu)[1]
+    rss_only = _rank(peak_rss_bytes=900_000_000)
+    assert rank_peak(rss_only) == (None, "not measured")
+    assert busiest_peak([cpu, _rank(peak_tensor_bytes=800)]) == (800, MEASURED_LIVE)
+
+
+def test_the_batch_finder_fits_against_the_measured_peak() -> None:
+    ranks = [_rank(peak_tensor_bytes=5000, activation_bytes=100), _rank(peak_tensor_bytes=7000, activation_bytes=100)]
+    assert trial_bytes(ranks) == 7000
+    assert trained_bytes(ranks[0]) == 5000
+    # A summary from before the measurement existed: model states plus saved activations.
+    assert trial_bytes([_rank(activation_bytes=100)]) == 113
+    assert trial_bytes([_rank()]) is None
