@@ -541,6 +541,25 @@ def peak_note(run: RunInfo, recipe: Mapping[str, Any], samples: Sequence[SampleI
     return f"no peak FLOP/s known for device type {run.device_type or '?'}; give --peak-tflops"
 
 
+def joined_metrics(store: Store, run: RunInfo, _depth: int = 0) -> list[MetricPoint]:
+    """A run's per-step metrics, joined to its parent's when it was resumed from a checkpoint: the parent's
+    steps up to the checkpoint's step (recursively, for a chain of resumes), then the run's own steps
+    (which go on with the global step numbers, N+1...). A run that was not resumed gets its own."""
+    own = store.metrics(run.id)
+    if run.resumed_from is None or _depth > 50:
+        return own
+    parent = store.get_run(run.resumed_from)
+    if parent is None:
+        return own
+    first_own = min((m.step for m in own), default=None)
+    resumed = run.summary.get("resumed_from")
+    upto = resumed.get("step") if isinstance(resumed, Mapping) else None
+    if not isinstance(upto, int):
+        upto = first_own - 1 if first_own is not None else None
+    before = [m for m in joined_metrics(store, parent, _depth + 1) if upto is None or m.step <= upto]
+    return before + own
+
+
 def load_comparison(store: Store, run_ids: Sequence[int], baseline_id: int | None = None,
                     peak_tflops: float | None = None, sweep_id: str | None = None,
                     with_samples: bool = False) -> Comparison:
@@ -552,7 +571,8 @@ def load_comparison(store: Store, run_ids: Sequence[int], baseline_id: int | Non
         if run is None:
             raise KeyError(rid)
         runs.append(run)
-    metrics = {r.id: store.metrics(r.id) for r in runs}
+    # A resumed run's curve is joined to its parent's (the loss curves and best loss span the whole training).
+    metrics = {r.id: joined_metrics(store, r) for r in runs}
     samples = {r.id: store.samples(r.id) for r in runs}
     dims = {r.id: model_dims(_recipe(r), r) for r in runs}
     peaks = {r.id: default_peak(r, _recipe(r), peak_tflops, samples[r.id]) if r.status == "completed" else None

@@ -417,3 +417,33 @@ def test_memory_columns_are_the_measured_peak_and_the_stored_estimate() -> None:
     assert row.mem_estimated_source == "estimated at prepare time (runner.planner)"
     rss_only = build_comparison([_run(2, "single", 1, 100.0, ranks=[{"rank": 0, "peak_rss_bytes": 9}])], {}).rows[0]
     assert rss_only.mem_measured is None
+
+
+def test_a_resumed_runs_curve_is_joined_to_its_parents(tmp_path: Path) -> None:
+    """Issue 10: compare shows a resumed run's loss curve joined to its parent's (the parent's steps up to the
+    checkpoint, then the resumed run's own), through a chain of resumes."""
+    from runner.compare import joined_metrics, load_comparison
+    from store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 'ftui.db'}")
+
+    def run(name: str, steps: range, loss: float, parent: int | None = None, at: int | None = None) -> int:
+        rid = store.create_run(name=name, recipe_text="", recipe_hash="", strategy="single", nproc=1, method="lora",
+                               model="builtin:tiny-llama", run_dir="", resumed_from=parent)
+        store.ingest(rid, [{"seq": i, "type": "step", "time": 1000.0 + s, "step": s, "loss": loss - 0.01 * s}
+                           for i, s in enumerate(steps)])
+        if parent is not None:
+            store.update_run(rid, summary={"resumed_from": {"run_id": parent, "checkpoint": "x", "step": at}})
+        return rid
+
+    first = run("first", range(1, 9), 9.0)          # stopped after step 8, checkpointed at step 4
+    second = run("second", range(5, 13), 8.0, first, 4)   # resumed at 5, stopped after 12, checkpoint at 10
+    third = run("third", range(11, 16), 7.0, second, 10)
+    joined = joined_metrics(store, store.get_run(third))  # type: ignore[arg-type]
+    assert [m.step for m in joined] == list(range(1, 16))
+    assert [m.loss for m in joined[:4]] == [9.0 - 0.01 * s for s in range(1, 5)]       # the first run's
+    assert [m.loss for m in joined[4:10]] == [8.0 - 0.01 * s for s in range(5, 11)]    # the second's
+    assert [m.loss for m in joined[10:]] == [7.0 - 0.01 * s for s in range(11, 16)]    # its own
+    cmp = load_comparison(store, [first, third])
+    assert [s for s, _ in cmp.curves[third]] == list(range(1, 16))
+    assert [s for s, _ in cmp.curves[first]] == list(range(1, 9))
