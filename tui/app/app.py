@@ -74,6 +74,8 @@ class FtuiApp(App[int]):
 
     def on_run_launched(self, message: RunLaunched) -> None:
         self.notify(f"run {message.run_id} started; it keeps running if you quit")
+        for warning in message.warnings:  # the pre-flight's, as ftui run prints them
+            self.notify(f"warning: {warning}", severity="warning", timeout=12, markup=False)
         self.open_run(message.run_id)
 
     def on_launch_failed(self, message: LaunchFailed) -> None:

@@ -91,6 +91,8 @@ class RunLaunched(Message):
     """A run was prepared and started detached; open its monitor."""
 
     run_id: int
+    warnings: list[str] = field(default_factory=list)
+    """The pre-flight's warnings (busy GPUs, too little free memory, inputs), shown to the user."""
 
 
 @dataclass

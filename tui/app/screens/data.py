@@ -155,14 +155,18 @@ def run_duration(run: RunInfo, now: Clock = utcnow) -> float | None:
     return float((end - run.started_at).total_seconds())
 
 
-def launch_run(store: Store, recipe: Any, source: str | None, fake_gpus: int) -> int:
-    """Record, prepare and start a run detached (it outlives the TUI). Blocking: call from a worker."""
+def launch_run(store: Store, recipe: Any, source: str | None, fake_gpus: int) -> tuple[int, list[str]]:
+    """Pre-flight (the same as ``ftui run``: :func:`runner.preflight.launch_checks`), then record,
+    prepare and start a run detached (it outlives the TUI). Returns the run id and the pre-flight's
+    warnings; a refusal raises (a RecipeError naming the field). Blocking: call from a worker."""
     from runner import orchestrator
+    from runner.preflight import launch_checks
 
-    orchestrator.preflight(recipe)
+    warnings = launch_checks(recipe, fake_gpus)
     prepared = orchestrator.prepare(store, recipe, source=source)
     orchestrator.start_detached(store.url, prepared, fake_gpus=fake_gpus)
     assert prepared.run_id is not None
+    run_id = prepared.run_id
     # Wait (briefly) until the detached orchestrator has recorded the process group, so that the
     # monitor can stop the run straight away.
     deadline = time.monotonic() + 10
@@ -171,7 +175,7 @@ def launch_run(store: Store, recipe: Any, source: str | None, fake_gpus: int) ->
         if run is not None and run.pgid:
             break
         time.sleep(0.1)
-    return prepared.run_id
+    return run_id, warnings
 
 
 def _short(gpu_name: str) -> str:

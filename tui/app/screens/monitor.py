@@ -220,7 +220,13 @@ class MonitorScreen(Screen[None]):
         self.post_message(Notice(f"{what}: run {result.run_id}: {result.how}"))
 
     def action_stop(self) -> None:
-        self._signal(False, "stop (graceful)")
+        """Ask first: ``s`` sorts one screen back, so a stray key must not end a run."""
+        def done(yes: bool | None) -> None:
+            if yes:
+                self._signal(False, "stop (graceful)")
+
+        self.app.push_screen(ConfirmScreen(f"Stop run {self.run_id}? (graceful: the ranks finish their step "
+                                           "and save)"), done)
 
     def action_kill(self) -> None:
         def done(yes: bool | None) -> None:

@@ -270,8 +270,8 @@ class RunsScreen(Screen[None]):
 
         try:
             recipe = parse_recipe(run.recipe_text, source=f"run {run.id}")
-            run_id = launch_run(self.ftui.store, recipe, run.recipe_source, self.ftui.fake_gpus)
+            run_id, warnings = launch_run(self.ftui.store, recipe, run.recipe_source, self.ftui.fake_gpus)
         except (RecipeError, OSError) as exc:
             self.post_message(LaunchFailed(str(exc)))
             return
-        self.post_message(RunLaunched(run_id))
+        self.post_message(RunLaunched(run_id, warnings))
