@@ -13,6 +13,7 @@ from textual.message import Message
 
 from runner.compare import Comparison
 from store import RunInfo
+from store.store import MetricPoint
 
 
 @dataclass
@@ -20,6 +21,8 @@ class RunsLoaded(Message, bubble=False):
     """Every run in the store, newest first (a whole snapshot)."""
 
     runs: list[RunInfo]
+    live: dict[int, MetricPoint] = field(default_factory=dict)
+    """The latest logged step of each running run (its live step, loss and tokens/s)."""
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, RunsLoaded)

@@ -22,6 +22,13 @@ def spark(values: list[float], width: int, top: float | None = None) -> str:
     return "".join(chars).rjust(width)
 
 
+def level_style(value: float | None, warn: float = 60.0, high: float = 85.0) -> str:
+    """nvitop's thresholds: green below ``warn``, yellow to ``high``, red above (percent or °C)."""
+    if value is None:
+        return "dim"
+    return "green" if value < warn else "yellow" if value < high else "red"
+
+
 def bar(fraction: float | None, width: int, style: str = "green") -> Text:
     """A horizontal bar ``width`` cells wide filled to ``fraction`` (0..1)."""
     if fraction is None:
