@@ -40,6 +40,8 @@ class DeviceView:
     mem_total: int | None
     util_history: list[float] = field(default_factory=list)
     mem_history: list[float] = field(default_factory=list)
+    temp_c: float | None = None
+    power_w: float | None = None
 
     @property
     def short_label(self) -> str:
@@ -77,6 +79,15 @@ class MonitorSnapshot:
     ranks: list[RankView]
     log_tail: list[str]
     extra: dict[str, Any] = field(default_factory=dict)
+    curves: dict[str, list[float]] = field(default_factory=dict)
+    """``lr``, ``grad norm``, ``tokens/s`` per logged step (downsampled like ``loss``)."""
+    grad_norm: float | None = None
+    elapsed_s: float | None = None
+    """Since the run started (the app's clock while running)."""
+    phase: str = ""
+    """Before the first step: ``starting: no step yet (12s) · last journal event: start``."""
+    host: DeviceView | None = None
+    """The whole machine (CPU of all cores, memory; psutil), so that other load is visible."""
 
 
 @dataclass

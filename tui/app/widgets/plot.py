@@ -22,6 +22,22 @@ def spark(values: list[float], width: int, top: float | None = None) -> str:
     return "".join(chars).rjust(width)
 
 
+def spark_rows(values: list[float], width: int, rows: int = 2, style: str = "cyan") -> Text:
+    """A sparkline ``rows`` lines tall (8 levels per line), the last ``width`` values scaled between
+    their min and max, so that a slowly moving curve (a decaying lr) is still seen to move."""
+    vals = downsample(values, width)
+    if not vals:
+        return Text("\n".join(" " * width for _ in range(rows)), style="dim")
+    lo, hi = min(vals), max(vals)
+    span = (hi - lo) or 1.0
+    levels = [round((v - lo) / span * (8 * rows - 1)) + 1 if hi > lo else 4 for v in vals]
+    lines = []
+    for r in range(rows - 1, -1, -1):  # top line first
+        line = "".join(BLOCKS[min(8, max(0, lv - 8 * r))] for lv in levels)
+        lines.append(line.ljust(width))
+    return Text("\n".join(lines), style=style)
+
+
 def level_style(value: float | None, warn: float = 60.0, high: float = 85.0) -> str:
     """nvitop's thresholds: green below ``warn``, yellow to ``high``, red above (percent or °C)."""
     if value is None:
@@ -101,3 +117,30 @@ class LinePlot(Widget):
         for i, (name, _v) in enumerate(curves):
             legend.append(f"• {name}  ", style=COLORS[i % len(COLORS)])
         return out + legend
+
+
+class Curves(Widget):
+    """Small curves stacked: each a title line (latest value, min..max) and a sparkline one or two
+    lines tall (two when the widget is tall enough), drawn at the widget's own width."""
+
+    curves: reactive[list[tuple[str, list[float], str, str]]] = reactive(list, always_update=True)
+    """``[(name, values, number format, style)]``."""
+
+    def render(self) -> Text:
+        width = max(10, self.size.width)
+        rows = 2 if self.size.height >= 3 * len(self.curves) + len(self.curves) else 1
+        out = Text(no_wrap=True, overflow="ellipsis")
+        for i, (name, values, fmt, style) in enumerate(self.curves):
+            if i:
+                out.append("\n")
+            if values:
+                lo, hi, last = min(values), max(values), values[-1]
+                out.append(f"{name} {last:{fmt}}", style=f"bold {style}")
+                out.append(f"  {lo:{fmt}}..{hi:{fmt}}\n", style="dim")
+                out.append_text(spark_rows(values, width, rows, style))
+            else:
+                out.append(f"{name}: none logged\n", style="dim")
+                out.append("\n" * (rows - 1))
+            if rows == 2:
+                out.append("\n")
+        return out
