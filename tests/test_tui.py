@@ -98,7 +98,8 @@ async def test_runs_screen_filter_sort_tags_note_compare_delete(store: Store) ->
             return run is not None and run.tags == ["lr", "sweep"] and run.note == "first try"
 
         await wait_for(pilot, edited, what="tags and note saved")
-        await wait_for(pilot, lambda: "lr,sweep · first try" in [str(table.get_row_at(i)[-1])
+        tags = list(table.columns).index("tags · note")  # type: ignore[arg-type]
+        await wait_for(pilot, lambda: "lr,sweep · first try" in [str(table.get_row_at(i)[tags])
                                                           for i in range(table.row_count)],
                        what="tags shown")
         # the palette lists the runs the screen loaded (no store read per keystroke)

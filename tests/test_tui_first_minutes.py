@@ -129,3 +129,111 @@ def test_launch_checks_are_the_cli_preflight_with_gpu_warnings() -> None:
     warnings = launch_checks(recipe, fake_gpus=8)
     assert any(w.startswith("GPUs (CUDA index -> physical): cuda:0 -> GPU 0") for w in warnings), warnings
     assert launch_checks(load_recipe(ROOT / "recipes" / "quickstart.toml", ["launch.device=cpu"])) == []
+
+
+class _FixedHost:
+    """The host's psutil reading, scripted (the hardware boundary), so that load on this machine
+    does not enter the test."""
+
+    def sample(self, pids_by_rank, owners=None):  # type: ignore[no-untyped-def]
+        from runner.hardware import DeviceSample
+
+        return [DeviceSample(0.0, "box", "host", -1, "host CPU (2 cores)", 37.0, 6 * 2**30, 16 * 2**30,
+                             None, None, None, "psutil", None)]
+
+
+@pytest.mark.slow
+async def test_devices_screen_shows_gpu_processes_and_which_run_owns_them(store: Store) -> None:
+    """Key 3: every GPU, its processes, and the ftui run whose process group holds each one (a real
+    process in its own session stands in for a rank; the GPUs are scripted NVML)."""
+    import subprocess
+    import sys
+
+    from runner.hardware import FakeNvml, NvmlBackend, Probe
+    from textual.widgets import DataTable
+
+    from tui.app.screens.devices import DevicesScreen
+
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    try:
+        run_id = store.create_run(name="owner", recipe_text="", recipe_hash="x", strategy="single", nproc=1,
+                                  method="lora", model="m", run_dir="")
+        store.update_run(run_id, status="running", pgid=rank.pid)
+        lib = FakeNvml.demo(2, pids=[rank.pid, 4_000_000], tick_s=None)
+        lib.advance(30)
+        probe = Probe(nvml=NvmlBackend(lib=lib), processes=_FixedHost())  # type: ignore[arg-type]
+        app = make_app(store, probe=probe, fake_gpus=2, monitor_s=0.2)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("3")
+            await wait_for(pilot, lambda: isinstance(app.screen, DevicesScreen) and app.screen.snapshot is not None,
+                           what="devices read")
+            screen = app.screen
+            assert screen.query_one("#gpu-table", DataTable).row_count == 2
+            procs = screen.query_one("#proc-table", DataTable)
+            rows = {str(procs.get_row_at(i)[1]): [str(c) for c in procs.get_row_at(i)] for i in range(procs.row_count)}
+            assert rows[str(rank.pid)][0] == "GPU 0" and rows[str(rank.pid)][2] == f"run {run_id} owner"
+            assert rows["4000000"][0] == "GPU 1" and rows["4000000"][2] == "not ftui"
+            assert "37%" in str(screen.query_one("#host-line").render())
+            await pilot.press("escape")
+            assert not isinstance(app.screen, DevicesScreen)
+    finally:
+        rank.kill()
+        rank.wait()
+
+
+@pytest.mark.slow
+async def test_stop_asks_first(store: Store) -> None:
+    """s in the Monitor asks; n leaves the run alone (nothing is requested)."""
+    from tui.app.screens.monitor import MonitorScreen
+
+    run_id = store.create_run(name="r", recipe_text="", recipe_hash="x", strategy="single", nproc=1,
+                              method="lora", model="m", run_dir="")
+    store.update_run(run_id, status="running")
+    app = make_app(store, monitor_s=0.2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.open_run(run_id)
+        await wait_for(pilot, lambda: isinstance(app.screen, MonitorScreen) and app.screen.snapshot is not None,
+                       what="monitor")
+        await pilot.press("s")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="stop question")
+        assert "Stop run" in str(app.screen.query_one("Label").render())
+        await pilot.press("n")
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, MonitorScreen)
+        run = store.get_run(run_id)
+        assert run is not None and run.status == "running" and run.stop_requested_at is None
+        # Before the first step the monitor says so, from the run's start and the journal.
+        assert "starting: no step yet" in str(app.screen.query_one("#progress").render())
+
+
+@pytest.mark.slow
+async def test_runs_screen_hint_keys_help_and_live_step(store: Store) -> None:
+    from textual.widgets import DataTable
+
+    from tui.app.screens.modals import KeysScreen
+    from tui.app.screens.runs import RunsScreen
+
+    app = make_app(store, refresh_s=0.2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.5)
+        hint = app.screen.query_one("#runs-empty")
+        assert hint.display and "ftui run recipes/quickstart.toml" in str(hint.render())
+        await pilot.press("question_mark")
+        await wait_for(pilot, lambda: isinstance(app.screen, KeysScreen), what="keys")
+        keys = str(app.screen.query_one("Label").render())
+        assert "Compare" in keys and "Devices" in keys and "3" in keys
+        await pilot.press("escape")
+        assert isinstance(app.screen, RunsScreen)
+        # A running run shows its latest step, loss and tokens/s; the note is visible; the mode in words.
+        run_id = store.create_run(name="live", recipe_text="", recipe_hash="x", strategy="ddp", nproc=2,
+                                  method="lora", model="m", run_dir="", total_steps=30)
+        store.update_run(run_id, status="running", distributed_type="MULTI_CPU", note="try 2")
+        store.ingest(run_id, [{"seq": s, "type": "step", "time": 1.0 + s, "step": s, "loss": 5.0 - s / 10,
+                               "tokens_per_s": 1000.0 + s} for s in (1, 2, 3)])
+        table = app.screen.query_one(DataTable)
+        await wait_for(pilot, lambda: table.row_count == 1, what="the run listed")
+        await pilot.pause(0.3)
+        row = {str(c.label): str(v) for c, v in zip(table.columns.values(), table.get_row_at(0), strict=True)}
+        assert (row["step"], row["loss"], row["tokens/s"], row["mode"]) == ("3/30", "4.7000", "1,003", "DDP (CPU)")
+        assert "try 2" in row["tags · note"]
+        assert not app.screen.query_one("#runs-empty").display

@@ -186,3 +186,46 @@ async def test_monitor_relayouts_on_resize(store: Store) -> None:
         await settle(pilot)
         assert "mem history" in labels() and devices.row_count == 9
         assert sum(c.get_render_width(devices) for c in devices.columns.values()) <= 118
+
+
+class _FixedHost:
+    """The host's psutil reading, scripted (the hardware boundary): load on this machine stays out."""
+
+    def sample(self, pids_by_rank, owners=None):  # type: ignore[no-untyped-def]
+        return [DeviceSample(0.0, "box", "host", -1, "host CPU (2 cores)", 37.0, 6 * 2**30, 16 * 2**30,
+                             None, None, None, "psutil", None)]
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_devices(snap_compare, store: Store, size) -> None:  # type: ignore[no-untyped-def]
+    """Key 3: 8 scripted GPUs at a fixed tick, with processes nobody in the store owns."""
+    from runner.hardware import FakeNvml, NvmlBackend, Probe
+
+    lib = FakeNvml.demo(8, pids=[4_000_001, 4_000_002, 4_000_003], tick_s=None)
+    lib.advance(30)
+    probe = Probe(nvml=NvmlBackend(lib=lib, host="box"), processes=_FixedHost())  # type: ignore[arg-type]
+    app = make_app(store, probe=probe, fake_gpus=8, now=lambda: NOW, python="python", refresh_s=0.2, monitor_s=0.2)
+
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        await settle(pilot)
+        await pilot.press("3")
+        for _ in range(100):
+            if getattr(pilot.app.screen, "snapshot", None) is not None:
+                break
+            await pilot.pause(0.1)
+        await settle(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=before)
+
+
+def test_runs_empty(snap_compare, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The first screen of a new user: what to press, or the one command to run."""
+    monkeypatch.setenv("FTUI_HOME", str(tmp_path))
+    monkeypatch.chdir(ROOT)
+    app = make_app(Store(f"sqlite:///{tmp_path}/ftui.db"), now=lambda: NOW, python="python", refresh_s=0.2)
+
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        await pilot.pause(0.5)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=before)

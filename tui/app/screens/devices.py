@@ -177,9 +177,6 @@ class DevicesScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.title = "devices"
-        gpus = self.query_one("#gpu-table", DataTable)
-        for col in ("GPU", "name", "util", "memory", "temp", "power", "SM MHz"):
-            gpus.add_column(col, key=col)
         procs = self.query_one("#proc-table", DataTable)
         for col in ("device", "pid", "owner", "user", "CPU %", "memory", "command"):
             procs.add_column(col, key=col)
@@ -227,12 +224,18 @@ class DevicesScreen(Screen[None]):
         self.query_one("#host-line", Static).update(line)
         table = self.query_one("#gpu-table", DataTable)
         table.display = bool(snap.gpus)
+        columns = (("GPU", "name", "util", "memory", "temp", "power") if narrow else
+                   ("GPU", "name", f"util ({snap.source})", "memory", "temp", "power", "SM MHz"))
+        if tuple(str(c.label) for c in table.columns.values()) != columns:
+            table.clear(columns=True)
+            for col in columns:
+                table.add_column(col, key=col)
         table.clear()
         for g in snap.gpus:
             frac = None if g.mem_used is None or not g.mem_total else g.mem_used / g.mem_total
             limit = snap.power_limits.get(g.index)
             power = "-" if g.power_w is None else f"{g.power_w:.0f}" + ("" if limit is None else f"/{limit:.0f}") + " W"
-            table.add_row(
+            table.add_row(*[
                 Text(str(g.index)), Text(g.name.removeprefix("NVIDIA ")),
                 bar(None if g.util_pct is None else g.util_pct / 100, bar_w, level_style(g.util_pct))
                 + Text(" -" if g.util_pct is None else f" {g.util_pct:.0f}%"),
@@ -240,7 +243,7 @@ class DevicesScreen(Screen[None]):
                 + Text(f" {fmt_bytes(g.mem_used)}/{fmt_bytes(g.mem_total)}"),
                 Text("-" if g.temp_c is None else f"{g.temp_c:.0f}°C", style=level_style(g.temp_c, 70, 85)),
                 Text(power), Text("-" if g.sm_clock_mhz is None else str(g.sm_clock_mhz)),
-            )
+            ][: len(columns)])
         what = "GPU compute processes" if snap.gpus else "processes of ftui runs, then the busiest others"
         self.query_one("#procs-title", Static).update(Text.assemble(
             (what, "bold"), f" ({len(snap.procs)})" + ("" if narrow else
@@ -255,3 +258,7 @@ class DevicesScreen(Screen[None]):
                           Text(p.owner, style="bold green" if p.owner != "not ftui" else "dim"),
                           Text(p.user), Text("-" if p.cpu_pct is None else f"{p.cpu_pct:.0f}"),
                           Text(fmt_bytes(p.mem)), Text(p.command, no_wrap=True, overflow="ellipsis"))
+
+    def on_resize(self) -> None:
+        if self.snapshot is not None:
+            self.show(self.snapshot)

@@ -25,8 +25,9 @@ from tui.render.words import distributed_words
 if TYPE_CHECKING:
     from tui.app import FtuiApp
 
-COLUMNS = ("sel", "id", "name", "strategy", "mode", "method", "status", "started", "duration", "step", "tokens/s",
-           "loss", "util", "tags · note")
+COLUMNS = ("sel", "id", "name", "status", "step", "loss", "tokens/s", "duration", "strategy", "mode", "method",
+           "tags · note", "started", "util")
+"""What matters first comes first: at 80 columns the table scrolls sideways for the rest."""
 EMPTY_HINT = ("No runs yet. Press 2 (Compose), check the recipe, then ctrl+l to launch it; or in a shell:\n"
               "    ftui run recipes/quickstart.toml\n"
               "Runs started anywhere on this store appear here live. ? lists every key.")
@@ -62,10 +63,11 @@ class RunsScreen(Screen[None]):
         Binding("c", "compare", "Compare"),
         Binding("s", "cycle_sort", "Sort"),
         Binding("slash", "focus_filter", "Filter"),
-        Binding("t", "tags", "Tags"),
-        Binding("n", "note", "Note"),
-        Binding("r", "rerun", "Re-run"),
-        Binding("d", "delete", "Delete"),
+        # Off the footer (it would overflow at 80 columns); ? lists them.
+        Binding("t", "tags", "Tags", show=False),
+        Binding("n", "note", "Note", show=False),
+        Binding("r", "rerun", "Re-run", show=False),
+        Binding("d", "delete", "Delete", show=False),
     ]
 
     filter_text: reactive[str] = reactive("")
@@ -148,18 +150,20 @@ class RunsScreen(Screen[None]):
             tps = live.tokens_per_s if live is not None else r.tokens_per_s
             loss = live.loss if live is not None else r.final_loss
             step = live.step if live is not None else r.steps_done
-            rows.append((str(r.id), (
-                "✓" if r.id in self.selected else " ",
-                str(r.id), r.name, r.strategy, distributed_words(r.distributed_type), r.method,
-                Text(r.status, style=STATUS_STYLE.get(r.status, "")),
-                r.started_at.strftime("%m-%d %H:%M") if r.started_at else "-",
-                fmt_seconds(run_duration(r, now)),
-                f"{step or 0}/{r.total_steps or '?'}" if step or r.total_steps else "-",
-                "-" if tps is None else f"{tps:,.0f}",
-                "-" if loss is None else f"{loss:.4f}",
-                "-" if r.mean_util is None else f"{r.mean_util:.0f}%",
-                " · ".join(x for x in (",".join(r.tags), r.note.replace("\n", " ")) if x),
-            )))
+            cells = {
+                "sel": "✓" if r.id in self.selected else " ",
+                "id": str(r.id), "name": r.name,
+                "status": Text(r.status, style=STATUS_STYLE.get(r.status, "")),
+                "step": f"{step or 0}/{r.total_steps or '?'}" if step or r.total_steps else "-",
+                "loss": "-" if loss is None else f"{loss:.4f}",
+                "tokens/s": "-" if tps is None else f"{tps:,.0f}",
+                "duration": fmt_seconds(run_duration(r, now)),
+                "strategy": r.strategy, "mode": distributed_words(r.distributed_type), "method": r.method,
+                "tags · note": " · ".join(x for x in (",".join(r.tags), r.note.replace("\n", " ")) if x),
+                "started": r.started_at.strftime("%m-%d %H:%M") if r.started_at else "-",
+                "util": "-" if r.mean_util is None else f"{r.mean_util:.0f}%",
+            }
+            rows.append((str(r.id), tuple(cells[c] for c in COLUMNS)))
         shown = tuple((k, tuple(str(c) for c in cells)) for k, cells in rows)
         if shown != self._shown:
             self._shown = shown
@@ -177,8 +181,8 @@ class RunsScreen(Screen[None]):
         self.set_class(not self.runs, "-empty")
         self.query_one("#runs-status", Static).update(Text(
             f"{len(rows)} of {len(self.runs)} runs · sort: {self.sort_column} · selected: "
-            f"{', '.join(map(str, sorted(self.selected))) or 'none'} · ? keys · step, tokens/s, loss: measured "
-            "(live while running); mode: accelerate's; util: telemetry mean"
+            f"{', '.join(map(str, sorted(self.selected))) or 'none'} · ? keys · step, loss, tokens/s: trainer "
+            "(live while running) · util: telemetry mean"
         ))
 
     def current_id(self) -> int | None:
