@@ -149,9 +149,9 @@ async def test_devices_screen_shows_gpu_processes_and_which_run_owns_them(store:
     import subprocess
     import sys
 
-    from runner.hardware import FakeNvml, NvmlBackend, Probe
     from textual.widgets import DataTable
 
+    from runner.hardware import FakeNvml, NvmlBackend, Probe
     from tui.app.screens.devices import DevicesScreen
 
     rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)

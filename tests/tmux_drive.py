@@ -99,17 +99,22 @@ class Tmux:
         self.keys("Enter")
         self.wait_gone(r"Search for commands", timeout=60)  # the palette closed
 
-    def choose(self, label: str, option: str, attempts: int = 4, timeout: float = 20.0) -> str:
-        """Pick ``option`` in a Compose select: focus it, open it (Enter), type to search, Enter;
-        wait until the select shows the option beside its label."""
-        shown = rf"{re.escape(label)}\s*▊\s+{re.escape(option)}\s+▼|▊\s+{re.escape(option)}\s+▼[^\n]*\n{re.escape(label)}\b"
+    def choose(self, label: str, option: str, listed: tuple[str, str], attempts: int = 4,
+               timeout: float = 20.0) -> str:
+        """Pick ``option`` in a Compose select: focus it, open it (Enter) and wait until the dropdown
+        shows (``listed``: two options it shows on consecutive lines), type to search, Enter; wait
+        until the select shows the option beside its label."""
+        shown = (rf"{re.escape(label)}\s*▊\s+{re.escape(option)}\s+▼|"
+                 rf"▊\s+{re.escape(option)}\s+▼[^\n]*\n{re.escape(label)}\b")
+        opened = rf"\b{re.escape(listed[0])}\b[^\n]*\n[^\n]*\b{re.escape(listed[1])}\b"
         screen = ""
         for _ in range(attempts):
             self.focus_field(label)
             self.keys("Enter")
-            self.text(option)
-            self.keys("Enter")
             try:
+                self.wait(opened, timeout=timeout)
+                self.text(option)
+                self.keys("Enter")
                 return self.wait(shown, timeout=timeout)
             except AssertionError as exc:
                 screen = str(exc)
@@ -185,7 +190,7 @@ def drive(home: Path, steps: int = 60, log=print) -> dict[str, float]:  # type: 
         tmux.wait(r"filter: name", timeout=60)
         tmux.keys("2")
         tmux.wait(r"launch command|✓ valid recipe", timeout=120)
-        tmux.choose("strategy", "fsdp")
+        tmux.choose("strategy", "fsdp", listed=("single", "mp"))
         tmux.set_field("processes", "2")
         screen = tmux.wait(r"✓ valid recipe", timeout=60)
         assert "nproc" not in screen, screen
