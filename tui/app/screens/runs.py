@@ -150,7 +150,7 @@ class RunsScreen(Screen[None]):
             tps = live.tokens_per_s if live is not None else r.tokens_per_s
             loss = live.loss if live is not None else r.final_loss
             step = live.step if live is not None else r.steps_done
-            cells = {
+            by_column: dict[str, str | Text] = {
                 "sel": "✓" if r.id in self.selected else " ",
                 "id": str(r.id), "name": r.name,
                 "status": Text(r.status, style=STATUS_STYLE.get(r.status, "")),
@@ -163,7 +163,7 @@ class RunsScreen(Screen[None]):
                 "started": r.started_at.strftime("%m-%d %H:%M") if r.started_at else "-",
                 "util": "-" if r.mean_util is None else f"{r.mean_util:.0f}%",
             }
-            rows.append((str(r.id), tuple(cells[c] for c in COLUMNS)))
+            rows.append((str(r.id), tuple(by_column[c] for c in COLUMNS)))
         shown = tuple((k, tuple(str(c) for c in cells)) for k, cells in rows)
         if shown != self._shown:
             self._shown = shown
