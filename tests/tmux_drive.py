@@ -207,7 +207,12 @@ def drive(home: Path, steps: int = 60, log=print) -> dict[str, float]:  # type: 
         tmux.wait(rf"run {fsdp_id} quickstart\s+(stopped|completed)", timeout=300)
         log(f"10. stopped run {fsdp_id} (confirmed)")
 
+        # Back to Compose (the monitor was opened over it), then Runs. Wait between the two: an escape
+        # followed at once by "1" reads as alt+1.
         tmux.keys("Escape")
+        tmux.wait(r"launch command|✓ valid recipe", timeout=60)
+        tmux.keys("1")
+        tmux.wait(r"filter: name", timeout=60)
         tmux.wait(rf"\b{fsdp_id}\s+quickstart\s+(stopped|completed)", timeout=60)
         # The newest run is on top: select it, move down to the first run, select it, compare.
         tmux.keys("Up", "Up", "space", "Down", "space")
@@ -217,7 +222,9 @@ def drive(home: Path, steps: int = 60, log=print) -> dict[str, float]:  # type: 
                            timeout=120)
         tmux.wait(r"tokens/s", timeout=60)
         log(f"11. compared runs {run_id} and {fsdp_id}")
-        tmux.keys("Escape", "q")
+        tmux.keys("Escape")
+        tmux.wait(r"filter: name", timeout=60)
+        tmux.keys("q")
     finally:
         tmux.kill()
         subprocess.run(["tmux", "kill-session", "-t", keeper], capture_output=True)
