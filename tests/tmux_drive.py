@@ -145,7 +145,8 @@ def drive(home: Path, steps: int = 60, log=print) -> dict[str, float]:  # type: 
         tmux.keys("2")
         tmux.wait(r"launch command", timeout=120)
         screen = tmux.set_field("max steps", str(steps))
-        screen = tmux.wait(r"✓ valid recipe", timeout=60)
+        # The value and the verdict on one screen, right before launching.
+        screen = tmux.wait(rf"max steps\s*▊\s+{steps}\s+▎[\s\S]*✓ valid recipe", timeout=60)
         log(f"2. Compose: quickstart with max steps {steps}, valid; launch preview shown")
 
         tmux.keys("C-l")
@@ -190,10 +191,16 @@ def drive(home: Path, steps: int = 60, log=print) -> dict[str, float]:  # type: 
         tmux.wait(r"filter: name", timeout=60)
         tmux.keys("2")
         tmux.wait(r"launch command|✓ valid recipe", timeout=120)
-        tmux.choose("strategy", "fsdp", listed=("single", "mp"))
-        tmux.set_field("processes", "2")
-        screen = tmux.wait(r"✓ valid recipe", timeout=60)
-        assert "nproc" not in screen, screen
+        both = r"strategy\s*▊\s+fsdp\s+▼[\s\S]*processes\s*▊\s+2\s+▎[\s\S]*✓ valid recipe"
+        for attempt in range(3):  # both values on screen together, and valid, right before launching
+            tmux.choose("strategy", "fsdp", listed=("single", "mp"))
+            tmux.set_field("processes", "2")
+            try:
+                screen = tmux.wait(both, timeout=30)
+                break
+            except AssertionError:
+                if attempt == 2:
+                    raise
         log("8. Compose: strategy fsdp with 2 processes, valid (the form is validated as one recipe)")
         tmux.keys("C-l")
         screen = tmux.wait(rf"run (?!{run_id}\b)\d+ quickstart", timeout=120)
