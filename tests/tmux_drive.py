@@ -191,16 +191,19 @@ def drive(home: Path, steps: int = 60, log=print) -> dict[str, float]:  # type: 
         tmux.wait(r"filter: name", timeout=60)
         tmux.keys("2")
         tmux.wait(r"launch command|✓ valid recipe", timeout=120)
-        both = r"strategy\s*▊\s+fsdp\s+▼[\s\S]*processes\s*▊\s+2\s+▎[\s\S]*✓ valid recipe"
-        for attempt in range(3):  # both values on screen together, and valid, right before launching
-            tmux.choose("strategy", "fsdp", listed=("single", "mp"))
+        # On a loaded machine the form's verdict lags the keys by seconds: wait for the verdict that
+        # only the new values give (single with 2 processes is refused; then fsdp with 2 is valid).
+        for attempt in range(3):
             tmux.set_field("processes", "2")
             try:
-                screen = tmux.wait(both, timeout=30)
+                tmux.wait(r"✗ launch\.nproc: strategy 'single' runs one process", timeout=60)
                 break
             except AssertionError:
                 if attempt == 2:
                     raise
+        tmux.choose("strategy", "fsdp", listed=("single", "mp"))
+        screen = tmux.wait(r"strategy\s*▊\s+fsdp\s+▼[\s\S]*processes\s*▊\s+2\s+▎[\s\S]*✓ valid recipe",
+                           timeout=60)
         log("8. Compose: strategy fsdp with 2 processes, valid (the form is validated as one recipe)")
         tmux.keys("C-l")
         screen = tmux.wait(rf"run (?!{run_id}\b)\d+ quickstart", timeout=120)
