@@ -14,6 +14,7 @@ from tui.app import make_app
 from tui.app.messages import MonitorUpdate, RunsLoaded
 from tui.app.screens.compare import CompareScreen
 from tui.app.screens.compose import ComposeScreen, field_id
+from tui.app.screens.modals import ConfirmScreen, PromptScreen
 from tui.app.screens.monitor import MonitorScreen
 from tui.app.screens.runs import RunsScreen
 
@@ -98,7 +99,9 @@ async def test_runs_screen_filter_sort_tags_note_compare_delete(store: Store) ->
             return run is not None and run.tags == ["lr", "sweep"] and run.note == "first try"
 
         await wait_for(pilot, edited, what="tags and note saved")
-        await wait_for(pilot, lambda: "lr,sweep" in [str(table.get_row_at(i)[-1]) for i in range(table.row_count)],
+        tags = list(table.columns).index("tags · note")  # type: ignore[arg-type]
+        await wait_for(pilot, lambda: "lr,sweep · first try" in [str(table.get_row_at(i)[tags])
+                                                          for i in range(table.row_count)],
                        what="tags shown")
         # the palette lists the runs the screen loaded (no store read per keystroke)
         assert {r.id for r in app.runs} == {a, b}
@@ -172,6 +175,10 @@ async def test_compose_validates_as_you_type(store: Store) -> None:
 async def test_monitor_logs_toggle_at_80_columns(store: Store) -> None:
     """Under 100 columns the rank logs are hidden; l shows them, l again hides them."""
     run_id = add_finished_run(store, "alpha", 1e-3)
+    run_dir = Path(store.url.removeprefix("sqlite:///")).parent / "run-alpha"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "logs" / "rank0.log").write_text("rank 0 says hello\n")
+    store.update_run(run_id, run_dir=str(run_dir))
     app = make_app(store, refresh_s=0.2, monitor_s=0.2)
     async with app.run_test(size=(80, 24)) as pilot:
         app.open_run(run_id)
@@ -221,9 +228,12 @@ async def test_compose_save_and_load(store: Store, tmp_path: Path) -> None:
         screen = app.screen
         screen.query_one("#" + field_id("train.max_steps"), Input).value = "7"
         path = tmp_path / "mine.toml"
+        await pilot.press("ctrl+s")  # asks where, a new file by default
+        await wait_for(pilot, lambda: isinstance(app.screen, PromptScreen), what="save prompt")
+        app.screen.query_one("#prompt", Input).value = str(path)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: path.exists(), what="saved")
         screen.query_one("#recipe-path", Input).value = str(path)
-        await pilot.press("ctrl+s")
-        await pilot.pause()
         from runner.recipe import load_recipe
 
         assert load_recipe(path).train.max_steps == 7
@@ -261,7 +271,9 @@ async def test_launch_monitor_stop_compare(store: Store) -> None:
         assert snap().devices[0].source == "psutil"
         assert monitor.query_one("#devices", DataTable).row_count >= 1
         assert any(isinstance(m, MonitorUpdate) for m in seen)
-        await pilot.press("s")
+        await pilot.press("s")  # asks first
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="stop question")
+        await pilot.press("y")
         await wait_for(pilot, lambda: snap().run.status in ("stopped", "completed", "failed"), timeout=90,
                        what="run to stop")
         assert snap().run.status == "stopped", snap().run.error

@@ -51,6 +51,7 @@ def fill(store: Store, tmp: Path) -> None:
         t = 1_767_000_000.0 + 1000 * i
         store.ingest(run_id, [{"seq": s, "type": "step", "time": t + s, "step": s,
                                "loss": scale * (6.0 - 3.0 * (1 - 0.9 ** s)), "lr": lr, "tokens_per_s": 2000.0 + 10 * s,
+                               "grad_norm": 2.0 / s ** 0.5,
                                "step_time": 0.5} for s in range(1, steps + 1)])
         done = status != "running"
         store.update_run(run_id, status=status, started_at=T0 + timedelta(minutes=i),
@@ -67,6 +68,8 @@ def fill(store: Store, tmp: Path) -> None:
                     samples.append(DeviceSample(ts, "host", "gpu", g, "NVIDIA H100 80GB HBM3", 50.0 + (g * 7 + k * 5) % 50,
                                                 (20 + g) * 2**30, 80 * 2**30, 300.0, 60.0, 1800, "fake-nvml", None))
                     procs.append(ProcessGpuMemory(ts, "host", g, 1000 + g, g, (18 + g) * 2**30, "fake-nvml"))
+            samples.append(DeviceSample(ts, "host", "host", -1, "host CPU (2 cores)", 40.0 + (k * 17) % 60,
+                                        (6 + k % 3) * 2**30, 16 * 2**30, None, None, None, "psutil", None))
             for r in range(min(nproc, 8)):
                 samples.append(DeviceSample(ts, "host", "rank", r, f"rank {r}", 90.0 + (k * 13 + r * 29) % 110,
                                             (400 + 5 * k) * 2**20, 16 * 2**30, None, None, None, "psutil", 1000 + r))
@@ -155,8 +158,8 @@ def test_compare(snap_compare, store: Store, size) -> None:  # type: ignore[no-u
 
 @pytest.mark.slow
 async def test_monitor_relayouts_on_resize(store: Store) -> None:
-    """Wide: a source column; narrowed to 80 columns: the source moves into the headers, no column
-    is lost off-screen; widened again: back as it was, rows kept."""
+    """Wide and narrowed to 80 columns: no column is lost off-screen; widened again: back as it was,
+    rows kept."""
     from textual.widgets import DataTable
 
     app = app_for(store)
@@ -173,11 +176,56 @@ async def test_monitor_relayouts_on_resize(store: Store) -> None:
         def labels() -> list[str]:
             return [str(c.label) for c in devices.columns.values()]
 
-        assert "source" in labels() and devices.row_count == 8
+        # 8 GPUs and the host; the source in the util header, temperature and power beside memory.
+        assert labels()[:2] == ["device", "util (fake NVML)"] and "temp" in labels() and devices.row_count == 9
         await pilot.resize_terminal(80, 24)
         await settle(pilot)
-        assert labels()[:2] == ["device", "util (fake NVML)"] and devices.row_count == 8
+        assert labels()[:2] == ["device", "util (fake NVML)"] and devices.row_count == 9
         assert sum(c.get_render_width(devices) for c in devices.columns.values()) <= 78
         await pilot.resize_terminal(120, 40)
         await settle(pilot)
-        assert "source" in labels() and devices.row_count == 8
+        assert "mem history" in labels() and devices.row_count == 9
+        assert sum(c.get_render_width(devices) for c in devices.columns.values()) <= 118
+
+
+class _FixedHost:
+    """The host's psutil reading, scripted (the hardware boundary): load on this machine stays out."""
+
+    def sample(self, pids_by_rank, owners=None):  # type: ignore[no-untyped-def]
+        return [DeviceSample(0.0, "box", "host", -1, "host CPU (2 cores)", 37.0, 6 * 2**30, 16 * 2**30,
+                             None, None, None, "psutil", None)]
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_devices(snap_compare, store: Store, size) -> None:  # type: ignore[no-untyped-def]
+    """Key 3: 8 scripted GPUs at a fixed tick, with processes nobody in the store owns."""
+    from runner.hardware import FakeNvml, NvmlBackend, Probe
+
+    lib = FakeNvml.demo(8, pids=[4_000_001, 4_000_002, 4_000_003], tick_s=None)
+    lib.advance(30)
+    probe = Probe(nvml=NvmlBackend(lib=lib, host="box"), processes=_FixedHost())  # type: ignore[arg-type]
+    app = make_app(store, probe=probe, fake_gpus=8, now=lambda: NOW, python="python", refresh_s=0.2, monitor_s=0.2)
+
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        await settle(pilot)
+        await pilot.press("3")
+        for _ in range(100):
+            if getattr(pilot.app.screen, "snapshot", None) is not None:
+                break
+            await pilot.pause(0.1)
+        await settle(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=before)
+
+
+def test_runs_empty(snap_compare, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The first screen of a new user: what to press, or the one command to run."""
+    monkeypatch.setenv("FTUI_HOME", str(tmp_path))
+    monkeypatch.chdir(ROOT)
+    app = make_app(Store(f"sqlite:///{tmp_path}/ftui.db"), now=lambda: NOW, python="python", refresh_s=0.2)
+
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        await pilot.pause(0.5)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=before)

@@ -1,9 +1,13 @@
-"""Drive ``ftui`` in tmux as a person would: open it, compose quickstart, launch, watch the monitor,
-quit while the run is still running, reopen, open the run while it still runs and see its step count
-advance (a live re-attach = reading the store again), then stop it from the monitor.
+"""Drive ``ftui`` in tmux as a person would, at 80x24: open it, compose quickstart, launch, watch the
+monitor, quit while the run is still running, reopen, open the run while it still runs and see its
+step count advance (a live re-attach = reading the store again), stop it from the monitor (confirmed);
+then compose again with strategy fsdp on 2 processes, launch, stop it (confirmed), and compare the two.
 
     python tests/tmux_drive.py [--home DIR] [--steps 60]
 
+The drive goes by WHAT THE SCREEN SHOWS, never by time: after typing into a field it waits for the
+field to echo the text (typing again when the keys were lost to a field that did not yet take them),
+and every step waits for its screen with a generous timeout (the machine may be heavily loaded).
 Prints what it saw and the first-paint time; exits non-zero when a step fails.
 """
 
@@ -23,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class Tmux:
-    def __init__(self, name: str, env: dict[str, str], width: int = 120, height: int = 40) -> None:
+    def __init__(self, name: str, env: dict[str, str], width: int = 80, height: int = 24) -> None:
         self.name, self.env, self.width, self.height = name, env, width, height
 
     def start(self, command: list[str]) -> float:
@@ -68,6 +72,55 @@ class Tmux:
             time.sleep(0.1)
         raise AssertionError(f"timed out waiting for {pattern!r} to go; screen:\n{screen}")
 
+    def set_field(self, label: str, value: str, attempts: int = 4, timeout: float = 20.0) -> str:
+        """Focus a Compose field through the palette ("Go to field: <label>"), replace its text and
+        wait until the screen shows it beside the label (or one line above it, when the form scrolled
+        the field into view). Keys typed before the field takes them are lost on a loaded machine: if
+        the echo does not come, do it again."""
+        echo = (rf"{re.escape(label)}\s*▊\s+{re.escape(value)}\s+▎|"
+                rf"▊\s+{re.escape(value)}\s+▎[^\n]*\n{re.escape(label)}\b")
+        screen = ""
+        for _ in range(attempts):
+            self.focus_field(label)
+            self.keys("C-e", "C-u")
+            self.text(value)
+            try:
+                return self.wait(echo, timeout=timeout)
+            except AssertionError as exc:
+                screen = str(exc)
+        raise AssertionError(f"field {label!r} never showed {value!r}; last screen:\n{screen}")
+
+    def focus_field(self, label: str) -> None:
+        """The palette's "Go to field" (counting Tabs would race the form's mount)."""
+        self.keys("C-p")
+        self.wait(r"Search for commands", timeout=60)
+        self.text(f"go to field: {label}")
+        self.wait(rf"Go to field: {re.escape(label)}", timeout=60)
+        self.keys("Enter")
+        self.wait_gone(r"Search for commands", timeout=60)  # the palette closed
+
+    def choose(self, label: str, option: str, listed: tuple[str, str], attempts: int = 4,
+               timeout: float = 20.0) -> str:
+        """Pick ``option`` in a Compose select: focus it, open it (Enter) and wait until the dropdown
+        shows (``listed``: two options it shows on consecutive lines), type to search, Enter; wait
+        until the select shows the option beside its label."""
+        shown = (rf"{re.escape(label)}\s*▊\s+{re.escape(option)}\s+▼|"
+                 rf"▊\s+{re.escape(option)}\s+▼[^\n]*\n{re.escape(label)}\b")
+        opened = rf"\b{re.escape(listed[0])}\b[^\n]*\n[^\n]*\b{re.escape(listed[1])}\b"
+        screen = ""
+        for _ in range(attempts):
+            self.focus_field(label)
+            self.keys("Enter")
+            try:
+                self.wait(opened, timeout=timeout)
+                self.text(option)
+                self.keys("Enter")
+                return self.wait(shown, timeout=timeout)
+            except AssertionError as exc:
+                screen = str(exc)
+                self.keys("Escape")  # a dropdown left open
+        raise AssertionError(f"select {label!r} never showed {option!r}; last screen:\n{screen}")
+
     def kill(self) -> None:
         subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
 
@@ -85,54 +138,44 @@ def drive(home: Path, steps: int = 60, log=print) -> dict[str, float]:  # type: 
     timings: dict[str, float] = {}
     try:
         started = tmux.start(command)
-        tmux.wait(r"filter: name", timeout=30)
+        tmux.wait(r"filter: name", timeout=120)
         timings["first_paint_s"] = time.monotonic() - started
         log(f"1. ftui opened on Runs (first paint {timings['first_paint_s']:.2f}s)")
 
         tmux.keys("2")
-        tmux.wait(r"launch command", timeout=30)
-        # The palette's "Go to field" focuses a field by name (counting Tabs raced the form's mount).
-        tmux.keys("C-p")
-        tmux.wait(r"Search for commands", timeout=10)
-        tmux.text("go to field: max steps")
-        tmux.wait(r"Go to field: max steps", timeout=10)
-        tmux.keys("Enter")
-        tmux.wait_gone(r"Search for commands", timeout=10)  # the palette closed
-        time.sleep(0.2)
-        tmux.keys("C-e", "C-u")
-        tmux.text(str(steps))
-        # The value's line is beside the label, or one above it when the form scrolled the field into view.
-        screen = tmux.wait(rf"max steps\W+{steps}\b|▊\s+{steps}\s+▎[^\n]*\nmax steps", timeout=10)
-        assert "✓ valid recipe" in screen, screen
+        tmux.wait(r"launch command", timeout=120)
+        screen = tmux.set_field("max steps", str(steps))
+        # The value and the verdict on one screen, right before launching.
+        screen = tmux.wait(rf"max steps\s*▊\s+{steps}\s+▎[\s\S]*✓ valid recipe", timeout=60)
         log(f"2. Compose: quickstart with max steps {steps}, valid; launch preview shown")
 
         tmux.keys("C-l")
-        screen = tmux.wait(r"run \d+ quickstart", timeout=60)
+        screen = tmux.wait(r"run \d+ quickstart", timeout=120)
         run_id = re.search(r"run (\d+) quickstart", screen).group(1)  # type: ignore[union-attr]
         # Wide: "rank 0 (CPU process)" in the device column; under 100 columns: "rank 0" under a
         # psutil-labelled header.
-        screen = tmux.wait(r"rank 0 \(CPU process\)|\(psutil\)[\s\S]*\brank 0\b", timeout=120)
+        screen = tmux.wait(r"rank 0 \(CPU process\)|\(psutil\)[\s\S]*\brank 0\b", timeout=300)
         log(f"3. Monitor of run {run_id}: device rows from psutil")
-        progress = rf"run {run_id} quickstart\s+(\w+)\s.*?step (\d+)/{steps}"
-        screen = tmux.wait(rf"run {run_id} quickstart\s+running\s.*?step [1-9]\d*/{steps}", timeout=120)
+        progress = rf"run {run_id} quickstart\s+(\w+)\s[\s\S]*?step (\d+)/{steps}"
+        screen = tmux.wait(rf"run {run_id} quickstart\s+running\s[\s\S]*?step [1-9]\d*/{steps}", timeout=300)
         status, step = re.search(progress, screen).groups()  # type: ignore[union-attr]
         assert status == "running", screen
         tmux.keys("q")
-        time.sleep(1.0)
+        tmux.wait_gone(r"filter: name|run \d+ quickstart", timeout=60)  # ftui is gone (the pane sleeps)
         tmux.kill()
         log(f"4. quit ftui while run {run_id} was running (step {step}/{steps}); it is detached and goes on")
 
         tmux = Tmux(f"ftui-drive2-{os.getpid()}", env)
         started = tmux.start(command)
-        screen = tmux.wait(rf"\b{run_id}\s+quickstart", timeout=30)
+        screen = tmux.wait(rf"\b{run_id}\s+quickstart", timeout=120)
         timings["reopen_paint_s"] = time.monotonic() - started
-        screen = tmux.wait(rf"\b{run_id}\s+quickstart\s+single\s+lora\s+\w+", timeout=10)
-        assert re.search(rf"\b{run_id}\s+quickstart\s+single\s+lora\s+running", screen), screen
+        screen = tmux.wait(rf"\b{run_id}\s+quickstart\s+\w+", timeout=60)
+        assert re.search(rf"\b{run_id}\s+quickstart\s+running", screen), screen
         log(f"5. reopened: run {run_id} is in Runs, still running (read back from the store)")
         tmux.keys("Enter")
-        screen = tmux.wait(progress, timeout=30)
+        screen = tmux.wait(progress, timeout=120)
         first = int(re.search(progress, screen).group(2))  # type: ignore[union-attr]
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300
         now = first
         while now <= first and time.monotonic() < deadline:
             time.sleep(0.3)
@@ -140,14 +183,70 @@ def drive(home: Path, steps: int = 60, log=print) -> dict[str, float]:  # type: 
             now = int(match.group(2)) if match else now
         assert now > first, f"the step count stayed at {first}; screen:\n{tmux.screen()}"
         log(f"6. its monitor follows it live: step {first} -> {now} of {steps}")
-        tmux.keys("s")
-        tmux.wait(rf"run {run_id} quickstart\s+(stopped|completed)", timeout=60)
-        log(f"7. stopped run {run_id} from the monitor (s)")
-        tmux.keys("Escape", "q")
+        stop_confirmed(tmux, run_id)
+        tmux.wait(rf"run {run_id} quickstart\s+(stopped|completed)", timeout=300)
+        log(f"7. stopped run {run_id} from the monitor (s, then y to the question)")
+
+        tmux.keys("Escape")
+        tmux.wait(r"filter: name", timeout=60)
+        tmux.keys("2")
+        tmux.wait(r"launch command|✓ valid recipe", timeout=120)
+        # On a loaded machine the form's verdict lags the keys by seconds: wait for the verdict that
+        # only the new values give (single with 2 processes is refused; then fsdp with 2 is valid).
+        for attempt in range(3):
+            tmux.set_field("processes", "2")
+            try:
+                tmux.wait(r"✗ launch\.nproc: strategy 'single' runs one process", timeout=60)
+                break
+            except AssertionError:
+                if attempt == 2:
+                    raise
+        tmux.choose("strategy", "fsdp", listed=("single", "mp"))
+        screen = tmux.wait(r"strategy\s*▊\s+fsdp\s+▼[\s\S]*processes\s*▊\s+2\s+▎[\s\S]*✓ valid recipe",
+                           timeout=60)
+        log("8. Compose: strategy fsdp with 2 processes, valid (the form is validated as one recipe)")
+        tmux.keys("C-l")
+        screen = tmux.wait(rf"run (?!{run_id}\b)\d+ quickstart", timeout=120)
+        fsdp_id = re.search(rf"run (?!{run_id}\b)(\d+) quickstart", screen).group(1)  # type: ignore[union-attr]
+        screen = tmux.wait(rf"run {fsdp_id} quickstart\s+\w+\s+fsdp × 2", timeout=120)
+        screen = tmux.wait(rf"run {fsdp_id} quickstart\s+(running|completed|failed)\s[\s\S]*?step [1-9]\d*/",
+                           timeout=600)
+        assert re.search(rf"run {fsdp_id} quickstart\s+running", screen), screen
+        log(f"9. launched run {fsdp_id} (fsdp × 2) from Compose; its monitor shows steps")
+        stop_confirmed(tmux, fsdp_id)
+        tmux.wait(rf"run {fsdp_id} quickstart\s+(stopped|completed)", timeout=300)
+        log(f"10. stopped run {fsdp_id} (confirmed)")
+
+        # Back to Compose (the monitor was opened over it), then Runs. Wait between the two: an escape
+        # followed at once by "1" reads as alt+1.
+        tmux.keys("Escape")
+        tmux.wait(r"launch command|✓ valid recipe", timeout=60)
+        tmux.keys("1")
+        tmux.wait(r"filter: name", timeout=60)
+        tmux.wait(rf"\b{fsdp_id}\s+quickstart\s+(stopped|completed)", timeout=60)
+        # The newest run is on top: select it, move down to the first run, select it, compare.
+        tmux.keys("Up", "Up", "space", "Down", "space")
+        tmux.wait(r"selected: \d+, \d+", timeout=60)
+        tmux.keys("c")
+        screen = tmux.wait(rf"run {min(int(run_id), int(fsdp_id))}\s+\**\s*run {max(int(run_id), int(fsdp_id))}",
+                           timeout=120)
+        tmux.wait(r"tokens/s", timeout=60)
+        log(f"11. compared runs {run_id} and {fsdp_id}")
+        tmux.keys("Escape")
+        tmux.wait(r"filter: name", timeout=60)
+        tmux.keys("q")
     finally:
         tmux.kill()
         subprocess.run(["tmux", "kill-session", "-t", keeper], capture_output=True)
     return timings
+
+
+def stop_confirmed(tmux: Tmux, run_id: str) -> None:
+    """``s`` asks before stopping; answer yes."""
+    tmux.keys("s")
+    tmux.wait(rf"Stop run {run_id}\?", timeout=60)
+    tmux.keys("y")
+    tmux.wait_gone(rf"Stop run {run_id}\?", timeout=60)
 
 
 def main() -> int:

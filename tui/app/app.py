@@ -33,6 +33,8 @@ class FtuiApp(App[int]):
     BINDINGS = [
         Binding("f1,1", "switch_mode('runs')", "Runs"),
         Binding("f2,2", "switch_mode('compose')", "Compose"),
+        Binding("f3,3", "devices", "Devices"),
+        Binding("question_mark", "keys", "Keys"),
         Binding("q", "quit", "Quit"),
     ]
 
@@ -64,6 +66,31 @@ class FtuiApp(App[int]):
             yield SystemCommand(f"Open run {run.id} {escape(run.name)}", f"{run.status} · {run.strategy}",
                                 lambda run_id=run.id: self.open_run(run_id))
 
+    def action_keys(self) -> None:
+        """``?``: the keys of the screen in front, then the app's (from the bindings themselves)."""
+        from tui.app.screens.modals import KeysScreen
+
+        if isinstance(self.screen, KeysScreen):
+            return
+        keys: list[tuple[str, str]] = []
+        seen: set[str] = set()
+        names = {"question_mark": "?", "slash": "/", "escape": "esc"}
+        for active in self.screen.active_bindings.values():
+            binding = active.binding
+            what = binding.description or binding.action
+            if binding.action in seen or not binding.show and not binding.description:
+                continue
+            seen.add(binding.action)
+            keys.append((" / ".join(names.get(k.strip(), k.strip()) for k in binding.key.split(",")), what))
+        title = type(self.screen).__name__.removesuffix("Screen")
+        self.push_screen(KeysScreen(f"Keys: {title}", keys))
+
+    def action_devices(self) -> None:
+        from tui.app.screens.devices import DevicesScreen
+
+        if not isinstance(self.screen, DevicesScreen):
+            self.push_screen(DevicesScreen())
+
     # ------------------------------------------------------------------ messages from screens
 
     def open_run(self, run_id: int) -> None:
@@ -74,6 +101,8 @@ class FtuiApp(App[int]):
 
     def on_run_launched(self, message: RunLaunched) -> None:
         self.notify(f"run {message.run_id} started; it keeps running if you quit")
+        for warning in message.warnings:  # the pre-flight's, as ftui run prints them
+            self.notify(f"warning: {warning}", severity="warning", timeout=12, markup=False)
         self.open_run(message.run_id)
 
     def on_launch_failed(self, message: LaunchFailed) -> None:

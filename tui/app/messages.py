@@ -13,6 +13,7 @@ from textual.message import Message
 
 from runner.compare import Comparison
 from store import RunInfo
+from store.store import MetricPoint
 
 
 @dataclass
@@ -20,6 +21,8 @@ class RunsLoaded(Message, bubble=False):
     """Every run in the store, newest first (a whole snapshot)."""
 
     runs: list[RunInfo]
+    live: dict[int, MetricPoint] = field(default_factory=dict)
+    """The latest logged step of each running run (its live step, loss and tokens/s)."""
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, RunsLoaded)
@@ -37,6 +40,8 @@ class DeviceView:
     mem_total: int | None
     util_history: list[float] = field(default_factory=list)
     mem_history: list[float] = field(default_factory=list)
+    temp_c: float | None = None
+    power_w: float | None = None
 
     @property
     def short_label(self) -> str:
@@ -74,6 +79,15 @@ class MonitorSnapshot:
     ranks: list[RankView]
     log_tail: list[str]
     extra: dict[str, Any] = field(default_factory=dict)
+    curves: dict[str, list[float]] = field(default_factory=dict)
+    """``lr``, ``grad norm``, ``tokens/s`` per logged step (downsampled like ``loss``)."""
+    grad_norm: float | None = None
+    elapsed_s: float | None = None
+    """Since the run started (the app's clock while running)."""
+    phase: str = ""
+    """Before the first step: ``starting: no step yet (12s) · last journal event: start``."""
+    host: DeviceView | None = None
+    """The whole machine (CPU of all cores, memory; psutil), so that other load is visible."""
 
 
 @dataclass
@@ -91,6 +105,8 @@ class RunLaunched(Message):
     """A run was prepared and started detached; open its monitor."""
 
     run_id: int
+    warnings: list[str] = field(default_factory=list)
+    """The pre-flight's warnings (busy GPUs, too little free memory, inputs), shown to the user."""
 
 
 @dataclass

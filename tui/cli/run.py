@@ -86,17 +86,15 @@ def load_run_recipe(args: argparse.Namespace) -> Any:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from runner import orchestrator
+    from runner.preflight import launch_checks
     from runner.recipe import RecipeError
 
     recipe = load_run_recipe(args)
     try:
-        warnings = orchestrator.preflight(recipe)
+        warnings = launch_checks(recipe, args.fake_gpus)  # the same pre-flight as the TUI's Launch
     except RecipeError as exc:
         raise UsageError(f"{args.recipe}: {exc}") from None
     out = console(stderr=args.format == "json")
-    from runner.inputs import input_warnings
-
-    warnings += input_warnings(recipe) + _gpu_warnings(recipe, args.fake_gpus)
     for warning in warnings:
         out.print(Text.assemble(("warning:", "yellow"), f" {warning}"), soft_wrap=True)
     if args.find_batch_size:
@@ -178,27 +176,3 @@ def follow(args: argparse.Namespace, store: Any, prepared: Any, out: Any) -> int
         return ExitCode.INTERRUPTED
     out.print(Text.assemble(("failed:", "red"), f" {outcome.error or ''}"))
     return ExitCode.FAILED
-
-
-def _gpu_warnings(recipe: Any, fake_gpus: int = 0) -> list[str]:
-    """Busy GPUs, and GPUs with less free memory than the plan needs per device (the estimate), among
-    those the run will use; and the CUDA_VISIBLE_DEVICES mapping."""
-    import os
-
-    from runner.hardware import check_gpus_free, visible_mapping
-    from runner.orchestrator import estimate_summary, probe_for
-
-    probe = probe_for(fake_gpus)
-    count = probe.nvml.device_count()
-    if count == 0 or recipe.launch.device == "cpu":
-        return []
-    need = estimate_summary(recipe).get("per_device_bytes", {}).get("total")
-    if need is not None:  # plus what ftui estimate reserves per GPU (CUDA context, NCCL, allocator slack)
-        from runner.planner import DEFAULT_RESERVE, parse_bytes
-
-        need += parse_bytes(DEFAULT_RESERVE)
-    visible = ",".join(map(str, recipe.launch.gpus)) if recipe.launch.gpus is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
-    layer_split = strategies.get(recipe.launch.strategy).layer_split
-    mapping = visible_mapping(visible, count)[: None if layer_split else recipe.launch.nproc]
-    notes = ["GPUs (CUDA index -> physical): " + ", ".join(f"cuda:{lo} -> GPU {phys}" for lo, phys in mapping)]
-    return notes + check_gpus_free(probe, [phys for _, phys in mapping], need_bytes=need)

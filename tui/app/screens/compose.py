@@ -5,6 +5,7 @@ memory estimate."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from runner import strategies
 from runner.recipe import Recipe, RecipeError, parse_recipe
 from tui.app.messages import EstimateReady, LaunchFailed, RunLaunched
 from tui.app.screens.data import launch_run
+from tui.app.screens.modals import ConfirmScreen, PromptScreen
 
 if TYPE_CHECKING:
     from tui.app import FtuiApp
@@ -142,6 +144,14 @@ def split_error(exc: RecipeError) -> tuple[str, str]:
     return (exc.field, exc.problem) if exc.field else ("recipe", str(exc))
 
 
+def _parses(base_text: str, item: str, base_dir: Path) -> bool:
+    try:
+        parse_recipe(base_text, source="form", overrides=[item], base_dir=base_dir)
+    except RecipeError:
+        return False
+    return True
+
+
 class ComposeScreen(Screen[None]):
     """Build a recipe, see its launch and estimate, save it or launch it."""
 
@@ -152,7 +162,7 @@ class ComposeScreen(Screen[None]):
     ]
 
     recipe_path: reactive[str] = reactive("recipes/quickstart.toml")
-    """The recipe file the form was loaded from (and is saved to by default)."""
+    """The recipe file the form was loaded from (Save proposes a new file, never this one silently)."""
     valid: reactive[bool] = reactive(True)
     """Whether the whole form validates."""
 
@@ -238,33 +248,34 @@ class ComposeScreen(Screen[None]):
         return [o for f in FIELDS if (o := override(f, self.field_text(f))) is not None]
 
     def validate(self) -> Recipe | None:
-        """Validate each field alone, then the whole form; show errors next to their fields."""
+        """Validate the WHOLE form as one recipe (every field's value together: a strategy and its
+        process count are checked as a pair); show each error next to its field.
+
+        The validator stops at the first problem, so a field in error is set back to the loaded
+        file's value and the form is validated again, until it passes or no new field is named:
+        every field in error gets its own message, not only the first."""
         self.errors = {}
         paths = {f.path for f in FIELDS}
+        active = {f.path: o for f in FIELDS if (o := override(f, self.field_text(f))) is not None}
         other = ""
-        for f in FIELDS:
-            o = override(f, self.field_text(f))
-            if o is None:
-                continue
-            try:
-                parse_recipe(self.base_text, source="form", overrides=[o], base_dir=self.base_dir)
-            except RecipeError as exc:
-                path, msg = split_error(exc)
-                # A consistency check may name another field (strategy ddp -> launch.nproc).
-                target = path if path in paths else f.path
-                self.errors.setdefault(target, msg)
-        whole_error = ""
         recipe: Recipe | None = None
-        if not self.errors:
+        for _ in range(len(FIELDS) + 1):
             try:
-                recipe = parse_recipe(self.base_text, source="form", overrides=self.overrides(),
+                recipe = parse_recipe(self.base_text, source="form", overrides=list(active.values()),
                                       base_dir=self.base_dir)
+                break
             except RecipeError as exc:
                 path, msg = split_error(exc)
-                if path in paths:
-                    self.errors[path] = msg
-                else:
-                    other = f"{path}: {msg}"
+                if path not in paths:
+                    # No field named (an override that does not parse): find the field whose value alone fails.
+                    path = next((p for p, o in active.items() if not _parses(self.base_text, o, self.base_dir)), path)
+                if path not in paths or path in self.errors:
+                    other = "" if path in self.errors else f"{path}: {msg}"
+                    break
+                self.errors[path] = msg
+                active.pop(path, None)
+        if self.errors or other:
+            recipe = None
         whole_error = other or next((f"{p}: {m}" for p, m in self.errors.items()), "")
         for f in FIELDS:
             err = self.query_one("#err-" + field_id(f.path), Static)
@@ -314,6 +325,11 @@ class ComposeScreen(Screen[None]):
         if not worker.is_cancelled:
             self.post_message(EstimateReady(text))
 
+    def on_launch_failed(self, message: LaunchFailed) -> None:
+        """A pre-flight refusal (or a failed start) also stays on the form, not only in a toast;
+        the message goes on to the app, which notifies."""
+        self.query_one("#form-status", Static).update(Text(f"✗ not launched: {message.error}", style="red"))
+
     def on_estimate_ready(self, message: EstimateReady) -> None:
         if self.valid:
             self.query_one("#estimate", Static).update(message.text)
@@ -337,13 +353,48 @@ class ComposeScreen(Screen[None]):
     def action_load(self) -> None:
         self.load(self.query_one("#recipe-path", Input).value)
 
+    def save_target(self, recipe: Recipe) -> str:
+        """Where Save proposes to write: ``recipes/<name>.toml`` under the current folder, never the
+        loaded file itself (a shipped recipe keeps its comments): ``<name>-2.toml``… when it is taken."""
+        loaded = Path(self.recipe_path).expanduser().resolve()
+        folder = Path("recipes")
+        stem = re.sub(r"[^\w.-]+", "-", recipe.name).strip(".-") or "recipe"
+        for n in range(1, 1000):
+            candidate = folder / (f"{stem}.toml" if n == 1 else f"{stem}-{n}.toml")
+            if candidate.resolve() != loaded and not candidate.exists():
+                return str(candidate)
+        return str(folder / f"{stem}-new.toml")
+
     def action_save(self) -> None:
+        """Ask where to save (a new file by default); ask again before overwriting any file."""
         recipe = self.validate()
         if recipe is None:
             self.notify("not saved: the recipe does not validate", severity="error")
             return
-        path = Path(self.query_one("#recipe-path", Input).value).expanduser()
+
+        def chosen(answer: str | None) -> None:
+            if not answer or not answer.strip():
+                return
+            path = Path(answer.strip()).expanduser()
+            if path.exists():
+                same = path.resolve() == Path(self.recipe_path).expanduser().resolve()
+                question = (f"Overwrite {path}? " + ("It is the file the form was loaded from: its comments "
+                            "and layout are lost." if same else "Its contents are replaced."))
+
+                def confirmed(yes: bool | None) -> None:
+                    if yes:
+                        self.write_recipe(recipe, path)
+
+                self.app.push_screen(ConfirmScreen(question), confirmed)
+            else:
+                self.write_recipe(recipe, path)
+
+        self.app.push_screen(PromptScreen("Save the recipe as (a new file; enter saves, escape cancels)",
+                                          self.save_target(recipe)), chosen)
+
+    def write_recipe(self, recipe: Recipe, path: Path) -> None:
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(recipe.to_toml())
         except OSError as exc:
             self.notify(f"{path}: {exc.strerror}", severity="error", markup=False)
@@ -361,8 +412,8 @@ class ComposeScreen(Screen[None]):
     @work(thread=True, group="launch")
     def launch(self, recipe: Recipe, source: str) -> None:
         try:
-            run_id = launch_run(self.ftui.store, recipe, source, self.ftui.fake_gpus)
+            run_id, warnings = launch_run(self.ftui.store, recipe, source, self.ftui.fake_gpus)
         except (RecipeError, OSError) as exc:
             self.post_message(LaunchFailed(str(exc)))
             return
-        self.post_message(RunLaunched(run_id))
+        self.post_message(RunLaunched(run_id, warnings))

@@ -57,8 +57,10 @@ class MonitorFeed:
     Used by one worker thread at a time; the snapshots it returns are new objects.
     """
 
-    def __init__(self, store: Store, run_id: int, log_lines: int = 8, plot_width: int = 200) -> None:
+    def __init__(self, store: Store, run_id: int, log_lines: int = 8, plot_width: int = 200,
+                 now: Clock = utcnow) -> None:
         self.store = store
+        self.now = now
         self.run_id = run_id
         self.log_lines = log_lines
         self.plot_width = plot_width
@@ -75,13 +77,14 @@ class MonitorFeed:
     def poll(self) -> MonitorSnapshot:
         run = self.store.get_run(self.run_id)
         for m in self.store.metrics(self.run_id, after_step=self._last_step):
-            self.metrics.append((m.step, m.loss, m.lr, m.tokens_per_s, m.step_time))
+            self.metrics.append((m.step, m.loss, m.lr, m.tokens_per_s, m.step_time, m.grad_norm))
             if m.loss is not None:
                 self.losses.append(m.loss)
             self._last_step = m.step
         for d in self.store.samples(self.run_id, after_id=self._last_sample_id):
             key = f"{d.kind}:{d.index}"
-            self._latest[key] = (d.kind, d.index, d.name, d.util_pct, d.mem_used, d.mem_total, d.source, d.pid)
+            self._latest[key] = (d.kind, d.index, d.name, d.util_pct, d.mem_used, d.mem_total, d.source, d.pid,
+                                 d.temp_c, d.power_w)
             if d.util_pct is not None:
                 self._util.setdefault(key, deque(maxlen=HISTORY)).append(d.util_pct)
             if d.mem_used is not None and d.mem_total:
@@ -98,18 +101,24 @@ class MonitorFeed:
         ranks = sorted((v for v in self._latest.values() if v[0] == "rank"), key=lambda v: v[1])
         shown = gpus or ranks
         devices = []
-        for kind, index, name, util, used, total, source, _pid in shown:
+        for kind, index, name, util, used, total, source, _pid, temp, power in shown:
             key = f"{kind}:{index}"
             label = f"GPU {index} {_short(name)}" if kind == "gpu" else f"rank {index} (CPU process)"
             devices.append(DeviceView(key=key, label=label, source=SOURCE_LABELS.get(source, source), util=util,
                                       mem_used=used, mem_total=total,
                                       util_history=list(self._util.get(key, ())),
-                                      mem_history=list(self._mem.get(key, ()))))
+                                      mem_history=list(self._mem.get(key, ())), temp_c=temp, power_w=power))
+        host = None
+        for kind, _index, name, util, used, total, source, _pid, _temp, _power in self._latest.values():
+            if kind == "host":
+                host = DeviceView(key="host", label=name, source=SOURCE_LABELS.get(source, source), util=util,
+                                  mem_used=used, mem_total=total, util_history=list(self._util.get("host:-1", ())),
+                                  mem_history=list(self._mem.get("host:-1", ())))
         rank_rows = [
             RankView(rank=index, pid=pid, cpu_pct=util, rss=used,
                      gpu_mem=sum(self._rank_gpu[index].values()) if index in self._rank_gpu else None,
                      source=SOURCE_LABELS.get(source, source))
-            for _k, index, _n, util, used, _t, source, pid in ranks
+            for _k, index, _n, util, used, _t, source, pid, _temp, _power in ranks
         ]
         step = self.metrics[-1][0] if self.metrics else (run.steps_done or 0 if run else 0)
         total = run.total_steps if run else None
@@ -119,6 +128,11 @@ class MonitorFeed:
         if total and step_times and run is not None and run.status == "running":
             eta = max(0, total - step) * sum(step_times) / len(step_times)
         tps = recent[-1][3] if recent else (run.tokens_per_s if run else None)
+        curves = {name: downsample([m[i] for m in self.metrics if m[i] is not None], self.plot_width)
+                  for name, i in (("lr", 2), ("grad norm", 5), ("tokens/s", 3))}
+        elapsed = None
+        if run is not None and run.started_at is not None:
+            elapsed = max(0.0, ((run.ended_at or self.now()) - run.started_at).total_seconds())
         return MonitorSnapshot(
             run=run,
             loss=downsample(self.losses, self.plot_width),
@@ -132,7 +146,21 @@ class MonitorFeed:
             devices=devices,
             ranks=rank_rows,
             log_tail=self.log_tail(run),
+            curves=curves,
+            grad_norm=recent[-1][5] if recent else None,
+            elapsed_s=elapsed,
+            phase=self.phase(run, elapsed),
+            host=host,
         )
+
+    def phase(self, run: Any, elapsed: float | None) -> str:
+        """Before the first logged step, what the run is doing: the journal's last event (the trainer
+        logs no event while it loads the model and tokenizes, so the time since start says the rest)."""
+        if run is None or self.metrics or run.status not in ("running", "created", "starting"):
+            return ""
+        events = self.store.events(self.run_id)
+        last = events[-1].type if events else "none yet"
+        return f"starting: no step yet ({fmt_elapsed(elapsed)}) · last journal event: {last}"
 
     def log_tail(self, run: Any) -> list[str]:
         if run is None or not run.run_dir:
@@ -147,6 +175,14 @@ class MonitorFeed:
         return lines[-self.log_lines:]
 
 
+def fmt_elapsed(seconds: float | None) -> str:
+    if seconds is None:
+        return "not started"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
 def run_duration(run: RunInfo, now: Clock = utcnow) -> float | None:
     """Wall time from start to end, or to ``now()`` while running (``now`` is frozen in snapshots)."""
     if run.started_at is None:
@@ -155,14 +191,18 @@ def run_duration(run: RunInfo, now: Clock = utcnow) -> float | None:
     return float((end - run.started_at).total_seconds())
 
 
-def launch_run(store: Store, recipe: Any, source: str | None, fake_gpus: int) -> int:
-    """Record, prepare and start a run detached (it outlives the TUI). Blocking: call from a worker."""
+def launch_run(store: Store, recipe: Any, source: str | None, fake_gpus: int) -> tuple[int, list[str]]:
+    """Pre-flight (the same as ``ftui run``: :func:`runner.preflight.launch_checks`), then record,
+    prepare and start a run detached (it outlives the TUI). Returns the run id and the pre-flight's
+    warnings; a refusal raises (a RecipeError naming the field). Blocking: call from a worker."""
     from runner import orchestrator
+    from runner.preflight import launch_checks
 
-    orchestrator.preflight(recipe)
+    warnings = launch_checks(recipe, fake_gpus)
     prepared = orchestrator.prepare(store, recipe, source=source)
     orchestrator.start_detached(store.url, prepared, fake_gpus=fake_gpus)
     assert prepared.run_id is not None
+    run_id = prepared.run_id
     # Wait (briefly) until the detached orchestrator has recorded the process group, so that the
     # monitor can stop the run straight away.
     deadline = time.monotonic() + 10
@@ -171,7 +211,7 @@ def launch_run(store: Store, recipe: Any, source: str | None, fake_gpus: int) ->
         if run is not None and run.pgid:
             break
         time.sleep(0.1)
-    return prepared.run_id
+    return run_id, warnings
 
 
 def _short(gpu_name: str) -> str:

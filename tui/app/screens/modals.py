@@ -52,3 +52,30 @@ class PromptScreen(ModalScreen[str | None]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+
+class KeysScreen(ModalScreen[None]):
+    """``?``: every key of the screen below and of the app, with what it does (any key closes)."""
+
+    BINDINGS = [Binding("escape,question_mark,q", "close", "Close")]
+
+    def __init__(self, title: str, keys: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.title_text = title
+        self.keys = keys
+
+    def compose(self) -> ComposeResult:
+        from rich.text import Text
+
+        body = Text()
+        body.append(f"{self.title_text}\n\n", style="bold")
+        width = max((len(k) for k, _ in self.keys), default=4) + 2
+        for key, what in self.keys:
+            body.append(f"{key:<{width}}", style="bold cyan")
+            body.append(f"{what}\n")
+        body.append("\nescape or ? closes; ctrl+p opens the command palette", style="dim")
+        with Vertical(classes="dialog", id="keys"):
+            yield Label(body)
+
+    def action_close(self) -> None:
+        self.dismiss(None)

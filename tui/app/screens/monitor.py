@@ -16,10 +16,11 @@ from textual.widgets import DataTable, Footer, Header, Static
 from textual.worker import get_current_worker
 
 from tui.app.messages import MonitorSnapshot, MonitorUpdate, Notice
-from tui.app.screens.data import MonitorFeed
+from tui.app.screens.data import MonitorFeed, fmt_elapsed
 from tui.app.screens.modals import ConfirmScreen
-from tui.app.widgets.plot import LinePlot, bar, spark
+from tui.app.widgets.plot import Curves, LinePlot, bar, level_style, spark
 from tui.render.report import STATUS_STYLE, fmt_bytes, fmt_seconds
+from tui.render.words import distributed_words
 
 if TYPE_CHECKING:
     from tui.app import FtuiApp
@@ -59,7 +60,8 @@ class MonitorScreen(Screen[None]):
             yield Static(f"run {self.run_id}: loading…", id="progress")
             with Horizontal(id="monitor-top"):
                 yield LinePlot(id="loss")
-                yield Static("", id="logs")
+                yield Curves(id="curves")
+            yield Static("", id="logs")
             yield DataTable(id="devices", cursor_type="none", zebra_stripes=True)
             yield DataTable(id="ranks", cursor_type="none")
         yield Footer()
@@ -76,9 +78,9 @@ class MonitorScreen(Screen[None]):
         sideways scrolling."""
         return self.app.size.width < 100
 
-    def _layout_tables(self, util_header: str = "util", gpu_source: str = "") -> None:
+    def _layout_tables(self, util_header: str = "util", gpu_source: str = "", gpus: bool = False) -> None:
         """(Re)build the columns for the width and the sources now known; rows are re-added."""
-        layout = (self.narrow, util_header, gpu_source)
+        layout = (self.narrow, util_header, gpu_source, gpus)
         if getattr(self, "_layout", None) == layout:
             return
         self._layout = layout
@@ -89,10 +91,15 @@ class MonitorScreen(Screen[None]):
         device_cols: tuple[str, ...]
         rank_cols: tuple[str, ...]
         if self.narrow:
-            device_cols = ("device", util_header, "history", "memory", "history ")
+            # 80 columns: GPUs trade the memory history for temperature and power (nothing cut).
+            device_cols = (("device", util_header, "history", "memory", "°C", "W") if gpus else
+                            ("device", util_header, "history", "memory", "history "))
             rank_cols = ("rank", "pid", "CPU %/core (psutil)", "RSS (psutil)", f"GPU mem ({gpu_source or 'NVML'})")
         else:
             device_cols = ("device", "source", "util", "util history", "memory", "mem history")
+            if gpus:  # the source moves into the header to make room for temperature and power
+                device_cols = ("device", f"util ({gpu_source})", "util history", "memory", "mem history", "temp",
+                               "power")
             rank_cols = ("rank", "pid", "CPU %/core", "RSS", "GPU memory", "source (CPU, RSS / GPU)")
         for col in device_cols:
             devices.add_column(col, key=col)
@@ -102,12 +109,13 @@ class MonitorScreen(Screen[None]):
     def on_resize(self) -> None:
         if getattr(self, "_layout", (None,))[0] != self.narrow:
             self._layout_tables(*self._layout[1:])
+            self._shown.clear()
             self.watch_snapshot(self.snapshot)
 
     @work(thread=True, exclusive=True, group="monitor")
     def follow(self) -> None:
         worker = get_current_worker()
-        feed = MonitorFeed(self.ftui.store, self.run_id)
+        feed = MonitorFeed(self.ftui.store, self.run_id, now=self.ftui.now)
         while not worker.is_cancelled:
             try:
                 snap = feed.poll()
@@ -134,49 +142,59 @@ class MonitorScreen(Screen[None]):
             self.query_one("#progress", Static).update(Text(f"run {self.run_id}: not in the store", style="red"))
             return
         self.sub_title = f"{run.name} · {run.status}"
-        line = Text.assemble(
-            (f"run {run.id} {run.name}  ", "bold"),
-            (run.status, STATUS_STYLE.get(run.status, "")),
-            f"  {run.strategy} × {run.nproc} · {run.method}",
-            f"  step {snap.step}/{snap.total or '?'}",
-            f"  tokens/s {'-' if snap.tokens_per_s is None else format(snap.tokens_per_s, ',.0f')}",
-            f"  loss {'-' if snap.last_loss is None else format(snap.last_loss, '.4f')}",
-            f"  lr {'-' if snap.lr is None else format(snap.lr, '.2e')}",
-            ("  (measured by the trainer)", "dim"),
-            f"  ETA {fmt_seconds(snap.eta_s)}",
-            (" (from recent step times)", "dim"),
-        )
-        if run.error:
-            line.append(f"\nerror: {run.error}", style="red")
-        self._update_static("#progress", line)
+        narrow = self.narrow
+        self._update_static("#progress", self.progress_text(snap))
         plot = self.query_one("#loss", LinePlot)
         plot.title = f"loss (measured, {snap.loss_steps} steps)"
         plot.series = [("loss", snap.loss)]
-        self._update_static("#logs", Text("\n".join(snap.log_tail) or "no rank logs yet", style="dim",
-                                          no_wrap=True, overflow="ellipsis"))
+        curves = self.query_one("#curves", Curves)
+        curves.curves = [(name, snap.curves.get(name, []), fmt, style) for name, fmt, style in
+                         (("lr", ".2e", "yellow"), ("grad norm", ".3g", "magenta"), ("tokens/s", ",.0f", "green"))]
+        has_logs = bool(snap.log_tail)
+        self.set_class(has_logs, "-has-logs")  # no output in the rank logs: no empty panel
+        if has_logs:
+            self._update_static("#logs", Text("\n".join(snap.log_tail), style="dim", no_wrap=True,
+                                              overflow="ellipsis"))
         gpu_source = snap.devices[0].source if snap.devices and snap.devices[0].key.startswith("gpu") else "NVML"
         sources = {d.source for d in snap.devices}
         source = f" ({sources.pop()})" if len(sources) == 1 else ""
         all_ranks = bool(snap.devices) and all(d.key.startswith("rank") for d in snap.devices)
-        self._layout_tables(("CPU %/core" if all_ranks else "util") + source, gpu_source)
-        narrow = self.narrow
-        bar_w, spark_w = (6, 8) if narrow else (BAR, SPARK)
+        gpus = any(d.key.startswith("gpu") for d in snap.devices)
+        self._layout_tables(("CPU %/core" if all_ranks else "util") + source, gpu_source, gpus)
+        bar_w, spark_w = (6, 8) if narrow else (BAR - 2, SPARK - 2) if gpus else (BAR, SPARK)
         devices = self.query_one("#devices", DataTable)
-        for d in snap.devices:
+        rows = list(snap.devices) + ([snap.host] if snap.host is not None else [])
+        for d in rows:
             is_gpu = d.key.startswith("gpu")
-            util_top = 100.0 if is_gpu else max([100.0, *d.util_history])
-            util = "-" if d.util is None else f"{d.util:.0f}%" + ("" if is_gpu or narrow else "/core")
+            is_host = d.key == "host"
+            util_top = 100.0 if is_gpu or is_host else max([100.0, *d.util_history])
+            util = "-" if d.util is None else f"{d.util:.0f}%" + ("" if is_gpu or narrow else
+                                                                  " all" if is_host else "/core")
             frac = None if d.mem_used is None or not d.mem_total else d.mem_used / d.mem_total
             memory = fmt_pair(d.mem_used, d.mem_total) if narrow else f"{fmt_bytes(d.mem_used)}/{fmt_bytes(d.mem_total)}"
+            # A rank's RSS is a sliver of the host's memory: its history is scaled to its own peak.
+            mem_top = 100.0 if is_gpu or is_host else None
+            label = ("host (all cores)" if narrow else f"{d.label} (psutil)") if is_host else (
+                d.short_label if narrow else d.label)
+            util_pct = None if d.util is None else 100 * d.util / util_top
             cells: list[Any] = [
-                d.short_label if narrow else d.label,
-                bar(None if d.util is None else d.util / util_top, bar_w) + Text(f" {util}"),
+                Text(label, style="bold" if is_host else ""),
+                bar(None if d.util is None else d.util / util_top, bar_w, level_style(util_pct)) + Text(f" {util}"),
                 Text(spark(d.util_history, spark_w, util_top), style="cyan"),
-                bar(frac, bar_w, "magenta") + Text(f" {memory}"),
-                Text(spark(d.mem_history, spark_w, 100.0), style="magenta"),
+                bar(frac, bar_w, level_style(None if frac is None else 100 * frac)) + Text(f" {memory}"),
             ]
+            temp = Text("-" if d.temp_c is None else f"{d.temp_c:.0f}", style=level_style(d.temp_c, 70, 85))
+            power = "-" if d.power_w is None else f"{d.power_w:.0f}"
+            if narrow and gpus:
+                cells += [temp, power]
+            else:
+                cells.append(Text(spark(d.mem_history, spark_w, mem_top), style="magenta"))
+            if not narrow and not gpus:
+                cells.insert(1, "psutil" if is_host else d.source)
             if not narrow:
-                cells.insert(1, d.source)
+                if gpus:
+                    cells += [Text("-" if d.temp_c is None else f"{d.temp_c:.0f}°C",
+                                   style=level_style(d.temp_c, 70, 85)), f"{power} W" if d.power_w else "-"]
             _upsert(devices, d.key, *cells)
         ranks = self.query_one("#ranks", DataTable)
         for r in snap.ranks:
@@ -185,6 +203,38 @@ class MonitorScreen(Screen[None]):
             if not narrow:
                 cells.append(r.source + (f" / {gpu_source}" if r.gpu_mem is not None else ""))
             _upsert(ranks, str(r.rank), *cells)
+
+    def progress_text(self, snap: MonitorSnapshot) -> Text:
+        """Name and status; a progress bar with step, elapsed and ETA; the latest figures (or the phase
+        before the first step)."""
+        run = snap.run
+        assert run is not None
+        frac = snap.step / snap.total if snap.total else None
+        width = 16 if self.narrow else 30
+        line = Text.assemble(
+            (f"run {run.id} {run.name}  ", "bold"),
+            (run.status, STATUS_STYLE.get(run.status, "")),
+            f"  {run.strategy} × {run.nproc} · {run.method}",
+            f" · {distributed_words(run.distributed_type)}" if run.distributed_type else "",
+            "\n",
+        )
+        line.append_text(bar(frac, width, "green" if run.status != "failed" else "red"))
+        pct = "" if frac is None else f" {100 * frac:.0f}%"
+        line.append(f"{pct}  step {snap.step}/{snap.total or '?'}  elapsed {fmt_elapsed(snap.elapsed_s)}"
+                    f"  ETA {fmt_seconds(snap.eta_s)}")
+        line.append(" (recent step times)", style="dim")
+        if snap.phase:
+            line.append(f"\n{snap.phase}", style="yellow")
+        else:
+            line.append(
+                f"\ntokens/s {'-' if snap.tokens_per_s is None else format(snap.tokens_per_s, ',.0f')}"
+                f"  loss {'-' if snap.last_loss is None else format(snap.last_loss, '.4f')}"
+                f"  lr {'-' if snap.lr is None else format(snap.lr, '.2e')}"
+                f"  grad norm {'-' if snap.grad_norm is None else format(snap.grad_norm, '.3g')}")
+            line.append("  (trainer)" if self.narrow else "  (measured by the trainer)", style="dim")
+        if run.error:
+            line.append(f"\nerror: {run.error}", style="red")
+        return line
 
     def _update_static(self, selector: str, content: Text) -> None:
         """Update a Static only when its text changed: each update costs a layout pass."""
@@ -220,7 +270,13 @@ class MonitorScreen(Screen[None]):
         self.post_message(Notice(f"{what}: run {result.run_id}: {result.how}"))
 
     def action_stop(self) -> None:
-        self._signal(False, "stop (graceful)")
+        """Ask first: ``s`` sorts one screen back, so a stray key must not end a run."""
+        def done(yes: bool | None) -> None:
+            if yes:
+                self._signal(False, "stop (graceful)")
+
+        self.app.push_screen(ConfirmScreen(f"Stop run {self.run_id}? (graceful: the ranks finish their step "
+                                           "and save)"), done)
 
     def action_kill(self) -> None:
         def done(yes: bool | None) -> None:

@@ -14,18 +14,36 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 from textual.worker import get_current_worker
 
-from store import RunInfo
+from store import RunInfo, Store
+from store.store import MetricPoint
 from tui.app.messages import CompareRuns, LaunchFailed, Notice, OpenRun, RunLaunched, RunsLoaded
 from tui.app.screens.data import launch_run, run_duration
 from tui.app.screens.modals import ConfirmScreen, PromptScreen
 from tui.render.report import STATUS_STYLE, fmt_seconds
+from tui.render.words import distributed_words
 
 if TYPE_CHECKING:
     from tui.app import FtuiApp
 
-COLUMNS = ("sel", "id", "name", "strategy", "method", "status", "started", "duration", "tokens/s",
-           "final loss", "util", "tags")
+COLUMNS = ("sel", "id", "name", "status", "step", "loss", "tokens/s", "duration", "strategy", "mode", "method",
+           "tags · note", "started", "util")
+"""What matters first comes first: at 80 columns the table scrolls sideways for the rest."""
+EMPTY_HINT = ("No runs yet. Press 2 (Compose), check the recipe, then ctrl+l to launch it; or in a shell:\n"
+              "    ftui run recipes/quickstart.toml\n"
+              "Runs started anywhere on this store appear here live. ? lists every key.")
 SORTS = ("id", "name", "status", "duration", "tokens/s", "final loss")
+
+
+def load_runs(store: Store) -> RunsLoaded:
+    """Every run, and the latest logged step of each running one (blocking: from a worker)."""
+    runs = store.list_runs()
+    live: dict[int, MetricPoint] = {}
+    for run in runs:
+        if run.status == "running" and run.steps_done:
+            points = store.metrics(run.id, after_step=run.steps_done - 1)
+            if points:
+                live[run.id] = points[-1]
+    return RunsLoaded(runs, live)
 
 
 def _sort_key(run: RunInfo, column: str, now: Any) -> Any:
@@ -45,10 +63,11 @@ class RunsScreen(Screen[None]):
         Binding("c", "compare", "Compare"),
         Binding("s", "cycle_sort", "Sort"),
         Binding("slash", "focus_filter", "Filter"),
-        Binding("t", "tags", "Tags"),
-        Binding("n", "note", "Note"),
-        Binding("r", "rerun", "Re-run"),
-        Binding("d", "delete", "Delete"),
+        # Off the footer (it would overflow at 80 columns); ? lists them.
+        Binding("t", "tags", "Tags", show=False),
+        Binding("n", "note", "Note", show=False),
+        Binding("r", "rerun", "Re-run", show=False),
+        Binding("d", "delete", "Delete", show=False),
     ]
 
     filter_text: reactive[str] = reactive("")
@@ -61,6 +80,8 @@ class RunsScreen(Screen[None]):
     def __init__(self) -> None:
         super().__init__()
         self.runs: list[RunInfo] = []
+        self.live: dict[int, MetricPoint] = {}
+        """The latest step of each running run (from the poll)."""
         self._shown: tuple[Any, ...] = ()
 
     @property
@@ -71,6 +92,7 @@ class RunsScreen(Screen[None]):
         yield Header()
         yield Input(placeholder="filter: name, status, strategy, tag… (/)", id="filter")
         yield DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
+        yield Static(EMPTY_HINT, id="runs-empty", markup=False)
         yield Static("", id="runs-status")
         yield Footer()
 
@@ -86,7 +108,7 @@ class RunsScreen(Screen[None]):
         worker = get_current_worker()
         while not worker.is_cancelled:
             try:
-                self.post_message(RunsLoaded(self.ftui.store.list_runs()))
+                self.post_message(load_runs(self.ftui.store))
             except Exception as exc:  # noqa: BLE001 (a locked or vanished database: say so, keep polling)
                 self.post_message(LaunchFailed(f"store: {exc}"))
             for _ in range(10):
@@ -96,6 +118,7 @@ class RunsScreen(Screen[None]):
 
     def on_runs_loaded(self, message: RunsLoaded) -> None:
         self.runs = message.runs
+        self.live = message.live
         self.ftui.runs = message.runs
         self.refresh_table()
 
@@ -123,17 +146,24 @@ class RunsScreen(Screen[None]):
         now = self.ftui.now
         rows = []
         for r in self.visible_runs():
-            rows.append((str(r.id), (
-                "✓" if r.id in self.selected else " ",
-                str(r.id), r.name, r.strategy, r.method,
-                Text(r.status, style=STATUS_STYLE.get(r.status, "")),
-                r.started_at.strftime("%m-%d %H:%M") if r.started_at else "-",
-                fmt_seconds(run_duration(r, now)),
-                "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
-                "-" if r.final_loss is None else f"{r.final_loss:.4f}",
-                "-" if r.mean_util is None else f"{r.mean_util:.0f}%",
-                ",".join(r.tags),
-            )))
+            live = self.live.get(r.id) if r.status == "running" else None
+            tps = live.tokens_per_s if live is not None else r.tokens_per_s
+            loss = live.loss if live is not None else r.final_loss
+            step = live.step if live is not None else r.steps_done
+            by_column: dict[str, str | Text] = {
+                "sel": "✓" if r.id in self.selected else " ",
+                "id": str(r.id), "name": r.name,
+                "status": Text(r.status, style=STATUS_STYLE.get(r.status, "")),
+                "step": f"{step or 0}/{r.total_steps or '?'}" if step or r.total_steps else "-",
+                "loss": "-" if loss is None else f"{loss:.4f}",
+                "tokens/s": "-" if tps is None else f"{tps:,.0f}",
+                "duration": fmt_seconds(run_duration(r, now)),
+                "strategy": r.strategy, "mode": distributed_words(r.distributed_type), "method": r.method,
+                "tags · note": " · ".join(x for x in (",".join(r.tags), r.note.replace("\n", " ")) if x),
+                "started": r.started_at.strftime("%m-%d %H:%M") if r.started_at else "-",
+                "util": "-" if r.mean_util is None else f"{r.mean_util:.0f}%",
+            }
+            rows.append((str(r.id), tuple(by_column[c] for c in COLUMNS)))
         shown = tuple((k, tuple(str(c) for c in cells)) for k, cells in rows)
         if shown != self._shown:
             self._shown = shown
@@ -147,10 +177,13 @@ class RunsScreen(Screen[None]):
                     table.move_cursor(row=table.get_row_index(str(current)), animate=False)
                 except Exception:  # noqa: BLE001 (the run is filtered out or deleted)
                     pass
-        self.query_one("#runs-status", Static).update(
+        # The table stays (it holds the focus, so that keys are not typed into the filter); the hint shows below.
+        self.set_class(not self.runs, "-empty")
+        self.query_one("#runs-status", Static).update(Text(
             f"{len(rows)} of {len(self.runs)} runs · sort: {self.sort_column} · selected: "
-            f"{', '.join(map(str, sorted(self.selected))) or 'none'} · tokens/s, loss: measured; util: telemetry mean"
-        )
+            f"{', '.join(map(str, sorted(self.selected))) or 'none'} · ? keys · step, loss, tokens/s: trainer "
+            "(live while running) · util: telemetry mean"
+        ))
 
     def current_id(self) -> int | None:
         table = self.query_one(DataTable)
@@ -243,7 +276,7 @@ class RunsScreen(Screen[None]):
         """Write tags or a note, then post the fresh list (the table shows it at once)."""
         try:
             self.ftui.store.update_run(run_id, **changes)
-            self.post_message(RunsLoaded(self.ftui.store.list_runs()))
+            self.post_message(load_runs(self.ftui.store))
         except Exception as exc:  # noqa: BLE001 (a locked database: say so)
             self.post_message(LaunchFailed(f"run {run_id}: not saved: {exc}"))
 
@@ -251,7 +284,7 @@ class RunsScreen(Screen[None]):
     def delete_run(self, run_id: int, run_dir: str) -> None:
         try:
             self.ftui.store.delete_run(run_id)
-            self.post_message(RunsLoaded(self.ftui.store.list_runs()))
+            self.post_message(load_runs(self.ftui.store))
         except Exception as exc:  # noqa: BLE001 (a locked database: say so)
             self.post_message(LaunchFailed(f"run {run_id}: not deleted: {exc}"))
             return
@@ -270,8 +303,8 @@ class RunsScreen(Screen[None]):
 
         try:
             recipe = parse_recipe(run.recipe_text, source=f"run {run.id}")
-            run_id = launch_run(self.ftui.store, recipe, run.recipe_source, self.ftui.fake_gpus)
+            run_id, warnings = launch_run(self.ftui.store, recipe, run.recipe_source, self.ftui.fake_gpus)
         except (RecipeError, OSError) as exc:
             self.post_message(LaunchFailed(str(exc)))
             return
-        self.post_message(RunLaunched(run_id))
+        self.post_message(RunLaunched(run_id, warnings))

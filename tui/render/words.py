@@ -1,0 +1,29 @@
+"""User-facing words for accelerate's enums (one mapping, shared by the CLI and the app)."""
+
+from __future__ import annotations
+
+DISTRIBUTED_WORDS = {
+    "NO": "one process",
+    "MULTI_CPU": "DDP (CPU)",
+    "MULTI_GPU": "DDP (GPU)",
+    "MULTI_XPU": "DDP (XPU)",
+    "MULTI_NPU": "DDP (NPU)",
+    "MULTI_MLU": "DDP (MLU)",
+    "FSDP": "FSDP",
+    "DEEPSPEED": "DeepSpeed",
+    "MEGATRON_LM": "Megatron-LM",
+    "XLA": "XLA (TPU)",
+}
+"""accelerate's ``DistributedType`` as a person says it; an unknown value is shown as it is."""
+
+DEVICE_WORDS = {"cpu": "CPU", "cuda": "GPU", "mps": "Apple GPU", "xpu": "Intel GPU"}
+
+
+def distributed_words(value: str | None, device: str | None = None) -> str:
+    """``"DDP (CPU)"`` for ``MULTI_CPU``; ``"-"`` when the run has not said yet (before its start event)."""
+    if not value:
+        return "-"
+    words = DISTRIBUTED_WORDS.get(value.removeprefix("DistributedType."), value)
+    if device and value in ("FSDP", "DEEPSPEED", "NO"):
+        words += f" on {DEVICE_WORDS.get(device, device)}"
+    return words
