@@ -76,7 +76,14 @@ class MonitorFeed:
 
     def poll(self) -> MonitorSnapshot:
         run = self.store.get_run(self.run_id)
-        for m in self.store.metrics(self.run_id, after_step=self._last_step):
+        if self._last_step == -1 and run is not None and run.resumed_from is not None:
+            # A resumed run's curve starts with its parent's, up to the checkpoint (as compare shows it).
+            from runner.compare import joined_metrics
+
+            fresh = joined_metrics(self.store, run)
+        else:
+            fresh = self.store.metrics(self.run_id, after_step=self._last_step)
+        for m in fresh:
             self.metrics.append((m.step, m.loss, m.lr, m.tokens_per_s, m.step_time, m.grad_norm))
             if m.loss is not None:
                 self.losses.append(m.loss)
@@ -212,6 +219,18 @@ def launch_run(store: Store, recipe: Any, source: str | None, fake_gpus: int) ->
             break
         time.sleep(0.1)
     return run_id, warnings
+
+
+def resume_run(store: Store, run_id: int, fake_gpus: int) -> int:
+    """``ftui resume`` from the app: a new run continuing ``run_id`` from its newest complete checkpoint
+    (:func:`runner.orchestrator.prepare_resume`, the CLI's path), started detached. Returns the new run's
+    id; no checkpoint or a bad recipe raises a one-line RecipeError. Blocking: call from a worker."""
+    from runner import orchestrator
+
+    prepared = orchestrator.prepare_resume(store, run_id)
+    orchestrator.start_detached(store.url, prepared, fake_gpus=fake_gpus)
+    assert prepared.run_id is not None
+    return prepared.run_id
 
 
 def _short(gpu_name: str) -> str:

@@ -17,7 +17,7 @@ from textual.worker import get_current_worker
 from store import RunInfo, Store
 from store.store import MetricPoint
 from tui.app.messages import CompareRuns, LaunchFailed, Notice, OpenRun, RunLaunched, RunsLoaded
-from tui.app.screens.data import launch_run, run_duration
+from tui.app.screens.data import launch_run, resume_run, run_duration
 from tui.app.screens.modals import ConfirmScreen, PromptScreen
 from tui.render.report import STATUS_STYLE, fmt_seconds
 from tui.render.words import distributed_words
@@ -67,6 +67,7 @@ class RunsScreen(Screen[None]):
         Binding("t", "tags", "Tags", show=False),
         Binding("n", "note", "Note", show=False),
         Binding("r", "rerun", "Re-run", show=False),
+        Binding("R", "resume", "Resume", show=False),
         Binding("d", "delete", "Delete", show=False),
     ]
 
@@ -296,6 +297,25 @@ class RunsScreen(Screen[None]):
             return
         self.notify(f"re-running run {run.id}'s recipe…")
         self.rerun(run)
+
+    def action_resume(self) -> None:
+        """Continue the current run from its newest complete checkpoint, as a new run (``ftui resume``)."""
+        run = self.current_run()
+        if run is None:
+            return
+        self.notify(f"resuming run {run.id} from its newest checkpoint…", markup=False)
+        self.resume(run)
+
+    @work(thread=True, group="launch")
+    def resume(self, run: RunInfo) -> None:
+        from runner.recipe import RecipeError
+
+        try:
+            run_id = resume_run(self.ftui.store, run.id, self.ftui.fake_gpus)
+        except (RecipeError, OSError) as exc:
+            self.post_message(LaunchFailed(str(exc)))
+            return
+        self.post_message(RunLaunched(run_id, []))
 
     @work(thread=True, group="launch")
     def rerun(self, run: RunInfo) -> None:
