@@ -17,6 +17,7 @@ from runner.hardware.records import SOURCE_LABELS
 from runner.summary import model_state_bytes, rank_peak, rank_rss
 from store import MetricPoint, RunInfo
 from tui.render.plain import row as text_row
+from tui.render.words import distributed_words
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -46,9 +47,6 @@ def _num(v: float | None, fmt: str) -> str:
 STATUS_STYLE = {"completed": "green", "failed": "red", "stopped": "yellow", "running": "cyan", "created": "dim"}
 
 
-DIST_WORDS = {"NO": "one process", "MULTI_CPU": "DDP (CPU)", "MULTI_GPU": "DDP (GPU)", "FSDP": "FSDP",
-              "DEEPSPEED": "DeepSpeed"}
-"""accelerate's ``DistributedType`` values in a user's words."""
 
 # The columns of ``ftui runs``, most important first: at a narrow width the last ones are left out
 # rather than every cell being cut. (header, justify, cell, most width given)
@@ -62,7 +60,7 @@ _RUN_COLUMNS: tuple[tuple[str, str, Any, int], ...] = (
     ("train time", "right", lambda r: fmt_seconds(r.train_seconds), 10),
     ("method", "left", lambda r: r.method, 6),
     ("started", "left", lambda r: r.started_at.strftime("%m-%d %H:%M") if r.started_at else "-", 11),
-    ("in effect", "left", lambda r: DIST_WORDS.get(r.distributed_type or "", r.distributed_type or "-"), 12),
+    ("in effect", "left", lambda r: distributed_words(r.distributed_type), 12),
 )
 
 
