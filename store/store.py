@@ -569,6 +569,31 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def _is_sqlite(path: Path) -> bool:
+    """Whether ``path`` holds an SQLite database (an empty file counts: SQLite makes it one).
+
+    Asked through SQLite itself, never with ``open()``: closing any file descriptor of a database file
+    drops every POSIX lock this process holds on it (fcntl semantics), so a process that already has a
+    connection (the dashboard, which opens a second store to record a detached watcher) would lose its
+    locks, another process would take itself for the last connection and delete the -shm file, and every
+    later query here would fail with "disk I/O error". SQLite shares one descriptor per file within a
+    process and never closes it under a lock.
+    """
+    import sqlite3
+
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return True  # cannot open read-only here (e.g. no -shm access): let the real open say why
+    try:
+        conn.execute("PRAGMA schema_version").fetchone()
+        return True
+    except sqlite3.DatabaseError as exc:
+        return "not a database" not in str(exc)
+    finally:
+        conn.close()
+
+
 def _check_sqlite_file(url: str, path: Path, *, create: bool) -> None:
     def refuse(reason: str) -> NoReturn:
         raise StoreError(f"--db {url}: {reason}")
@@ -580,9 +605,7 @@ def _check_sqlite_file(url: str, path: Path, *, create: bool) -> None:
             refuse(f"{path} is not a regular file")
         if not os.access(path, os.R_OK, effective_ids=True):
             refuse(f"cannot read {path} (permission denied)")
-        with open(path, "rb") as fh:
-            header = fh.read(16)
-        if header and header != b"SQLite format 3\x00":
+        if not _is_sqlite(path):
             refuse(f"{path} is not an SQLite database")
         if create and not os.access(path, os.W_OK, effective_ids=True):
             refuse(f"{path} is read-only (ftui needs to write to it)")

@@ -364,3 +364,25 @@ def test_read_only_file_and_unwritable_folder_are_one_line() -> None:
         assert sorted(p.name for p in folder.iterdir()) == ["ftui.db", "sub"], "nothing created on refusal"
     finally:
         subprocess.run(["rm", "-rf", str(folder)], check=True)
+
+
+def test_a_second_store_in_one_process_keeps_the_first_ones_locks(tmp_path: Path) -> None:
+    """Opening a second store on the same SQLite file (the dashboard does, to record a detached watcher)
+    must not drop the first one's POSIX locks: with them gone, another process's last close deleted the
+    -shm file and every later query of the first store failed with "disk I/O error"."""
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'ftui.db'}"
+    first = Store(url)
+    run_id = first.create_run(name="a", recipe_text="", recipe_hash="", strategy="single", nproc=1, method="lora",
+                              model="m", run_dir="")
+    with first.engine.connect() as held:  # a connection of this process stays open, as the app's pool keeps one
+        held.exec_driver_sql("SELECT 1").fetchall()
+        Store(url).close()  # the second store: checks the file, opens, closes
+        code = ("from store import Store; s = Store(%r); s.get_run(1); s.close()" % url)
+        subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
+        assert (tmp_path / "ftui.db-shm").exists()
+        held.exec_driver_sql("SELECT count(*) FROM runs").fetchall()
+    run = first.get_run(run_id)
+    assert run is not None and run.name == "a"
