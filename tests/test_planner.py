@@ -193,7 +193,11 @@ def test_lora_runs_match_their_estimate(ftui: Ftui, strategy_runs: dict[str, dic
     run = strategy_runs[strategy]
     print("\n".join(_check_against_measured(f"lora/{strategy}", run)))
     assert all("activation_bytes" in r for r in run["summary"]["ranks"])
-    shown = " ".join(ftui.run("show", str(run["id"]), check=True).stdout.split())
+    # A wide terminal: at rich's default 80 columns the source column wraps its phrases over lines.
+    proc = subprocess.run([sys.executable, "-m", "tui.cli", "show", str(run["id"])], cwd=ROOT, text=True,
+                          capture_output=True, timeout=120, env={**ftui.env, "COLUMNS": "400"})
+    assert proc.returncode == 0, proc.stderr
+    shown = " ".join(proc.stdout.split())
     assert "est." in shown and "meas." in shown
     # Every memory figure names its source; RSS is its own row, never "measured memory".
     assert "measured: live-tensor peak" in shown and "peak RSS" in shown and "not training memory" in shown
