@@ -182,6 +182,7 @@ HUNG_RANK = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_hang_that_lasts_is_stopped_and_failed(tmp_path: Path) -> None:
     store = Store(f"sqlite:///{tmp_path / 'ftui.db'}")
     prepared = _prepared(store, tmp_path, HUNG_RANK)

@@ -105,6 +105,7 @@ def test_a_launch_that_became_another_strategy_is_stopped_and_failed(tmp_path: P
     assert "MULTI_CPU" in run.error
 
 
+@pytest.mark.slow
 def test_each_rank_gets_its_own_gpu_memory_peak(tmp_path: Path) -> None:
     """NVML lists the rank's pid on GPU 1 (scripted): the run's summary holds that rank's peak."""
     store = Store(f"sqlite:///{tmp_path / 'ftui.db'}")

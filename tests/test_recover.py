@@ -76,6 +76,7 @@ def _assert_store_equals_journal(store: Store, run_id: int, run_dir: Path) -> No
     assert len({(s.time, s.kind, s.index) for s in stored}) == len(stored), "no duplicate sample"
 
 
+@pytest.mark.slow
 def test_a_run_whose_watcher_was_killed_gets_a_new_watcher_and_completes(tmp_path: Path) -> None:
     store, run_id, run_dir, watcher = _detached_fake_run(tmp_path, steps=40)
     _kill_watcher_after(watcher, run_dir, 5)
@@ -92,6 +93,7 @@ def test_a_run_whose_watcher_was_killed_gets_a_new_watcher_and_completes(tmp_pat
     assert types[0] == "launch" and "attach" in types and types[-1] == "exit"
 
 
+@pytest.mark.slow
 def test_a_run_whose_watcher_died_and_that_then_finished_is_completed_once(tmp_path: Path) -> None:
     store, run_id, run_dir, watcher = _detached_fake_run(tmp_path, steps=15)
     rank = _kill_watcher_after(watcher, run_dir, 3)
@@ -108,6 +110,7 @@ def test_a_run_whose_watcher_died_and_that_then_finished_is_completed_once(tmp_p
     assert (len(store.events(run_id)), len(store.metrics(run_id)), len(store.samples(run_id))) == before
 
 
+@pytest.mark.slow
 def test_a_run_whose_watcher_and_ranks_died_is_failed_with_its_last_step(tmp_path: Path) -> None:
     store, run_id, run_dir, watcher = _detached_fake_run(tmp_path, steps=200)
     rank = _kill_watcher_after(watcher, run_dir, 4)

@@ -380,7 +380,7 @@ def test_a_second_store_in_one_process_keeps_the_first_ones_locks(tmp_path: Path
     with first.engine.connect() as held:  # a connection of this process stays open, as the app's pool keeps one
         held.exec_driver_sql("SELECT 1").fetchall()
         Store(url).close()  # the second store: checks the file, opens, closes
-        code = ("from store import Store; s = Store(%r); s.get_run(1); s.close()" % url)
+        code = f"from store import Store; s = Store({url!r}); s.get_run(1); s.close()"
         subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
         assert (tmp_path / "ftui.db-shm").exists()
         held.exec_driver_sql("SELECT count(*) FROM runs").fetchall()
