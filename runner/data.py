@@ -105,17 +105,7 @@ def _head_rows(path: Path, n: int) -> list[Any]:
     suffix = path.suffix.lower()
     try:
         if suffix == ".jsonl":
-            rows = []
-            with open(path, encoding="utf-8") as fh:
-                for number, line in enumerate(fh, 1):
-                    if line.strip():
-                        try:
-                            rows.append(json.loads(line))
-                        except json.JSONDecodeError as exc:
-                            raise DataError(f"data.source: {path}:{number}: invalid JSON line: {exc.msg}") from None
-                        if len(rows) >= n:
-                            break
-            return rows
+            return _jsonl_rows(path, limit=n, prefix="data.source: ")
         if suffix == ".csv":
             with open(path, encoding="utf-8", newline="") as fh:
                 reader = csv.DictReader(fh)
@@ -185,19 +175,27 @@ def load_blocks(data: DataSection, tokenizer: Any) -> Blocks:
     return Blocks(ids_tensor, mask)
 
 
+def _jsonl_rows(path: Path, limit: int | None = None, prefix: str = "") -> list[Any]:
+    """The rows of a JSONL file (the first ``limit`` of them); a bad line is a DataError naming the line."""
+    rows: list[Any] = []
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{prefix}{path}:{number}: invalid JSON line: {exc.msg}") from None
+            if limit is not None and len(rows) >= limit:
+                break
+    return rows
+
+
 def _read_rows(path: Path) -> list[dict[str, Any]]:
     suffix = path.suffix.lower()
     try:
         if suffix == ".jsonl":
-            rows = []
-            with open(path, encoding="utf-8") as fh:
-                for number, line in enumerate(fh, 1):
-                    if line.strip():
-                        try:
-                            rows.append(json.loads(line))
-                        except json.JSONDecodeError as exc:
-                            raise DataError(f"{path}:{number}: invalid JSON line: {exc.msg}") from None
-            return rows
+            return _jsonl_rows(path)
         if suffix == ".json":
             loaded = json.loads(path.read_text(encoding="utf-8"))
             if isinstance(loaded, dict):  # {"data": [...]} or {"train": [...]}: take the one list
