@@ -35,6 +35,9 @@ Every event carries ``seq`` (0, 1, 2, ... within the run: its stable id), ``type
   ``bytes`` (files written), ``reason`` (``"every"`` or ``"stop"``), ``removed`` (older ones pruned).
 - ``error``: ``message`` (one line); for a non-finite loss also ``reason`` (``"nan_loss"`` or
   ``"too_many_skipped"``), ``step`` and ``value`` (``"nan"``, ``"inf"``, ``"-inf"``).
+- ``precision``: after the first optimizer step, the dtypes of rank 0's live tensors: ``params``,
+  ``frozen_params``, ``compute``, ``optimizer_state``, ``master`` (null without an fp32 master copy).
+- ``loss_scale``: fp16 only, when the dynamic loss scale drops: ``step``, ``old``, ``new``.
 - ``end``: ``status`` (completed / stopped / failed), ``steps``, ``train_seconds``, ``tokens``,
   ``tokens_per_s`` (of this run's own steps), ``final_loss``, ``saved``, ``ranks``, ``skipped``,
   ``checkpoint`` (the newest complete one, or null).
@@ -135,6 +138,11 @@ class StartEvent(TypedDict):
     start_step: int
     resumed_from: str | None
     resume_seconds: float | None
+    engine: NotRequired[str]
+    """What implements the strategy (``runner.strategies``: accelerate, deepspeed, torch)."""
+    sharding: NotRequired[dict[str, Any]]
+    """:func:`runner.zero.in_effect`: engine, ZeRO stage, offload and what it is, read from the prepared
+    model and optimizer of rank 0 (a mismatch with the strategy asked for fails the run before this)."""
 
 
 class StepEvent(TypedDict):
@@ -200,8 +208,35 @@ class EndEvent(TypedDict):
     checkpoint: str | None
 
 
-TrainerEvent = StartEvent | StepEvent | MemoryEvent | CheckpointEvent | ErrorEvent | EndEvent
-TRAINER_EVENT_TYPES = frozenset({"start", "step", "memory", "checkpoint", "error", "end"})
+class PrecisionEvent(TypedDict):
+    """The precision rank 0 really trained in, read from its live tensors after the first optimizer step
+    (:func:`runner.zero.precision_in_effect`)."""
+
+    type: Literal["precision"]
+    step: int
+    params: str | None
+    """Dtype of the trainable weights (local shards)."""
+    frozen_params: str | None
+    compute: str | None
+    """Output dtype of the Linear layers in the first forward."""
+    optimizer_state: str | None
+    master: str | None
+    """fp32 master copy's dtype (DeepSpeed), None when the optimizer updates the weights themselves."""
+    source: str
+
+
+class LossScaleEvent(TypedDict):
+    """fp16's dynamic loss scale dropped at this step (an overflow: the update was skipped by the scaler)."""
+
+    type: Literal["loss_scale"]
+    step: int
+    old: float
+    new: float
+
+
+TrainerEvent = (StartEvent | StepEvent | MemoryEvent | CheckpointEvent | ErrorEvent | EndEvent | PrecisionEvent
+                | LossScaleEvent)
+TRAINER_EVENT_TYPES = frozenset({"start", "step", "memory", "checkpoint", "error", "end", "precision", "loss_scale"})
 
 
 def typed(event: dict[str, Any]) -> TrainerEvent | None:
