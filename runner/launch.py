@@ -69,7 +69,7 @@ def accelerate_config(recipe: Recipe, port: int, run_dir: Path = Path(".")) -> d
         "tpu_use_cluster": False,
         "tpu_use_sudo": False,
     }
-    engine = strategy.engine_row(launch.engine)  # the ZeRO stages: which engine, which stage
+    engine = strategy.engine_row()  # the ZeRO stages: which engine, which stage
     fsdp_version = launch.fsdp_version if engine is None else 2  # torch's ZeRO-2/3 are FSDP2
     if strategy.accelerate_type == "DEEPSPEED":
         config["deepspeed_config"] = {"deepspeed_config_file": str(run_dir / zero.DEEPSPEED_FILE),

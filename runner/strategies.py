@@ -82,9 +82,10 @@ class Strategy:
             raise KeyError(f"strategy {self.name!r} runs on {choices_text(self.engine_names())}, not {engine!r}")
         return replace(self, engine=chosen.name, accelerate_type=chosen.accelerate_type, expect=chosen.expect)
 
-    def engine_row(self, engine: str = "auto") -> Engine | None:
-        """The :class:`Engine` that runs this strategy under ``engine`` (None for a one-engine row)."""
-        name = self.with_engine(engine).engine
+    def engine_row(self, engine: str | None = None) -> Engine | None:
+        """The :class:`Engine` that runs this row (as resolved by :meth:`with_engine`), or that runs it under
+        ``engine``; None for a one-engine row."""
+        name = self.engine if engine is None else self.with_engine(engine).engine
         return next((e for e in self.engines if e.name == name), None)
 
     @property

@@ -282,7 +282,7 @@ class Trainer:
         dims = dims_from_config(model.config, int(blocks.shape[1]))  # for MFU, so compare reads no config
         trainable = [p for p in model.parameters() if p.requires_grad]
         mp = recipe.launch.strategy == "mp"
-        engine = self.strategy.engine_row(recipe.launch.engine)
+        engine = self.strategy.engine_row()
         if engine is not None and engine.name == "torch" and engine.stage == 1:
             # ZeroRedundancyOptimizer is not accelerate's to wrap (its state_dict needs a consolidation first):
             # the model alone is prepared (DDP), and the optimizer steps itself.

@@ -47,7 +47,7 @@ def recipe_problem(recipe: Recipe) -> str | None:
     except KeyError:
         return (f"launch.engine: strategy {row.name!r} runs on "
                 f"{strategies.choices_text(('auto', *row.engine_names()))}, got {launch.engine!r}")
-    engine = resolved.engine_row(launch.engine)
+    engine = resolved.engine_row()
     offloads = engine.offloads if engine is not None else ("none",)
     if launch.offload not in offloads:
         if engine is None:
@@ -87,7 +87,7 @@ def deepspeed_config(recipe: Recipe, on_cpu: bool) -> dict[str, Any]:
     its data order) and set gradient clipping to 1.0 whatever the recipe says.
     """
     launch, train = recipe.launch, recipe.train
-    row = strategies.resolve(launch.strategy, launch.engine).engine_row(launch.engine)
+    row = strategies.resolve(launch.strategy, launch.engine).engine_row()
     assert row is not None and row.stage is not None
     # The seed's 2e8-element buckets on GPU; on CPU a tenth (an fp32 bucket of 2e8 is 800 MB of host memory,
     # more than the whole tiny model's training).
@@ -267,7 +267,7 @@ def _fsdp2_groups(model: Any) -> list[Any]:
 
 def mismatch(strategy: strategies.Strategy, offload: str, seen: dict[str, Any]) -> str | None:
     """Why the run is not the strategy asked for (one line), or None when engine, stage and offload match."""
-    engine = strategy.engine_row(strategy.engine)
+    engine = strategy.engine_row()
     if engine is None:
         return None
     wanted = (engine.name, engine.stage, offload)

@@ -383,9 +383,11 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
     n = max(1, inp.n_devices)
     e = DTYPE_BYTES[inp.precision]
     w = _weight_bytes(inp)
-    table_row = strategies.resolve(inp.strategy, inp.engine)
+    row = strategies.get(inp.strategy)
+    # An engine the row does not take (a zero2/torch recipe estimated under ddp) means the row's own.
+    table_row = row.with_engine(inp.engine if inp.engine in row.engine_names() else "auto")
     deepspeed = table_row.engine == "deepspeed"
-    engine_row = table_row.engine_row(inp.engine)
+    engine_row = table_row.engine_row()
     stage = engine_row.stage if engine_row is not None else None
     torch_zero = engine_row is not None and engine_row.name == "torch"
     if deepspeed and e == 2:  # DeepSpeed's bf16/fp16 modes hold 16-bit weights and an fp32 master
