@@ -151,6 +151,7 @@ class Trainer:
         accelerator = Accelerator(cpu=cpu, mixed_precision=mixed, kwargs_handlers=handlers)
         if cpu and row.accelerate_type == "FSDP":
             _force_fsdp_on_cpu(accelerator, launch.fsdp_version if row.name == "fsdp" else 2, mixed)
+            zero.force_fsdp_offload_unpinned(getattr(accelerator.state, "fsdp_plugin", None))
         return accelerator
 
     def load_tokenizer(self) -> Any:

@@ -228,7 +228,10 @@ def estimate_vs_measured(summary: dict[str, Any]) -> list[tuple[str, int, float 
         est = next((v for k in key_est.split("|") if (v := _dig(per_device, k)) is not None), None)
         if est is None:  # an estimate stored by an older version lacks the key
             continue
-        est = int(est) + (int(per_device.get("master") or 0) if kind == "optimizer state" else 0)
+        # The measured bytes count a rank's tensors wherever they live: the estimate's offloaded (host) part
+        # of the same kind is added (a ZeRO offload; on a CPU-only machine both are host memory).
+        host = {"params": "params", "grads": "grads", "optimizer state": "optimizer", "fp32 master": "master"}
+        est = int(est) + int((per_device.get("offloaded") or {}).get(host.get(kind, ""), 0))
         if key_meas == "peak":
             values = [v for r in ranks if (v := rank_peak(r)[0]) is not None]
         else:
