@@ -254,8 +254,13 @@ def in_effect(model: Any, optimizer: Any, accelerator: Any) -> dict[str, Any]:
 
 
 def _fsdp2_groups(model: Any) -> list[Any]:
+    """The FSDP2 parameter groups below the root. The root's own choice is torch's until its first forward
+    (``reshard_after_forward=None``: it reads as True before the lazy init sets it to False), so it says
+    nothing about the stage."""
     groups: list[Any] = []
     for module in model.modules():
+        if module is model:
+            continue
         get_state = getattr(module, "_get_fsdp_state", None)
         if get_state is None:
             continue
