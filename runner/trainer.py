@@ -841,6 +841,12 @@ def _full_state_dict(model: Any, acc: Any, trainable_only: bool) -> Any:
     """A full (unsharded) state dict on rank 0 for FSDP, None otherwise (save_pretrained reads the
     model). Uses torch's distributed-checkpoint API: accelerate's FSDP1 full-state-dict path
     segfaulted on CPU (docs/cpu-facts.md)."""
+    if acc.distributed_type.value == "DEEPSPEED" and model.zero_optimization_stage() == 3:
+        # ZeRO-3's weights are partitions: DeepSpeed gathers them onto rank 0 (every rank takes part;
+        # stage3_gather_16bit_weights_on_model_save in runner/zero.py's config). The adapter's keys are
+        # picked by _save_adapter.
+        gathered = acc.get_state_dict(model)
+        return {_clean_fqn(k): v for k, v in (gathered or {}).items()} if acc.is_main_process else None
     if acc.distributed_type.value != "FSDP":
         return None
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

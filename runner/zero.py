@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 DEEPSPEED_FILE = "deepspeed.json"
 """The generated DeepSpeed config, in the run folder."""
+ZERO3_PERSISTENCE_THRESHOLD = 100_000
+"""ZeRO-3 keeps parameters of fewer elements than this gathered on every rank (DeepSpeed's default, written
+into the config so that the planner and the run agree)."""
 
 
 # ---------------------------------------------------------------------- recipe rules (pure)
@@ -106,6 +109,9 @@ def deepspeed_config(recipe: Recipe, on_cpu: bool) -> dict[str, Any]:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": not on_cpu}
     if launch.offload == "optimizer+params":
         zero["offload_param"] = {"device": "cpu", "pin_memory": not on_cpu}
+    if row.stage == 3:
+        zero["stage3_param_persistence_threshold"] = ZERO3_PERSISTENCE_THRESHOLD
+        zero["stage3_gather_16bit_weights_on_model_save"] = True  # the saved adapter/model: gathered on rank 0
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": train.batch_size,
         "gradient_accumulation_steps": train.grad_accum,

@@ -45,6 +45,10 @@ def _key(strategy: str, engine: str, offload: str) -> str:
     return f"{strategy}-{engine}-{offload.replace('+', '-')}"
 
 
+SAVED = "t-" + _key("zero3", "deepspeed", "none")
+"""The one run that saves its adapter: ZeRO-3's weights are partitions, gathered onto rank 0 to be saved."""
+
+
 @pytest.fixture(scope="module")
 def zero_runs(ftui: Ftui) -> dict[str, dict[str, Any]]:
     """DDP and each configuration of :data:`MATRIX`: 2 ranks x 2 rows (global batch 4), STEPS steps."""
@@ -53,7 +57,7 @@ def zero_runs(ftui: Ftui) -> dict[str, dict[str, Any]]:
         name = "t-" + _key(strategy, engine, offload)
         proc = ftui.run("run", str(QUICKSTART), "--strategy", strategy, "--nproc", "2", "--engine", engine,
                         "--offload", offload, "--set", "train.batch_size=2", "--set", f"train.max_steps={STEPS}",
-                        "--set", "train.save=false", "--name", name)
+                        "--set", f"train.save={'true' if name == SAVED else 'false'}", "--name", name)
         assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         run = next(r for r in ftui.runs() if r["name"] == name)
         results[_key(strategy, engine, offload)] = ftui.show(run["id"])
@@ -117,6 +121,16 @@ def test_the_precision_in_effect_is_measured_and_shown(ftui: Ftui, zero_runs: di
     shown = subprocess.run([sys.executable, "-m", "tui.cli", "show", str(torch_run["id"])], cwd=ROOT, text=True,
                            env={**ftui.env, "COLUMNS": "220"}, capture_output=True, check=True).stdout
     assert "DDP + ZeroRedundancyOptimizer" in shown and "optimizer state fp32 · master none" in shown
+
+
+@pytest.mark.slow
+def test_zero3_saves_the_whole_adapter(zero_runs: dict[str, Any]) -> None:
+    from safetensors import safe_open
+
+    saved = Path(zero_runs[_key("zero3", "deepspeed", "none")]["summary"]["saved"]) / "adapter_model.safetensors"
+    with safe_open(str(saved), framework="pt") as fh:
+        shapes = {tuple(fh.get_tensor(k).shape) for k in fh.keys()}
+    assert shapes == {(8, 384), (384, 8), (128, 8)}, shapes  # LoRA A and B of q/o (384) and k/v (128), none empty
 
 
 @pytest.mark.slow

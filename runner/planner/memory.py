@@ -367,6 +367,23 @@ def _mp_share(inp: EstimateInput) -> tuple[float, float]:
     return layer_share * (1 - emb / total) + sh.vocab * sh.hidden / total, layer_share
 
 
+def _zero3_persistent(inp: EstimateInput, w: int, tw: int) -> float:
+    """Bytes DeepSpeed ZeRO-3 keeps gathered on every rank beside the partitions: each parameter under its
+    persistence threshold (``stage3_param_persistence_threshold``, 1e5 elements: norms, small projections,
+    LoRA matrices)."""
+    from runner.zero import ZERO3_PERSISTENCE_THRESHOLD as limit
+
+    sh = inp.shape
+    small = sum(s.in_features * s.out_features * s.count for s in sh.linears.values()
+                if s.in_features * s.out_features < limit) * w
+    norms = (2 * sh.layers + 1) * sh.hidden * (2 if sh.norm == "layer" else 1)
+    small += norms * w if sh.hidden < limit else 0
+    if inp.method != "full":
+        small += sum(inp.lora_r * (s.in_features + s.out_features) * s.count
+                     for s in _targeted(sh, inp.lora_targets).values()) * tw
+    return float(small)
+
+
 def estimate(inp: EstimateInput) -> MemoryBreakdown:
     """Per-device peak memory of a fine-tuning run (the busiest device for ``mp``).
 
@@ -418,9 +435,9 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
     params = base + train * tw
     grads = float(train * tw)
     optimizer = float(train * 2 * state_e)
-    # DeepSpeed clones its fp32 master partition from the weights, also in fp32, except ZeRO-3 without
-    # offload, whose fp32 partitions are updated in place (deepspeed/runtime/zero/stage_1_and_2.py, stage3.py).
-    master = float(train * MASTER_BYTES if deepspeed and (tw < 4 or stage != 3 or inp.offload_optimizer) else 0)
+    # DeepSpeed clones its fp32 master partition from the weights, in fp32 runs too (measured on every stage:
+    # docs/zero.md).
+    master = float(train * MASTER_BYTES if deepspeed else 0)
     # AdamW's step temporaries (torch/optim/adam.py): on GPU the foreach implementation (the default there)
     # allocates sqrt(exp_avg_sq) for every parameter at once; on CPU the default is the per-parameter loop,
     # which holds sqrt(exp_avg_sq) and its quotient for one parameter at a time (the largest one counts).
@@ -472,6 +489,8 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
     flat_grads = 0.0
     if "params" in shards:
         params = params / n
+        if deepspeed and stage == 3:
+            params += _zero3_persistent(inp, w, tw)
         gather_e = e if e < w else w  # FSDP's mixed precision gathers in the compute dtype
         # The root unit (embeddings, head, final norm: what the per-layer wrapping leaves) is gathered
         # while the loss is computed and again for the head's backward; inside the layer stack the layer
