@@ -185,11 +185,17 @@ def deepspeed_grad_bytes(model: Any) -> int | None:
     if not is_deepspeed(model):
         return None
     held = getattr(model.optimizer, "averaged_gradients", None) or {}
+    tensors = [t for group in (held.values() if isinstance(held, dict) else held) for t in group or []
+               if hasattr(t, "numel")]
+    # With optimizer offload the gradients go straight into the fp32 master partitions' .grad on the host.
+    tensors += [t.grad for t in master_tensors(model) if getattr(t, "grad", None) is not None]
+    seen: set[tuple[int, int]] = set()
     total = 0
-    for group in held.values() if isinstance(held, dict) else held:
-        for t in group or []:
-            if hasattr(t, "numel"):
-                total += int(t.numel() * t.element_size())
+    for t in tensors:
+        key = (t.data_ptr(), t.numel())
+        if key not in seen:
+            seen.add(key)
+            total += int(t.numel() * t.element_size())
     return total
 
 

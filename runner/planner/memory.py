@@ -478,7 +478,9 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
         fwd_copies = acts.forward_copies * weight_share
     if "optimizer" in shards:
         optimizer, master, opt_transient = optimizer / n, master / n, opt_transient / n
-    if "grads" in shards:
+    # DeepSpeed's stage 1 reduces the gradients into this rank's partition at the accumulation boundary as
+    # stage 2 does (measured: docs/zero.md); it differs in keeping them whole between boundaries.
+    if "grads" in shards or (deepspeed and stage == 1):
         grads = grads / n
         head_grads = head_grads / n
         if table_row.name == "fsdp" and inp.fsdp_version == 1 and inp.method != "full":
