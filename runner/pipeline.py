@@ -68,6 +68,8 @@ class Engine:
     device_map: dict[str, str] | None = None
     phase: str = "backward"
     """The memtrack phase a micro-step is measured under (a pipeline interleaves forward and backward)."""
+    full_model: Any = None
+    """The whole (PEFT) model as loaded, for saving in its format on rank 0."""
 
 
 def run(trainer: Trainer) -> str:
@@ -93,7 +95,6 @@ def run(trainer: Trainer) -> str:
     total_steps = train.max_steps or max(1, math.floor(train.epochs * steps_per_epoch))
     trainer.rss_baseline = memtrack.current_rss()
     model = trainer.load_model()
-    trainer.full_model = model  # what the adapter or model is saved from (rank 0)
     from runner.mfu import dims_from_config
 
     dims = dims_from_config(model.config, int(blocks.shape[1]))
@@ -104,6 +105,7 @@ def run(trainer: Trainer) -> str:
         engine = build_tp(model, recipe, device, world, rank)
     else:
         engine = build_pipeline(model, recipe, device, world, rank)
+    engine.full_model = model  # what the adapter or model is saved from (rank 0)
     params = [p for p in engine.module.parameters() if p.requires_grad]
     # The per-parameter loop: torch's foreach kernels refuse lists that mix DTensors and plain tensors.
     optimizer = torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay,
@@ -278,7 +280,7 @@ def save(trainer: Trainer, engine: Engine) -> str:
         merged: dict[str, Any] = {}
         for part in parts:
             merged.update(part)
-        model = trainer.full_model
+        model = engine.full_model
         if lora:
             _save_adapter(model, merged, out)
         else:
@@ -311,7 +313,7 @@ def stage_bounds(layers: int, stages: int) -> list[tuple[int, int]]:
 
 
 def _check_splittable(core: Any, stages: int, full: bool) -> None:
-    inner = getattr(core, "model", None)
+    inner: Any = getattr(core, "model", None)
     missing = [name for name, owner in (("model.embed_tokens", inner), ("model.layers", inner),
                                         ("model.norm", inner), ("model.rotary_emb", inner), ("lm_head", core))
                if owner is None or getattr(owner, name.rsplit(".", 1)[-1], None) is None]
@@ -348,7 +350,6 @@ def build_pipeline(model: Any, recipe: Any, device: Any, world: int, rank: int) 
         core.lm_head = None
     stage_module.to(device)
     m = parallel.microbatches(recipe)
-    ga = recipe.train.grad_accum
     scale = {"value": 1.0}
 
     def loss_fn(logits: Any, labels: Any) -> Any:
