@@ -116,7 +116,10 @@ def run_sweep(
     results: list[SweepResult] = []
     for item in items:
         extra = {"sweep_note": item.note, "sweep_grid": item.grid}
+        row = table.get(item.strategy)
         try:
+            if not row.launchable:  # the table's own sentence, not the validator's list of choices
+                raise RecipeError(row.not_launchable or f"ftui run cannot launch {item.strategy}")
             recipe: Recipe = load_recipe(recipe_path, item.overrides)
             warnings = orchestrator.preflight(recipe)
         except RecipeError as exc:
