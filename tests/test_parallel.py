@@ -186,3 +186,36 @@ def test_the_start_event_says_what_is_in_effect(trained: dict[str, dict[str, Any
     assert events[0]["distributed_type"] == "PIPELINE" and events[0]["parallel"]["schedule"] == "GPipe"
     assert {"step", "memory"} <= {e["type"] for e in events}
     assert events[0]["device_map"]["lm_head"] == "rank1"
+
+
+@pytest.mark.slow
+def test_a_pipeline_stops_on_sigterm_on_every_stage(ftui: Ftui) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT
+
+    proc = subprocess.Popen([sys.executable, "-m", "tui.cli", "run", str(QUICKSTART), "--strategy", "pp", "--nproc",
+                             "2", "--set", "train.max_steps=500", "--name", "par-stop"],
+                            env=ftui.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        events: list[dict[str, Any]] = []
+        while time.monotonic() < deadline and not any(e["type"] == "step" for e in events):
+            time.sleep(1)
+            folders = list((ftui.home / "runs").glob("*-par-stop/events.jsonl"))
+            if folders:
+                events = [json.loads(line) for line in folders[0].read_text().splitlines() if line.strip()]
+        assert any(e["type"] == "step" for e in events), "no step within 300 s"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out[-2000:]
+    run = next(r for r in ftui.runs() if r["name"] == "par-stop")
+    shown = ftui.show(run["id"])
+    assert shown["status"] == "stopped" and 0 < shown["summary"]["steps"] < 500
+    assert "no process of the run left" in out
