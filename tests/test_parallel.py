@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import QUICKSTART, STEPS, Ftui
+from conftest import QUICKSTART, Ftui
 
 from runner import strategies
 from runner.launch import accelerate_config
@@ -19,6 +19,7 @@ from runner.planner import estimate, inputs_from_recipe, resolve_model_shape
 from runner.recipe import RecipeError, load_recipe
 from runner.sweep import plan
 
+STEPS = 5
 # fp32 on CPU, the same rows per optimizer step: DDP and the pipeline differ only in summation order
 # (measured: <= 2e-6 over 10 steps); tensor parallel also splits each matmul's sum over two processes.
 LOSS_TOLERANCE = 1e-4
@@ -121,16 +122,17 @@ def test_the_planner_splits_pp_by_stages_and_tp_by_shards() -> None:
 
 
 @pytest.fixture(scope="module")
-def trained(ftui: Ftui, strategy_runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """quickstart for a few steps over gloo on CPU: pp under GPipe and 1F1B, mp and tp over 2 processes;
-    beside DDP at the same global batch (2 processes x 2 rows, the spine's run, conftest.py)."""
+def trained(ftui: Ftui) -> dict[str, dict[str, Any]]:
+    """quickstart for a few steps over gloo on CPU: pp under GPipe and 1F1B, mp and tp over 2 processes, and
+    DDP at the same global batch (2 processes x 2 rows)."""
     plans = {
+        "ddp": ["--strategy", "ddp", "--nproc", "2", "--set", "train.batch_size=2"],
         "pp-gpipe": ["--strategy", "pp", "--nproc", "2", "--set", 'launch.pp_schedule="gpipe"'],
         "pp-1f1b": ["--strategy", "pp", "--nproc", "2", "--set", "launch.microbatches=2"],
         "mp": ["--strategy", "mp", "--nproc", "2"],
         "tp": ["--strategy", "tp", "--nproc", "2"],
     }
-    out: dict[str, dict[str, Any]] = {"ddp": strategy_runs["ddp"]}
+    out: dict[str, dict[str, Any]] = {}
     for name, flags in plans.items():
         proc = ftui.run("run", str(QUICKSTART), *flags, "--set", f"train.max_steps={STEPS}", "--name", f"par-{name}",
                         timeout=600)
