@@ -143,6 +143,9 @@ class StartEvent(TypedDict):
     sharding: NotRequired[dict[str, Any]]
     """:func:`runner.zero.in_effect`: engine, ZeRO stage, offload and what it is, read from the prepared
     model and optimizer of rank 0 (a mismatch with the strategy asked for fails the run before this)."""
+    parallel: NotRequired[dict[str, Any]]
+    """Pipeline or tensor-parallel runs (runner/pipeline.py): ``kind``, stages or tp size, micro-batches,
+    schedule, which layers each process holds."""
 
 
 class StepEvent(TypedDict):
