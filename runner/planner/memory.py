@@ -503,9 +503,9 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
         shards = frozenset()  # already divided: the FSDP-style rules below do not apply
     if "optimizer" in shards:
         optimizer, master, opt_transient = optimizer / n, master / n, opt_transient / n
-    # DeepSpeed's stage 1 reduces the gradients into this rank's partition at the accumulation boundary as
-    # stage 2 does (measured: docs/zero.md); it differs in keeping them whole between boundaries.
-    if "grads" in shards or (deepspeed and stage == 1):
+    # ZeRO-1 keeps whole gradients (the paper's P_os, its figure 1 is a test). DeepSpeed 0.19 holds only its
+    # partition at the step when each step is one micro-batch (docs/zero.md): the estimate is that much over.
+    if "grads" in shards:
         grads = grads / n
         head_grads = head_grads / n
         if table_row.name == "fsdp" and inp.fsdp_version == 1 and inp.method != "full":
