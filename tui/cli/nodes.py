@@ -1,0 +1,64 @@
+"""The multi-node flags of ``ftui run`` (``--nnodes --node-rank --main-addr --main-port --rdzv-endpoint
+--run-key``): recipe overrides for the launch fields, and this machine's :class:`runner.multinode.NodeSpec`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from tui.cli.common import UsageError, positive_int
+
+FIELDS = ("nnodes", "node_rank", "main_addr", "main_port", "rdzv_endpoint")
+"""Flags that are also recipe fields (``launch.<name>``)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the multi-node flags to ``ftui run``."""
+    group = parser.add_argument_group(
+        "more than one machine",
+        "Run the same command on every machine (README: More than one machine); each starts its own ranks and "
+        "writes to the shared store (--db), and one run ties them together.")
+    group.add_argument("--nnodes", type=positive_int, metavar="N", help="machines in the run (launch.nnodes)")
+    group.add_argument("--node-rank", type=int, metavar="K",
+                       help="this machine's node rank, 0..N-1, static rendezvous (launch.node_rank)")
+    group.add_argument("--main-addr", metavar="ADDR", help="the main node's address (launch.main_addr)")
+    group.add_argument("--main-port", type=int, metavar="PORT", help="its rendezvous port (default 29500)")
+    group.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                       help="c10d rendezvous instead of --main-addr/--node-rank: node ranks assigned by arrival")
+    group.add_argument("--run-key", metavar="KEY",
+                       help="what the nodes share to find one run in the store (default: derived from the "
+                            "rendezvous and the recipe name, or $SLURM_JOB_ID)")
+
+
+def overrides(args: argparse.Namespace) -> list[str]:
+    """``--set`` style overrides for the flags given."""
+    out = []
+    for name in FIELDS:
+        value = getattr(args, name, None)
+        if value is not None:
+            out.append(f"launch.{name}={json.dumps(value)}")
+    return out
+
+
+def spec_for(args: argparse.Namespace, recipe: Any) -> Any:
+    """This machine's :class:`runner.multinode.NodeSpec`, or None for a one-machine run (UsageError on a
+    setting that cannot work)."""
+    import os
+
+    from runner.multinode import NodesError, node_spec
+
+    launch = recipe.launch
+    if (launch.nnodes or 1) <= 1:
+        for name in FIELDS[1:]:
+            if getattr(launch, name) is not None:
+                raise UsageError(f"launch.{name}: only for a multi-node run (--nnodes 2 or more)")
+        return None
+    key = getattr(args, "run_key", None)
+    if key is None and os.environ.get("SLURM_JOB_ID"):
+        key = f"slurm-{os.environ['SLURM_JOB_ID']}"  # every node of the job derives the same
+    try:
+        return node_spec(launch.nnodes, launch.node_rank, launch.main_addr, launch.main_port,
+                         launch.rdzv_endpoint, key, recipe.name)
+    except NodesError as exc:
+        raise UsageError(str(exc)) from None
