@@ -80,7 +80,7 @@ def node_spec(nnodes: int, node_rank: int | None, main_addr: str | None, main_po
     Raises:
         NodesError: one line naming the field.
     """
-    if nnodes < 2:
+    if nnodes < 2 and rdzv_endpoint is None:  # (a one-node SLURM job meets at its c10d endpoint all the same)
         raise NodesError(f"--nnodes: a multi-node run needs 2 or more machines, got {nnodes}")
     if rdzv_endpoint is not None:
         if main_addr is not None:
@@ -120,6 +120,8 @@ def accelerate_fields(spec: NodeSpec, nproc_per_node: int) -> dict[str, object]:
     uses ``same_network`` (torchrun's ``--master_addr/--master_port --node_rank``); c10d names the
     endpoint and lets torch assign node ranks.
     """
+    if spec.nnodes == 1:  # one node of a SLURM job: accelerate's one-machine launch, at the given address
+        return {"main_process_ip": spec.main_addr, "main_process_port": spec.main_port}
     return {
         "num_machines": spec.nnodes,
         "machine_rank": spec.node_rank if spec.node_rank is not None else 0,

@@ -175,10 +175,13 @@ def stop_through_store(store: Store, run_id: int, kill: bool = False, wait: bool
     run = store.get_run(run_id)
     if run is None:
         raise store_nodes.StoreError(f"run {run_id}: no such run")
-    if run.slurm_job_id and (run.nnodes or 1) > 0:
+    if run.slurm_job_id:
         from runner import slurm
 
-        slurm.cancel(run.slurm_job_id, kill=kill)  # the ranks get SIGTERM through the agents first
+        try:  # SIGTERM to every node agent of the job: the ranks finish their step and checkpoint
+            slurm.cancel(run.slurm_job_id, kill=kill)
+        except slurm.SlurmError:
+            pass  # not on a SLURM host: the store's request below still reaches the agents
     store_nodes.post_stop(store, run_id, kill=kill, by=by or f"ftui stop on {socket.gethostname()}")
     if not wait:
         return run.status

@@ -152,6 +152,8 @@ class SampleInfo(DeviceSample):
 
     id: int = 0
     """Row id: increases with every write, so a reader can ask for what came after it."""
+    node: int | None = None
+    """The node of a multi-node run whose agent read it (``run_nodes.slot``); None on one machine."""
 
 
 @dataclass(frozen=True)

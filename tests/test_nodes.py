@@ -308,3 +308,50 @@ def test_a_node_that_dies_fails_the_run_with_its_reason(tmp_path: Path) -> None:
     after = store.get_run(run.id)
     assert after is not None and after.status == "failed", after
     assert after.error is not None and after.error.startswith(f"node 1 ({victim.host}): node died"), after.error
+
+
+# ---------------------------------------------------------------------- the TUI watches runs elsewhere
+
+
+def _remote_run(store: Store) -> int:
+    """A two-node run on two other machines, as their agents wrote it: nothing of it runs here."""
+    from runner.hardware.records import DeviceSample
+
+    run_id = store_nodes.join_run(store, "far", 2, _create("far"), pid=4_000_001, host="gpu-a").run_id
+    store_nodes.join_run(store, "far", 2, _create("far"), pid=4_000_002, host="gpu-b")
+    store.update_run(run_id, status="running", total_steps=10)
+    store.ingest(run_id, [{"seq": 0, "type": "start", "time": 1.0},
+                          {"seq": 1, "type": "step", "time": 2.0, "step": 1, "loss": 5.0, "tokens_per_s": 10.0}])
+    for node, host in ((0, "gpu-a"), (1, "gpu-b")):
+        samples = [DeviceSample(3.0, host, "gpu", 0, "NVIDIA H100", 90.0 + node, 1 << 30, 80 << 30, 500.0, 60.0, 1980,
+                                "nvml", None),
+                   DeviceSample(3.0, host, "host", -1, "host CPU (64 cores)", 10.0, 1, 2, None, None, None, "psutil",
+                                None)]
+        store_nodes.ingest_node_samples(store, run_id, node, samples, [])
+    return run_id
+
+
+def test_the_monitor_shows_a_run_on_other_machines_from_the_store_alone(db_url: str) -> None:
+    from tui.app.screens.data import MonitorFeed
+
+    store = Store(db_url)
+    run_id = _remote_run(store)
+    snap = MonitorFeed(store, run_id).poll()
+    assert (snap.step, snap.last_loss) == (1, 5.0)
+    labels = sorted(d.label for d in snap.devices)
+    assert labels == ["node #0 GPU 0 H100", "node #1 GPU 0 H100", "node #1 host CPU (64 cores)"], labels
+    assert snap.host is not None and snap.host.label == "node #0 host CPU (64 cores)"
+    assert sorted(d.util for d in snap.devices if "GPU" in d.label) == [90.0, 91.0]
+
+
+def test_stop_of_a_run_on_other_machines_goes_through_the_store(db_url: str) -> None:
+    from runner.procs import request_stop
+
+    store = Store(db_url)
+    run_id = _remote_run(store)
+    result = request_stop(store, run_id, wait=False)  # what the Monitor's s does (and ftui stop, waiting)
+    assert result.status == "running" and "store" in result.how
+    (request,) = store_nodes.stop_requests(store, run_id)
+    assert not request.kill and request.by.startswith("stop on ")
+    run = store.get_run(run_id)
+    assert run is not None and run.stop_requested_at is not None

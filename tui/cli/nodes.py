@@ -49,7 +49,7 @@ def spec_for(args: argparse.Namespace, recipe: Any) -> Any:
     from runner.multinode import NodesError, node_spec
 
     launch = recipe.launch
-    if (launch.nnodes or 1) <= 1:
+    if (launch.nnodes or 1) <= 1 and launch.rdzv_endpoint is None:
         for name in FIELDS[1:]:
             if getattr(launch, name) is not None:
                 raise UsageError(f"launch.{name}: only for a multi-node run (--nnodes 2 or more)")
@@ -62,3 +62,38 @@ def spec_for(args: argparse.Namespace, recipe: Any) -> Any:
                          launch.rdzv_endpoint, key, recipe.name)
     except NodesError as exc:
         raise UsageError(str(exc)) from None
+
+
+def remote_facts(store: Any, runs: list[Any]) -> dict[int, dict[str, Any]]:
+    """What ``ftui runs`` adds for runs on other machines, from the store (and ``squeue``/``sacct`` for a
+    SLURM job still queued or running): ``{"slurm": {"job_id", "state"}, "nodes": [...]}`` by run id."""
+    from runner.slurm import job_state
+    from store.nodes import nodes_of
+
+    facts: dict[int, dict[str, Any]] = {}
+    per_run = nodes_of(store, [r.id for r in runs if (r.nnodes or 1) > 1 or r.slurm_job_id])
+    for run in runs:
+        entry: dict[str, Any] = {}
+        if run.slurm_job_id:
+            live = run.status in ("created", "running")
+            entry["slurm"] = {"job_id": run.slurm_job_id, "state": job_state(run.slurm_job_id) if live else None}
+        if run.id in per_run:
+            entry["nodes"] = [{"slot": n.slot, "node_rank": n.node_rank, "host": n.host, "ranks": n.ranks,
+                               "status": n.status, "error": n.error,
+                               "heartbeat_age_s": round(n.heartbeat_age(), 1)} for n in per_run[run.id]]
+        if entry:
+            facts[run.id] = entry
+    return facts
+
+
+def status_text(run: Any, facts: dict[str, Any] | None) -> str:
+    """The status cell of a run on other machines: ``running, 2 nodes``, ``created, slurm pending``."""
+    if not facts:
+        return str(run.status)
+    parts = [str(run.status)]
+    if facts.get("nodes") is not None and (run.nnodes or 1) > 1:
+        parts.append(f"{len(facts['nodes'])}/{run.nnodes} nodes")
+    state = (facts.get("slurm") or {}).get("state")
+    if state:
+        parts.append(f"slurm {state}")
+    return ", ".join(parts)

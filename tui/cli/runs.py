@@ -27,15 +27,20 @@ def add_parser(sub: Any) -> None:
 def cmd_runs(args: argparse.Namespace) -> int:
     store = open_store(args, create=False)
     runs = store.list_runs(status=args.status)
+    from dataclasses import replace
+
+    from tui.cli.nodes import remote_facts, status_text
+
+    facts = remote_facts(store, runs)  # runs on other machines: their nodes and SLURM job, from the store
     if args.format == "json":
         from tui.render.report import run_to_json
 
-        print(json.dumps([run_to_json(r) for r in runs], indent=2))
+        print(json.dumps([run_to_json(r) | facts.get(r.id, {}) for r in runs], indent=2))
         return ExitCode.OK
     from tui.render.report import runs_table
 
     out = console()
-    out.print(runs_table(runs, width=out.width))
+    out.print(runs_table([replace(r, status=status_text(r, facts.get(r.id))) for r in runs], width=out.width))
     return ExitCode.OK
 
 
