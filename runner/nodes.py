@@ -133,7 +133,9 @@ def prepare_node(store: Store, recipe: Recipe, spec: NodeSpec, source: str | Non
     except (RunFolderError, OSError) as exc:
         agent.finish("failed", str(exc), None, wait_s=0)
         raise orch.PreflightError(str(exc)) from None
-    launch = orch.build_launch(recipe, run_dir, port=spec.main_port, cpu_threads=orch.cpu_threads(recipe),
+    from runner.launch import build_launch
+
+    launch = build_launch(recipe, run_dir, port=spec.main_port, cpu_threads=orch.cpu_threads(recipe),
                                nodes=spec)
     for name, text in launch.files.items():
         (run_dir / name).write_text(text)
@@ -174,7 +176,9 @@ def stop_through_store(store: Store, run_id: int, kill: bool = False, wait: bool
     """
     run = store.get_run(run_id)
     if run is None:
-        raise store_nodes.StoreError(f"run {run_id}: no such run")
+        from store.store import StoreError
+
+        raise StoreError(f"run {run_id}: no such run")
     if run.slurm_job_id:
         from runner import slurm
 

@@ -49,7 +49,7 @@ def test_ftui_slurm_writes_the_script_and_checks_the_recipe_first(tmp_path: Path
     assert proc.returncode == 0, proc.stderr
     text = out.read_text()
     assert "#SBATCH --nodes=2" in text and "#SBATCH --partition=cpu" in text
-    assert f"--rdzv-endpoint \"$head_node:29500\" --run-key \"slurm-$SLURM_JOB_ID\"" in text
+    assert "--rdzv-endpoint \"$head_node:29500\" --run-key \"slurm-$SLURM_JOB_ID\"" in text
     bad = subprocess.run([sys.executable, "-m", "tui.cli", "slurm", str(QUICKSTART), "--nodes", "2", "--set",
                           "train.batch_size=true", "-o", str(tmp_path / "bad.sbatch")],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)

@@ -64,7 +64,6 @@ def load_run_recipe(args: argparse.Namespace) -> Any:
     visible GPU (at least 2); ``--strategy single|mp`` takes one process.
     """
     from runner.recipe import RecipeError, load_recipe
-
     from tui.cli import nodes
 
     overrides = list(args.overrides) + nodes.overrides(args)
@@ -93,7 +92,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from runner import orchestrator
     from runner.preflight import launch_checks
     from runner.recipe import RecipeError
-
     from tui.cli import nodes
 
     recipe = load_run_recipe(args)

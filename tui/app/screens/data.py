@@ -120,7 +120,7 @@ class MonitorFeed:
                                       util_history=list(self._util.get(key, ())),
                                       mem_history=list(self._mem.get(key, ())), temp_c=temp, power_w=power))
         host = None
-        for kind, _index, name, util, used, total, source, _pid, _temp, _power, key, node in sorted(
+        for _kind, _index, name, util, used, total, source, _pid, _temp, _power, key, node in sorted(
                 hosts, key=lambda v: v[11] or 0):
             view = DeviceView(key="host" if host is None else key, label=name if len(hosts) == 1 else
                               f"node #{node or 0} {name}", source=SOURCE_LABELS.get(source, source), util=util,
