@@ -567,7 +567,8 @@ def follow(
                     stopper.start(grace_s=grace_s, kill=request.kill)
                     recorder.emit("stop_requested", kill=request.kill, grace_s=grace_s)
                 for rank, pid in ranks.poll():
-                    if watch.end is None and not stopper.started:  # not one we ended
+                    # (not one we ended; a node without rank 0 sees no end event: its launcher's exit says)
+                    if watch.end is None and not stopper.started and (prepared.node is None or watch.start):
                         event = recorder.emit("rank_exit", rank=rank, pid=pid)
                         if on_event is not None:
                             on_event(event)

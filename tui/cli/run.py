@@ -131,6 +131,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             from runner.nodes import prepare_node
 
             prepared = prepare_node(store, recipe, node_spec, source=str(args.recipe))
+            out.print(f"node #{prepared.node.slot} of {node_spec.nnodes} ({node_spec.backend} rendezvous at "
+                      f"{node_spec.main_addr}:{node_spec.main_port}, run key {node_spec.run_key}); the progress "
+                      "shows on the node that gets rank 0", markup=False, soft_wrap=True)
         else:
             prepared = orchestrator.prepare(store, recipe, source=str(args.recipe))
     except RecipeError as exc:
