@@ -68,7 +68,7 @@ def remote_facts(store: Any, runs: list[Any]) -> dict[int, dict[str, Any]]:
     """What ``ftui runs`` adds for runs on other machines, from the store (and ``squeue``/``sacct`` for a
     SLURM job still queued or running): ``{"slurm": {"job_id", "state"}, "nodes": [...]}`` by run id."""
     from runner.slurm import job_state
-    from store.nodes import nodes_of
+    from store.nodes import nodes_of, samples_per_node
 
     facts: dict[int, dict[str, Any]] = {}
     per_run = nodes_of(store, [r.id for r in runs if (r.nnodes or 1) > 1 or r.slurm_job_id])
@@ -78,8 +78,9 @@ def remote_facts(store: Any, runs: list[Any]) -> dict[int, dict[str, Any]]:
             live = run.status in ("created", "running")
             entry["slurm"] = {"job_id": run.slurm_job_id, "state": job_state(run.slurm_job_id) if live else None}
         if run.id in per_run:
+            counts = samples_per_node(store, run.id)
             entry["nodes"] = [{"slot": n.slot, "node_rank": n.node_rank, "host": n.host, "ranks": n.ranks,
-                               "status": n.status, "error": n.error,
+                               "status": n.status, "error": n.error, "samples": counts.get(n.slot, 0),
                                "heartbeat_age_s": round(n.heartbeat_age(), 1)} for n in per_run[run.id]]
         if entry:
             facts[run.id] = entry
@@ -97,3 +98,18 @@ def status_text(run: Any, facts: dict[str, Any] | None) -> str:
     if state:
         parts.append(f"slurm {state}")
     return ", ".join(parts)
+
+
+def nodes_table(facts: dict[str, Any]) -> Any:
+    """The nodes of a run on several machines as a rich table (``ftui show``); text from the store as text."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="nodes (from the store: each node agent's row)", title_justify="left")
+    for col in ("node", "host", "ranks", "status", "samples", "last report", "reason"):
+        table.add_column(col)
+    for n in facts.get("nodes", []):
+        node = str(n["node_rank"]) if n["node_rank"] is not None else f"#{n['slot']}"
+        table.add_row(node, Text(n["host"]), ",".join(map(str, n["ranks"])) or "-", Text(n["status"]),
+                      f"{n['samples']:,}", f"{n['heartbeat_age_s']:.0f} s ago", Text(n["error"] or ""))
+    return table

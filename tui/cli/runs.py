@@ -52,8 +52,14 @@ def cmd_show(args: argparse.Namespace) -> int:
     from tui.render.report import run_detail, run_to_json
 
     metrics = store.metrics(run.id)
+    from tui.cli.nodes import nodes_table, remote_facts
+
+    facts = remote_facts(store, [run]).get(run.id, {})  # several machines / a SLURM job: from the store
     if args.format == "json":
-        print(json.dumps(run_to_json(run, metrics), indent=2))
+        print(json.dumps(run_to_json(run, metrics) | facts, indent=2))
         return ExitCode.OK
-    console().print(run_detail(run, metrics))
+    out = console()
+    out.print(run_detail(run, metrics))
+    if facts.get("nodes"):
+        out.print(nodes_table(facts))
     return ExitCode.OK
