@@ -355,3 +355,21 @@ def test_stop_of_a_run_on_other_machines_goes_through_the_store(db_url: str) -> 
     assert not request.kill and request.by.startswith("stop on ")
     run = store.get_run(run_id)
     assert run is not None and run.stop_requested_at is not None
+
+
+def test_ftui_runs_and_show_list_each_node_of_a_run_elsewhere(db_url: str, capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from tui.cli.main import main
+
+    monkeypatch.setenv("COLUMNS", "160")
+    store = Store(db_url)
+    run_id = _remote_run(store)
+    assert main(["runs", "--db", db_url, "--format", "json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert [(n["host"], n["status"], n["samples"]) for n in row["nodes"]] == [("gpu-a", "running", 2),
+                                                                           ("gpu-b", "running", 2)]
+    assert main(["show", str(run_id), "--db", db_url]) == 0
+    text = capsys.readouterr().out
+    assert "nodes (from the store" in text and "gpu-b" in text
+    assert main(["runs", "--db", db_url]) == 0
+    assert "far · 2/2 nodes" in capsys.readouterr().out

@@ -87,17 +87,19 @@ def remote_facts(store: Any, runs: list[Any]) -> dict[int, dict[str, Any]]:
     return facts
 
 
-def status_text(run: Any, facts: dict[str, Any] | None) -> str:
-    """The status cell of a run on other machines: ``running, 2 nodes``, ``created, slurm pending``."""
+def name_text(run: Any, facts: dict[str, Any] | None) -> str:
+    """The name cell of a run on other machines: ``quickstart · 2/2 nodes · slurm pending``."""
     if not facts:
-        return str(run.status)
-    parts = [str(run.status)]
+        return str(run.name)
+    parts = [str(run.name)]
     if facts.get("nodes") is not None and (run.nnodes or 1) > 1:
         parts.append(f"{len(facts['nodes'])}/{run.nnodes} nodes")
     state = (facts.get("slurm") or {}).get("state")
     if state:
         parts.append(f"slurm {state}")
-    return ", ".join(parts)
+    elif facts.get("slurm"):
+        parts.append(f"slurm job {facts['slurm']['job_id']}")
+    return " · ".join(parts)
 
 
 def nodes_table(facts: dict[str, Any]) -> Any:

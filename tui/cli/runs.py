@@ -29,7 +29,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     runs = store.list_runs(status=args.status)
     from dataclasses import replace
 
-    from tui.cli.nodes import remote_facts, status_text
+    from tui.cli.nodes import name_text, remote_facts
 
     facts = remote_facts(store, runs)  # runs on other machines: their nodes and SLURM job, from the store
     if args.format == "json":
@@ -40,7 +40,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     from tui.render.report import runs_table
 
     out = console()
-    out.print(runs_table([replace(r, status=status_text(r, facts.get(r.id))) for r in runs], width=out.width))
+    out.print(runs_table([replace(r, name=name_text(r, facts.get(r.id))) for r in runs], width=out.width))
     return ExitCode.OK
 
 
