@@ -1,5 +1,6 @@
 """``ftui stop ID [--kill]``: stop a run started anywhere on this host (``ftui run`` in another
-terminal, or the dashboard), gracefully or at once, and say what was checked."""
+terminal, or the dashboard), gracefully or at once, and say what was checked; a run on other machines
+(several nodes, a SLURM job) through the store's stop requests (:func:`runner.procs.request_stop`)."""
 
 from __future__ import annotations
 
@@ -34,11 +35,6 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from runner.procs import StopRefused, request_stop
 
     store = open_store(args, create=False)  # stops a recorded run: a missing --db is a typo
-    run = store.get_run(args.run_id)
-    from runner.nodes import is_remote
-
-    if run is not None and run.status in ("running", "created") and is_remote(run):
-        return _stop_remote(store, args)
     try:
         result = request_stop(store, args.run_id, kill=args.kill, grace_s=args.grace)
     except StopRefused as exc:
@@ -46,18 +42,6 @@ def cmd_stop(args: argparse.Namespace) -> int:
     out = console()
     out.print(f"run {result.run_id}: {result.status}", markup=False)
     out.print(result.how, markup=False)
-    if result.report is not None and not result.report.verified:
-        return ExitCode.FAILED
+    if result.report is not None and not result.report.verified or result.status == "running":
+        return ExitCode.FAILED  # (running: a run elsewhere that did not stop within the wait)
     return ExitCode.OK
-
-
-def _stop_remote(store: Any, args: argparse.Namespace) -> int:
-    """A run on other machines (several nodes, a SLURM job, another host): through the store's stop requests,
-    which every node agent polls; waits for the run's status."""
-    from runner.nodes import stop_through_store
-
-    status = stop_through_store(store, args.run_id, kill=args.kill, timeout_s=args.grace + 90.0)
-    out = console()
-    out.print(f"run {args.run_id}: {status}", markup=False)
-    out.print("stop request written to the store; every node agent of the run acts on it", markup=False)
-    return ExitCode.OK if status != "running" else ExitCode.FAILED
