@@ -342,6 +342,9 @@ def test_the_monitor_shows_a_run_on_other_machines_from_the_store_alone(db_url: 
     assert labels == ["node #0 GPU 0 H100", "node #1 GPU 0 H100", "node #1 host CPU (64 cores)"], labels
     assert snap.host is not None and snap.host.label == "node #0 host CPU (64 cores)"
     assert sorted(d.util for d in snap.devices if "GPU" in d.label) == [90.0, 91.0]
+    nodes_line = snap.extra["nodes"]
+    assert nodes_line.startswith("2/2 nodes (store) · node #0 gpu-a: running, last report ")
+    assert "node #1 gpu-b: running, last report " in nodes_line and nodes_line.endswith(" s ago, 2 samples")
 
 
 def test_stop_of_a_run_on_other_machines_goes_through_the_store(db_url: str) -> None:

@@ -167,7 +167,20 @@ class MonitorFeed:
             elapsed_s=elapsed,
             phase=self.phase(run, elapsed),
             host=host,
+            extra={"nodes": self.nodes_line(run)} if run is not None and (run.nnodes or 1) > 1 else {},
         )
+
+    def nodes_line(self, run: Any) -> str:
+        """A run on several machines: each node's host, status, last report and samples, from the store."""
+        from store.nodes import nodes, samples_per_node
+
+        counts = samples_per_node(self.store, run.id)
+        parts = []
+        for n in nodes(self.store, run.id):
+            label = str(n.node_rank) if n.node_rank is not None else f"#{n.slot}"
+            seen = f", last report {n.heartbeat_age():.0f} s ago" if n.status == "running" else ""
+            parts.append(f"node {label} {n.host}: {n.status}{seen}, {counts.get(n.slot, 0):,} samples")
+        return f"{len(parts)}/{run.nnodes} nodes (store) · " + " · ".join(parts)
 
     def phase(self, run: Any, elapsed: float | None) -> str:
         """Before the first logged step, what the run is doing: the journal's last event (the trainer
