@@ -147,6 +147,12 @@ class LaunchSection(_Section):
     mem_cap: str | None = None
     """Memory budget per rank for the batch-size finder, e.g. ``"3GiB"`` (on CPU there is no device
     memory to find); ``--mem-cap`` on the command line wins."""
+    script: str | None = None
+    """Your own training script (accelerate, Hugging Face Trainer, TRL) to launch instead of ftui's
+    trainer, with the accelerate config of ``strategy`` (:mod:`runner.script`). The model, data and
+    method sections are then optional: they only describe the run."""
+    script_args: list[str] = []
+    """Arguments passed to ``script`` as its ``sys.argv[1:]`` (argv, never a shell)."""
 
     @field_validator("strategy")
     @classmethod
@@ -192,13 +198,18 @@ class Recipe(_Section):
             raise ValueError(f"launch.nproc: {problem}")
         if launch.gpus is not None and not strategy.layer_split and len(launch.gpus) < launch.nproc:
             raise ValueError(f"launch.gpus: {len(launch.gpus)} GPUs listed for nproc = {launch.nproc}")
+        if launch.script_args and launch.script is None:
+            raise ValueError("launch.script_args: script arguments without launch.script")
         if self.method.type == "qlora" and launch.device == "cpu":
             raise ValueError("method.type: qlora needs a CUDA GPU (bitsandbytes 4-bit); launch.device is 'cpu'")
         return self
 
     def to_toml(self) -> str:
-        """The recipe as TOML text (every field, defaults included), loadable by :func:`parse_recipe`."""
-        return dump_toml(self.model_dump(mode="json"))
+        """The recipe as TOML text (every field, defaults included), loadable by :func:`parse_recipe`.
+
+        A script run (``launch.script``) keeps only what was written: its model, data and method
+        sections describe the run only when given, and defaults written out would read as given."""
+        return dump_toml(self.model_dump(mode="json", exclude_unset=self.launch.script is not None))
 
     def digest(self) -> str:
         """A stable hash of the resolved recipe (sha256 of its canonical TOML, 16 hex digits)."""
@@ -231,7 +242,7 @@ def load_recipe(path: str | Path, overrides: Iterable[str] = ()) -> Recipe:
     return parse_recipe(text, source=str(path), overrides=overrides, base_dir=path.parent, allow_empty=False)
 
 
-PATH_FIELDS = ("data.source", "model.name", "launch.accelerate_config")
+PATH_FIELDS = ("data.source", "model.name", "launch.accelerate_config", "launch.script")
 """Fields that may name a local file or folder; a relative one is made absolute at load time."""
 
 
