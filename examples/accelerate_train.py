@@ -25,8 +25,8 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from accelerate import Accelerator
     from _tiny import tiny_model_and_blocks
+    from accelerate import Accelerator
 
     from runner import track
 
@@ -35,7 +35,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     model, optimizer = accelerator.prepare(model, optimizer)
     world, rank = accelerator.num_processes, accelerator.process_index
-    track.start(accelerator, model=model, total_steps=args.max_steps)  # what is in effect; ftui checks it
+    track.start(accelerator, model=model, total_steps=args.max_steps, context_length=args.context_length)  # what is in effect; ftui checks it
     tokens = 0
     for step in range(1, args.max_steps + 1):
         # Every process takes its own rows of the step: rank r of W takes rows (s*W + r)*B ...

@@ -50,7 +50,7 @@ def main() -> None:
         use_cpu=not _cuda(),
         seed=0,
     )
-    callbacks = [FtuiCallback()]  # the one line that reports the run to ftui
+    callbacks = [FtuiCallback(context_length=args.context_length)]  # the one line that reports the run to ftui
     if args.sft:
         from datasets import Dataset
         from trl import SFTConfig, SFTTrainer

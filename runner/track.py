@@ -24,8 +24,9 @@ What is written:
   asked strategy allows (``runner/strategies.py`` ``expect``), as for recipe runs.
 * ``step`` (:func:`log`): ``loss``, ``lr`` (or ``learning_rate``), ``grad_norm``, ``tokens`` (cumulative,
   over all ranks), ``epoch`` go to the store's metric columns; ``step_time`` and ``tokens_per_s`` are
-  measured here between consecutive calls; every other numeric key is kept under ``metrics``.
-* ``eval`` (:func:`log_eval`): evaluation figures at a step, kept in the event store.
+  measured here between consecutive calls. Every other numeric key is a named metric (a ``metrics``
+  event, ``runner.events.MetricsEvent``: the store's ``named_metrics``, ``docs/metrics.md``).
+* ``metrics`` (:func:`log_eval`): evaluation figures at a step, named ``eval/<name>``.
 * ``end`` (written once, by ``runner.script_run`` when the script exits): the status and the figures
   measured here (``train_seconds`` from :func:`start`, or the first :func:`log`, to the last call).
 """
@@ -89,6 +90,13 @@ def enabled() -> bool:
     return _TRACKER.enabled
 
 
+def under_ftui() -> bool:
+    """Whether this process is part of a run ftui launched (``FTUI_RUN_DIR`` set), whatever its rank.
+    Anything that changes what a rank computes (the Trainer's token count is a collective) must
+    follow this, never :func:`enabled`, so that every rank does the same."""
+    return _TRACKER.run_dir is not None
+
+
 def _reset() -> None:
     """Read the environment again (tests; a script that sets ``FTUI_RUN_DIR`` itself)."""
     global _TRACKER
@@ -135,6 +143,7 @@ def start(
     world_size: int | None = None,
     device_type: str | None = None,
     mixed_precision: str | None = None,
+    context_length: int | None = None,
     reporter: str = "runner.track",
 ) -> None:
     """Report what is in effect as training starts (once; later calls do nothing).
@@ -149,6 +158,8 @@ def start(
         world_size: processes; default the accelerator's, else ``WORLD_SIZE`` of the launch, else 1.
         device_type: ``cpu``, ``cuda``...; default the accelerator's device type.
         mixed_precision: ``no``, ``bf16``, ``fp16``; default the accelerator's.
+        context_length: tokens per sequence; with a model that has a transformers config, the
+            dimensions MFU needs are reported (``model_dims``), else compare shows MFU as '-'.
         reporter: what reported (shown by ``ftui show``).
     """
     t = _TRACKER
@@ -181,6 +192,11 @@ def start(
     }
     if counts is not None:
         payload["params"], payload["trainable_params"] = counts
+    config = getattr(getattr(model, "module", model), "config", None)  # DDP wraps the model
+    if config is not None and context_length:
+        from runner.mfu import dims_from_config
+
+        payload["model_dims"] = dims_from_config(config, int(context_length))
     t.emit("start", **payload)
 
 
@@ -189,9 +205,9 @@ def log(metrics: Mapping[str, Any], step: int | None = None) -> None:
 
     Args:
         metrics: ``loss``, ``lr`` (or ``learning_rate``), ``grad_norm``, ``tokens`` (cumulative over all
-            ranks), ``epoch``, and any other numbers (kept under ``metrics`` in the step event).
-        step: the global step, 1-based; default the previous step + 1. One event per step: a second
-            call for the same step is written as ``eval``-like extra figures, not a new step.
+            ranks), ``epoch``; any other number is a named metric of that step (its name as given).
+        step: the global step, 1-based; default the previous step + 1. One step event per step: a
+            second call for the same step is written as evaluation figures (:func:`log_eval`).
     """
     t = _TRACKER
     if not t.enabled:
@@ -229,9 +245,9 @@ def log(metrics: Mapping[str, Any], step: int | None = None) -> None:
         "step_time": step_time,
         "tokens_per_s": tokens_per_s,
     }
-    if extra:
-        payload["metrics"] = {k: _number(v) for k, v in extra.items()}
     t.emit("step", **payload)
+    if extra:
+        _named(step, extra)
     t.last_time = now
     t.last_step = step
     if tokens is not None:
@@ -241,13 +257,32 @@ def log(metrics: Mapping[str, Any], step: int | None = None) -> None:
 
 
 def log_eval(metrics: Mapping[str, Any], step: int | None = None) -> None:
-    """Report evaluation figures (any names) at ``step`` (default the last step logged)."""
+    """Report evaluation figures at ``step`` (default the last step logged) as named metrics
+    ``eval/<name>`` (``eval_loss`` and ``loss`` both become ``eval/loss``)."""
     t = _TRACKER
     if not t.enabled:
         return
-    values = {k: _number(v) for k, v in metrics.items() if _number(v) is not None}
+    values = {_eval_name(k): v for k, v in metrics.items() if _number(v) is not None}
     if values:
-        t.emit("eval", step=int(step) if step is not None else t.last_step, metrics=values)
+        _named(int(step) if step is not None else t.last_step, values)
+
+
+def _eval_name(name: str) -> str:
+    """``eval_loss`` (the Trainer's) or ``loss`` -> ``eval/loss``; a name with a ``/`` is kept."""
+    if "/" in name:
+        return name
+    return "eval/" + name.removeprefix("eval_")
+
+
+def _named(step: int, values: Mapping[str, Any]) -> None:
+    """One ``metrics`` event (``runner.events.MetricsEvent``: the store's named metrics) at ``step``;
+    a name the store cannot keep (empty, over 200 characters) is left out rather than failing the script."""
+    from runner.events import METRIC_NAME_MAX, metrics_event
+
+    keep = {str(k): _number(v) for k, v in values.items()
+            if isinstance(k, str) and k.strip() and len(k) <= METRIC_NAME_MAX}
+    if keep:
+        _TRACKER.writer().write(metrics_event(step, keep))
 
 
 def training_done(**summary: Any) -> None:

@@ -16,8 +16,9 @@ What it reads, and when:
   (``args.distributed_state``), ``args.world_size``, the device type, mixed precision (``bf16``/``fp16``
   flags), ``state.max_steps`` and the model's parameter counts.
 * ``on_log``: a training log (``loss`` in it) is a ``step`` (``learning_rate`` -> lr, ``grad_norm``,
-  ``epoch``, ``state.num_input_tokens_seen`` -> tokens); ``eval_*`` logs are ``eval`` events; the final
-  summary (``train_runtime``...) is kept for the end event.
+  ``epoch``, ``state.num_input_tokens_seen`` -> tokens; other keys: named metrics ``train/<key>``);
+  ``eval_*`` logs are named metrics ``eval/<name>``; the final summary (``train_runtime``...) is kept
+  for the end event.
 * ``on_train_end``: closes the measured training window.
 """
 
@@ -30,18 +31,21 @@ from transformers import TrainerCallback
 from runner import track
 
 
-class FtuiCallback(TrainerCallback):  # type: ignore[misc]  # transformers' classes are untyped for mypy
+class FtuiCallback(TrainerCallback):
     """Reports a ``transformers.Trainer`` (or TRL trainer) run to ftui; see the module docstring.
 
     Args:
         count_tokens: turn on the Trainer's non-padding token count when the script left it off.
+        context_length: tokens per sequence, for MFU (default: TRL's ``max_length`` when set).
     """
 
-    def __init__(self, count_tokens: bool = True) -> None:
+    def __init__(self, count_tokens: bool = True, context_length: int | None = None) -> None:
         self.count_tokens = count_tokens
+        self.context_length = context_length
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if track.enabled() and self.count_tokens and args.include_num_input_tokens_seen in ("no", False):
+        # Every rank alike (track.under_ftui, not track.enabled): the count is a gather across ranks.
+        if track.under_ftui() and self.count_tokens and args.include_num_input_tokens_seen in ("no", False):
             args.include_num_input_tokens_seen = "non_padding"
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
@@ -58,6 +62,7 @@ class FtuiCallback(TrainerCallback):  # type: ignore[misc]  # transformers' clas
             world_size=int(getattr(args, "world_size", 1) or 1),
             device_type=getattr(device, "type", None),
             mixed_precision=precision,
+            context_length=self.context_length or getattr(args, "max_length", None),
             reporter="runner.track_hf.FtuiCallback",
         )
 
@@ -68,12 +73,14 @@ class FtuiCallback(TrainerCallback):  # type: ignore[misc]  # transformers' clas
         step = int(state.global_step)
         if "loss" in logs:
             tokens = getattr(state, "num_input_tokens_seen", 0) or None
-            metrics = {k: v for k, v in logs.items() if k not in ("learning_rate", "num_input_tokens_seen")}
+            # Standard keys fill the step's columns; the rest are named metrics train/<key>.
+            metrics = {k if k in track.STEP_KEYS else f"train/{k.removeprefix('train_')}": v for k, v in logs.items()
+                       if k not in ("learning_rate", "num_input_tokens_seen")}
             metrics["lr"] = logs.get("learning_rate")
             metrics["tokens"] = tokens
             track.log(metrics, step=step)
         elif any(k.startswith("eval_") for k in logs):
-            track.log_eval(logs, step=step)
+            track.log_eval({k: v for k, v in logs.items() if k.startswith("eval_")}, step=step)
         else:  # the Trainer's closing summary: train_runtime, train_loss, ...
             track.training_done(**logs)
 

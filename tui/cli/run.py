@@ -88,13 +88,12 @@ def load_run_recipe(args: argparse.Namespace) -> Any:
                     nproc = max(2, cuda_device_count())
         if nproc is not None:
             overrides.append(f"launch.nproc={nproc}")
-        recipe = _load(args, overrides)
+        return _load(args, overrides)
     except RecipeError as exc:
+        if exc.field == "launch.script_args" and args.script_args is not None:  # ftui run RECIPE -- ARGS
+            raise UsageError(f"script arguments ({' '.join(args.script_args) or 'after --'}) without a script: "
+                             "give --script FILE or launch.script in the recipe") from None
         raise UsageError(str(exc)) from None
-    if args.script_args is not None and recipe.launch.script is None:
-        raise UsageError(f"script arguments ({' '.join(args.script_args) or 'after --'}) without a script: "
-                         "give --script FILE or launch.script in the recipe")
-    return recipe
 
 
 def script_overrides(args: argparse.Namespace) -> list[str]:
