@@ -265,7 +265,7 @@ def test_script_run_fills_the_store(script_runs: dict[str, dict[str, Any]], key:
     assert all(m["loss"] is not None and m["tokens"] for m in run["metrics"])
     assert [m["tokens"] for m in run["metrics"]] == sorted(m["tokens"] for m in run["metrics"])
     assert run["summary"]["train_seconds"] > 0 and run["summary"]["tokens_per_s"] > 0
-    assert run["final_loss"] == run["metrics"][-1]["loss"]
+    assert run["summary"]["final_loss"] == run["metrics"][-1]["loss"]
     assert run["summary"]["telemetry"]["devices"], "no device samples stored"
     ranks = {k for k in run["summary"]["telemetry"]["devices"] if k.startswith("rank:")}
     assert ranks == ({"rank:0", "rank:1"} if ddp else {"rank:0"})
