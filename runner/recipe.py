@@ -153,6 +153,15 @@ class LaunchSection(_Section):
     method sections are then optional: they only describe the run."""
     script_args: list[str] = []
     """Arguments passed to ``script`` as its ``sys.argv[1:]`` (argv, never a shell)."""
+    microbatches: PositiveInt | None = None
+    """``pp``: micro-batches the batch of each pipeline step is cut into (must divide
+    ``train.batch_size``; more shrink the bubble); None: ``train.batch_size`` (one row each). ``mp``
+    over processes is always one micro-batch. Other strategies ignore it."""
+    pp_schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    """``pp``: GPipe (every forward, then every backward) or 1F1B (one forward, one backward: fewer
+    micro-batches' activations alive; needs micro-batches >= stages)."""
+    tp_size: PositiveInt | None = None
+    """``tp``: processes each weight matrix is split over; None: ``nproc``."""
 
     @field_validator("strategy")
     @classmethod
@@ -200,6 +209,11 @@ class Recipe(_Section):
             raise ValueError(f"launch.gpus: {len(launch.gpus)} GPUs listed for nproc = {launch.nproc}")
         if launch.script_args and launch.script is None:
             raise ValueError("launch.script_args: script arguments without launch.script")
+        from runner.parallel import recipe_problem
+
+        layout = recipe_problem(self)  # pp / mp over processes / tp: runner/parallel.py
+        if layout:
+            raise ValueError(layout)
         if self.method.type == "qlora" and launch.device == "cpu":
             raise ValueError("method.type: qlora needs a CUDA GPU (bitsandbytes 4-bit); launch.device is 'cpu'")
         return self
