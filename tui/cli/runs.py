@@ -56,7 +56,9 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     facts = remote_facts(store, [run]).get(run.id, {})  # several machines / a SLURM job: from the store
     if args.format == "json":
-        print(json.dumps(run_to_json(run, metrics) | facts, indent=2))
+        samples = [{"step": e.payload.get("step"), "samples": e.payload.get("samples")}
+                   for e in store.events(run.id, "eval_samples")]
+        print(json.dumps(run_to_json(run, metrics, store.named_metrics(run.id), samples) | facts, indent=2))
         return ExitCode.OK
     out = console()
     out.print(run_detail(run, metrics))
