@@ -3,6 +3,7 @@
 from store.store import (
     EventInfo,
     MetricPoint,
+    NamedMetricPoint,
     ProcessSampleInfo,
     RunInfo,
     RunUpdate,
@@ -11,4 +12,4 @@ from store.store import (
     StoreError,
 )
 
-__all__ = ["EventInfo", "MetricPoint", "ProcessSampleInfo", "RunInfo", "RunUpdate", "SampleInfo", "Store", "StoreError"]
+__all__ = ["EventInfo", "MetricPoint", "NamedMetricPoint", "ProcessSampleInfo", "RunInfo", "RunUpdate", "SampleInfo", "Store", "StoreError"]

@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from runner.hardware.records import DeviceSample
 from store.ids import new_uid
-from store.models import DeviceSampleRow, Event, Metric, ProcessSampleRow, Run
+from store.models import DeviceSampleRow, Event, Metric, NamedMetric, ProcessSampleRow, Run
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -83,6 +83,8 @@ class RunUpdate(TypedDict, total=False):
     watcher_pid: int | None
     watcher_host: str | None
     stop_requested_at: datetime | None
+    nnodes: int | None
+    slurm_job_id: str | None
 
 
 RUN_UPDATE_KEYS = frozenset(RunUpdate.__annotations__)
@@ -126,6 +128,10 @@ class RunInfo:
     watcher_pid: int | None = None
     watcher_host: str | None = None
     stop_requested_at: datetime | None = None
+    run_key: str | None = None
+    """Multi-node runs: the key their node agents share (:mod:`store.nodes`)."""
+    nnodes: int | None = None
+    slurm_job_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -141,11 +147,23 @@ class MetricPoint:
 
 
 @dataclass(frozen=True)
+class NamedMetricPoint:
+    """One named value of one step (``eval/loss`` at step 50); ``value`` None where it was not finite."""
+
+    step: int
+    name: str
+    value: float | None
+    time: float
+
+
+@dataclass(frozen=True)
 class SampleInfo(DeviceSample):
     """A stored device reading: the probe's own record (one sample record in the project) plus its row id."""
 
     id: int = 0
     """Row id: increases with every write, so a reader can ask for what came after it."""
+    node: int | None = None
+    """The node of a multi-node run whose agent read it (``run_nodes.slot``); None on one machine."""
 
 
 @dataclass(frozen=True)
@@ -379,7 +397,7 @@ class Store:
     @_retrying
     def delete_run(self, run_id: int) -> bool:
         with self._write() as s:
-            for table in (Metric, Event, DeviceSampleRow, ProcessSampleRow):
+            for table in (Metric, NamedMetric, Event, DeviceSampleRow, ProcessSampleRow):
                 s.execute(delete(table).where(table.run_id == run_id))
             return s.execute(delete(Run).where(Run.id == run_id)).rowcount > 0  # type: ignore[attr-defined,no-any-return]
 
@@ -388,6 +406,10 @@ class Store:
     @_retrying
     def ingest(self, run_id: int, events: Sequence[dict[str, Any]], source: str = "trainer") -> int:
         """Store journal events (and the metrics of the trainer's step events); skip any already stored.
+
+        The trainer's ``metrics`` events (:class:`runner.events.MetricsEvent`) become rows of the named
+        metrics (:meth:`named_metrics`), written in the same transaction: the one batched writer of
+        named values. A name reported twice for one step keeps the later value.
 
         Args:
             run_id: the run.
@@ -420,6 +442,8 @@ class Store:
                             tokens_per_s=e.get("tokens_per_s"),
                         )
                     )
+            if source == "trainer":
+                _add_named(s, run_id, [e for e in fresh if e["type"] == "metrics"])
             if fresh:
                 run = s.get(Run, run_id)
                 steps = [int(e["step"]) for e in fresh if e["type"] == "step"]
@@ -446,6 +470,32 @@ class Store:
             return [_frozen(MetricPoint, r) for r in s.scalars(query)]
 
     @_retrying
+    def named_metrics(self, run_id: int, names: Iterable[str] | None = None,
+                      after_step: int | None = None) -> list[NamedMetricPoint]:
+        """Named per-step values of a run (see :class:`runner.events.MetricsEvent`), by step then name.
+
+        Args:
+            run_id: the run.
+            names: only these names (exact); None for every name.
+            after_step: only steps after this one (live views).
+        """
+        with self._begin() as s:
+            query = select(NamedMetric).where(NamedMetric.run_id == run_id)
+            if names is not None:
+                query = query.where(NamedMetric.name.in_(list(names)))
+            if after_step is not None:
+                query = query.where(NamedMetric.step > after_step)
+            query = query.order_by(NamedMetric.step, NamedMetric.name)
+            return [_frozen(NamedMetricPoint, r) for r in s.scalars(query)]
+
+    @_retrying
+    def metric_names(self, run_id: int) -> list[str]:
+        """The names of the named metrics a run has, sorted."""
+        with self._begin() as s:
+            query = select(NamedMetric.name).where(NamedMetric.run_id == run_id).distinct().order_by(NamedMetric.name)
+            return list(s.scalars(query))
+
+    @_retrying
     def events(self, run_id: int, type_: str | None = None) -> list[EventInfo]:
         with self._begin() as s:
             query = select(Event).where(Event.run_id == run_id).order_by(Event.time, Event.id)
@@ -460,8 +510,8 @@ class Store:
         device_cols = [c.name for c in DeviceSampleRow.__table__.columns if c.name not in ("id", "run_id")]
         proc_cols = [c.name for c in ProcessSampleRow.__table__.columns if c.name not in ("id", "run_id")]
         # Rows as plain dicts first: a retried transaction must not find its iterators spent.
-        device = [{c: getattr(x, c) for c in device_cols} for x in samples]
-        procs = [{c: getattr(x, c) for c in proc_cols} for x in processes]
+        device = [{c: getattr(x, c, None) for c in device_cols} for x in samples]
+        procs = [{c: getattr(x, c, None) for c in proc_cols} for x in processes]
         self._add_sample_rows(run_id, device, procs)
 
     def ingest_samples(self, run_id: int, samples: Sequence[Any], processes: Sequence[Any] = ()) -> int:
@@ -504,6 +554,28 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def _add_named(s: Session, run_id: int, events: Sequence[dict[str, Any]]) -> None:
+    """Rows of ``named_metrics`` from ``metrics`` events, in one transaction; a (step, name) already
+    stored, or given twice, keeps the last value (so a re-ingest or a repeated report cannot fail)."""
+    values: dict[tuple[int, str], tuple[float | None, float]] = {}
+    for e in events:
+        step, when = int(e["step"]), float(e["time"])
+        for name, value in (e.get("values") or {}).items():
+            number = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+            values[(step, str(name))] = (number if number is None or math.isfinite(number) else None, when)
+    if not values:
+        return
+    steps = sorted({step for step, _ in values})
+    existing = {(r.step, r.name): r for r in s.scalars(
+        select(NamedMetric).where(NamedMetric.run_id == run_id, NamedMetric.step.in_(steps)))}
+    for (step, name), (value, when) in values.items():
+        row = existing.get((step, name))
+        if row is not None:
+            row.value, row.time = value, when
+        else:
+            s.add(NamedMetric(run_id=run_id, step=step, name=name, value=value, time=when))
 
 
 def describe_error(url: str, exc: BaseException) -> str:

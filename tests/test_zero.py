@@ -188,21 +188,21 @@ def test_the_launch_names_the_engine_s_config(tmp_path: Path) -> None:
         return load_recipe(QUICKSTART, ["launch.strategy='zero2'", "launch.nproc=2", *overrides])
 
     spec = build_launch(recipe(), tmp_path, port=29500, cpu_threads=1)
-    config = accelerate_config(recipe(), 29500, tmp_path)
+    config = accelerate_config(recipe(), 29500, run_dir=tmp_path)
     assert config["distributed_type"] == "DEEPSPEED" and "mixed_precision" not in config
     assert config["deepspeed_config"]["deepspeed_config_file"] == str(tmp_path / zero.DEEPSPEED_FILE)
     written = json.loads(spec.files[zero.DEEPSPEED_FILE])
     assert written["zero_optimization"]["stage"] == 2 and "offload_optimizer" not in written["zero_optimization"]
     assert written["gradient_clipping"] == 1.0 and written["train_batch_size"] == 4 * 2
 
-    torch2 = accelerate_config(recipe("launch.engine='torch'"), 29500, tmp_path)
+    torch2 = accelerate_config(recipe("launch.engine='torch'"), 29500, run_dir=tmp_path)
     assert torch2["distributed_type"] == "FSDP" and torch2["fsdp_config"]["fsdp_reshard_after_forward"] is False
     torch3 = accelerate_config(recipe("launch.strategy='zero3'", "launch.engine='torch'",
-                                      "launch.offload='optimizer+params'"), 29500, tmp_path)
+                                      "launch.offload='optimizer+params'"), 29500, run_dir=tmp_path)
     assert torch3["fsdp_config"]["fsdp_reshard_after_forward"] is True
     assert torch3["fsdp_config"]["fsdp_offload_params"] is True
     assert accelerate_config(recipe("launch.strategy='zero1'", "launch.engine='torch'"), 29500,
-                             tmp_path)["distributed_type"] == "MULTI_GPU"
+                             run_dir=tmp_path)["distributed_type"] == "MULTI_GPU"
 
 
 def test_the_planner_puts_offloaded_bytes_on_the_host_and_shards_by_stage() -> None:

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from runner.hardware.records import SOURCE_LABELS
 from runner.summary import model_state_bytes, rank_peak, rank_rss
-from store import MetricPoint, RunInfo
+from store import MetricPoint, NamedMetricPoint, RunInfo
 from tui.render.plain import row as text_row
 from tui.render.words import distributed_words
 
@@ -98,10 +98,12 @@ def run_summary_table(run: RunInfo | None) -> Table:
     if run is None:
         return table
     table.add_row("status", Text(run.status, style=STATUS_STYLE.get(run.status, "")), "orchestrator")
-    table.add_row(*text_row("distributed type", run.distributed_type or "-", "accelerate (in effect)"))
+    script = run.method == "script" or "script = " in (run.recipe_text or "")  # launch.script (runner.script)
+    missing = "not reported" if script and run.status != "running" else "-"
+    table.add_row(*text_row("distributed type", run.distributed_type or missing, "accelerate (in effect)"))
     for row in zero_rows(run.summary):
         table.add_row(*text_row(*row))
-    table.add_row("steps", f"{run.steps_done or 0}/{run.total_steps or '?'}", "trainer")
+    table.add_row("steps", f"{run.steps_done or 0}/{run.total_steps or '?'}", "script" if script else "trainer")
     table.add_row("training time", fmt_seconds(run.train_seconds), "measured (first to last step)")
     table.add_row("tokens/s", _num(run.tokens_per_s, ",.0f"), "measured")
     table.add_row("final loss", _num(run.final_loss, ".4f"), "measured (mean over ranks)")
@@ -278,8 +280,11 @@ def run_detail(run: RunInfo, metrics: list[MetricPoint]) -> Group:
     return Group(*parts)
 
 
-def run_to_json(run: RunInfo, metrics: list[MetricPoint] | None = None) -> dict[str, Any]:
-    """The scripting contract of ``ftui runs/show --format json``."""
+def run_to_json(run: RunInfo, metrics: list[MetricPoint] | None = None,
+                named: list[NamedMetricPoint] | None = None,
+                samples: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The scripting contract of ``ftui runs/show --format json``: ``named_metrics`` maps each name to
+    its ``[{"step", "value", "time"}]``; ``eval_samples`` lists ``{"step", "samples"}`` per evaluation."""
     data: dict[str, Any] = {
         "id": run.id,
         "name": run.name,
@@ -319,4 +324,11 @@ def run_to_json(run: RunInfo, metrics: list[MetricPoint] | None = None) -> dict[
              "step_time": m.step_time, "tokens_per_s": m.tokens_per_s, "time": m.time}
             for m in metrics
         ]
+    if named is not None:
+        series: dict[str, list[dict[str, Any]]] = {}
+        for point in named:
+            series.setdefault(point.name, []).append({"step": point.step, "value": point.value, "time": point.time})
+        data["named_metrics"] = series
+    if samples is not None:
+        data["eval_samples"] = samples
     return data
