@@ -139,6 +139,8 @@ class StartEvent(TypedDict):
     start_step: int
     resumed_from: str | None
     resume_seconds: float | None
+    data: NotRequired[dict[str, Any]]
+    """The data step (:meth:`runner.dataprep.DataSet.info`): format, cache key, cached, seconds, eval rows."""
 
 
 class StepEvent(TypedDict):
