@@ -356,6 +356,10 @@ class Trainer:
             # The first steps measure peak memory per phase (runner/memtrack.py); later steps pay nothing.
             peaks: memtrack.Meter = meter if step - start_step < memtrack.MEASURED_STEPS else memtrack.NoMeter()
             base = (step % steps_per_epoch) * rows_per_step
+            # Masked labels (data.train_on = "completions"): rows learn different numbers of tokens, so the
+            # loss is token-weighted over the whole optimizer step (every rank can count it: it holds all
+            # rows), and one process, DDP and FSDP at the same global batch compute the same update.
+            learned = _learned_tokens(labels_all, mask, order[base : base + rows_per_step]) if labels_all is not None else 0
             for micro in range(GA):
                 start = base + (micro * world + acc.process_index) * B
                 rows = order[start : start + B]
@@ -380,7 +384,8 @@ class Trainer:
                     with peaks.phase("forward"), acc.autocast(), saved_meter:
                         # Only the loss is kept: holding the output would keep the logits alive through
                         # backward and into the next forward (docs/memory-model.md).
-                        loss = model(**inputs).loss / GA
+                        loss = model(**inputs).loss
+                        loss = loss * (_learned_tokens(labels_all, mask, rows) * world / learned) if learned else loss / GA
                     if isinstance(saved_meter, _SavedBytes):
                         memory_acts = saved_meter.result()
                     with peaks.phase("backward"):
@@ -723,6 +728,14 @@ class Trainer:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _learned_tokens(labels: Any, mask: Any, rows: Any) -> int:
+    """Tokens with a target among ``rows`` (labels shifted by one, as the model's loss shifts them)."""
+    targets = labels[rows][:, 1:] != -100
+    if mask is not None:
+        targets &= mask[rows][:, 1:] != 0
+    return int(targets.sum())
 
 
 def _plain_name(name: str) -> str:
