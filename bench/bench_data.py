@@ -9,7 +9,7 @@
 2. ``--runs``: time to first step of a real ``ftui run`` (chat-lora recipe on that file, max_steps=1,
    no eval), cold (empty cache: the pre-flight tokenizes) then cached (same recipe again): from the
    command's start to the first step event's time in the journal.
-3. Evaluation cost: ``runner.evaluate.eval_loss`` over an eval set of 64 blocks against the bare forward
+3. Evaluation cost: ``runner.evaluate.eval_loss`` over an eval set of 16 blocks of 128 against the bare forward
    passes over the same batches (the builtin model, one process): the ratio says what an evaluation
    adds beyond its own forwards.
 
@@ -84,21 +84,21 @@ def eval_cost() -> dict[str, Any]:
     torch.manual_seed(0)
     model = LlamaForCausalLM(builtin.tiny_llama_config())
     acc = Accelerator(cpu=True)
-    blocks = Blocks(torch.randint(0, 4096, (64, 256)), None, None)
-    batch = 8
-    evaluate.eval_loss(model, Blocks(blocks.input_ids[:8], None, None), acc, batch, "cpu")  # warm-up
+    blocks = Blocks(torch.randint(0, 4096, (16, 128)), None, None)
+    batch = 4
+    evaluate.eval_loss(model, Blocks(blocks.input_ids[:4], None, None), acc, batch, "cpu")  # warm-up
     bare, full = [], []
-    for _ in range(3):
+    for _ in range(2):
         t0 = time.perf_counter()
         with torch.no_grad():
             model.eval()
-            for i in range(0, 64, batch):
+            for i in range(0, 16, batch):
                 model(input_ids=blocks.input_ids[i : i + batch]).logits.sum()
         bare.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         evaluate.eval_loss(model, blocks, acc, batch, "cpu")
         full.append(time.perf_counter() - t0)
-    return {"eval_blocks": 64, "batch": batch, "forwards_only_s": round(min(bare), 3),
+    return {"eval_blocks": 16, "seq": 128, "batch": batch, "forwards_only_s": round(min(bare), 3),
             "eval_loss_s": round(min(full), 3), "ratio": round(min(full) / min(bare), 3)}
 
 

@@ -59,4 +59,6 @@ def test_eval_loss_matches_across_strategies_and_is_stored(ftui: Ftui, tmp_path:
         assert [s["step"] for s in samples] == [1, 2]
         assert [x["prompt"] for x in samples[0]["samples"]] == ["What is 3 plus 1?"]
         assert isinstance(samples[0]["samples"][0]["completion"], str)
-    assert shown["ddp"]["eval_samples"] == []
+    ddp_samples = shown["ddp"]["eval_samples"]  # the recipe's own prompts, generated under DDP
+    assert [s["step"] for s in ddp_samples] == [1, 2]
+    assert [x["prompt"] for x in ddp_samples[0]["samples"]] == ["What is the capital of Japan?", "What is 12 plus 30?"]
