@@ -141,6 +141,9 @@ class StartEvent(TypedDict):
     resume_seconds: float | None
     data: NotRequired[dict[str, Any]]
     """The data step (:meth:`runner.dataprep.DataSet.info`): format, cache key, cached, seconds, eval rows."""
+    parallel: NotRequired[dict[str, Any]]
+    """Pipeline or tensor-parallel runs (runner/pipeline.py): ``kind``, stages or tp size, micro-batches,
+    schedule, which layers each process holds."""
 
 
 class StepEvent(TypedDict):
