@@ -81,6 +81,8 @@ class RunRow:
     """``eval/loss`` at the run's last evaluation (measured over the whole eval set)."""
     best_eval_loss: float | None = None
     """The lowest ``eval/loss`` of the run."""
+    script: bool = False
+    """A script run (``launch.script``): a figure it did not report is "not reported", not unknown."""
 
 
 @dataclass(frozen=True)
@@ -391,7 +393,7 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
         final_loss=run.final_loss, best_loss=best_loss(metrics), status=run.status, reason=reason,
         note=run.summary.get("sweep_note"), grid=grid or str(run.summary.get("sweep_grid") or ""),
         mfu_note=over_note or (None if mfu is not None else _mfu_note(run, peak, peak_note, dims)),
-        mfu_rejected=rejected,
+        mfu_rejected=rejected, script=bool(recipe.get("launch", {}).get("script")),
     )
 
 

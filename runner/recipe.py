@@ -180,6 +180,22 @@ class LaunchSection(_Section):
     mem_cap: str | None = None
     """Memory budget per rank for the batch-size finder, e.g. ``"3GiB"`` (on CPU there is no device
     memory to find); ``--mem-cap`` on the command line wins."""
+    nnodes: Annotated[int, Field(ge=1)] | None = None
+    """Machines the run spans (``ftui run --nnodes``); None or 1: this machine only. ``nproc`` is per machine."""
+    node_rank: Annotated[int, Field(ge=0)] | None = None
+    """This machine's node rank under a static rendezvous (``--node-rank``); left out under c10d."""
+    main_addr: str | None = None
+    """The main node's address, static rendezvous (``--main-addr``)."""
+    main_port: Annotated[int, Field(gt=0, lt=65536)] | None = None
+    """The main node's rendezvous port (``--main-port``; default 29500)."""
+    rdzv_endpoint: str | None = None
+    """``HOST:PORT`` of a c10d rendezvous (``--rdzv-endpoint``): node ranks assigned by arrival."""
+    script: str | None = None
+    """Your own training script (accelerate, Hugging Face Trainer, TRL) to launch instead of ftui's
+    trainer, with the accelerate config of ``strategy`` (:mod:`runner.script`). The model, data and
+    method sections are then optional: they only describe the run."""
+    script_args: list[str] = []
+    """Arguments passed to ``script`` as its ``sys.argv[1:]`` (argv, never a shell)."""
     microbatches: PositiveInt | None = None
     """``pp``: micro-batches the batch of each pipeline step is cut into (must divide
     ``train.batch_size``; more shrink the bubble); None: ``train.batch_size`` (one row each). ``mp``
@@ -230,11 +246,13 @@ class Recipe(_Section):
         if self.model.name.startswith(BUILTIN_PREFIX) and self.model.name != TINY_LLAMA:
             raise ValueError(f"model.name: unknown builtin model {self.model.name!r} (have {TINY_LLAMA})")
         strategy = strategies.get(launch.strategy)
-        problem = strategy.nproc_problem(launch.nproc)
+        problem = strategy.nproc_problem(launch.nproc * (launch.nnodes or 1))  # the world, over every machine
         if problem:
             raise ValueError(f"launch.nproc: {problem}")
         if launch.gpus is not None and not strategy.layer_split and len(launch.gpus) < launch.nproc:
             raise ValueError(f"launch.gpus: {len(launch.gpus)} GPUs listed for nproc = {launch.nproc}")
+        if launch.script_args and launch.script is None:
+            raise ValueError("launch.script_args: script arguments without launch.script")
         from runner.parallel import recipe_problem
 
         layout = recipe_problem(self)  # pp / mp over processes / tp: runner/parallel.py
@@ -245,8 +263,11 @@ class Recipe(_Section):
         return self
 
     def to_toml(self) -> str:
-        """The recipe as TOML text (every field, defaults included), loadable by :func:`parse_recipe`."""
-        return dump_toml(self.model_dump(mode="json"))
+        """The recipe as TOML text (every field, defaults included), loadable by :func:`parse_recipe`.
+
+        A script run (``launch.script``) keeps only what was written: its model, data and method
+        sections describe the run only when given, and defaults written out would read as given."""
+        return dump_toml(self.model_dump(mode="json", exclude_unset=self.launch.script is not None))
 
     def digest(self) -> str:
         """A stable hash of the resolved recipe (sha256 of its canonical TOML, 16 hex digits)."""
@@ -279,7 +300,7 @@ def load_recipe(path: str | Path, overrides: Iterable[str] = ()) -> Recipe:
     return parse_recipe(text, source=str(path), overrides=overrides, base_dir=path.parent, allow_empty=False)
 
 
-PATH_FIELDS = ("data.source", "data.eval_source", "model.name", "launch.accelerate_config")
+PATH_FIELDS = ("data.source", "data.eval_source", "model.name", "launch.accelerate_config", "launch.script")
 """Fields that may name a local file or folder; a relative one is made absolute at load time."""
 
 
