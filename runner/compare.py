@@ -15,7 +15,7 @@ from typing import Any
 from runner import strategies
 from runner.mfu import Peak, compute_mfu, flops_per_token, trustworthy
 from runner.summary import busiest_peak
-from store import MetricPoint, RunInfo, SampleInfo, Store
+from store import MetricPoint, NamedMetricPoint, RunInfo, SampleInfo, Store
 
 PeakResolver = Callable[[RunInfo, Mapping[str, Any]], Peak | None]
 
@@ -77,6 +77,10 @@ class RunRow:
     """Why MFU is '-' for a run that completed (an unknown GPU model, no model config, MFU > 100%...)."""
     mfu_rejected: float | None = None
     """An MFU above 100% that was not shown (the peak cannot be right), as a fraction."""
+    final_eval_loss: float | None = None
+    """``eval/loss`` at the run's last evaluation (measured over the whole eval set)."""
+    best_eval_loss: float | None = None
+    """The lowest ``eval/loss`` of the run."""
     script: bool = False
     """A script run (``launch.script``): a figure it did not report is "not reported", not unknown."""
 
@@ -95,6 +99,12 @@ class Comparison:
     timelines: dict[int, dict[str, list[tuple[float, float | None, int | None]]]] = field(default_factory=dict)
     """Run id to device key (``gpu:0``, ``rank:1``) to (seconds since the run's first sample, util %, memory)."""
     sweep_id: str | None = None
+    eval_curves: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    """Run id to (step, eval loss)."""
+    named: dict[int, dict[str, float | None]] = field(default_factory=dict)
+    """Run id to each named metric's last value (``eval/*``, ``train/*``, user metrics)."""
+    samples: dict[int, list[dict[str, str]]] = field(default_factory=dict)
+    """Run id to its last evaluation's samples (``[{"prompt", "completion"}]``)."""
 
     def row(self, run_id: int | None) -> RunRow | None:
         return next((r for r in self.rows if r.run_id == run_id), None)
@@ -396,6 +406,8 @@ def build_comparison(
     samples: Mapping[int, Sequence[SampleInfo]] | None = None,
     sweep_id: str | None = None,
     peak_notes: Mapping[int, str] | None = None,
+    named: Mapping[int, Sequence[NamedMetricPoint]] | None = None,
+    eval_samples: Mapping[int, list[dict[str, str]]] | None = None,
 ) -> Comparison:
     """Put runs side by side (in the given order).
 
@@ -408,6 +420,8 @@ def build_comparison(
         samples: Telemetry samples by run id, for the timelines.
         sweep_id: The sweep the runs belong to, if any.
         peak_notes: By run id, why its peak is None (:func:`peak_note`).
+        named: Named per-step metrics by run id (eval loss curves, final and best eval loss).
+        eval_samples: By run id, the samples of its last evaluation.
 
     Returns:
         The comparison; ``fastest_id`` is the completed run with the highest tokens/s.
@@ -431,9 +445,18 @@ def build_comparison(
     fastest = max(done, key=lambda r: r.tokens_per_s or 0.0).run_id if done else None
     curves = {r.id: [(m.step, m.loss) for m in metrics.get(r.id, []) if m.loss is not None] for r in runs}
     timelines = {r.id: timeline(samples.get(r.id, [])) for r in runs} if samples else {}
+    named = named or {}
+    eval_curves = {r.id: [(p.step, p.value) for p in named.get(r.id, [])
+                          if p.name == "eval/loss" and p.value is not None] for r in runs}
+    rows = [_with(r, final_eval_loss=eval_curves[r.run_id][-1][1] if eval_curves.get(r.run_id) else None,
+                  best_eval_loss=min(v for _, v in eval_curves[r.run_id]) if eval_curves.get(r.run_id) else None)
+            for r in rows]
+    last = {r.id: {p.name: p.value for p in named.get(r.id, [])} for r in runs}
     return Comparison(rows=rows, baseline_id=baseline_id, fastest_id=fastest,
                       recipe_diff=recipe_diff([r.recipe_text for r in runs]),
-                      curves=curves, timelines=timelines, sweep_id=sweep_id)
+                      curves=curves, timelines=timelines, sweep_id=sweep_id,
+                      eval_curves={k: v for k, v in eval_curves.items() if v},
+                      named={k: v for k, v in last.items() if v}, samples=dict(eval_samples or {}))
 
 
 def _with(row: RunRow, **changes: Any) -> RunRow:
@@ -580,8 +603,11 @@ def load_comparison(store: Store, run_ids: Sequence[int], baseline_id: int | Non
     peaks = {r.id: default_peak(r, _recipe(r), peak_tflops, samples[r.id]) if r.status == "completed" else None
              for r in runs}
     notes = {r.id: peak_note(r, _recipe(r), samples[r.id]) for r in runs if peaks[r.id] is None}
+    named = {r.id: store.named_metrics(r.id) for r in runs}
+    evals = {r.id: last_samples(store, r.id) for r in runs}
     cmp = build_comparison(runs, metrics, peaks, dims, baseline_id,
-                           samples if with_samples else None, sweep_id, peak_notes=notes)
+                           samples if with_samples else None, sweep_id, peak_notes=notes, named=named,
+                           eval_samples={k: v for k, v in evals.items() if v})
     # An MFU above 100% means the peak is wrong: measure it once more; build_row suppresses what is
     # still above 100% and says why.
     redo = {row.run_id for row in cmp.rows if row.mfu_rejected is not None}
@@ -594,7 +620,17 @@ def load_comparison(store: Store, run_ids: Sequence[int], baseline_id: int | Non
             if new_peak is not None:
                 peaks[run.id] = replace(new_peak, source=f"{new_peak.source}; {notes[run.id]}")
     return build_comparison(runs, metrics, peaks, dims, baseline_id,
-                            samples if with_samples else None, sweep_id, peak_notes=notes)
+                            samples if with_samples else None, sweep_id, peak_notes=notes, named=named,
+                            eval_samples={k: v for k, v in evals.items() if v})
+
+
+def last_samples(store: Store, run_id: int) -> list[dict[str, str]]:
+    """The samples of a run's last evaluation (``eval.prompts``), or none."""
+    events = store.events(run_id, "eval_samples")
+    if not events:
+        return []
+    return [{"prompt": str(s.get("prompt", "")), "completion": str(s.get("completion", ""))}
+            for s in events[-1].payload.get("samples") or [] if isinstance(s, dict)]
 
 
 def sweep_run_ids(store: Store, sweep_id: str) -> list[int]:

@@ -31,21 +31,28 @@ class DataError(ValueError):
 @dataclass(frozen=True)
 class Blocks:
     """Token blocks ready for training: ``input_ids`` [rows, T]; ``attention_mask`` only when rows
-    are padded (``data.pack = false``)."""
+    are padded (``data.pack = false``); ``labels`` only when some tokens are not learned
+    (``data.train_on = "completions"``: -100 there), else the labels are the ids."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor | None
+    labels: torch.Tensor | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
         return (int(self.input_ids.shape[0]), int(self.input_ids.shape[1]))
 
 
-def check_source(source: str) -> None:
-    """Cheap pre-launch check of ``data.source`` (the file exists and has a known suffix)."""
+def check_source(source: str, field: str = "data.source") -> None:
+    """Cheap pre-launch check of ``data.source`` (the file exists and has a known suffix, or it names
+    a Hugging Face dataset: :mod:`runner.hfdata`)."""
+    from runner.hfdata import is_dataset_source
+
     if source.startswith(BUILTIN_PREFIX):
         if source != PYDOC_CORPUS:
-            raise DataError(f"data.source: unknown builtin corpus {source!r} (have {PYDOC_CORPUS})")
+            raise DataError(f"{field}: unknown builtin corpus {source!r} (have {PYDOC_CORPUS})")
+        return
+    if is_dataset_source(source):
         return
     path = Path(source).expanduser()
     if path.is_dir():
@@ -72,7 +79,17 @@ def check_data(data: DataSection) -> None:
         DataError: one line naming the field, the file and, where it applies, the row.
     """
     check_source(data.source)
+    if data.eval_source is not None:
+        check_source(data.eval_source, "data.eval_source")
+    from runner import dataprep
+
     if data.source.startswith(BUILTIN_PREFIX):
+        if data.train_on == "completions" or data.format in ("chat", "completion"):
+            raise DataError(f"data.train_on: {data.source} is plain text: no prompts or assistant turns "
+                            "(use chat or prompt/completion rows)")
+        return
+    if not dataprep.is_file_source(data.source):
+        dataprep.check_dataset(data)
         return
     path = Path(data.source).expanduser()
     try:
@@ -96,8 +113,12 @@ def check_data(data: DataSection) -> None:
     rows = _head_rows(path, CHECK_ROWS)
     if not rows:
         raise DataError(f"data.source: {path}: no rows")
+    fmt = dataprep.source_format(rows[0], data)
     for index, row in enumerate(rows):
-        _row_text(row, data, path, index)
+        if fmt == "text":
+            _row_text(row, data, path, index)
+        else:
+            dataprep.check_row(row, fmt, data, f"data.source: {path.name} row {index + 1}")
 
 
 def _head_rows(path: Path, n: int) -> list[Any]:

@@ -147,6 +147,8 @@ class StartEvent(TypedDict):
     sharding: NotRequired[dict[str, Any]]
     """:func:`runner.zero.in_effect`: engine, ZeRO stage, offload and what it is, read from the prepared
     model and optimizer of rank 0 (a mismatch with the strategy asked for fails the run before this)."""
+    data: NotRequired[dict[str, Any]]
+    """The data step (:meth:`runner.dataprep.DataSet.info`): format, cache key, cached, seconds, eval rows."""
     parallel: NotRequired[dict[str, Any]]
     """Pipeline or tensor-parallel runs (runner/pipeline.py): ``kind``, stages or tp size, micro-batches,
     schedule, which layers each process holds."""

@@ -26,8 +26,14 @@ def check_inputs(recipe: Recipe) -> None:
     """
     try:
         check_data(recipe.data)
+        # Chat, completion and eval data are tokenized here, every row checked, into the cache the ranks
+        # read (runner/dataprep.py): a bad row anywhere is one line before anything is recorded.
+        from runner.dataprep import prefill
+
+        prefill(recipe)
     except DataError as exc:
-        raise InputError(str(exc), field="data.source", problem=str(exc)) from None
+        field = str(exc).split(":", 1)[0] if str(exc).startswith("data.") else "data.source"
+        raise InputError(str(exc), field=field, problem=str(exc)) from None
     try:
         check_runs_dir()
     except FolderError as exc:

@@ -168,12 +168,13 @@ def run(trainer: Trainer) -> str:
         for micro in range(GA):
             rows = order[base + micro * B: base + (micro + 1) * B]
             batch = blocks[rows]
+            targets = batch if data.labels is None else data.labels[rows]  # data.train_on = "completions"
             if mask is None:
-                labels = batch
+                labels = targets
                 step_tokens += int(batch.numel())
             else:
                 step_tokens += int(mask[rows].sum())
-                labels = batch.masked_fill(mask[rows] == 0, -100)
+                labels = targets.masked_fill(mask[rows] == 0, -100)
             with peaks.phase(engine.phase), acc.autocast():
                 loss_sum += engine.micro_step(batch.to(device), labels.to(device), 1.0 / GA)
         # One collective per step, as in the trainer: the loss (from the process that owns it), the

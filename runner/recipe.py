@@ -65,7 +65,29 @@ class ModelSection(_Section):
 
 class DataSection(_Section):
     source: str = PYDOC_CORPUS
-    """``builtin:pydoc-topics`` or a local .jsonl/.json/.csv/.parquet/.txt file."""
+    """``builtin:pydoc-topics``, a local .jsonl/.json/.csv/.parquet/.txt file, a Hugging Face dataset
+    folder (``save_to_disk``, or a local dataset folder) or a script-free hub id in the local cache
+    (read offline; see ``split`` and ``subset``)."""
+    format: Literal["auto", "text", "chat", "completion"] = "auto"
+    """How rows become tokens: ``chat`` (a ``messages`` list of role/content, rendered with the
+    tokenizer's chat template), ``completion`` (``prompt`` + ``completion``), ``text`` (``text_field``
+    or ``template``); ``auto`` picks by the first row's fields."""
+    messages_field: str = "messages"
+    prompt_field: str = "prompt"
+    completion_field: str = "completion"
+    train_on: Literal["all", "completions"] = "all"
+    """``completions``: only assistant turns (chat) or the completion (prompt/completion rows) are
+    learned; the labels of system, user and prompt tokens are -100."""
+    split: str = "train"
+    """The split of a Hugging Face dataset."""
+    subset: str | None = None
+    """The configuration (subset) of a hub dataset."""
+    eval_fraction: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    """Hold out this fraction of the rows (a seeded choice) as the eval set."""
+    eval_source: str | None = None
+    """A separate eval set (same kinds as ``source``); ``eval_split`` picks its split."""
+    eval_split: str | None = None
+    """The eval set is this split of ``eval_source`` (default: of ``source``)."""
     text_field: str = "text"
     template: str | None = None
     """Format string over the row's fields, e.g. ``"### Q: {prompt}\\n### A: {response}"``."""
@@ -123,12 +145,23 @@ class TrainSection(_Section):
     optimizer step (no update) and goes on."""
     max_skipped_steps: NonNegInt = 10
     """With ``on_nan = "skip"``: fail the run once more steps than this were skipped."""
+    eval_every: NonNegInt = 0
+    """Evaluate on the held-out set (``data.eval_fraction`` or ``data.eval_source``) every this many
+    optimizer steps; with an eval set the run is always evaluated at its end too."""
 
 
     @property
     def accelerate_mixed_precision(self) -> str:
         """``precision`` in accelerate's words (``mixed_precision``: no, bf16, fp16)."""
         return "no" if self.precision == "fp32" else self.precision
+
+class EvalSection(_Section):
+    prompts: list[str] = []
+    """At each evaluation rank 0 generates a short greedy completion for each (stored, shown per run)."""
+    max_new_tokens: Annotated[int, Field(gt=0, le=256)] = 24
+    batch_size: PositiveInt = 8
+    """Rows per forward pass of the evaluation, per rank."""
+
 
 class LaunchSection(_Section):
     strategy: str = "single"
@@ -210,6 +243,7 @@ class Recipe(_Section):
     data: DataSection = DataSection()
     method: MethodSection = MethodSection()
     train: TrainSection = TrainSection()
+    eval: EvalSection = EvalSection()
     launch: LaunchSection = LaunchSection()
 
     @model_validator(mode="after")
@@ -277,7 +311,7 @@ def load_recipe(path: str | Path, overrides: Iterable[str] = ()) -> Recipe:
     return parse_recipe(text, source=str(path), overrides=overrides, base_dir=path.parent, allow_empty=False)
 
 
-PATH_FIELDS = ("data.source", "model.name", "launch.accelerate_config", "launch.script")
+PATH_FIELDS = ("data.source", "data.eval_source", "model.name", "launch.accelerate_config", "launch.script")
 """Fields that may name a local file or folder; a relative one is made absolute at load time."""
 
 
@@ -330,7 +364,7 @@ def _resolve_paths(data: dict[str, Any], base_dir: Path, overridden: Set[str]) -
         if not isinstance(table, dict):
             continue
         value = table.get(key)
-        if not isinstance(value, str) or not value or value.startswith(BUILTIN_PREFIX) or "\0" in value:
+        if not isinstance(value, str) or not value or value.startswith((BUILTIN_PREFIX, "hf:")) or "\0" in value:
             continue
         base = Path.cwd() if dotted in overridden else base_dir
         try:
@@ -339,11 +373,19 @@ def _resolve_paths(data: dict[str, Any], base_dir: Path, overridden: Set[str]) -
                 resolved = path
             elif dotted == "model.name" and not value.startswith(".") and not (base / path).exists():
                 continue  # a hub id
+            elif dotted != "model.name" and not value.startswith(".") and not (base / path).exists() \
+                    and _hub_id_like(value):
+                continue  # a hub dataset id
             else:
                 resolved = base / path
             table[key] = os.path.abspath(resolved)
         except (OSError, RuntimeError, ValueError):
             continue  # left as written: the pre-flight reports it naming the field
+
+
+def _hub_id_like(value: str) -> bool:
+    """``org/name``: one slash, no suffix a local data file has (``data/x.jsonl`` stays a path)."""
+    return value.count("/") == 1 and not value.lower().endswith((".jsonl", ".json", ".csv", ".parquet", ".txt"))
 
 
 def apply_override(data: dict[str, Any], item: str) -> str:

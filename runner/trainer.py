@@ -160,15 +160,20 @@ class Trainer:
         from runner import builtin
 
         model = self.recipe.model
+        from runner.chat import ensure_chat_template
+
         if model.name.startswith(builtin.BUILTIN_PREFIX):
             with self.accelerator.main_process_first():
                 folder = builtin.ensure_tokenizer(_cache_dir())
-            return AutoTokenizer.from_pretrained(str(folder))
+            tok = AutoTokenizer.from_pretrained(str(folder))
+            ensure_chat_template(tok, builtin=True)
+            return tok
         tok = AutoTokenizer.from_pretrained(
             model.name, trust_remote_code=model.trust_remote_code, revision=model.revision
         )
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
+        ensure_chat_template(tok, builtin=False)
         return tok
 
     def load_model(self) -> Any:
@@ -240,10 +245,12 @@ class Trainer:
         return model
 
     def load_blocks(self) -> Any:
-        from runner.data import load_blocks
+        from runner.dataprep import load_data
 
+        # The first rank tokenizes into the cache (or finds it there); the others then read its file.
         with self.accelerator.main_process_first():
-            return load_blocks(self.recipe.data, self.tokenizer)
+            self.dataset = load_data(self.recipe.data, self.tokenizer, self.recipe.train.seed)
+        return self.dataset.train
 
     # ------------------------------------------------------------------ run
 
@@ -266,7 +273,7 @@ class Trainer:
         set_seed(train.seed)
         self.tokenizer = self.load_tokenizer()
         data = self.load_blocks()
-        blocks, mask = data.input_ids, data.attention_mask
+        blocks, mask, labels_all = data.input_ids, data.attention_mask, data.labels
         world = acc.num_processes
         B, GA = train.batch_size, train.grad_accum
         rows_per_step = B * world * GA
@@ -348,7 +355,9 @@ class Trainer:
             resume_seconds=resume_seconds,
             engine=self.strategy.engine,
             sharding=sharding,
+            data=self.dataset.info(),
         ))
+        self.eval_spans: list[tuple[float, float]] = []
 
         tokens_at_start = tokens_done
         order: Any = None
@@ -381,18 +390,24 @@ class Trainer:
             # The first steps measure peak memory per phase (runner/memtrack.py); later steps pay nothing.
             peaks: memtrack.Meter = meter if step - start_step < memtrack.MEASURED_STEPS else memtrack.NoMeter()
             base = (step % steps_per_epoch) * rows_per_step
+            # Masked labels (data.train_on = "completions"): rows learn different numbers of tokens, so the
+            # loss is token-weighted over the whole optimizer step (every rank can count it: it holds all
+            # rows), and one process, DDP and FSDP at the same global batch compute the same update.
+            learned = _learned_tokens(labels_all, mask, order[base : base + rows_per_step]) if labels_all is not None else 0
             for micro in range(GA):
                 start = base + (micro * world + acc.process_index) * B
                 rows = order[start : start + B]
                 batch = blocks[rows].to(input_device)
+                # Labels differ from the ids where tokens are not learned (data.train_on = "completions").
+                targets = batch if labels_all is None else labels_all[rows].to(input_device)
                 if mask is None:
-                    inputs = {"input_ids": batch, "labels": batch}
+                    inputs = {"input_ids": batch, "labels": targets}
                     my_tokens += int(batch.numel())
                 else:
                     my_tokens += int(mask[rows].sum())
                     batch_mask = mask[rows].to(input_device)
                     inputs = {"input_ids": batch, "attention_mask": batch_mask,
-                              "labels": batch.masked_fill(batch_mask == 0, -100)}
+                              "labels": targets.masked_fill(batch_mask == 0, -100)}
                 # The backward must run inside no_sync too: FSDP (1 and 2) reads the sync flag while
                 # reducing gradients in backward, DDP at forward time.
                 # DeepSpeed accumulates itself (told where the boundary is, below).
@@ -405,7 +420,8 @@ class Trainer:
                             compute_dtype if first else contextlib.nullcontext()):
                         # Only the loss is kept: holding the output would keep the logits alive through
                         # backward and into the next forward (docs/memory-model.md).
-                        loss = model(**inputs).loss / GA
+                        loss = model(**inputs).loss
+                        loss = loss * (_learned_tokens(labels_all, mask, rows) * world / learned) if learned else loss / GA
                     if isinstance(saved_meter, _SavedBytes):
                         memory_acts = saved_meter.result()
                     with peaks.phase("backward"):
@@ -507,6 +523,9 @@ class Trainer:
                                 f"than train.max_skipped_steps = {train.max_skipped_steps}"))
                     status = "failed"
                     break
+            if self.dataset.eval is not None and (
+                    step + 1 == total_steps or (train.eval_every and (step + 1) % train.eval_every == 0)):
+                self.evaluate(step + 1, model, input_device)
             every = train.save_every > 0 and (step + 1) % train.save_every == 0
             if (every or stop_requested) and zero.checkpoints_supported(self.strategy):
                 last_checkpoint = self.save_checkpoint(step + 1, epoch, tokens_done,
@@ -515,7 +534,8 @@ class Trainer:
                 status = "stopped"
                 break
         steps_done = step + 1
-        train_seconds = last_step_end - first_step_start
+        # Evaluations between steps are not training time.
+        train_seconds = last_step_end - first_step_start - sum(e - b for b, e in self.eval_spans if e <= last_step_end)
 
         saved = None
         if train.save and status == "completed":
@@ -540,6 +560,23 @@ class Trainer:
         ))
         acc.end_training()
         return status
+
+    def evaluate(self, step: int, model: Any, input_device: Any) -> None:
+        """Eval loss over the whole eval set on every rank (:mod:`runner.evaluate`), and the samples of
+        ``eval.prompts``; rank 0 journals them as a ``metrics`` and an ``eval_samples`` event."""
+        from runner import evaluate
+
+        begin = time.perf_counter()
+        assert self.dataset.eval is not None
+        spec = self.recipe.eval
+        values = evaluate.eval_loss(model, self.dataset.eval, self.accelerator, spec.batch_size, input_device)
+        self.emit(ev.metrics_event(step, values))
+        if spec.prompts:
+            texts = evaluate.samples(model, self.tokenizer, list(spec.prompts), self.dataset.format,
+                                     spec.max_new_tokens, self.accelerator, input_device,
+                                     self.recipe.data.context_length)
+            self.emit(ev.EvalSamplesEvent(type="eval_samples", step=step, samples=texts))
+        self.eval_spans.append((begin, time.perf_counter()))
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -744,6 +781,14 @@ class Trainer:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _learned_tokens(labels: Any, mask: Any, rows: Any) -> int:
+    """Tokens with a target among ``rows`` (labels shifted by one, as the model's loss shifts them)."""
+    targets = labels[rows][:, 1:] != -100
+    if mask is not None:
+        targets &= mask[rows][:, 1:] != 0
+    return int(targets.sum())
 
 
 def _plain_name(name: str) -> str:

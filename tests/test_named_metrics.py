@@ -100,3 +100,50 @@ def test_show_json_has_named_metrics(tmp_path: Path) -> None:
     data = json.loads(out.stdout)
     assert data["named_metrics"] == {"eval/loss": [{"step": 5, "value": 1.5, "time": 2.0}]}
     assert data["eval_samples"] == [{"step": 5, "samples": [{"prompt": "hi", "completion": " there"}]}]
+
+
+def _run_with_eval(store: Store, losses: list[float], evals: dict[int, float]) -> int:
+    run_id = _new_run(store)
+    events: list[dict[str, object]] = []
+    for step, loss in enumerate(losses, 1):
+        events.append({"seq": len(events), "type": "step", "time": float(step), "step": step, "loss": loss,
+                       "lr": 1e-3, "tokens": step * 10, "tokens_per_s": 5.0, "step_time": 1.0})
+        if step in evals:
+            events.append({"seq": len(events), "type": "metrics", "time": float(step), "rank": 0, "step": step,
+                           "values": {"eval/loss": evals[step], "user/score": step * 2.0}})
+            events.append({"seq": len(events), "type": "eval_samples", "time": float(step), "step": step,
+                           "samples": [{"prompt": "[b]2+2[/b]", "completion": f"four at {step}"}]})
+    store.ingest(run_id, events)
+    return run_id
+
+
+def test_monitor_feed_compare_and_report_show_eval(tmp_path: Path) -> None:
+    from runner.compare import load_comparison
+    from tui.app.screens.data import MonitorFeed
+    from tui.app.screens.monitor import named_text
+    from tui.render.compare import markdown, rich_table, to_html
+
+    store = Store(f"sqlite:///{tmp_path / 'ftui.db'}")
+    a = _run_with_eval(store, [3.0, 2.5, 2.0, 1.8], {2: 2.7, 4: 2.2})
+    b = _run_with_eval(store, [3.0, 2.6, 2.2, 2.1], {2: 2.8, 4: 2.9})
+    snap = MonitorFeed(store, a).poll()
+    assert snap.named["eval/loss"] == [(2.0, 2.7), (4.0, 2.2)]
+    assert snap.loss_points == [(1.0, 3.0), (2.0, 2.5), (3.0, 2.0), (4.0, 1.8)]
+    assert snap.samples == [{"prompt": "[b]2+2[/b]", "completion": "four at 4"}] and snap.samples_step == 4
+    text = named_text(snap).plain
+    assert "eval/loss 2.2 (4)" in text and "user/score 8 (4)" in text and "[b]2+2[/b] -> four at 4" in text
+    cmp = load_comparison(store, [a, b])
+    rows = {r.run_id: r for r in cmp.rows}
+    assert (rows[a].final_eval_loss, rows[a].best_eval_loss) == (2.2, 2.2)
+    assert (rows[b].final_eval_loss, rows[b].best_eval_loss) == (2.9, 2.8)
+    assert cmp.eval_curves[b] == [(2, 2.8), (4, 2.9)] and cmp.named[a]["user/score"] == 8.0
+    page = to_html(cmp)
+    assert "and eval loss" in page and f"run {b}" in page and "final eval loss" in page
+    assert "four at 4" in page and "&lt;" not in "[b]" and "[b]2+2[/b]" in page
+    assert "| final eval loss | best eval loss |" in markdown(cmp)
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(rich_table(cmp))
+    out = console.export_text()
+    assert "best eval loss" in out and "2.8000" in out and "[b]2+2[/b]" in out

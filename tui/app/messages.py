@@ -88,6 +88,13 @@ class MonitorSnapshot:
     """Before the first step: ``starting: no step yet (12s) · last journal event: start``."""
     host: DeviceView | None = None
     """The whole machine (CPU of all cores, memory; psutil), so that other load is visible."""
+    loss_points: list[tuple[float, float]] = field(default_factory=list)
+    """(step, loss), downsampled: the x axis a second curve at other steps lines up with."""
+    named: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    """Named metrics (``eval/loss``, user metrics): name to (step, value)."""
+    samples: list[dict[str, str]] = field(default_factory=list)
+    """The last evaluation's samples (``[{"prompt", "completion"}]``)."""
+    samples_step: int | None = None
 
 
 @dataclass

@@ -85,6 +85,20 @@ COLUMNS: list[tuple[str, Callable[[RunRow], str]]] = [
     ("status", _status),
 ]
 
+EVAL_COLUMNS: list[tuple[str, Callable[[RunRow], str]]] = [
+    ("final eval loss", lambda r: _num(r.final_eval_loss, ".4f")),
+    ("best eval loss", lambda r: _num(r.best_eval_loss, ".4f")),
+]
+"""Shown when a compared run was evaluated (``train.eval_every``, an eval set)."""
+
+
+def columns(cmp: Comparison) -> list[tuple[str, Callable[[RunRow], str]]]:
+    """:data:`COLUMNS`, with the eval figures before ``speed-up`` when any run has them."""
+    if not cmp.eval_curves:
+        return list(COLUMNS)
+    at = next(i for i, (h, _) in enumerate(COLUMNS) if h == "speed-up")
+    return [*COLUMNS[:at], *EVAL_COLUMNS, *COLUMNS[at:]]
+
 
 NOT_REPORTED = "not reported"
 SCRIPT_REPORTS = frozenset({"micro-batch x GA", "train time", "tokens/s", "tokens/s/device",
@@ -110,6 +124,8 @@ def sources(cmp: Comparison) -> list[str]:
     if util:
         out.append("utilisation: " + "; ".join(util))
     out.append("train time, tokens/s, loss: measured by the trainer (tokens/s over all devices; first to last step)")
+    if cmp.eval_curves:
+        out.append("eval loss: measured by the trainer over the whole held-out set (token-weighted mean over ranks)")
     if any(r.script for r in cmp.rows):
         out.append("script runs: what the script reported through runner.track or FtuiCallback (train time from "
                    "its start to its last step); 'not reported' where it did not")
@@ -148,7 +164,7 @@ def rich_table(cmp: Comparison) -> RenderableType:
     for r in cmp.rows:
         mark = " *" if r.run_id == cmp.fastest_id else ""
         table.add_column(f"run {r.run_id}{mark}", justify="right", overflow="fold")
-    for header, cell in COLUMNS[1:]:
+    for header, cell in columns(cmp)[1:]:
         cells: list[Any] = []
         for r in cmp.rows:
             text = cell(r)
@@ -166,8 +182,32 @@ def rich_table(cmp: Comparison) -> RenderableType:
         for key, values in cmp.recipe_diff.items():
             diff.add_row(*text_row(key, *map(str, values)))  # recipe values are the user's text
         parts.append(diff)
+    if cmp.samples:
+        parts.append(samples_table(cmp))
     parts.append(Text("\n".join(summary_lines(cmp)), style="bold"))
     return Group(*parts)
+
+
+def sample_rows(cmp: Comparison) -> tuple[list[int], list[tuple[str, list[str]]]]:
+    """The runs with samples, and per prompt (in first-seen order) each such run's completion."""
+    ids = [r.run_id for r in cmp.rows if cmp.samples.get(r.run_id)]
+    prompts: dict[str, dict[int, str]] = {}
+    for rid in ids:
+        for sample in cmp.samples[rid]:
+            prompts.setdefault(sample["prompt"], {})[rid] = sample["completion"]
+    return ids, [(p, [by_run.get(rid, "-") for rid in ids]) for p, by_run in prompts.items()]
+
+
+def samples_table(cmp: Comparison) -> Table:
+    """Each ``eval.prompts`` entry with every run's greedy completion at its last evaluation, side by side."""
+    ids, rows = sample_rows(cmp)
+    table = Table(title="samples (greedy, last evaluation)")
+    table.add_column("prompt")
+    for rid in ids:
+        table.add_column(f"run {rid}", overflow="fold")
+    for prompt, completions in rows:
+        table.add_row(*text_row(prompt, *completions))  # generated text is never markup
+    return table
 
 
 # ---------------------------------------------------------------------- markdown, csv, json
@@ -179,10 +219,11 @@ def _md_cell(text: str) -> str:
 
 def markdown(cmp: Comparison) -> str:
     lines = [f"## Comparison{f' of sweep {cmp.sweep_id}' if cmp.sweep_id else ''}", ""]
-    lines.append("| " + " | ".join(h for h, _ in COLUMNS) + " |")
-    lines.append("|" + "|".join("---" if h in ("strategy", "method", "status") else "---:" for h, _ in COLUMNS) + "|")
+    cols = columns(cmp)
+    lines.append("| " + " | ".join(h for h, _ in cols) + " |")
+    lines.append("|" + "|".join("---" if h in ("strategy", "method", "status") else "---:" for h, _ in cols) + "|")
     for r in cmp.rows:
-        lines.append("| " + " | ".join(_md_cell(cell(r)) for _, cell in COLUMNS) + " |")
+        lines.append("| " + " | ".join(_md_cell(cell(r)) for _, cell in cols) + " |")
     lines += ["", *[f"- {s}" for s in sources(cmp)], ""]
     if cmp.recipe_diff:
         lines += ["### Recipe differences", ""]
@@ -282,14 +323,19 @@ def to_html(cmp: Comparison) -> str:
     """One self-contained page: the table, the loss curves overlaid, utilisation and memory per
     device for each run, the recipe diff. Inline CSS and SVG only: it opens offline."""
     esc = html.escape
-    head = "".join(f"<th>{esc(h)}</th>" for h, _ in COLUMNS)
+    head = "".join(f"<th>{esc(h)}</th>" for h, _ in columns(cmp))
     body = []
     for r in cmp.rows:
         cls = ' class="fastest"' if r.run_id == cmp.fastest_id else ""
-        body.append(f"<tr{cls}>" + "".join(f"<td>{esc(cell(r))}</td>" for _, cell in COLUMNS) + "</tr>")
+        body.append(f"<tr{cls}>" + "".join(f"<td>{esc(cell(r))}</td>" for _, cell in columns(cmp)) + "</tr>")
+    # Eval loss: a second curve per run, after the training curves (later series are drawn dashed).
+    evals = [(f"run {r.run_id} {cmp.label(r)} eval", PALETTE[i % len(PALETTE)],
+              [(float(s), float(v)) for s, v in cmp.eval_curves.get(r.run_id, [])])
+             for i, r in enumerate(cmp.rows) if cmp.eval_curves.get(r.run_id)]
     loss = svg_lines([(f"run {r.run_id} {cmp.label(r)}", PALETTE[i % len(PALETTE)],
                        [(float(s), float(v)) for s, v in cmp.curves.get(r.run_id, [])])
-                      for i, r in enumerate(cmp.rows)], "training loss, all runs", "step", "loss",
+                      for i, r in enumerate(cmp.rows)] + evals,
+                     "training loss" + (" and eval loss" if evals else "") + ", all runs", "step", "loss",
                      width=900, height=360)
     timelines = []
     for r in cmp.rows:
@@ -318,6 +364,12 @@ def to_html(cmp: Comparison) -> str:
                        for k, vs in cmp.recipe_diff.items())
         diff = f"<h2>Recipe differences</h2><table><tr><th>field</th>{dh}</tr>{rows}</table>"
     notes = "".join(f"<li>{esc(s)}</li>" for s in sources(cmp))
+    if cmp.samples:
+        ids, sample_lines = sample_rows(cmp)
+        sh = "".join(f"<th>run {rid}</th>" for rid in ids)
+        srows = "".join(f"<tr><td>{esc(p)}</td>" + "".join(f"<td>{esc(c)}</td>" for c in cs) + "</tr>"
+                        for p, cs in sample_lines)
+        diff += f"<h2>Samples (greedy, last evaluation)</h2><table><tr><th>prompt</th>{sh}</tr>{srows}</table>"
     verdict = "".join(f"<p>{esc(s)}</p>" for s in summary_lines(cmp))
     title = f"ftui comparison{f' - {cmp.sweep_id}' if cmp.sweep_id else ''}"
     return f"""<!DOCTYPE html>

@@ -17,7 +17,7 @@ from textual.widgets import DataTable, Footer, Header, Static
 from runner.compare import Comparison
 from tui.app.messages import CompareLoaded
 from tui.app.widgets.plot import LinePlot
-from tui.render.compare import COLUMNS, sources, summary_lines
+from tui.render.compare import columns, sample_rows, sources, summary_lines
 from tui.render.report import STATUS_STYLE
 
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 NARROW = {
     "strategy": "strategy", "devices": "dev", "tokens/s": "tokens/s", "MFU": "MFU",
     "peak mem/device (measured)": "peak mem", "final loss": "final loss", "status": "status",
+    "final eval loss": "eval loss",
 }
 """Under 100 columns: these figures only, with short labels (every source line is still shown)."""
 
@@ -96,7 +97,7 @@ class CompareScreen(Screen[None]):
         for r in cmp.rows:
             mark = " *" if r.run_id == cmp.fastest_id else ""
             table.add_column(f"run {r.run_id}{mark}", key=str(r.run_id))
-        for header, cell in COLUMNS[1:]:
+        for header, cell in columns(cmp)[1:]:
             label = NARROW.get(header) if self.narrow else header
             if label is None:
                 continue
@@ -110,6 +111,13 @@ class CompareScreen(Screen[None]):
             lines.append(f"* fastest: run {cmp.fastest_id}\n", style="bold")
         lines.append("sources:\n" + "\n".join(f"  {s}" for s in sources(cmp)) + "\n", style="dim")
         lines.append("\n".join(summary_lines(cmp)), style="bold")
+        if cmp.samples:  # eval.prompts: each run's completion side by side (generated text: never markup)
+            ids, rows = sample_rows(cmp)
+            lines.append("\n\nsamples (greedy, last evaluation):\n", style="bold")
+            for prompt, completions in rows:
+                lines.append(f"  {prompt}\n")
+                for rid, completion in zip(ids, completions, strict=True):
+                    lines.append(f"    run {rid}: {completion}\n", style="dim")
         self.query_one("#compare-sources", Static).update(lines)
         diff = self.query_one("#diff", DataTable)
         diff.clear(columns=True)
@@ -122,7 +130,9 @@ class CompareScreen(Screen[None]):
         if not cmp.recipe_diff:
             diff.add_row("(recipes identical)", *["" for _ in cmp.rows])
         plot = self.query_one("#compare-loss", LinePlot)
-        plot.title = "loss (measured) against step, overlaid"
+        plot.title = "loss (measured) against step, overlaid" + (" (+ eval loss)" if cmp.eval_curves else "")
         plot.x_label = "step"
         plot.points = [(f"run {r.run_id}", [(float(s), float(v)) for s, v in cmp.curves.get(r.run_id, [])])
-                       for r in cmp.rows]
+                       for r in cmp.rows] + [
+            (f"run {r.run_id} eval", [(float(s), float(v)) for s, v in cmp.eval_curves[r.run_id]])
+            for r in cmp.rows if cmp.eval_curves.get(r.run_id)]

@@ -73,6 +73,10 @@ class MonitorFeed:
         self._mem: dict[str, deque[float]] = {}
         self._latest: dict[str, Any] = {}
         self._rank_gpu: dict[int, dict[int, int]] = {}
+        self.named: dict[str, list[tuple[float, float]]] = {}
+        self._last_named = -1
+        self.samples: list[dict[str, str]] = []
+        self.samples_step: int | None = None
 
     def poll(self) -> MonitorSnapshot:
         run = self.store.get_run(self.run_id)
@@ -88,6 +92,17 @@ class MonitorFeed:
             if m.loss is not None:
                 self.losses.append(m.loss)
             self._last_step = m.step
+        fresh_named = self.store.named_metrics(self.run_id, after_step=self._last_named)
+        for point in fresh_named:
+            if point.value is not None:
+                self.named.setdefault(point.name, []).append((float(point.step), point.value))
+            self._last_named = max(self._last_named, point.step)
+        if fresh_named and any(p.name.startswith("eval/") for p in fresh_named):
+            from runner.compare import last_samples
+
+            events = self.store.events(self.run_id, "eval_samples")
+            if events:
+                self.samples, self.samples_step = last_samples(self.store, self.run_id), events[-1].payload.get("step")
         for d in self.store.samples(self.run_id, after_id=self._last_sample_id):
             # Several machines: each node's GPUs and host are its own (ranks are numbered across the world).
             node = getattr(d, "node", None)
@@ -167,6 +182,12 @@ class MonitorFeed:
             elapsed_s=elapsed,
             phase=self.phase(run, elapsed),
             host=host,
+            loss_points=list(zip(downsample([float(m[0]) for m in self.metrics if m[1] is not None], self.plot_width),
+                                 downsample([m[1] for m in self.metrics if m[1] is not None], self.plot_width),
+                                 strict=True)),
+            named={name: list(points) for name, points in self.named.items()},
+            samples=list(self.samples),
+            samples_step=self.samples_step,
             extra={"nodes": self.nodes_line(run)} if run is not None and (run.nnodes or 1) > 1 else {},
         )
 

@@ -61,6 +61,7 @@ class MonitorScreen(Screen[None]):
             with Horizontal(id="monitor-top"):
                 yield LinePlot(id="loss")
                 yield Curves(id="curves")
+            yield Static("", id="named")
             yield Static("", id="logs")
             yield DataTable(id="devices", cursor_type="none", zebra_stripes=True)
             yield DataTable(id="ranks", cursor_type="none")
@@ -146,7 +147,16 @@ class MonitorScreen(Screen[None]):
         self._update_static("#progress", self.progress_text(snap))
         plot = self.query_one("#loss", LinePlot)
         plot.title = f"loss (measured, {snap.loss_steps} steps)"
-        plot.series = [("loss", snap.loss)]
+        evals = snap.named.get("eval/loss")
+        if evals:  # a second curve, at the steps evaluated: both against the step
+            plot.title += f" + eval loss ({len(evals)} evals)"
+            plot.x_label = "step"
+            plot.points = [("loss", snap.loss_points), ("eval loss", evals)]
+        else:
+            plot.series = [("loss", snap.loss)]
+        named = named_text(snap)
+        self.set_class(bool(named.plain), "-has-named")  # no named metrics: no empty line
+        self._update_static("#named", named)
         curves = self.query_one("#curves", Curves)
         curves.curves = [(name, snap.curves.get(name, []), fmt, style) for name, fmt, style in
                          (("lr", ".2e", "yellow"), ("grad norm", ".3g", "magenta"), ("tokens/s", ",.0f", "green"))]
@@ -286,6 +296,22 @@ class MonitorScreen(Screen[None]):
                 self._signal(True, "kill")
 
         self.app.push_screen(ConfirmScreen(f"Kill run {self.run_id} (SIGKILL every process)?"), done)
+
+
+def named_text(snap: MonitorSnapshot) -> Text:
+    """The last value of every named metric (measured by the trainer or reported by the run) and the
+    last evaluation's samples; empty when the run has none. Names and generated text are never markup."""
+    out = Text()
+    if snap.named:
+        out.append("metrics (last value, step): ", style="bold")
+        out.append(" · ".join(f"{name} {points[-1][1]:.4g} ({points[-1][0]:.0f})"
+                              for name, points in sorted(snap.named.items()) if points))
+    if snap.samples:
+        out.append(f"\nsamples at step {snap.samples_step}:", style="bold")
+        for sample in snap.samples:
+            out.append(f"\n  {sample['prompt']} ")
+            out.append(f"-> {sample['completion']}", style="cyan")
+    return out
 
 
 def fmt_pair(used: int | None, total: int | None) -> str:

@@ -1,0 +1,131 @@
+"""The data step and evaluation: tokenizing a 100k-row chat JSONL, cold vs cached, and what an evaluation costs.
+
+    python bench/bench_data.py [--rows 100000] [--runs]
+
+1. Data step (in process, the trainer's own function, runner.dataprep.load_data): a chat JSONL of
+   ``--rows`` conversations (recipes/data/make_chat.py's generator), completion-only labels, packed
+   blocks of 256 and a 1% eval split: tokens/s of the cold step (read, render, tokenize, pack, write the
+   cache) and the wall time cold vs cached.
+2. ``--runs``: time to first step of a real ``ftui run`` (chat-lora recipe on that file, max_steps=1,
+   no eval), cold (empty cache: the pre-flight tokenizes) then cached (same recipe again): from the
+   command's start to the first step event's time in the journal.
+3. Evaluation cost: ``runner.evaluate.eval_loss`` over an eval set of 16 blocks of 128 against the bare forward
+   passes over the same batches (the builtin model, one process): the ratio says what an evaluation
+   adds beyond its own forwards.
+
+Prints one JSON object; BENCHMARKS.md records the figures with the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "recipes" / "data"))
+
+
+def write_chat(path: Path, rows: int) -> None:
+    from make_chat import conversations
+
+    with open(path, "w", encoding="utf-8") as fh:
+        for row in conversations(rows, seed=7):
+            fh.write(json.dumps(row) + "\n")
+
+
+def data_step(path: Path) -> dict[str, Any]:
+    from runner import dataprep
+    from runner.recipe import parse_recipe
+
+    recipe = parse_recipe(f'[data]\nsource = "{path}"\nformat = "chat"\ntrain_on = "completions"\n'
+                          'context_length = 256\neval_fraction = 0.01\n')
+    tokenizer = dataprep.load_tokenizer(recipe)
+    cold = dataprep.load_data(recipe.data, tokenizer, 0)
+    cached = dataprep.load_data(recipe.data, tokenizer, 0)
+    assert not cold.cached and cached.cached
+    return {"rows": sum(1 for _ in open(path)), "tokens": cold.tokens, "cold_s": round(cold.seconds, 2),
+            "cached_s": round(cached.seconds, 3), "tokens_per_s_cold": round(cold.tokens / cold.seconds),
+            "cached_speedup": round(cold.seconds / cached.seconds, 1),
+            "blocks": int(cold.train.input_ids.shape[0])}
+
+
+def first_step_s(path: Path, home: Path) -> float:
+    env = {**os.environ, "FTUI_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    env.pop("FTUI_DB", None)
+    t0 = time.time()
+    subprocess.run([sys.executable, "-m", "tui.cli", "run", str(ROOT / "recipes" / "chat-lora.toml"),
+                    "--set", f'data.source="{path}"', "--set", "train.max_steps=1", "--set", "data.context_length=256", "--set", "data.eval_fraction=0.0",
+                    "--set", "train.eval_every=0", "--set", "train.save=false", "--sample-interval", "0"],
+                   env=env, check=True, capture_output=True, cwd=ROOT)
+    journal = max((home / "runs").iterdir(), key=lambda p: p.stat().st_mtime) / "events.jsonl"
+    for line in journal.read_text().splitlines():
+        event = json.loads(line)
+        if event["type"] == "step":
+            return float(event["time"]) - t0
+    raise RuntimeError("no step")
+
+
+def eval_cost() -> dict[str, Any]:
+    import torch
+    from accelerate import Accelerator
+    from transformers import LlamaForCausalLM
+
+    from runner import builtin, evaluate
+    from runner.data import Blocks
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(builtin.tiny_llama_config())
+    acc = Accelerator(cpu=True)
+    blocks = Blocks(torch.randint(0, 4096, (16, 128)), None, None)
+    batch = 4
+    evaluate.eval_loss(model, Blocks(blocks.input_ids[:4], None, None), acc, batch, "cpu")  # warm-up
+    bare, full = [], []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            model.eval()
+            for i in range(0, 16, batch):
+                model(input_ids=blocks.input_ids[i : i + batch]).logits.sum()
+        bare.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        evaluate.eval_loss(model, blocks, acc, batch, "cpu")
+        full.append(time.perf_counter() - t0)
+    return {"eval_blocks": 16, "seq": 128, "batch": batch, "forwards_only_s": round(min(bare), 3),
+            "eval_loss_s": round(min(full), 3), "ratio": round(min(full) / min(bare), 3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--runs", action="store_true")
+    parser.add_argument("--runs-only", action="store_true", help="only the time to first step (2 real runs)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["FTUI_HOME"] = tmp
+        path = Path(tmp) / "chat100k.jsonl"
+        write_chat(path, args.rows)
+        out: dict[str, Any] = {"load_average": os.getloadavg()[0]}
+        if not args.runs_only:
+            out["data_step"] = data_step(path)
+        if args.runs or args.runs_only:
+            home = Path(tmp) / "runs-home"
+            cold = first_step_s(path, home)
+            cached = first_step_s(path, home)
+            out["first_step"] = {"cold_s": round(cold, 1), "cached_s": round(cached, 1),
+                                 "speedup": round(cold / cached, 2)}
+        if not args.runs_only:
+            out["eval"] = eval_cost()
+        out["load_average_end"] = os.getloadavg()[0]
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
