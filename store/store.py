@@ -26,15 +26,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Concatenate, NoReturn, ParamSpec, TypedDict, TypeVar, Unpack
+from typing import Any, Concatenate, NoReturn, ParamSpec, TypedDict, TypeVar, Unpack, cast
 
-from sqlalchemy import Connection, Engine, create_engine, delete, event, func, make_url, select
+from sqlalchemy import Connection, Engine, Table, create_engine, delete, event, func, insert, make_url, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from runner.hardware.records import DeviceSample
+from store.curves import Curve, read_curves, write_rollups
 from store.ids import new_uid
-from store.models import DeviceSampleRow, Event, Metric, ProcessSampleRow, Run
+from store.models import DeviceSampleRow, Event, Metric, MetricRollup, ProcessSampleRow, Run
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -167,6 +168,11 @@ class EventInfo:
     type: str
     time: float
     payload: dict[str, Any]
+
+
+def _table(model: type[Any]) -> Table:
+    """The Core table of a model (for executemany inserts)."""
+    return cast(Table, model.__table__)
 
 
 def utcnow() -> datetime:
@@ -379,7 +385,7 @@ class Store:
     @_retrying
     def delete_run(self, run_id: int) -> bool:
         with self._write() as s:
-            for table in (Metric, Event, DeviceSampleRow, ProcessSampleRow):
+            for table in (Metric, MetricRollup, Event, DeviceSampleRow, ProcessSampleRow):
                 s.execute(delete(table).where(table.run_id == run_id))
             return s.execute(delete(Run).where(Run.id == run_id)).rowcount > 0  # type: ignore[attr-defined,no-any-return]
 
@@ -403,28 +409,27 @@ class Store:
                 select(func.max(Event.seq)).where(Event.run_id == run_id, Event.source == source)
             )
             fresh = [e for e in events if last is None or int(e["seq"]) > last]
-            for e in fresh:
-                payload = {k: v for k, v in e.items() if k not in ("seq", "type", "time")}
-                s.add(Event(run_id=run_id, source=source, seq=int(e["seq"]), type=e["type"], time=e["time"], payload=payload))
-                if e["type"] == "step" and source == "trainer":
-                    s.add(
-                        Metric(
-                            run_id=run_id,
-                            step=int(e["step"]),
-                            time=float(e["time"]),
-                            loss=e.get("loss"),
-                            lr=e.get("lr"),
-                            grad_norm=e.get("grad_norm"),
-                            tokens=e.get("tokens"),
-                            step_time=e.get("step_time"),
-                            tokens_per_s=e.get("tokens_per_s"),
-                        )
-                    )
-            if fresh:
+            if not fresh:
+                return 0
+            # Core executemany, not one ORM object per row: about 4x the rows per second (BENCHMARKS.md,
+            # "Store at scale"); the rows and their values are the same.
+            event_rows = [{"run_id": run_id, "source": source, "seq": int(e["seq"]), "type": e["type"],
+                           "time": e["time"],
+                           "payload": {k: v for k, v in e.items() if k not in ("seq", "type", "time")}}
+                          for e in fresh]
+            metric_rows = [
+                {"run_id": run_id, "step": int(e["step"]), "time": float(e["time"]), "loss": e.get("loss"),
+                 "lr": e.get("lr"), "grad_norm": e.get("grad_norm"), "tokens": e.get("tokens"),
+                 "step_time": e.get("step_time"), "tokens_per_s": e.get("tokens_per_s")}
+                for e in fresh if e["type"] == "step" and source == "trainer"
+            ]
+            s.execute(insert(_table(Event)), event_rows)
+            if metric_rows:
+                s.execute(insert(_table(Metric)), metric_rows)
+                write_rollups(s, run_id, metric_rows)
                 run = s.get(Run, run_id)
-                steps = [int(e["step"]) for e in fresh if e["type"] == "step"]
-                if run is not None and steps:
-                    run.steps_done = max(steps + [run.steps_done or 0])
+                if run is not None:
+                    run.steps_done = max([int(e["step"]) for e in fresh if e["type"] == "step"] + [run.steps_done or 0])
             return len(fresh)
 
     @_retrying
@@ -437,13 +442,26 @@ class Store:
             s.add(Event(run_id=run_id, source="orchestrator", seq=int(seq or 0), type=type_, time=time, payload=payload))
 
     @_retrying
-    def metrics(self, run_id: int, after_step: int | None = None) -> list[MetricPoint]:
-        """Per-step metrics of a run, by step; only those after ``after_step`` when given (live views)."""
+    def metrics(self, run_id: int, after_step: int | None = None, last: int | None = None) -> list[MetricPoint]:
+        """Per-step metrics of a run, by step; only those after ``after_step`` when given (live views),
+        only the newest ``last`` when given."""
         with self._begin() as s:
-            query = select(Metric).where(Metric.run_id == run_id).order_by(Metric.step)
+            query = select(Metric).where(Metric.run_id == run_id)
             if after_step is not None:
                 query = query.where(Metric.step > after_step)
-            return [_frozen(MetricPoint, r) for r in s.scalars(query)]
+            if last is not None:
+                newest = [_frozen(MetricPoint, r) for r in s.scalars(query.order_by(Metric.step.desc()).limit(last))]
+                return newest[::-1]
+            return [_frozen(MetricPoint, r) for r in s.scalars(query.order_by(Metric.step))]
+
+    @_retrying
+    def curves(self, run_ids: Sequence[int], name: str = "loss", points: int = 400) -> dict[int, Curve]:
+        """Each run's ``name`` curve (``loss``, ``lr``, ``grad_norm``, ``tokens_per_s``) downsampled to
+        about ``points`` points from the stored per-block summaries (:mod:`store.rollup`): a few hundred
+        rows per run whatever its length, keeping each group's first, last, lowest and highest point.
+        Every metric row stays stored; :meth:`metrics` reads them all."""
+        with self._begin() as s:
+            return read_curves(s, run_ids, name, points)
 
     @_retrying
     def events(self, run_id: int, type_: str | None = None) -> list[EventInfo]:
