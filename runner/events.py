@@ -35,6 +35,10 @@ Every event carries ``seq`` (0, 1, 2, ... within the run: its stable id), ``type
   ``bytes`` (files written), ``reason`` (``"every"`` or ``"stop"``), ``removed`` (older ones pruned).
 - ``error``: ``message`` (one line); for a non-finite loss also ``reason`` (``"nan_loss"`` or
   ``"too_many_skipped"``), ``step`` and ``value`` (``"nan"``, ``"inf"``, ``"-inf"``).
+- ``metrics``: ``step``, ``rank`` and ``values``, a map of metric name to float (or null): any named
+  per-step values (``eval/loss``, ``eval/perplexity``, ``train/*``, a user's own), stored in the
+  ``named_metrics`` table (:class:`MetricsEvent`, :func:`metrics_event`).
+- ``eval_samples``: ``step`` and ``samples``, ``[{"prompt", "completion"}]`` generated at an evaluation.
 - ``end``: ``status`` (completed / stopped / failed), ``steps``, ``train_seconds``, ``tokens``,
   ``tokens_per_s`` (of this run's own steps), ``final_loss``, ``saved``, ``ranks``, ``skipped``,
   ``checkpoint`` (the newest complete one, or null).
@@ -200,8 +204,60 @@ class EndEvent(TypedDict):
     checkpoint: str | None
 
 
-TrainerEvent = StartEvent | StepEvent | MemoryEvent | CheckpointEvent | ErrorEvent | EndEvent
-TRAINER_EVENT_TYPES = frozenset({"start", "step", "memory", "checkpoint", "error", "end"})
+class MetricsEvent(TypedDict):
+    """Named values of one step: ``train/*``, ``eval/*`` or a user's own metrics (any name, one float each).
+
+    The store keeps each value as a row of ``named_metrics`` (:meth:`store.Store.named_metrics`); a
+    non-finite value is stored as None. Build one with :func:`metrics_event`, which checks the names.
+    """
+
+    type: Literal["metrics"]
+    rank: int
+    step: int
+    values: dict[str, float | None]
+
+
+class EvalSamplesEvent(TypedDict):
+    """What the model generated for each of ``eval.prompts`` at one evaluation (rank 0, greedy)."""
+
+    type: Literal["eval_samples"]
+    step: int
+    samples: list[dict[str, str]]
+    """``{"prompt", "completion"}`` in the order of ``eval.prompts``."""
+
+
+TrainerEvent = (StartEvent | StepEvent | MemoryEvent | CheckpointEvent | ErrorEvent | EndEvent | MetricsEvent
+                | EvalSamplesEvent)
+TRAINER_EVENT_TYPES = frozenset({"start", "step", "memory", "checkpoint", "error", "end", "metrics", "eval_samples"})
+
+METRIC_NAME_MAX = 200
+"""Longest metric name the store keeps (``named_metrics.name``)."""
+
+
+def metrics_event(step: int, values: dict[str, Any], rank: int = 0) -> MetricsEvent:
+    """A checked :class:`MetricsEvent`: names are non-empty strings of at most :data:`METRIC_NAME_MAX`
+    characters, values numbers (bools refused), turned into floats; non-finite ones become None.
+
+    Raises:
+        ValueError: a bad name or a value that is not a number, named.
+    """
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"metrics: step must be an integer >= 0, got {step!r}")
+    out: dict[str, float | None] = {}
+    for name, value in values.items():
+        if not isinstance(name, str) or not name.strip() or len(name) > METRIC_NAME_MAX:
+            raise ValueError(f"metrics: a name must be 1 to {METRIC_NAME_MAX} characters, got {name!r}")
+        if value is None:
+            out[name] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            try:
+                value = float(value)  # a 0-d tensor or numpy scalar
+            except (TypeError, ValueError):
+                raise ValueError(f"metrics: {name}: not a number: {value!r}") from None
+        number = float(value)
+        out[name] = number if math.isfinite(number) else None
+    return MetricsEvent(type="metrics", rank=rank, step=step, values=out)
 
 
 def typed(event: dict[str, Any]) -> TrainerEvent | None:

@@ -317,7 +317,7 @@ class _Watch:
         if self.on_event is not None:
             for raw in fresh:
                 self.on_event(raw)
-        urgent = any(e["type"] != "step" for e in self.pending)
+        urgent = any(e["type"] not in ("step", "metrics") for e in self.pending)  # both batched
         if self.pending and (urgent or time.monotonic() - self.last_flush >= self.FLUSH_S):
             self.flush()
 

@@ -4,6 +4,7 @@ from store.curves import Curve
 from store.store import (
     EventInfo,
     MetricPoint,
+    NamedMetricPoint,
     ProcessSampleInfo,
     RunInfo,
     RunUpdate,
@@ -12,4 +13,5 @@ from store.store import (
     StoreError,
 )
 
-__all__ = ["Curve", "EventInfo", "MetricPoint", "ProcessSampleInfo", "RunInfo", "RunUpdate", "SampleInfo", "Store", "StoreError"]
+__all__ = ["Curve", "EventInfo", "MetricPoint", "NamedMetricPoint", "ProcessSampleInfo", "RunInfo", "RunUpdate", "SampleInfo",
+           "Store", "StoreError"]

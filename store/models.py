@@ -114,6 +114,25 @@ class Metric(Base):
     run: Mapped[Run] = relationship(back_populates="metrics")
 
 
+class NamedMetric(Base):
+    """Any named per-step value (``train/*``, ``eval/*``, a user's own), beside the fixed columns of
+    :class:`Metric`; one row per (run, step, name), written from the trainer's ``metrics`` events."""
+
+    __tablename__ = "named_metrics"
+    __table_args__ = (
+        UniqueConstraint("run_id", "name", "step", name="uq_named_metrics_run_name_step"),
+        Index("ix_named_metrics_run_step", "run_id", "step"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(200))
+    value: Mapped[float | None] = mapped_column(Float)
+    """None for a non-finite value (JSON, and so the journal, has no NaN)."""
+    time: Mapped[float] = mapped_column(Float)
+
+
 class DeviceSampleRow(Base):
     __tablename__ = "device_samples"
     __table_args__ = (Index("ix_device_samples_run_time", "run_id", "time"),)

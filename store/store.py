@@ -28,14 +28,27 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Concatenate, NoReturn, ParamSpec, TypedDict, TypeVar, Unpack, cast
 
-from sqlalchemy import Connection, Engine, Table, create_engine, delete, event, func, insert, make_url, select
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Table,
+    bindparam,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    make_url,
+    select,
+    update,
+)
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from runner.hardware.records import DeviceSample
 from store.curves import Curve, read_curves, write_rollups
 from store.ids import new_uid
-from store.models import DeviceSampleRow, Event, Metric, MetricRollup, ProcessSampleRow, Run
+from store.models import DeviceSampleRow, Event, Metric, MetricRollup, NamedMetric, ProcessSampleRow, Run
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -139,6 +152,16 @@ class MetricPoint:
     tokens: int | None
     step_time: float | None
     tokens_per_s: float | None
+
+
+@dataclass(frozen=True)
+class NamedMetricPoint:
+    """One named value of one step (``eval/loss`` at step 50); ``value`` None where it was not finite."""
+
+    step: int
+    name: str
+    value: float | None
+    time: float
 
 
 @dataclass(frozen=True)
@@ -385,7 +408,7 @@ class Store:
     @_retrying
     def delete_run(self, run_id: int) -> bool:
         with self._write() as s:
-            for table in (Metric, MetricRollup, Event, DeviceSampleRow, ProcessSampleRow):
+            for table in (Metric, MetricRollup, NamedMetric, Event, DeviceSampleRow, ProcessSampleRow):
                 s.execute(delete(table).where(table.run_id == run_id))
             return s.execute(delete(Run).where(Run.id == run_id)).rowcount > 0  # type: ignore[attr-defined,no-any-return]
 
@@ -394,6 +417,10 @@ class Store:
     @_retrying
     def ingest(self, run_id: int, events: Sequence[dict[str, Any]], source: str = "trainer") -> int:
         """Store journal events (and the metrics of the trainer's step events); skip any already stored.
+
+        The trainer's ``metrics`` events (:class:`runner.events.MetricsEvent`) become rows of the named
+        metrics (:meth:`named_metrics`), written in the same transaction: the one batched writer of
+        named values. A name reported twice for one step keeps the later value.
 
         Args:
             run_id: the run.
@@ -424,6 +451,8 @@ class Store:
                 for e in fresh if e["type"] == "step" and source == "trainer"
             ]
             s.execute(insert(_table(Event)), event_rows)
+            if source == "trainer":
+                _add_named(s, run_id, [e for e in fresh if e["type"] == "metrics"])
             if metric_rows:
                 s.execute(insert(_table(Metric)), metric_rows)
                 write_rollups(s, run_id, metric_rows)
@@ -462,6 +491,32 @@ class Store:
         Every metric row stays stored; :meth:`metrics` reads them all."""
         with self._begin() as s:
             return read_curves(s, run_ids, name, points)
+
+    @_retrying
+    def named_metrics(self, run_id: int, names: Iterable[str] | None = None,
+                      after_step: int | None = None) -> list[NamedMetricPoint]:
+        """Named per-step values of a run (see :class:`runner.events.MetricsEvent`), by step then name.
+
+        Args:
+            run_id: the run.
+            names: only these names (exact); None for every name.
+            after_step: only steps after this one (live views).
+        """
+        with self._begin() as s:
+            query = select(NamedMetric).where(NamedMetric.run_id == run_id)
+            if names is not None:
+                query = query.where(NamedMetric.name.in_(list(names)))
+            if after_step is not None:
+                query = query.where(NamedMetric.step > after_step)
+            query = query.order_by(NamedMetric.step, NamedMetric.name)
+            return [_frozen(NamedMetricPoint, r) for r in s.scalars(query)]
+
+    @_retrying
+    def metric_names(self, run_id: int) -> list[str]:
+        """The names of the named metrics a run has, sorted."""
+        with self._begin() as s:
+            query = select(NamedMetric.name).where(NamedMetric.run_id == run_id).distinct().order_by(NamedMetric.name)
+            return list(s.scalars(query))
 
     @_retrying
     def events(self, run_id: int, type_: str | None = None) -> list[EventInfo]:
@@ -522,6 +577,35 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def _add_named(s: Session, run_id: int, events: Sequence[dict[str, Any]]) -> None:
+    """Rows of ``named_metrics`` from ``metrics`` events, in one transaction; a (step, name) already
+    stored, or given twice, keeps the last value (so a re-ingest or a repeated report cannot fail)."""
+    values: dict[tuple[int, str], tuple[float | None, float]] = {}
+    for e in events:
+        step, when = int(e["step"]), float(e["time"])
+        for name, value in (e.get("values") or {}).items():
+            number = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+            values[(step, str(name))] = (number if number is None or math.isfinite(number) else None, when)
+    if not values:
+        return
+    # Core statements in batches (executemany), like the metric rows: the rows are the same as one ORM
+    # object each would give, at several times the rate (BENCHMARKS.md, "Store at scale").
+    table = _table(NamedMetric)
+    steps = [step for step, _ in values]
+    existing = {(r.step, r.name): r.id for r in s.execute(
+        select(table.c.id, table.c.step, table.c.name)
+        .where(table.c.run_id == run_id, table.c.step >= min(steps), table.c.step <= max(steps)))}
+    inserts = [{"run_id": run_id, "step": step, "name": name, "value": value, "time": when}
+               for (step, name), (value, when) in values.items() if (step, name) not in existing]
+    updates = [{"row_id": existing[key], "value": value, "time": when}
+               for key, (value, when) in values.items() if key in existing]
+    if inserts:
+        s.execute(insert(table), inserts)
+    if updates:
+        s.connection().execute(update(table).where(table.c.id == bindparam("row_id"))
+                               .values(value=bindparam("value"), time=bindparam("time")), updates)
 
 
 def describe_error(url: str, exc: BaseException) -> str:

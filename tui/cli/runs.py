@@ -48,7 +48,9 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     metrics = store.metrics(run.id)
     if args.format == "json":
-        print(json.dumps(run_to_json(run, metrics), indent=2))
+        samples = [{"step": e.payload.get("step"), "samples": e.payload.get("samples")}
+                   for e in store.events(run.id, "eval_samples")]
+        print(json.dumps(run_to_json(run, metrics, store.named_metrics(run.id), samples), indent=2))
         return ExitCode.OK
     console().print(run_detail(run, metrics))
     return ExitCode.OK

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from runner.hardware.records import SOURCE_LABELS
 from runner.summary import model_state_bytes, rank_peak, rank_rss
-from store import MetricPoint, RunInfo
+from store import MetricPoint, NamedMetricPoint, RunInfo
 from tui.render.plain import row as text_row
 from tui.render.words import distributed_words
 
@@ -247,8 +247,11 @@ def run_detail(run: RunInfo, metrics: list[MetricPoint]) -> Group:
     return Group(*parts)
 
 
-def run_to_json(run: RunInfo, metrics: list[MetricPoint] | None = None) -> dict[str, Any]:
-    """The scripting contract of ``ftui runs/show --format json``."""
+def run_to_json(run: RunInfo, metrics: list[MetricPoint] | None = None,
+                named: list[NamedMetricPoint] | None = None,
+                samples: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The scripting contract of ``ftui runs/show --format json``: ``named_metrics`` maps each name to
+    its ``[{"step", "value", "time"}]``; ``eval_samples`` lists ``{"step", "samples"}`` per evaluation."""
     data: dict[str, Any] = {
         "id": run.id,
         "name": run.name,
@@ -288,4 +291,11 @@ def run_to_json(run: RunInfo, metrics: list[MetricPoint] | None = None) -> dict[
              "step_time": m.step_time, "tokens_per_s": m.tokens_per_s, "time": m.time}
             for m in metrics
         ]
+    if named is not None:
+        series: dict[str, list[dict[str, Any]]] = {}
+        for point in named:
+            series.setdefault(point.name, []).append({"step": point.step, "value": point.value, "time": point.time})
+        data["named_metrics"] = series
+    if samples is not None:
+        data["eval_samples"] = samples
     return data
