@@ -12,7 +12,8 @@ the rest (up to ``--runs``) of ``--short-steps``.
 
 Measured, each ``--repeat`` times (median reported):
 1. ingest: metric values per second while ingesting step events, counted as MLflow counts rows (one per
-   metric value: loss, lr, grad_norm, tokens, step_time, tokens_per_s = 6 per step);
+   metric value: loss, lr, grad_norm, tokens, step_time, tokens_per_s = 6 per step, plus ``--named``
+   values of a ``metrics`` event per step, stored as ``named_metrics`` rows);
 2. ``ftui compare`` of 10 runs and of the ``--compare-runs`` runs, and of the long runs: wall time of the
    command (a child process, interpreter start included), and the in-process time of reading the
    comparison and rendering its table; the 10-run child is also checked for torch/transformers imports
@@ -74,7 +75,8 @@ def _summary_template() -> dict[str, Any]:
     }
 
 
-def _add_run(store: Any, recipe: Any, name: str, steps: int, batch: int, status: str = "completed") -> tuple[int, float]:
+def _add_run(store: Any, recipe: Any, name: str, steps: int, batch: int, status: str = "completed",
+             named: int = 0) -> tuple[int, float]:
     """One run through the real write path; returns (run id, seconds spent ingesting step events)."""
     from runner.mfu import run_flops_per_token
     from store.store import utcnow
@@ -102,6 +104,13 @@ def _add_run(store: Any, recipe: Any, name: str, steps: int, batch: int, status:
                    "grad_norm": 1.0 + ((s * 31) % 7) / 7, "tokens": 1024 * s, "step_time": 0.01,
                    "tokens_per_s": 700.0 + (s % 50)}
                   for i, s in enumerate(range(lo, min(steps, lo + batch - 1) + 1))]
+        if named:  # the trainer's ``metrics`` event beside each step (named_metrics rows)
+            events = [e for step_event in events for e in (
+                step_event, {"seq": 0, "type": "metrics", "time": step_event["time"], "rank": 0,
+                             "step": step_event["step"],
+                             "values": {f"train/m{k}": step_event["loss"] * (k + 2) for k in range(named)}})]
+            for i, e in enumerate(events):
+                e["seq"] = seq + i
         seq += len(events)
         w0 = time.perf_counter()
         store.ingest(run_id, events)
@@ -128,13 +137,13 @@ def fill(db: str, args: argparse.Namespace) -> dict[str, Any]:
     t_fill = time.perf_counter()
     for i, (kind, n) in enumerate(plan):
         status = "running" if kind == "long" and i == 0 else "completed"  # the monitor follows this one
-        run_id, took = _add_run(store, recipe, f"{kind}-{i}", n, args.batch, status)
+        run_id, took = _add_run(store, recipe, f"{kind}-{i}", n, args.batch, status, args.named)
         ids[kind].append(run_id)
         steps += n
         spent += took
     store.close()
     return {"ids": ids, "steps": int(steps), "ingest_s": spent, "fill_s": time.perf_counter() - t_fill,
-            "values_per_s": steps * METRICS_PER_STEP / spent if spent else 0.0}
+            "values_per_s": steps * (METRICS_PER_STEP + args.named) / spent if spent else 0.0}
 
 
 CHILD_CPU: list[float] = []
@@ -267,7 +276,8 @@ def measure(db: str, args: argparse.Namespace, tmp: str) -> None:
     ids = filled["ids"]
     print(f"filled: {sum(len(v) for v in ids.values())} runs, {filled['steps']:,} steps in {filled['fill_s']:.0f} s; "
           f"ingest {filled['values_per_s']:,.0f} metric values/s ({filled['steps'] / filled['ingest_s']:,.0f} "
-          f"steps/s, batches of {args.batch})", flush=True)
+          f"steps/s, batches of {args.batch} step events, {METRICS_PER_STEP} per-step columns + {args.named} named "
+          "metrics per step)", flush=True)
     cli = [sys.executable, "-m", "tui.cli"]
     results: dict[str, list[float]] = {}
 
@@ -333,7 +343,9 @@ def main() -> None:
     parser.add_argument("--compare-runs", type=int, default=50)
     parser.add_argument("--compare-steps", type=int, default=10_000)
     parser.add_argument("--short-steps", type=int, default=100)
-    parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--batch", type=int, default=1000, help="step events per ingest call")
+    parser.add_argument("--named", type=int, default=2,
+                        help="named metrics per step (a 'metrics' event beside each step event; 0: none)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--monitor-seconds", type=float, default=20.0)
     parser.add_argument("--mlflow", metavar="PYTHON", help="an interpreter with mlflow installed")

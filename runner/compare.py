@@ -7,6 +7,7 @@ Rendering lives in ``tui/render/compare.py``.
 
 from __future__ import annotations
 
+import functools
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -158,7 +159,7 @@ def recipe_diff(recipe_texts: Sequence[str]) -> dict[str, list[str]]:
     flats = []
     for text in recipe_texts:
         try:
-            flats.append(flatten(tomllib.loads(text)))
+            flats.append(flatten(_parsed(text)))
         except tomllib.TOMLDecodeError:
             flats.append({})
     keys = sorted(set().union(*flats)) if flats else []
@@ -186,9 +187,15 @@ def best_loss(metrics: Sequence[MetricPoint]) -> float | None:
     return min(losses) if losses else None
 
 
+@functools.lru_cache(maxsize=256)
+def _parsed(text: str) -> dict[str, Any]:
+    """A recipe's TOML, parsed once per comparison however many figures read it (callers only read it)."""
+    return tomllib.loads(text)
+
+
 def _recipe(run: RunInfo) -> dict[str, Any]:
     try:
-        return tomllib.loads(run.recipe_text)
+        return _parsed(run.recipe_text)
     except tomllib.TOMLDecodeError:
         return {}
 
@@ -571,7 +578,7 @@ def joined_metrics(store: Store, run: RunInfo, _depth: int = 0) -> list[MetricPo
     return before + own
 
 
-CURVE_POINTS = 400
+CURVE_POINTS = 200
 """Points per loss curve in a comparison: each group of steps keeps its first, lowest, highest and last
 loss (``store.rollup``), so the best loss and the curve's shape survive; the rows stay stored."""
 
@@ -632,12 +639,11 @@ def load_comparison(store: Store, run_ids: Sequence[int], baseline_id: int | Non
     curve downsampled (:func:`compare_metrics`); telemetry samples only for the HTML timelines or a run
     stored without its peak; model configs only for a run recorded without its dimensions.
     """
-    runs = []
-    for rid in run_ids:
-        run = store.get_run(rid)
-        if run is None:
-            raise KeyError(rid)
-        runs.append(run)
+    found = {r.id: r for r in store.get_runs(run_ids)}
+    missing = next((rid for rid in run_ids if rid not in found), None)
+    if missing is not None:
+        raise KeyError(missing)
+    runs = [found[rid] for rid in run_ids]
     recipes = {r.id: _recipe(r) for r in runs}
     # A resumed run's curve is joined to its parent's (the loss curves and best loss span the whole training).
     metrics = compare_metrics(store, runs)

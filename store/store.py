@@ -388,6 +388,12 @@ class Store:
             return None if run is None else _frozen(RunInfo, run)
 
     @_retrying
+    def get_runs(self, run_ids: Sequence[int]) -> list[RunInfo]:
+        """The runs with these ids that exist, in one query (compare reads tens of runs)."""
+        with self._begin() as s:
+            return [_frozen(RunInfo, r) for r in s.scalars(select(Run).where(Run.id.in_(list(run_ids))))]
+
+    @_retrying
     def get_run_by_uid(self, uid: str) -> RunInfo | None:
         """The run whose globally unique ``uid`` this is (what names its folder)."""
         with self._begin() as s:
