@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
@@ -9,7 +10,7 @@ from typing import cast
 from sqlalchemy import Table, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from store.models import MetricRollup
+from store.models import Metric, MetricRollup
 from store.rollup import (
     BLOCK_COLUMNS,
     ROLLUP_METRICS,
@@ -76,14 +77,28 @@ def read_curves(session: Session, run_ids: Iterable[int], name: str = "loss",
         return {}
     table = cast(Table, MetricRollup.__table__)
     counts: dict[int, dict[int, int]] = {}
-    for run_id, span, n in session.execute(
-            select(table.c.run_id, table.c.span, func.count()).where(table.c.run_id.in_(ids), table.c.name == name)
+    values: dict[int, int] = {}
+    for run_id, span, n, total in session.execute(
+            select(table.c.run_id, table.c.span, func.count(), func.sum(table.c.count))
+            .where(table.c.run_id.in_(ids), table.c.name == name)
             .group_by(table.c.run_id, table.c.span)):
         counts.setdefault(run_id, {})[span] = n
+        values[run_id] = int(total)
+    # A series that fits in ``points`` is read whole: nothing to thin, and no more rows than the blocks.
+    whole = [run_id for run_id, total in values.items() if total <= points]
+    raw: dict[int, list[tuple[int, float]]] = {}
+    if whole:
+        metrics = cast(Table, Metric.__table__)
+        column = metrics.c[name]
+        for run_id, step, value in session.execute(
+                select(metrics.c.run_id, metrics.c.step, column)
+                .where(metrics.c.run_id.in_(whole), column.is_not(None)).order_by(metrics.c.run_id, metrics.c.step)):
+            if math.isfinite(value):
+                raw.setdefault(run_id, []).append((step, value))
     chosen: dict[int, list[int]] = {}
     for run_id, by_span in counts.items():
         span = pick_span(by_span, points)
-        if span is not None:
+        if span is not None and run_id not in raw:
             chosen.setdefault(span, []).append(run_id)
     blocks: dict[int, list[Block]] = {}
     for span, runs in chosen.items():
@@ -94,6 +109,10 @@ def read_curves(session: Session, run_ids: Iterable[int], name: str = "loss",
             blocks.setdefault(row[0], []).append(block_from_row(row[1:]))
     out = {}
     for run_id in ids:
+        if run_id in raw:
+            pairs = raw[run_id]
+            out[run_id] = Curve(points=pairs, count=len(pairs), last_step=pairs[-1][0])
+            continue
         bs = blocks.get(run_id, [])
         out[run_id] = Curve(points=downsample_blocks(bs, points), count=sum(b.count for b in bs),
                             last_step=max((b.last_step for b in bs), default=None))
