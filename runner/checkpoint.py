@@ -84,15 +84,19 @@ def file_sizes(folder: Path) -> dict[str, int]:
     return sizes
 
 
-def missing_rank_parts(folder: Path, world_size: int) -> list[str]:
+def missing_rank_parts(folder: Path, world_size: int, ranks: range | None = None, metadata: bool = True) -> list[str]:
     """The per-rank parts that should be in a checkpoint of ``world_size`` ranks and are not: each
     rank's RNG states, and in every torch distributed checkpoint folder (FSDP) its metadata and one
-    data file per rank (``__{rank}_*.distcp``)."""
-    missing = [f"random_states_{r}.pkl" for r in range(world_size) if not (folder / f"random_states_{r}.pkl").is_file()]
+    data file per rank (``__{rank}_*.distcp``).
+
+    ``ranks``: only these ranks' parts (one machine of a multi-node run checks the parts its own ranks
+    wrote into its own folder); ``metadata``: whether the DCP metadata (rank 0's) belongs here."""
+    ranks = ranks if ranks is not None else range(world_size)
+    missing = [f"random_states_{r}.pkl" for r in ranks if not (folder / f"random_states_{r}.pkl").is_file()]
     for dcp in sorted(p for p in folder.iterdir() if p.is_dir()):
-        if not (dcp / ".metadata").is_file():
+        if metadata and not (dcp / ".metadata").is_file():
             missing.append(f"{dcp.name}/.metadata")
-        for r in range(world_size):
+        for r in ranks:
             if not any(dcp.glob(f"__{r}_*.distcp")):
                 missing.append(f"{dcp.name}/__{r}_*.distcp")
     return missing

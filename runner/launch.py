@@ -13,6 +13,7 @@ from typing import Any
 
 from runner import events as ev
 from runner import strategies
+from runner.multinode import NodeSpec, accelerate_fields
 from runner.recipe import Recipe
 
 
@@ -38,7 +39,7 @@ LOOPBACK = "127.0.0.1"
 """Where a one-machine run's rendezvous and collectives listen: nothing outside the host can reach them."""
 
 
-def accelerate_config(recipe: Recipe, port: int) -> dict[str, Any]:
+def accelerate_config(recipe: Recipe, port: int, nodes: NodeSpec | None = None) -> dict[str, Any]:
     """The accelerate config (as a dict for YAML) for a recipe.
 
     Always a complete file: ``accelerate launch`` silently reads the user's default config when
@@ -46,7 +47,7 @@ def accelerate_config(recipe: Recipe, port: int) -> dict[str, Any]:
     """
     launch = recipe.launch
     strategy = strategies.get(launch.strategy)
-    multi = launch.nproc > 1 or strategy.accelerate_type == "FSDP"
+    multi = launch.nproc > 1 or strategy.accelerate_type == "FSDP" or nodes is not None
     config: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         # A pipeline or tensor-parallel run starts its processes as DDP would; runner/pipeline.py and
@@ -92,6 +93,8 @@ def accelerate_config(recipe: Recipe, port: int) -> dict[str, Any]:
         else:
             fsdp["fsdp_reshard_after_forward"] = True
         config["fsdp_config"] = fsdp
+    if nodes is not None:  # several machines: the rendezvous is the main node's (runner/multinode.py)
+        config |= accelerate_fields(nodes, launch.nproc)
     return config
 
 
@@ -101,6 +104,7 @@ def build_launch(
     port: int,
     cpu_threads: int | None = None,
     python: str = sys.executable,
+    nodes: NodeSpec | None = None,
 ) -> LaunchSpec:
     """Build the launch of ``recipe`` in ``run_dir`` (pure: writes nothing).
 
@@ -111,6 +115,7 @@ def build_launch(
         cpu_threads: threads per rank when training on CPU (accelerate's default is 1, which
             leaves cores idle); None on GPU machines, where accelerate's default stands.
         python: the interpreter that runs ``accelerate launch`` and the ranks.
+        nodes: this machine's part of a multi-node run (its rendezvous); None for one machine.
     """
     import yaml
 
@@ -122,12 +127,12 @@ def build_launch(
         text = None
     else:
         config_path = str(run_dir / ev.ACCELERATE_FILE)
-        text = yaml.safe_dump(accelerate_config(recipe, port), sort_keys=False)
+        text = yaml.safe_dump(accelerate_config(recipe, port, nodes), sort_keys=False)
         files[ev.ACCELERATE_FILE] = text
     # Several processes on one machine: accelerate launch through runner/loopback_launch.py, which binds
     # torchrun's rendezvous store to the loopback address (its server would otherwise listen on every
     # interface). One process has no store: plain accelerate launch.
-    launcher = "runner.loopback_launch" if launch.nproc > 1 else "accelerate.commands.launch"
+    launcher = "runner.loopback_launch" if launch.nproc > 1 or nodes is not None else "accelerate.commands.launch"
     argv = [
         python,
         "-m",
@@ -143,6 +148,11 @@ def build_launch(
     # torchrun reads MASTER_ADDR for a one-machine rendezvous (accelerate passes main_process_ip only
     # to multi-machine launches); gloo (the CPU backend) binds its pairs to the named interface.
     env = {"PYTHONUNBUFFERED": "1", "MASTER_ADDR": LOOPBACK, "GLOO_SOCKET_IFNAME": "lo"}
+    if nodes is not None:
+        env["MASTER_ADDR"] = nodes.main_addr
+        env["FTUI_NNODES"] = str(nodes.nnodes)  # the trainer checks each node's own checkpoint parts
+        if not nodes.loopback:  # other machines: gloo picks the interface that reaches the main node
+            del env["GLOO_SOCKET_IFNAME"]
     if launch.gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, launch.gpus))
     if launch.device == "cpu":

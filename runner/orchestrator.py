@@ -45,6 +45,8 @@ class Prepared:
     run_dir: Path
     spec: LaunchSpec
     recipe: Recipe
+    node: Any = None
+    """This machine's :class:`runner.nodes.NodeAgent` when the run spans several machines, else None."""
 
 
 @dataclass
@@ -87,7 +89,7 @@ def preflight(recipe: Recipe) -> list[str]:
     if recipe.train.precision == "fp16" and on_cpu:
         raise PreflightError("train.precision: fp16 needs a GPU; use bf16 or fp32 on CPU")
     strategy = strategies.get(recipe.launch.strategy)
-    problem = strategy.nproc_problem(recipe.launch.nproc, on_cpu=on_cpu)
+    problem = strategy.nproc_problem(recipe.launch.nproc * (recipe.launch.nnodes or 1), on_cpu=on_cpu)
     if problem:
         raise PreflightError(f"launch.nproc: {problem}")
     if on_cpu and strategy.layer_split and recipe.launch.nproc == 1:
@@ -148,9 +150,12 @@ def prepare(
     sweep_id: str | None = None,
     root: Path | None = None,
     resumed_from: int | None = None,
+    nodes: Any = None,
 ) -> Prepared:
     """Record the run (unless ``store`` is None: a dry run) and write its folder; start nothing.
-    ``resumed_from``: the run this one continues (:func:`prepare_resume`)."""
+    ``resumed_from``: the run this one continues (:func:`prepare_resume`). ``nodes``: a
+    :class:`runner.multinode.NodeSpec` for a dry run of one machine of several (a real one goes through
+    :func:`runner.nodes.prepare_node`)."""
     from runner.paths import RunFolderError, claim_run_folder, new_run_uid
 
     root = root or runs_dir()
@@ -181,7 +186,8 @@ def prepare(
         if store is not None and run_id is not None:
             store.update_run(run_id, status="failed", error=str(exc), ended_at=_utcnow())
         raise PreflightError(str(exc)) from None
-    spec = build_launch(recipe, run_dir, port=free_port(), cpu_threads=cpu_threads(recipe))
+    port = nodes.main_port if nodes is not None else free_port()
+    spec = build_launch(recipe, run_dir, port=port, cpu_threads=cpu_threads(recipe), nodes=nodes)
     for name, text in spec.files.items():
         (run_dir / name).write_text(text)
     (run_dir / ev.LAUNCH_FILE).write_text(json.dumps(spec.to_json(), indent=2) + "\n")
@@ -211,6 +217,9 @@ def prepare_resume(store: Store, run_id: int, root: Path | None = None) -> Prepa
     old = store.get_run(run_id)
     if old is None:
         raise PreflightError(f"run {run_id}: no such run in {store.url}")
+    if (old.nnodes or 1) > 1:  # each machine holds its own part of each checkpoint (docs/multi-node.md)
+        raise PreflightError(f"run {run_id}: ran on {old.nnodes} machines; resuming a multi-node run is not "
+                             "supported yet")
     run_dir = Path(old.run_dir) if old.run_dir else None
     checkpoint = latest_complete(run_dir) if run_dir is not None else None
     if run_dir is None or checkpoint is None:
@@ -426,17 +435,18 @@ def _leader_alive(pid: int) -> bool:
 class _Recorder:
     """The orchestrator's events: to ``RUN/orchestrator.jsonl`` first, then to the store."""
 
-    def __init__(self, store: Store, run_id: int, run_dir: Path) -> None:
+    def __init__(self, store: Store, run_id: int, run_dir: Path, source: str = "orchestrator") -> None:
         from runner.journal import OrchestratorJournal
 
         self.store = store
         self.run_id = run_id
+        self.source = source  # each node of a multi-node run numbers its own events
         self.journal = OrchestratorJournal(run_dir)
 
     def emit(self, type_: str, **payload: Any) -> dict[str, Any]:
         record = self.journal.emit(type_, **payload)
         try:
-            self.store.ingest(self.run_id, [record], source="orchestrator")
+            self.store.ingest(self.run_id, [record], source=self.source)
         except Exception:  # noqa: BLE001 (the journal has it; recover re-ingests it)
             pass
         return record
@@ -488,7 +498,8 @@ def execute(
     lock = WatcherLock(prepared.run_dir)
     if not lock.acquire(wait_s=5.0):  # a recover check elsewhere may hold it for a moment
         raise PreflightError(f"run {run_id}: another process watches {prepared.run_dir}")
-    recorder = _Recorder(store, run_id, prepared.run_dir)
+    recorder = _Recorder(store, run_id, prepared.run_dir,
+                         source=prepared.node.source if prepared.node is not None else "orchestrator")
     proc = spawn(prepared)
     pgid = proc.pid  # start_new_session: the launcher leads its own group (the ranks may not: procs)
     launched = time.time()
@@ -564,7 +575,8 @@ def follow(
                     stopper.start(grace_s=grace_s, kill=request.kill)
                     recorder.emit("stop_requested", kill=request.kill, grace_s=grace_s)
                 for rank, pid in ranks.poll():
-                    if watch.end is None and not stopper.started:  # not one we ended
+                    # (not one we ended; a node without rank 0 sees no end event: its launcher's exit says)
+                    if watch.end is None and not stopper.started and (prepared.node is None or watch.start):
                         event = recorder.emit("rank_exit", rank=rank, pid=pid)
                         if on_event is not None:
                             on_event(event)
@@ -579,6 +591,8 @@ def follow(
                     recorder.emit("hang_stop", reason=forced_error)
                     procs.signal_group(pgid, signal.SIGCONT)  # a stopped (SIGSTOP) rank cannot take SIGTERM
                     stopper.start(grace_s=10.0)
+                if prepared.node is not None:  # several machines: heartbeat, stop requests both ways
+                    prepared.node.tick(request, run_dir)
                 if stopper.started and stopper.done:
                     break
                 if not stopper.started and launcher.poll() is not None:
@@ -614,6 +628,8 @@ def follow(
                 _quietly(recorder.emit, "stop", graceful=report.graceful, killed=report.killed, left=report.left,
                          gpu=report.gpu_note, processes={str(k): v for k, v in report.seen.items()})
             recent = list(telemetry.recent) if telemetry is not None else []
+            if prepared.node is not None:
+                prepared.node.fault_at = ranks.first_vanished_at or time.time()
             outcome = _finish(store, watch, exit_code, request.is_set() and not request.kill, recorder,
                               forced_error, ranks.vanished, recent, killed_by_user=request.kill)
             if report is not None:
@@ -672,6 +688,7 @@ class _Telemetry:
         self.store = store
         self.run_id = prepared.run_id
         self.run_dir = prepared.run_dir
+        self.node = prepared.node
         self.queue: SimpleQueue[tuple[list[Any], list[Any]]] = SimpleQueue()
         self.recent: deque[Any] = deque(maxlen=2000)
         self.sampler = None
@@ -742,7 +759,12 @@ class _Telemetry:
             self.unsaved[1].extend(procs)
         if (self.unsaved[0] or self.unsaved[1]) and self.run_id is not None:
             try:  # idempotent by time, so a batch that failed is simply offered again
-                self.store.ingest_samples(self.run_id, *self.unsaved)
+                if self.node is not None:  # several machines: each node's readings under its own number
+                    from store.nodes import ingest_node_samples
+
+                    ingest_node_samples(self.store, self.run_id, self.node.slot, *self.unsaved)
+                else:
+                    self.store.ingest_samples(self.run_id, *self.unsaved)
             except Exception:  # noqa: BLE001 (samples.jsonl has them; see _Watch.flush)
                 return
             self.unsaved = ([], [])
@@ -771,7 +793,9 @@ def _finish(store: Store, watch: _Watch, exit_code: int | None, stopped_by_user:
         status, error = "failed", "killed by user"
     elif stopped_by_user or ended == "stopped":
         status = "stopped"
-    elif exit_code in (0, None) and ended == "completed":
+    elif exit_code in (0, None) and (ended == "completed" or (
+            watch.prepared.node is not None and watch.start is None and exit_code == 0)):
+        # (a node without rank 0 has no trainer journal: its launcher's exit code says how it ended)
         status = "completed"
     else:
         status = "failed"
@@ -782,11 +806,23 @@ def _finish(store: Store, watch: _Watch, exit_code: int | None, stopped_by_user:
     # Journal first: should the store fail now, recover reads the status from here.
     if recorder is not None:
         _quietly(recorder.emit, "exit", exit_code=exit_code, status=status, error=error)
-    return _project_end(store, watch, status, exit_code, error)
+    node = watch.prepared.node
+    if node is None:
+        return _project_end(store, watch, status, exit_code, error)
+    # One machine of several (runner/nodes.py): the node with the trainer's journal writes the figures;
+    # the run's status is settled from every node's row once they all ended.
+    outcome = (_project_end(store, watch, status, exit_code, error, final=False) if watch.start is not None
+               else Outcome(run_id=watch.run_id, status=status, exit_code=exit_code, error=error))
+    settled = node.finish(status, error, exit_code)
+    if settled is not None:
+        outcome.status, outcome.error = settled.status, settled.error
+    return outcome
 
 
-def _project_end(store: Store, watch: _Watch, status: str, exit_code: int | None, error: str | None) -> Outcome:
-    """Write the end of a run (status, reason, figures of the end event, telemetry summary) to the store."""
+def _project_end(store: Store, watch: _Watch, status: str, exit_code: int | None, error: str | None,
+                 final: bool = True) -> Outcome:
+    """Write the end of a run (status, reason, figures of the end event, telemetry summary) to the store;
+    ``final=False``: the figures only (one node of several: the run's status is settled from all)."""
     end = watch.end
     summary: dict[str, Any] = {}
     columns: dict[str, Any] = {}
@@ -819,15 +855,9 @@ def _project_end(store: Store, watch: _Watch, status: str, exit_code: int | None
         columns["mean_util"] = overall.get("util_mean")
     if status == "completed":  # after the run, never during it: the peak its MFU is measured against
         summary["mfu_peak"] = _mfu_peak(watch, telemetry)
-    store.update_run(
-        watch.run_id,
-        status=status,
-        ended_at=_utcnow(),
-        exit_code=exit_code,
-        error=error,
-        summary=summary,
-        **columns,
-    )
+    if final:
+        columns |= {"status": status, "ended_at": _utcnow(), "exit_code": exit_code, "error": error}
+    store.update_run(watch.run_id, summary=summary, **columns)
     return Outcome(run_id=watch.run_id, status=status, exit_code=exit_code, error=error, summary=summary)
 
 

@@ -396,7 +396,10 @@ class StopResult:
 
 def request_stop(store: Any, run_id: int, kill: bool = False, grace_s: float = DEFAULT_GRACE_S,
                  wait: bool = True, poll_s: float = 0.25) -> StopResult:
-    """Stop a run started anywhere on this host (``ftui run`` in another terminal, or the TUI).
+    """Stop a run started anywhere (``ftui run`` in another terminal, the TUI, node agents elsewhere).
+
+    A run on other machines (several nodes, a SLURM job, a watcher on another host) is asked through the
+    store (:func:`runner.nodes.stop_through_store`): its node agents poll the request and stop their ranks.
 
     When the run's watcher (the ``ftui run`` process or the background orchestrator) is alive it is
     signalled (SIGTERM: graceful; SIGUSR1: kill) and it stops the run and records the status; this
@@ -414,7 +417,7 @@ def request_stop(store: Any, run_id: int, kill: bool = False, grace_s: float = D
         poll_s: seconds between reads of the store.
 
     Raises:
-        StopRefused: no such run, the run is not running, or it runs on another host.
+        StopRefused: no such run, or the run is not running.
     """
     import socket
 
@@ -424,8 +427,13 @@ def request_stop(store: Any, run_id: int, kill: bool = False, grace_s: float = D
     if run.status not in ("running", "created"):
         raise StopRefused(f"run {run_id}: not running (status {run.status})")
     here = socket.gethostname()
-    if run.host != here:
-        raise StopRefused(f"run {run_id}: runs on host {run.host}, not on this one ({here})")
+    from runner.nodes import is_remote, stop_through_store
+
+    if is_remote(run):  # several machines, a SLURM job, or another host: through the store's stop requests
+        status = stop_through_store(store, run_id, kill=kill, wait=wait, timeout_s=grace_s + 90.0,
+                                    by=f"stop on {here}")
+        return StopResult(run_id, status, "stop request written to the store; every node agent of the run polls "
+                                          "it and stops its ranks")
     # TODO(store branch): read runs.watcher_pid / watcher_host and set stop_requested_at once merged.
     pid = run.summary.get("orchestrator_pid")
     if watcher_alive(pid, run.summary.get("orchestrator_create_time")):

@@ -147,6 +147,16 @@ class LaunchSection(_Section):
     mem_cap: str | None = None
     """Memory budget per rank for the batch-size finder, e.g. ``"3GiB"`` (on CPU there is no device
     memory to find); ``--mem-cap`` on the command line wins."""
+    nnodes: Annotated[int, Field(ge=1)] | None = None
+    """Machines the run spans (``ftui run --nnodes``); None or 1: this machine only. ``nproc`` is per machine."""
+    node_rank: Annotated[int, Field(ge=0)] | None = None
+    """This machine's node rank under a static rendezvous (``--node-rank``); left out under c10d."""
+    main_addr: str | None = None
+    """The main node's address, static rendezvous (``--main-addr``)."""
+    main_port: Annotated[int, Field(gt=0, lt=65536)] | None = None
+    """The main node's rendezvous port (``--main-port``; default 29500)."""
+    rdzv_endpoint: str | None = None
+    """``HOST:PORT`` of a c10d rendezvous (``--rdzv-endpoint``): node ranks assigned by arrival."""
     microbatches: PositiveInt | None = None
     """``pp``: micro-batches the batch of each pipeline step is cut into (must divide
     ``train.batch_size``; more shrink the bubble); None: ``train.batch_size`` (one row each). ``mp``
@@ -196,7 +206,7 @@ class Recipe(_Section):
         if self.model.name.startswith(BUILTIN_PREFIX) and self.model.name != TINY_LLAMA:
             raise ValueError(f"model.name: unknown builtin model {self.model.name!r} (have {TINY_LLAMA})")
         strategy = strategies.get(launch.strategy)
-        problem = strategy.nproc_problem(launch.nproc)
+        problem = strategy.nproc_problem(launch.nproc * (launch.nnodes or 1))  # the world, over every machine
         if problem:
             raise ValueError(f"launch.nproc: {problem}")
         if launch.gpus is not None and not strategy.layer_split and len(launch.gpus) < launch.nproc:

@@ -63,7 +63,7 @@ def candidates(store: Store) -> list[Any]:
     found = []
     for status in ("running", "created"):
         for run in store.list_runs(status=status):
-            if watcher_host(run) != here or not run.run_dir:
+            if watcher_host(run) != here or not run.run_dir or (getattr(run, "nnodes", None) or 1) > 1:
                 continue
             if journal.WatcherLock(Path(run.run_dir)).held_elsewhere():
                 continue

@@ -566,7 +566,14 @@ class Trainer:
             "reason": reason,
             "complete": False,
         }
-        if acc.is_main_process:
+        # Several machines: each writes its own ranks' parts into its own run folder, and its first
+        # rank checks them and writes that folder's manifest (one machine: the main process, as before).
+        nnodes = int(os.environ.get("FTUI_NNODES", "1"))
+        here = acc.is_local_main_process if nnodes > 1 else acc.is_main_process
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", acc.num_processes))
+        node_ranks = range(int(os.environ.get("GROUP_RANK", "0")) * local, (int(os.environ.get("GROUP_RANK", "0")) + 1)
+                           * local) if nnodes > 1 else None
+        if here:
             folder.mkdir(parents=True, exist_ok=True)
             ck.write_manifest(folder, manifest)
         acc.wait_for_everyone()
@@ -574,8 +581,8 @@ class Trainer:
         acc.wait_for_everyone()
         removed: list[str] = []
         size = 0
-        if acc.is_main_process:
-            missing = ck.missing_rank_parts(folder, acc.num_processes)
+        if here:
+            missing = ck.missing_rank_parts(folder, acc.num_processes, node_ranks, metadata=acc.is_main_process)
             if missing:
                 raise RuntimeError(f"checkpoint {folder.name}: parts missing after the save: {', '.join(missing)}")
             files = ck.file_sizes(folder)

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -42,6 +43,7 @@ class Run(Base):
         Index("ix_runs_status", "status"),
         Index("ix_runs_sweep", "sweep_id"),
         UniqueConstraint("uid", name="uq_runs_uid"),
+        UniqueConstraint("run_key", name="uq_runs_run_key"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -90,6 +92,13 @@ class Run(Base):
     watcher_host: Mapped[str | None] = mapped_column(String(255), default=None)
     stop_requested_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
     """Set by whoever asks the run to stop (the TUI, another host); the watcher polls it."""
+    run_key: Mapped[str | None] = mapped_column(String(255), default=None)
+    """What the node agents of one multi-node run share to find its row (``--run-key``, the rendezvous id,
+    ``slurm-<job id>``); None for a one-machine run. A finished run's key gets ``#<id>`` appended."""
+    nnodes: Mapped[int | None] = mapped_column(Integer, default=None)
+    """Machines the run spans (None: one)."""
+    slurm_job_id: Mapped[str | None] = mapped_column(String(32), default=None)
+    """The SLURM job running it (``ftui slurm --submit``)."""
 
     metrics: Mapped[list[Metric]] = relationship(
         back_populates="run", cascade="all, delete-orphan", passive_deletes=True, foreign_keys="Metric.run_id"
@@ -154,6 +163,8 @@ class DeviceSampleRow(Base):
     pid: Mapped[int | None] = mapped_column(Integer, default=None)
     source: Mapped[str] = mapped_column(String(16))
     """nvml | psutil | fake-nvml"""
+    node: Mapped[int | None] = mapped_column(Integer, default=None)
+    """The node (``run_nodes.slot``) whose agent read it; None for a one-machine run."""
 
 
 class ProcessSampleRow(Base):
@@ -169,6 +180,8 @@ class ProcessSampleRow(Base):
     rank: Mapped[int | None] = mapped_column(Integer, default=None)
     used_bytes: Mapped[int | None] = mapped_column(BIG, default=None)
     source: Mapped[str] = mapped_column(String(16))
+    node: Mapped[int | None] = mapped_column(Integer, default=None)
+    """The node (``run_nodes.slot``) whose agent read it; None for a one-machine run."""
 
 
 class Event(Base):
@@ -212,3 +225,48 @@ class MetricRollup(Base):
     min_value: Mapped[float] = mapped_column(Float)
     max_step: Mapped[int] = mapped_column(Integer)
     max_value: Mapped[float] = mapped_column(Float)
+
+
+class RunNode(Base):
+    """One machine of a multi-node run: its node agent (``ftui run --nnodes``), where it runs, how it ended."""
+
+    __tablename__ = "run_nodes"
+    __table_args__ = (UniqueConstraint("run_id", "slot", name="uq_run_nodes_run_slot"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    slot: Mapped[int] = mapped_column(Integer)
+    """Order of joining (0 created the run row); not the torch node rank, which c10d assigns."""
+    node_rank: Mapped[int | None] = mapped_column(Integer, default=None)
+    """torch's node rank (``GROUP_RANK``), read from the ranks once they started."""
+    ranks: Mapped[list[int]] = mapped_column(JSON, default=list)
+    """The global ranks that run on this node."""
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    """The node agent's pid on ``host``."""
+    run_dir: Mapped[str] = mapped_column(String(1000), default="")
+    status: Mapped[str] = mapped_column(String(16))
+    """running | completed | failed | stopped"""
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    exit_code: Mapped[int | None] = mapped_column(Integer, default=None)
+    joined_at: Mapped[datetime] = mapped_column(DateTime)
+    heartbeat_at: Mapped[datetime] = mapped_column(DateTime)
+    """Renewed by the agent every few seconds: a node whose heartbeat stopped is taken for dead."""
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
+    fault_at: Mapped[float | None] = mapped_column(Float, default=None)
+    """When this node first saw a rank of its own fail (wall clock): the earliest fault is the root cause."""
+
+
+class StopRequestRow(Base):
+    """A request to stop a run, written by whoever asks (``ftui stop``, the TUI, a node agent) and polled by
+    every node agent of the run: how a stop reaches processes on other machines."""
+
+    __tablename__ = "stop_requests"
+    __table_args__ = (Index("ix_stop_requests_run", "run_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    requested_at: Mapped[datetime] = mapped_column(DateTime)
+    kill: Mapped[bool] = mapped_column(Boolean, default=False)
+    by: Mapped[str] = mapped_column(String(255))
+    """Who asked: ``ftui stop on HOST``, ``node 1 (HOST)``, ``the dashboard on HOST``."""

@@ -97,6 +97,8 @@ class RunUpdate(TypedDict, total=False):
     watcher_pid: int | None
     watcher_host: str | None
     stop_requested_at: datetime | None
+    nnodes: int | None
+    slurm_job_id: str | None
 
 
 RUN_UPDATE_KEYS = frozenset(RunUpdate.__annotations__)
@@ -140,6 +142,10 @@ class RunInfo:
     watcher_pid: int | None = None
     watcher_host: str | None = None
     stop_requested_at: datetime | None = None
+    run_key: str | None = None
+    """Multi-node runs: the key their node agents share (:mod:`store.nodes`)."""
+    nnodes: int | None = None
+    slurm_job_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -170,6 +176,8 @@ class SampleInfo(DeviceSample):
 
     id: int = 0
     """Row id: increases with every write, so a reader can ask for what came after it."""
+    node: int | None = None
+    """The node of a multi-node run whose agent read it (``run_nodes.slot``); None on one machine."""
 
 
 @dataclass(frozen=True)
@@ -539,8 +547,8 @@ class Store:
         device_cols = [c.name for c in DeviceSampleRow.__table__.columns if c.name not in ("id", "run_id")]
         proc_cols = [c.name for c in ProcessSampleRow.__table__.columns if c.name not in ("id", "run_id")]
         # Rows as plain dicts first: a retried transaction must not find its iterators spent.
-        device = [{c: getattr(x, c) for c in device_cols} for x in samples]
-        procs = [{c: getattr(x, c) for c in proc_cols} for x in processes]
+        device = [{c: getattr(x, c, None) for c in device_cols} for x in samples]
+        procs = [{c: getattr(x, c, None) for c in proc_cols} for x in processes]
         self._add_sample_rows(run_id, device, procs)
 
     def ingest_samples(self, run_id: int, samples: Sequence[Any], processes: Sequence[Any] = ()) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-pytest_plugins = ["store_backends"]  # db_url (SQLite and PostgreSQL) and pg_server fixtures
+pytest_plugins = ["store_backends", "slurm_cluster"]  # db_url (SQLite and PostgreSQL) and pg_server fixtures
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "recipes" / "quickstart.toml"

@@ -224,6 +224,15 @@ def test_every_command_refuses_bad_arguments_in_one_line(home: Path, capsys: pyt
         st.sampled_from([["recover", "--format", "yaml"], ["recover", "extra"], ["recover", "--db", "nosuch://x"],
                          ["recover", "--db", f"sqlite:///{home / 'missing.db'}"]]),
         st.sampled_from([["stop"], ["stop", "1", "--grace", "-1"], ["stop", "1", "--grace", "nan"], ["stop", "999999", "--kil"]]),
+        st.sampled_from([["slurm", quick], ["slurm", quick, "--nodes", "0"], ["slurm", quick, "--nodes", "2",
+                                                                                  "--gpus-per-node", "-1"],
+                         ["slurm", quick, "--nodes", "2", "--port", "70000"],
+                         ["slurm", quick, "--nodes", "2", "--set", "train.lr=\"x\""],
+                         ["slurm", "/nonexistent.toml", "--nodes", "2"],
+                         ["run", quick, "--nnodes", "2", "--main-addr", "127.0.0.1"],
+                         ["run", quick, "--nnodes", "2", "--node-rank", "5", "--main-addr", "h"],
+                         ["run", quick, "--nnodes", "2", "--rdzv-endpoint", "h:x"],
+                         ["run", quick, "--node-rank", "1"]]),
         st.sampled_from([["compare"], ["compare", "1", "--baseline", "7"], ["compare", "--sweep", "nope"],
                          ["runs", "--status", "done"], ["runs", "--format", "yaml"], ["gpus", "--watch", "0"],
                          ["gpus", "--watch", "nan"], ["estimate", "--params", "lots"], ["estimate", "--gpu-mem", "x"],
@@ -274,7 +283,7 @@ def test_unwritable_data_folder_is_one_line_and_records_nothing(tmp_path: Path, 
 def test_commands_are_all_covered() -> None:
     """A new command module must be added to the property test above."""
     assert set(COMMANDS) == {"tui.cli.run", "tui.cli.runs", "tui.cli.gpus", "tui.cli.estimate", "tui.cli.compare",
-                             "tui.cli.stop", "tui.cli.db", "tui.cli.recover"}
+                             "tui.cli.stop", "tui.cli.db", "tui.cli.recover", "tui.cli.slurm"}
 
 
 # ---------------------------------------------------------------------- real subprocesses

@@ -23,6 +23,7 @@ COMMANDS: tuple[str, ...] = (
     "tui.cli.compare",   # compare, sweep
     "tui.cli.recover",   # recover
     "tui.cli.db",        # db upgrade, db current
+    "tui.cli.slurm",     # slurm
 )
 """The command modules, in the order ``--help`` lists them. Each has ``add_parser(subparsers)`` and
 imports its heavy dependencies inside its handlers, so that building the parser stays fast."""

@@ -33,6 +33,9 @@ def add_parser(sub: Any) -> None:
     run.add_argument("--grace", type=seconds_at_least(0), default=30.0, metavar="SECONDS",
                      help="on Ctrl-C, SIGTERM or SIGHUP: seconds the ranks get to finish their step, save and exit "
                           "before SIGKILL (default 30; a second Ctrl-C kills at once)")
+    from tui.cli import nodes
+
+    nodes.add_arguments(run)
     db_option(run)
     run.set_defaults(handler=cmd_run)
 
@@ -61,8 +64,9 @@ def load_run_recipe(args: argparse.Namespace) -> Any:
     visible GPU (at least 2); ``--strategy single|mp`` takes one process (``mp --nproc N``: N pipeline stages).
     """
     from runner.recipe import RecipeError, load_recipe
+    from tui.cli import nodes
 
-    overrides = list(args.overrides)
+    overrides = list(args.overrides) + nodes.overrides(args)
     if args.name:
         overrides.append(f"name={json.dumps(args.name)}")
     nproc = args.nproc
@@ -89,8 +93,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from runner import orchestrator
     from runner.preflight import launch_checks
     from runner.recipe import RecipeError
+    from tui.cli import nodes
 
     recipe = load_run_recipe(args)
+    node_spec = nodes.spec_for(args, recipe)  # several machines: this one's rendezvous
     try:
         warnings = launch_checks(recipe, args.fake_gpus)  # the same pre-flight as the TUI's Launch
     except RecipeError as exc:
@@ -103,7 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         return run_finder(args, recipe, args.mem_cap, str(args.recipe))
     if args.dry_run:
-        prepared = orchestrator.prepare(None, recipe, source=str(args.recipe))
+        prepared = orchestrator.prepare(None, recipe, source=str(args.recipe), nodes=node_spec)
         if args.format == "json":
             print(json.dumps(prepared.spec.to_json(), indent=2))
         else:
@@ -122,7 +128,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     recover_quietly(store, out)  # runs whose watcher died (runner.recover): cheap when there are none
     try:
-        prepared = orchestrator.prepare(store, recipe, source=str(args.recipe))
+        if node_spec is not None:
+            from runner.nodes import prepare_node
+
+            prepared = prepare_node(store, recipe, node_spec, source=str(args.recipe))
+            out.print(f"node #{prepared.node.slot} of {node_spec.nnodes} ({node_spec.backend} rendezvous at "
+                      f"{node_spec.main_addr}:{node_spec.main_port}, run key {node_spec.run_key}); the progress "
+                      "shows on the node that gets rank 0", markup=False, soft_wrap=True)
+        else:
+            prepared = orchestrator.prepare(store, recipe, source=str(args.recipe))
     except RecipeError as exc:
         raise UsageError(str(exc)) from None
     return follow(args, store, prepared, out)

@@ -27,15 +27,20 @@ def add_parser(sub: Any) -> None:
 def cmd_runs(args: argparse.Namespace) -> int:
     store = open_store(args, create=False)
     runs = store.list_runs(status=args.status)
+    from dataclasses import replace
+
+    from tui.cli.nodes import name_text, remote_facts
+
+    facts = remote_facts(store, runs)  # runs on other machines: their nodes and SLURM job, from the store
     if args.format == "json":
         from tui.render.report import run_to_json
 
-        print(json.dumps([run_to_json(r) for r in runs], indent=2))
+        print(json.dumps([run_to_json(r) | facts.get(r.id, {}) for r in runs], indent=2))
         return ExitCode.OK
     from tui.render.report import runs_table
 
     out = console()
-    out.print(runs_table(runs, width=out.width))
+    out.print(runs_table([replace(r, name=name_text(r, facts.get(r.id))) for r in runs], width=out.width))
     return ExitCode.OK
 
 
@@ -47,10 +52,16 @@ def cmd_show(args: argparse.Namespace) -> int:
     from tui.render.report import run_detail, run_to_json
 
     metrics = store.metrics(run.id)
+    from tui.cli.nodes import nodes_table, remote_facts
+
+    facts = remote_facts(store, [run]).get(run.id, {})  # several machines / a SLURM job: from the store
     if args.format == "json":
         samples = [{"step": e.payload.get("step"), "samples": e.payload.get("samples")}
                    for e in store.events(run.id, "eval_samples")]
-        print(json.dumps(run_to_json(run, metrics, store.named_metrics(run.id), samples), indent=2))
+        print(json.dumps(run_to_json(run, metrics, store.named_metrics(run.id), samples) | facts, indent=2))
         return ExitCode.OK
-    console().print(run_detail(run, metrics))
+    out = console()
+    out.print(run_detail(run, metrics))
+    if facts.get("nodes"):
+        out.print(nodes_table(facts))
     return ExitCode.OK

@@ -1,5 +1,6 @@
 """``ftui stop ID [--kill]``: stop a run started anywhere on this host (``ftui run`` in another
-terminal, or the dashboard), gracefully or at once, and say what was checked."""
+terminal, or the dashboard), gracefully or at once, and say what was checked; a run on other machines
+(several nodes, a SLURM job) through the store's stop requests (:func:`runner.procs.request_stop`)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,6 @@ def cmd_stop(args: argparse.Namespace) -> int:
     out = console()
     out.print(f"run {result.run_id}: {result.status}", markup=False)
     out.print(result.how, markup=False)
-    if result.report is not None and not result.report.verified:
-        return ExitCode.FAILED
+    if result.report is not None and not result.report.verified or result.status == "running":
+        return ExitCode.FAILED  # (running: a run elsewhere that did not stop within the wait)
     return ExitCode.OK

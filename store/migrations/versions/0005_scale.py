@@ -2,7 +2,7 @@
 a few hundred rows per run instead of its whole time series; existing runs' metrics are summarised here.
 
 Revision ID: 0005
-Revises: 0003
+Revises: 0004
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0005"
-down_revision = "0003"  # written against "0002"; rechained after merging data (0003)
+down_revision = "0004"  # written against "0002"; rechained after merging data (0003) and main (0004)
 branch_labels = None
 depends_on = None
 

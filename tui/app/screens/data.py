@@ -116,9 +116,11 @@ class MonitorFeed:
             if len(points) > cap:
                 self.series[name] = downsample_points(points, cap // 2)
         for d in self.store.samples(self.run_id, after_id=self._last_sample_id):
-            key = f"{d.kind}:{d.index}"
+            # Several machines: each node's GPUs and host are its own (ranks are numbered across the world).
+            node = getattr(d, "node", None)
+            key = f"{d.kind}:{d.index}" if not node or d.kind == "rank" else f"{d.kind}:{d.index}@{node}"
             self._latest[key] = (d.kind, d.index, d.name, d.util_pct, d.mem_used, d.mem_total, d.source, d.pid,
-                                 d.temp_c, d.power_w)
+                                 d.temp_c, d.power_w, key, node)
             if d.util_pct is not None:
                 self._util.setdefault(key, deque(maxlen=HISTORY)).append(d.util_pct)
             if d.mem_used is not None and d.mem_total:
@@ -156,28 +158,35 @@ class MonitorFeed:
         return fresh
 
     def snapshot(self, run: Any) -> MonitorSnapshot:
-        gpus = sorted((v for v in self._latest.values() if v[0] == "gpu"), key=lambda v: v[1])
+        gpus = sorted((v for v in self._latest.values() if v[0] == "gpu"), key=lambda v: (v[11] or 0, v[1]))
         ranks = sorted((v for v in self._latest.values() if v[0] == "rank"), key=lambda v: v[1])
         shown = gpus or ranks
         devices = []
-        for kind, index, name, util, used, total, source, _pid, temp, power in shown:
-            key = f"{kind}:{index}"
+        hosts = [v for v in self._latest.values() if v[0] == "host"]
+        for kind, index, name, util, used, total, source, _pid, temp, power, key, node in shown:
             label = f"GPU {index} {_short(name)}" if kind == "gpu" else f"rank {index} (CPU process)"
+            if len(hosts) > 1 and kind == "gpu":
+                label = f"node #{node or 0} {label}"
             devices.append(DeviceView(key=key, label=label, source=SOURCE_LABELS.get(source, source), util=util,
                                       mem_used=used, mem_total=total,
                                       util_history=list(self._util.get(key, ())),
                                       mem_history=list(self._mem.get(key, ())), temp_c=temp, power_w=power))
         host = None
-        for kind, _index, name, util, used, total, source, _pid, _temp, _power in self._latest.values():
-            if kind == "host":
-                host = DeviceView(key="host", label=name, source=SOURCE_LABELS.get(source, source), util=util,
-                                  mem_used=used, mem_total=total, util_history=list(self._util.get("host:-1", ())),
-                                  mem_history=list(self._mem.get("host:-1", ())))
+        for _kind, _index, name, util, used, total, source, _pid, _temp, _power, key, node in sorted(
+                hosts, key=lambda v: v[11] or 0):
+            view = DeviceView(key="host" if host is None else key, label=name if len(hosts) == 1 else
+                              f"node #{node or 0} {name}", source=SOURCE_LABELS.get(source, source), util=util,
+                              mem_used=used, mem_total=total, util_history=list(self._util.get(key, ())),
+                              mem_history=list(self._mem.get(key, ())))
+            if host is None:
+                host = view  # the first node's host in the host row; every other node's beside the devices
+            else:
+                devices.append(view)
         rank_rows = [
             RankView(rank=index, pid=pid, cpu_pct=util, rss=used,
                      gpu_mem=sum(self._rank_gpu[index].values()) if index in self._rank_gpu else None,
                      source=SOURCE_LABELS.get(source, source))
-            for _k, index, _n, util, used, _t, source, pid, _temp, _power in ranks
+            for _k, index, _n, util, used, _t, source, pid, _temp, _power, _key, _node in ranks
         ]
         step = self.metrics[-1][0] if self.metrics else (run.steps_done or 0 if run else 0)
         total = run.total_steps if run else None
@@ -210,7 +219,20 @@ class MonitorFeed:
             elapsed_s=elapsed,
             phase=self.phase(run, elapsed),
             host=host,
+            extra={"nodes": self.nodes_line(run)} if run is not None and (run.nnodes or 1) > 1 else {},
         )
+
+    def nodes_line(self, run: Any) -> str:
+        """A run on several machines: each node's host, status, last report and samples, from the store."""
+        from store.nodes import nodes, samples_per_node
+
+        counts = samples_per_node(self.store, run.id)
+        parts = []
+        for n in nodes(self.store, run.id):
+            label = str(n.node_rank) if n.node_rank is not None else f"#{n.slot}"
+            seen = f", last report {n.heartbeat_age():.0f} s ago" if n.status == "running" else ""
+            parts.append(f"node {label} {n.host}: {n.status}{seen}, {counts.get(n.slot, 0):,} samples")
+        return f"{len(parts)}/{run.nnodes} nodes (store) · " + " · ".join(parts)
 
     def phase(self, run: Any, elapsed: float | None) -> str:
         """Before the first logged step, what the run is doing: the journal's last event (the trainer

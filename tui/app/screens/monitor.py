@@ -223,6 +223,8 @@ class MonitorScreen(Screen[None]):
         line.append(f"{pct}  step {snap.step}/{snap.total or '?'}  elapsed {fmt_elapsed(snap.elapsed_s)}"
                     f"  ETA {fmt_seconds(snap.eta_s)}")
         line.append(" (recent step times)", style="dim")
+        if snap.extra.get("nodes"):  # several machines: each node's status, from the store (host names as text)
+            line.append(f"\n{snap.extra['nodes']}", style="dim")
         if snap.phase:
             line.append(f"\n{snap.phase}", style="yellow")
         else:

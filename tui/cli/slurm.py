@@ -1,0 +1,90 @@
+"""``ftui slurm RECIPE --nodes N --gpus-per-node G``: write the sbatch script of a multi-node run
+(:mod:`runner.slurm`), and with ``--submit`` submit it and record the run with its job id."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from tui.cli.common import ExitCode, UsageError, console, db_option, positive_int
+
+
+def add_parser(sub: Any) -> None:
+    slurm = sub.add_parser(
+        "slurm", help="write (and --submit) the sbatch script of a multi-node run",
+        description="Write an sbatch script that runs RECIPE on N nodes: one srun task per node runs the node agent "
+                    "(ftui run --nnodes N --rdzv-endpoint HEAD:PORT), the rendezvous at the job's first node, every "
+                    "node writing to the store (--db, passed through as FTUI_DB). --submit submits it with sbatch "
+                    "and records the run with its job id; ftui runs shows the job's state, ftui stop cancels it "
+                    "with SIGTERM so the ranks checkpoint first.")
+    slurm.add_argument("recipe", type=Path, help="recipe TOML file (on a disk the nodes share)")
+    slurm.add_argument("--nodes", type=positive_int, required=True, metavar="N", help="machines")
+    slurm.add_argument("--gpus-per-node", type=int, default=0, metavar="G", help="GPUs per machine (0: CPU)")
+    slurm.add_argument("--nproc-per-node", type=positive_int, metavar="P",
+                       help="ranks per machine (default: one per GPU, else 1)")
+    slurm.add_argument("--strategy", help="override launch.strategy")
+    slurm.add_argument("--partition", metavar="P")
+    slurm.add_argument("--time", metavar="T", help="time limit, as sbatch takes it (e.g. 04:00:00)")
+    slurm.add_argument("--account", metavar="A")
+    slurm.add_argument("--port", type=int, default=29500, help="the rendezvous port on the first node")
+    slurm.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                       help="override a recipe field on every node (repeatable)")
+    slurm.add_argument("--output", "-o", type=Path, metavar="FILE",
+                       help="where to write the script (default: ftui-<recipe name>.sbatch here)")
+    slurm.add_argument("--submit", action="store_true", help="submit it (sbatch) and record the run")
+    db_option(slurm)
+    slurm.set_defaults(handler=cmd_slurm)
+
+
+def cmd_slurm(args: argparse.Namespace) -> int:
+    from runner.paths import default_db_url
+    from runner.recipe import RecipeError, load_recipe
+    from runner.slurm import SlurmError, SlurmJob, sbatch_script, submit
+
+    if args.gpus_per_node < 0:
+        raise UsageError(f"--gpus-per-node: must be 0 or more, got {args.gpus_per_node}")
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port: {args.port} is not a TCP port")
+    overrides = list(args.overrides)
+    if args.strategy:
+        overrides.append(f"launch.strategy={args.strategy}")
+    nproc = args.nproc_per_node or max(1, args.gpus_per_node)
+    try:  # checked here, before anything is submitted: the nodes would all fail alike
+        recipe = load_recipe(args.recipe, [*overrides, f"launch.nproc={nproc}", f"launch.nnodes={args.nodes}"])
+    except RecipeError as exc:
+        raise UsageError(str(exc)) from None
+    db_url = getattr(args, "db", None) or os.environ.get("FTUI_DB") or default_db_url()
+    job = SlurmJob(recipe=args.recipe.resolve(), nodes=args.nodes, gpus_per_node=args.gpus_per_node, db_url=db_url,
+                   nproc_per_node=args.nproc_per_node, partition=args.partition, time=args.time, account=args.account,
+                   overrides=tuple(overrides), workdir=Path.cwd(), name=f"ftui-{recipe.name}", port=args.port,
+                   ftui_home=os.environ.get("FTUI_HOME"))
+    path = args.output or Path(f"ftui-{recipe.name}.sbatch")
+    try:
+        path.write_text(sbatch_script(job))
+    except OSError as exc:
+        raise UsageError(f"--output {path}: {exc.strerror or exc}") from None
+    out = console()
+    out.print(f"wrote {path}", markup=False)
+    if db_url.startswith("sqlite"):
+        out.print("note: the store is SQLite: every node must see that file (a shared disk); PostgreSQL is the "
+                  "store for several machines (README: More than one machine)", markup=False)
+    if not args.submit:
+        out.print(f"submit it with: sbatch {path}   (or ftui slurm ... --submit)", markup=False)
+        return ExitCode.OK
+    from store.nodes import open_slurm_run
+    from tui.cli.common import open_store
+
+    store = open_store(args, create=True)
+    try:
+        job_id = submit(path)
+    except SlurmError as exc:
+        raise UsageError(str(exc)) from None
+    create = {"name": recipe.name, "recipe_text": recipe.to_toml(), "recipe_hash": recipe.digest(),
+              "recipe_source": str(args.recipe), "strategy": recipe.launch.strategy, "nproc": nproc * args.nodes,
+              "method": recipe.method.type, "model": recipe.model.name, "run_dir": ""}
+    run_id = open_slurm_run(store, f"slurm-{job_id}", args.nodes, create, job_id)
+    out.print(f"submitted job {job_id}: run {run_id} (ftui runs shows the job's state; ftui stop {run_id} "
+              "cancels it with SIGTERM, the ranks checkpoint first)", markup=False)
+    return ExitCode.OK
