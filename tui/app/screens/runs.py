@@ -110,9 +110,10 @@ class RunsScreen(Screen[None]):
         first = True
         while not worker.is_cancelled:
             try:
-                # Under another screen (the Monitor, Compare) the list is not shown: reading every run each
-                # second there cost the Monitor most of its CPU on a 2,000-run store (BENCHMARKS.md).
-                if first or self.is_current:
+                # Under another screen (the Monitor, Compare) the list is not shown: re-reading and redrawing
+                # every run each second there cost the Monitor 45-65% of a core on a 2,000-run store
+                # (BENCHMARKS.md). Not ``is_current``: it is also true for a screen in the background.
+                if first or self.app.screen is self:
                     self.post_message(load_runs(self.ftui.store))
                 first = False
             except Exception as exc:  # noqa: BLE001 (a locked or vanished database: say so, keep polling)
