@@ -78,6 +78,8 @@ class RunRow:
     """Why MFU is '-' for a run that completed (an unknown GPU model, no model config, MFU > 100%...)."""
     mfu_rejected: float | None = None
     """An MFU above 100% that was not shown (the peak cannot be right), as a fraction."""
+    script: bool = False
+    """A script run (``launch.script``): a figure it did not report is "not reported", not unknown."""
 
 
 @dataclass(frozen=True)
@@ -399,7 +401,7 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
         final_loss=run.final_loss, best_loss=best_loss(metrics), status=run.status, reason=reason,
         note=run.summary.get("sweep_note"), grid=grid or str(run.summary.get("sweep_grid") or ""),
         mfu_note=over_note or (None if mfu is not None else _mfu_note(run, peak, peak_note, dims)),
-        mfu_rejected=rejected,
+        mfu_rejected=rejected, script=bool(recipe.get("launch", {}).get("script")),
     )
 
 

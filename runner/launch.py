@@ -105,6 +105,7 @@ def build_launch(
     cpu_threads: int | None = None,
     python: str = sys.executable,
     nodes: NodeSpec | None = None,
+    workdir: Path | None = None,
 ) -> LaunchSpec:
     """Build the launch of ``recipe`` in ``run_dir`` (pure: writes nothing).
 
@@ -116,6 +117,8 @@ def build_launch(
             leaves cores idle); None on GPU machines, where accelerate's default stands.
         python: the interpreter that runs ``accelerate launch`` and the ranks.
         nodes: this machine's part of a multi-node run (its rendezvous); None for one machine.
+        workdir: the folder a script run (``launch.script``) runs in, so that relative paths in its
+            arguments mean what they meant where ``ftui run`` was typed; default the current folder.
     """
     import yaml
 
@@ -140,10 +143,7 @@ def build_launch(
         "--config_file",
         config_path,
         *(["--num_cpu_threads_per_process", str(cpu_threads)] if cpu_threads else []),
-        "-m",
-        "runner.trainer",
-        "--run-dir",
-        str(run_dir),
+        *_program(recipe, run_dir, workdir),
     ]
     # torchrun reads MASTER_ADDR for a one-machine rendezvous (accelerate passes main_process_ip only
     # to multi-machine launches); gloo (the CPU backend) binds its pairs to the named interface.
@@ -158,3 +158,14 @@ def build_launch(
     if launch.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     return LaunchSpec(argv=argv, env=env, accelerate_config=config_path, accelerate_config_text=text, files=files)
+
+
+def _program(recipe: Recipe, run_dir: Path, workdir: Path | None) -> list[str]:
+    """What each rank runs: ftui's trainer, or the user's script through :mod:`runner.script_run`
+    (which records the rank's pid and log as the trainer does, then runs the script as ``__main__``)."""
+    script = recipe.launch.script
+    if script is None:
+        return ["-m", "runner.trainer", "--run-dir", str(run_dir)]
+    cwd = str(workdir if workdir is not None else Path.cwd())
+    return ["-m", "runner.script_run", "--run-dir", str(run_dir), "--cwd", cwd, "--", script,
+            *recipe.launch.script_args]

@@ -70,6 +70,8 @@ def preflight(recipe: Recipe) -> list[str]:
     from runner.data import DataError, check_source
 
     warnings: list[str] = []
+    if recipe.launch.script is not None:  # a script run: the script owns its model and data
+        return _script_preflight(recipe)
     check_inputs(recipe)  # data read and parsed, run folders writable (runner/inputs.py)
     try:
         check_source(recipe.data.source)
@@ -105,6 +107,25 @@ def preflight(recipe: Recipe) -> list[str]:
             raise PreflightError(f"train.resume_from: the checkpoint is at step {step} and train.max_steps is "
                                  f"{recipe.train.max_steps}: nothing left to train")
     return warnings
+
+
+def _script_preflight(recipe: Recipe) -> list[str]:
+    """:func:`preflight` of a script run (``runner.script``): the script file, run folders, processes."""
+    from runner.paths import FolderError, check_runs_dir
+    from runner.script import check_script
+
+    check_script(recipe)
+    try:
+        check_runs_dir()
+    except FolderError as exc:
+        raise PreflightError(f"run folders: {exc}") from None
+    on_cpu = runs_on_cpu(recipe)
+    if recipe.train.precision == "fp16" and on_cpu:
+        raise PreflightError("train.precision: fp16 needs a GPU; use bf16 or fp32 on CPU")
+    problem = strategies.get(recipe.launch.strategy).nproc_problem(recipe.launch.nproc, on_cpu=on_cpu)
+    if problem:
+        raise PreflightError(f"launch.nproc: {problem}")
+    return []
 
 
 def runs_on_cpu(recipe: Recipe) -> bool:
@@ -157,6 +178,7 @@ def prepare(
     :class:`runner.multinode.NodeSpec` for a dry run of one machine of several (a real one goes through
     :func:`runner.nodes.prepare_node`)."""
     from runner.paths import RunFolderError, claim_run_folder, new_run_uid
+    from runner.script import store_method, store_model
 
     root = root or runs_dir()
     run_id: int | None = None
@@ -170,8 +192,8 @@ def prepare(
             recipe_source=source,
             strategy=recipe.launch.strategy,
             nproc=recipe.launch.nproc,
-            method=recipe.method.type,
-            model=recipe.model.name,
+            method=store_method(recipe),
+            model=store_model(recipe),
             run_dir="",
             sweep_id=sweep_id,
             resumed_from=resumed_from,
@@ -242,7 +264,10 @@ def estimate_summary(recipe: Recipe) -> dict[str, Any]:
     at prepare time so that ``ftui show`` can set it against the measured bytes. Never fails a run:
     a model whose shape cannot be had offline gets ``{"error": ...}``."""
     from runner.planner import breakdown_json, estimate, inputs_from_recipe, resolve_model_shape
+    from runner.script import described
 
+    if "model" not in described(recipe):
+        return {"error": "not reported: the script run's recipe has no model section"}
     try:
         source = resolve_model_shape(recipe.model.name, allow_network=False)
         inp = inputs_from_recipe(recipe, shape=source.shape)
@@ -361,7 +386,7 @@ class _Watch:
                                                             event.get("trainable_params"), event.get("model_dims")),
                      **({"parallel": event["parallel"]} if "parallel" in event else {})},
         )
-        if in_effect not in strategy.expect:
+        if in_effect is not None and in_effect not in strategy.expect:  # None: a script did not say
             self.mismatch = (
                 f"launch.strategy: asked for {strategy.name} ({' or '.join(sorted(strategy.expect))}) but "
                 f"accelerate ran {in_effect}; the run was stopped"

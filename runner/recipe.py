@@ -157,6 +157,12 @@ class LaunchSection(_Section):
     """The main node's rendezvous port (``--main-port``; default 29500)."""
     rdzv_endpoint: str | None = None
     """``HOST:PORT`` of a c10d rendezvous (``--rdzv-endpoint``): node ranks assigned by arrival."""
+    script: str | None = None
+    """Your own training script (accelerate, Hugging Face Trainer, TRL) to launch instead of ftui's
+    trainer, with the accelerate config of ``strategy`` (:mod:`runner.script`). The model, data and
+    method sections are then optional: they only describe the run."""
+    script_args: list[str] = []
+    """Arguments passed to ``script`` as its ``sys.argv[1:]`` (argv, never a shell)."""
     microbatches: PositiveInt | None = None
     """``pp``: micro-batches the batch of each pipeline step is cut into (must divide
     ``train.batch_size``; more shrink the bubble); None: ``train.batch_size`` (one row each). ``mp``
@@ -211,6 +217,8 @@ class Recipe(_Section):
             raise ValueError(f"launch.nproc: {problem}")
         if launch.gpus is not None and not strategy.layer_split and len(launch.gpus) < launch.nproc:
             raise ValueError(f"launch.gpus: {len(launch.gpus)} GPUs listed for nproc = {launch.nproc}")
+        if launch.script_args and launch.script is None:
+            raise ValueError("launch.script_args: script arguments without launch.script")
         from runner.parallel import recipe_problem
 
         layout = recipe_problem(self)  # pp / mp over processes / tp: runner/parallel.py
@@ -221,8 +229,11 @@ class Recipe(_Section):
         return self
 
     def to_toml(self) -> str:
-        """The recipe as TOML text (every field, defaults included), loadable by :func:`parse_recipe`."""
-        return dump_toml(self.model_dump(mode="json"))
+        """The recipe as TOML text (every field, defaults included), loadable by :func:`parse_recipe`.
+
+        A script run (``launch.script``) keeps only what was written: its model, data and method
+        sections describe the run only when given, and defaults written out would read as given."""
+        return dump_toml(self.model_dump(mode="json", exclude_unset=self.launch.script is not None))
 
     def digest(self) -> str:
         """A stable hash of the resolved recipe (sha256 of its canonical TOML, 16 hex digits)."""
@@ -255,7 +266,7 @@ def load_recipe(path: str | Path, overrides: Iterable[str] = ()) -> Recipe:
     return parse_recipe(text, source=str(path), overrides=overrides, base_dir=path.parent, allow_empty=False)
 
 
-PATH_FIELDS = ("data.source", "model.name", "launch.accelerate_config")
+PATH_FIELDS = ("data.source", "model.name", "launch.accelerate_config", "launch.script")
 """Fields that may name a local file or folder; a relative one is made absolute at load time."""
 
 

@@ -33,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``ftui`` with ``argv``; return the exit code (:class:`ExitCode`)."""
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args = parse(parser, list(sys.argv[1:] if argv is None else argv))
         handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
         if handler is None:
             return _open_app(args)
@@ -43,6 +43,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.USAGE
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse ``argv``; for ``ftui run``, what follows ``--`` is the script's own arguments
+    (``args.script_args``), never read as ftui's."""
+    if "--" in argv:
+        cut = argv.index("--")
+        args = parser.parse_args(argv[:cut])
+        if hasattr(args, "script_args"):
+            args.script_args = argv[cut + 1:]
+            return args
+    return parser.parse_args(argv)
 
 
 def build_parser() -> argparse.ArgumentParser:

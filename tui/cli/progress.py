@@ -45,14 +45,14 @@ class RunProgress:
     def on_event(self, event: dict[str, Any]) -> None:
         kind = event["type"]
         if kind == "start":
-            dist = event.get("distributed_type")
+            dist = event.get("distributed_type") or "not reported"  # a script may not say (runner.track)
             self.progress.update(
                 self.task,
                 description=f"training ({dist}, {event.get('world_size')} proc)",
                 total=event.get("total_steps"),
             )
             self.progress.console.print(Text(
-                f"start: {event.get('distributed_type')} on {event.get('device_type')} × {event.get('world_size')}, "
+                f"start: {dist} on {event.get('device_type') or 'not reported'} × {event.get('world_size')}, "
                 f"{(event.get('params') or 0) / 1e6:.1f}M params, {(event.get('trainable_params') or 0) / 1e6:.2f}M trainable"
             ))
         elif kind == "step":
@@ -61,7 +61,7 @@ class RunProgress:
                 completed=event["step"],
                 # A non-finite loss arrives as null (JSON has no NaN).
                 loss="skipped" if event.get("skipped") else "-" if event.get("loss") is None else f"{event['loss']:.4f}",
-                tps=f"{event['tokens_per_s']:,.0f}",
+                tps="-" if event.get("tokens_per_s") is None else f"{event['tokens_per_s']:,.0f}",
             )
         elif kind == "end":
             self.progress.update(self.task, description=f"{event.get('status')}")

@@ -14,8 +14,16 @@ from tui.cli.common import ExitCode, UsageError, console, db_option, open_store,
 
 
 def add_parser(sub: Any) -> None:
-    run = sub.add_parser("run", help="run a recipe headless", description="Run a recipe headless.")
-    run.add_argument("recipe", type=Path, help="recipe TOML file")
+    run = sub.add_parser(
+        "run", help="run a recipe (or your own training script) headless",
+        usage="ftui run [RECIPE] [--script FILE] [options] [-- SCRIPT_ARGS...]",
+        description="Run a recipe headless; or, with --script, your own accelerate / Hugging Face Trainer / "
+                    "TRL script, launched with the strategy's accelerate config (arguments after --).")
+    run.add_argument("recipe", type=Path, nargs="?", help="recipe TOML file (optional with --script)")
+    run.add_argument("--script", type=Path, metavar="FILE",
+                     help="launch this training script instead of ftui's trainer (sets launch.script); "
+                          "its arguments follow --")
+    run.set_defaults(script_args=None)
     run.add_argument("--strategy", choices=strategies.names(launchable=True), help="override launch.strategy")
     run.add_argument("--nproc", type=int, help="override launch.nproc (processes)")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
@@ -63,12 +71,13 @@ def load_run_recipe(args: argparse.Namespace) -> Any:
     ``--strategy ddp|fsdp`` without ``--nproc`` on a one-process recipe takes one process per
     visible GPU (at least 2); ``--strategy single|mp`` takes one process (``mp --nproc N``: N pipeline stages).
     """
-    from runner.recipe import RecipeError, load_recipe
+    from runner.recipe import RecipeError
     from tui.cli import nodes
 
     overrides = list(args.overrides) + nodes.overrides(args)
     if args.name:
         overrides.append(f"name={json.dumps(args.name)}")
+    overrides += script_overrides(args)
     nproc = args.nproc
     try:
         if args.strategy:
@@ -77,16 +86,43 @@ def load_run_recipe(args: argparse.Namespace) -> Any:
             if nproc is None and default is not None:
                 nproc = default
             elif nproc is None:
-                base = load_recipe(args.recipe, [o for o in overrides if not o.startswith("launch.")])
+                base = _load(args, [o for o in overrides if not o.startswith("launch.")])
                 if base.launch.nproc == 1:
                     from runner.orchestrator import cuda_device_count
 
                     nproc = max(2, cuda_device_count())
         if nproc is not None:
             overrides.append(f"launch.nproc={nproc}")
-        return load_recipe(args.recipe, overrides)
+        return _load(args, overrides)
     except RecipeError as exc:
+        if exc.field == "launch.script_args" and args.script_args is not None:  # ftui run RECIPE -- ARGS
+            raise UsageError(f"script arguments ({' '.join(args.script_args) or 'after --'}) without a script: "
+                             "give --script FILE or launch.script in the recipe") from None
         raise UsageError(str(exc)) from None
+
+
+def script_overrides(args: argparse.Namespace) -> list[str]:
+    """``--script FILE`` and the arguments after ``--`` as recipe overrides (``launch.script``,
+    ``launch.script_args``); a run of ``--script`` alone is named after the script."""
+    if args.recipe is None and args.script is None:
+        raise UsageError("run: give a recipe file, or --script FILE (your own training script)")
+    out = []
+    if args.script is not None:
+        out.append(f"launch.script={json.dumps(str(args.script))}")
+        if args.recipe is None and not args.name:
+            out.append(f"name={json.dumps(args.script.stem)}")
+    if args.script_args is not None and (args.script is not None or args.recipe is not None):
+        out.append(f"launch.script_args={json.dumps(list(args.script_args))}")
+    return out
+
+
+def _load(args: argparse.Namespace, overrides: list[str]) -> Any:
+    """The recipe file with ``overrides``, or (``--script`` without a recipe) a recipe of them alone."""
+    from runner.recipe import load_recipe, parse_recipe
+
+    if args.recipe is None:
+        return parse_recipe("", source="--script", overrides=overrides)
+    return load_recipe(args.recipe, overrides)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -97,19 +133,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     recipe = load_run_recipe(args)
     node_spec = nodes.spec_for(args, recipe)  # several machines: this one's rendezvous
+    source = str(args.recipe) if args.recipe is not None else str(recipe.launch.script)
     try:
         warnings = launch_checks(recipe, args.fake_gpus)  # the same pre-flight as the TUI's Launch
     except RecipeError as exc:
-        raise UsageError(f"{args.recipe}: {exc}") from None
+        raise UsageError(f"{args.recipe}: {exc}" if args.recipe is not None else str(exc)) from None
     out = console(stderr=args.format == "json")
     for warning in warnings:
         out.print(Text.assemble(("warning:", "yellow"), f" {warning}"), soft_wrap=True)
     if args.find_batch_size:
         from tui.cli.estimate import run_finder
 
-        return run_finder(args, recipe, args.mem_cap, str(args.recipe))
+        return run_finder(args, recipe, args.mem_cap, source)
     if args.dry_run:
-        prepared = orchestrator.prepare(None, recipe, source=str(args.recipe), nodes=node_spec)
+        prepared = orchestrator.prepare(None, recipe, source=source, nodes=node_spec)
         if args.format == "json":
             print(json.dumps(prepared.spec.to_json(), indent=2))
         else:
@@ -131,12 +168,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         if node_spec is not None:
             from runner.nodes import prepare_node
 
-            prepared = prepare_node(store, recipe, node_spec, source=str(args.recipe))
+            prepared = prepare_node(store, recipe, node_spec, source=source)
             out.print(f"node #{prepared.node.slot} of {node_spec.nnodes} ({node_spec.backend} rendezvous at "
                       f"{node_spec.main_addr}:{node_spec.main_port}, run key {node_spec.run_key}); the progress "
                       "shows on the node that gets rank 0", markup=False, soft_wrap=True)
         else:
-            prepared = orchestrator.prepare(store, recipe, source=str(args.recipe))
+            prepared = orchestrator.prepare(store, recipe, source=source)
     except RecipeError as exc:
         raise UsageError(str(exc)) from None
     return follow(args, store, prepared, out)

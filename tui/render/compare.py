@@ -86,6 +86,23 @@ COLUMNS: list[tuple[str, Callable[[RunRow], str]]] = [
 ]
 
 
+NOT_REPORTED = "not reported"
+SCRIPT_REPORTS = frozenset({"micro-batch x GA", "train time", "tokens/s", "tokens/s/device",
+                            "peak mem/device (measured)", "final loss", "best loss"})
+"""Figures a script run has only when the script reports them (runner.track): '-' reads "not reported"."""
+
+
+def _reported(cell: Callable[[RunRow], str]) -> Callable[[RunRow], str]:
+    def text(r: RunRow) -> str:
+        value = cell(r)
+        return NOT_REPORTED if r.script and value == "-" else value
+
+    return text
+
+
+COLUMNS = [(h, _reported(c) if h in SCRIPT_REPORTS else c) for h, c in COLUMNS]
+
+
 def sources(cmp: Comparison) -> list[str]:
     """Where each figure comes from (one line each)."""
     out = []
@@ -93,6 +110,9 @@ def sources(cmp: Comparison) -> list[str]:
     if util:
         out.append("utilisation: " + "; ".join(util))
     out.append("train time, tokens/s, loss: measured by the trainer (tokens/s over all devices; first to last step)")
+    if any(r.script for r in cmp.rows):
+        out.append("script runs: what the script reported through runner.track or FtuiCallback (train time from "
+                   "its start to its last step); 'not reported' where it did not")
     peaks = sorted({r.peak_source for r in cmp.rows if r.peak_source})
     if peaks:
         out.append("MFU: (6N_trainable + 4N_frozen + 12*L*H*Q*T) x tokens/s / (peak x devices), N without the input "

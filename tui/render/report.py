@@ -98,8 +98,10 @@ def run_summary_table(run: RunInfo | None) -> Table:
     if run is None:
         return table
     table.add_row("status", Text(run.status, style=STATUS_STYLE.get(run.status, "")), "orchestrator")
-    table.add_row(*text_row("distributed type", run.distributed_type or "-", "accelerate (in effect)"))
-    table.add_row("steps", f"{run.steps_done or 0}/{run.total_steps or '?'}", "trainer")
+    script = run.method == "script" or "script = " in (run.recipe_text or "")  # launch.script (runner.script)
+    missing = "not reported" if script and run.status != "running" else "-"
+    table.add_row(*text_row("distributed type", run.distributed_type or missing, "accelerate (in effect)"))
+    table.add_row("steps", f"{run.steps_done or 0}/{run.total_steps or '?'}", "script" if script else "trainer")
     table.add_row("training time", fmt_seconds(run.train_seconds), "measured (first to last step)")
     table.add_row("tokens/s", _num(run.tokens_per_s, ",.0f"), "measured")
     table.add_row("final loss", _num(run.final_loss, ".4f"), "measured (mean over ranks)")

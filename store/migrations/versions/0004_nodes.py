@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0004"
-down_revision = "0003"  # rechained in branch scale after merging data (0003) and main (0004)
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 
