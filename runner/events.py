@@ -35,6 +35,9 @@ Every event carries ``seq`` (0, 1, 2, ... within the run: its stable id), ``type
   ``bytes`` (files written), ``reason`` (``"every"`` or ``"stop"``), ``removed`` (older ones pruned).
 - ``error``: ``message`` (one line); for a non-finite loss also ``reason`` (``"nan_loss"`` or
   ``"too_many_skipped"``), ``step`` and ``value`` (``"nan"``, ``"inf"``, ``"-inf"``).
+- ``precision``: after the first optimizer step, the dtypes of rank 0's live tensors: ``params``,
+  ``frozen_params``, ``compute``, ``optimizer_state``, ``master`` (null without an fp32 master copy).
+- ``loss_scale``: fp16 only, when the dynamic loss scale drops: ``step``, ``old``, ``new``.
 - ``metrics``: ``step``, ``rank`` and ``values``, a map of metric name to float (or null): any named
   per-step values (``eval/loss``, ``eval/perplexity``, ``train/*``, a user's own), stored in the
   ``named_metrics`` table (:class:`MetricsEvent`, :func:`metrics_event`).
@@ -139,6 +142,11 @@ class StartEvent(TypedDict):
     start_step: int
     resumed_from: str | None
     resume_seconds: float | None
+    engine: NotRequired[str]
+    """What implements the strategy (``runner.strategies``: accelerate, deepspeed, torch)."""
+    sharding: NotRequired[dict[str, Any]]
+    """:func:`runner.zero.in_effect`: engine, ZeRO stage, offload and what it is, read from the prepared
+    model and optimizer of rank 0 (a mismatch with the strategy asked for fails the run before this)."""
     parallel: NotRequired[dict[str, Any]]
     """Pipeline or tensor-parallel runs (runner/pipeline.py): ``kind``, stages or tp size, micro-batches,
     schedule, which layers each process holds."""
@@ -207,6 +215,32 @@ class EndEvent(TypedDict):
     checkpoint: str | None
 
 
+class PrecisionEvent(TypedDict):
+    """The precision rank 0 really trained in, read from its live tensors after the first optimizer step
+    (:func:`runner.zero.precision_in_effect`)."""
+
+    type: Literal["precision"]
+    step: int
+    params: str | None
+    """Dtype of the trainable weights (local shards)."""
+    frozen_params: str | None
+    compute: str | None
+    """Output dtype of the Linear layers in the first forward."""
+    optimizer_state: str | None
+    master: str | None
+    """fp32 master copy's dtype (DeepSpeed), None when the optimizer updates the weights themselves."""
+    source: str
+
+
+class LossScaleEvent(TypedDict):
+    """fp16's dynamic loss scale dropped at this step (an overflow: the update was skipped by the scaler)."""
+
+    type: Literal["loss_scale"]
+    step: int
+    old: float
+    new: float
+
+
 class MetricsEvent(TypedDict):
     """Named values of one step: ``train/*``, ``eval/*`` or a user's own metrics (any name, one float each).
 
@@ -230,8 +264,9 @@ class EvalSamplesEvent(TypedDict):
 
 
 TrainerEvent = (StartEvent | StepEvent | MemoryEvent | CheckpointEvent | ErrorEvent | EndEvent | MetricsEvent
-                | EvalSamplesEvent)
-TRAINER_EVENT_TYPES = frozenset({"start", "step", "memory", "checkpoint", "error", "end", "metrics", "eval_samples"})
+                | EvalSamplesEvent | PrecisionEvent | LossScaleEvent)
+TRAINER_EVENT_TYPES = frozenset({"start", "step", "memory", "checkpoint", "error", "end", "metrics", "eval_samples",
+                                 "precision", "loss_scale"})
 
 METRIC_NAME_MAX = 200
 """Longest metric name the store keeps (``named_metrics.name``)."""

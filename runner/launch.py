@@ -6,13 +6,14 @@ result by list equality, like accelerate's own tests of ``prepare_*_cmd_env``.
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from runner import events as ev
-from runner import strategies
+from runner import strategies, zero
 from runner.multinode import NodeSpec, accelerate_fields
 from runner.recipe import Recipe
 
@@ -39,15 +40,16 @@ LOOPBACK = "127.0.0.1"
 """Where a one-machine run's rendezvous and collectives listen: nothing outside the host can reach them."""
 
 
-def accelerate_config(recipe: Recipe, port: int, nodes: NodeSpec | None = None) -> dict[str, Any]:
+def accelerate_config(recipe: Recipe, port: int, nodes: NodeSpec | None = None,
+                      run_dir: Path = Path(".")) -> dict[str, Any]:
     """The accelerate config (as a dict for YAML) for a recipe.
 
     Always a complete file: ``accelerate launch`` silently reads the user's default config when
     flags are missing (docs/cpu-facts.md).
     """
     launch = recipe.launch
-    strategy = strategies.get(launch.strategy)
-    multi = launch.nproc > 1 or strategy.accelerate_type == "FSDP" or nodes is not None
+    strategy = strategies.resolve(launch.strategy, launch.engine)
+    multi = launch.nproc > 1 or strategy.accelerate_type in ("FSDP", "DEEPSPEED") or nodes is not None
     config: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         # A pipeline or tensor-parallel run starts its processes as DDP would; runner/pipeline.py and
@@ -72,17 +74,23 @@ def accelerate_config(recipe: Recipe, port: int, nodes: NodeSpec | None = None) 
         "tpu_use_cluster": False,
         "tpu_use_sudo": False,
     }
+    engine = strategy.engine_row()  # the ZeRO stages: which engine, which stage
+    fsdp_version = launch.fsdp_version if engine is None else 2  # torch's ZeRO-2/3 are FSDP2
+    if strategy.accelerate_type == "DEEPSPEED":
+        config["deepspeed_config"] = {"deepspeed_config_file": str(run_dir / zero.DEEPSPEED_FILE),
+                                      "zero3_init_flag": False}
+        del config["mixed_precision"]  # the DeepSpeed file says it; accelerate refuses it said twice
     if strategy.accelerate_type == "FSDP":
         fsdp: dict[str, Any] = {
-            "fsdp_version": launch.fsdp_version,
+            "fsdp_version": fsdp_version,
             # Wraps each decoder layer; accelerate takes the class from the model's _no_split_modules.
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             "fsdp_state_dict_type": "FULL_STATE_DICT",
-            "fsdp_offload_params": False,
+            "fsdp_offload_params": launch.offload == "optimizer+params",
             "fsdp_cpu_ram_efficient_loading": False,
             "fsdp_activation_checkpointing": False,
         }
-        if launch.fsdp_version == 1:
+        if fsdp_version == 1:
             fsdp |= {
                 "fsdp_sharding_strategy": "FULL_SHARD",
                 "fsdp_backward_prefetch": "BACKWARD_PRE",
@@ -91,7 +99,8 @@ def accelerate_config(recipe: Recipe, port: int, nodes: NodeSpec | None = None) 
                 "fsdp_forward_prefetch": False,
             }
         else:
-            fsdp["fsdp_reshard_after_forward"] = True
+            # ZeRO-2 with PyTorch alone: keep the unsharded weights from forward to backward.
+            fsdp["fsdp_reshard_after_forward"] = engine is None or engine.stage != 2
         config["fsdp_config"] = fsdp
     if nodes is not None:  # several machines: the rendezvous is the main node's (runner/multinode.py)
         config |= accelerate_fields(nodes, launch.nproc)
@@ -130,8 +139,12 @@ def build_launch(
         text = None
     else:
         config_path = str(run_dir / ev.ACCELERATE_FILE)
-        text = yaml.safe_dump(accelerate_config(recipe, port, nodes), sort_keys=False)
+        text = yaml.safe_dump(accelerate_config(recipe, port, nodes, run_dir), sort_keys=False)
         files[ev.ACCELERATE_FILE] = text
+    if strategies.resolve(launch.strategy, launch.engine).accelerate_type == "DEEPSPEED":
+        # Kept in the run folder beside accelerate.yaml, which names it (also with the recipe's own config).
+        on_cpu = launch.device == "cpu" or cpu_threads is not None
+        files[zero.DEEPSPEED_FILE] = json.dumps(zero.deepspeed_config(recipe, on_cpu), indent=2) + "\n"
     # Several processes on one machine: accelerate launch through runner/loopback_launch.py, which binds
     # torchrun's rendezvous store to the loopback address (its server would otherwise listen on every
     # interface). One process has no store: plain accelerate launch.

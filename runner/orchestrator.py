@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import events as ev
-from runner import procs, strategies
+from runner import procs, strategies, zero
 from runner.inputs import check_inputs
 from runner.launch import LaunchSpec, build_launch
 from runner.mfu import run_flops_per_token
@@ -90,7 +90,10 @@ def preflight(recipe: Recipe) -> list[str]:
         raise PreflightError("method.type: qlora needs a CUDA GPU (bitsandbytes 4-bit); none is visible here")
     if recipe.train.precision == "fp16" and on_cpu:
         raise PreflightError("train.precision: fp16 needs a GPU; use bf16 or fp32 on CPU")
-    strategy = strategies.get(recipe.launch.strategy)
+    strategy = strategies.resolve(recipe.launch.strategy, recipe.launch.engine)
+    missing = zero.engine_missing(strategy.engine)
+    if missing:
+        raise PreflightError(missing)
     problem = strategy.nproc_problem(recipe.launch.nproc * (recipe.launch.nnodes or 1), on_cpu=on_cpu)
     if problem:
         raise PreflightError(f"launch.nproc: {problem}")
@@ -348,6 +351,11 @@ class _Watch:
                 self.end = event
             elif event["type"] == "error":
                 self.error = event.get("message")
+            elif event["type"] == "precision":
+                self._on_precision(event)
+            elif event["type"] == "loss_scale":
+                self.loss_scale_drops += 1
+                self._update_summary({"loss_scale_drops": self.loss_scale_drops})
         if self.on_event is not None:
             for raw in fresh:
                 self.on_event(raw)
@@ -368,8 +376,20 @@ class _Watch:
         self.pending = []
         self.store_error = None
 
+    loss_scale_drops = 0
+
+    def _update_summary(self, summary: dict[str, Any]) -> None:
+        try:  # a figure for the summary; the journal has the event whatever the store does now
+            self.store.update_run(self.run_id, summary=summary)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _on_precision(self, event: ev.PrecisionEvent) -> None:
+        self._update_summary({"precision": {k: v for k, v in event.items() if k != "type"}})
+
     def _on_start(self, event: ev.StartEvent) -> None:
-        strategy = strategies.get(self.prepared.recipe.launch.strategy)
+        launch = self.prepared.recipe.launch
+        strategy = strategies.resolve(launch.strategy, launch.engine)
         in_effect = event.get("distributed_type")
         self.store.update_run(
             self.run_id,
@@ -384,6 +404,8 @@ class _Watch:
                      # Stored so that compare computes MFU without reading a model config (no transformers).
                      "flops_per_token": run_flops_per_token(self.prepared.recipe.method.type, event.get("params"),
                                                             event.get("trainable_params"), event.get("model_dims")),
+                     **({"engine": event["engine"]} if "engine" in event else {}),
+                     **({"sharding": event["sharding"]} if "sharding" in event else {}),
                      **({"parallel": event["parallel"]} if "parallel" in event else {})},
         )
         if in_effect is not None and in_effect not in strategy.expect:  # None: a script did not say

@@ -139,6 +139,12 @@ class LaunchSection(_Section):
     """Physical GPU indices to use (CUDA_VISIBLE_DEVICES); None = all visible."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     fsdp_version: Literal[1, 2] = 2
+    engine: str = "auto"
+    """What implements the strategy: ``auto`` (the strategy's default: ``deepspeed`` for the ZeRO stages),
+    ``deepspeed`` or ``torch`` (PyTorch alone: ZeroRedundancyOptimizer or FSDP2; docs/zero.md). The table in
+    ``runner/strategies.py`` says which engines each strategy takes."""
+    offload: Literal["none", "optimizer", "optimizer+params"] = "none"
+    """ZeRO only: keep the optimizer state (and fp32 master), or also the weights, in host memory."""
     accelerate_config: str | None = None
     """An accelerate config file to use as is, instead of the generated one."""
     peak_tflops: Annotated[float, Field(gt=0.0)] | None = None
@@ -226,6 +232,11 @@ class Recipe(_Section):
             raise ValueError(layout)
         if self.method.type == "qlora" and launch.device == "cpu":
             raise ValueError("method.type: qlora needs a CUDA GPU (bitsandbytes 4-bit); launch.device is 'cpu'")
+        from runner.zero import recipe_problem
+
+        problem = recipe_problem(self)
+        if problem:
+            raise ValueError(problem)
         return self
 
     def to_toml(self) -> str:

@@ -9,12 +9,33 @@ prepare the model for it; no list of strategy names is written anywhere else.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 Shard = str
 """What a strategy divides over its processes: ``optimizer`` (optimizer state and fp32 master),
 ``grads``, ``params`` (tensor parallel: a slice of each sharded matrix, with its gradient and
 optimizer state); or ``layers`` (model and pipeline parallel: each device holds a slice of the layers)."""
+
+OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+params")
+"""``launch.offload`` values: what lives in host memory instead of the device."""
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine that implements a strategy (the ZeRO stages have two), and what the run must show."""
+
+    name: str
+    """``deepspeed`` or ``torch`` (``launch.engine``)."""
+    accelerate_type: str
+    """``distributed_type`` of the generated accelerate config."""
+    expect: frozenset[str]
+    """accelerate ``DistributedType`` values the trainer may report (see :attr:`Strategy.expect`)."""
+    how: str
+    """What it is in the engine's own terms (recorded and checked from inside the trainer)."""
+    offloads: tuple[str, ...] = ("none",)
+    """The ``launch.offload`` values it implements."""
+    stage: int | None = None
+    """The ZeRO stage (DeepSpeed's ``zero_optimization.stage``; for torch, the stage it stands for)."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +64,9 @@ class Strategy:
     """Whether ``ftui run`` can launch it; otherwise the planner still estimates it."""
     not_launchable: str | None = None
     """Why not, when it is not launchable (one sentence)."""
+    engines: tuple[Engine, ...] = ()
+    """Engines to choose from with ``launch.engine`` (the first is the default); empty: ``engine`` alone."""
+
     default_nproc: int | None = None
     """Processes when none is asked for (``ftui run --strategy``); None: one per visible GPU, at least 2."""
     pipeline_from: int | None = None
@@ -53,6 +77,28 @@ class Strategy:
     stage works at a time); None: ``launch.microbatches``."""
     tensor_parallel: bool = False
     """Each process holds a slice of every sharded weight matrix (:mod:`runner.tensor_parallel`)."""
+
+    def engine_names(self) -> tuple[str, ...]:
+        """The ``launch.engine`` values this strategy takes (``auto`` picks the first)."""
+        return tuple(e.name for e in self.engines) or (self.engine,)
+
+    def with_engine(self, engine: str) -> Strategy:
+        """This row as run by ``engine`` (``auto``: the default): its accelerate type, expectations and
+        engine name replaced by that engine's. ``KeyError`` for an engine the row does not take."""
+        if not self.engines:
+            if engine not in ("auto", self.engine):
+                raise KeyError(f"strategy {self.name!r} runs on {self.engine} only, not {engine!r}")
+            return self
+        chosen = self.engines[0] if engine == "auto" else next((e for e in self.engines if e.name == engine), None)
+        if chosen is None:
+            raise KeyError(f"strategy {self.name!r} runs on {choices_text(self.engine_names())}, not {engine!r}")
+        return replace(self, engine=chosen.name, accelerate_type=chosen.accelerate_type, expect=chosen.expect)
+
+    def engine_row(self, engine: str | None = None) -> Engine | None:
+        """The :class:`Engine` that runs this row (as resolved by :meth:`with_engine`), or that runs it under
+        ``engine``; None for a one-engine row."""
+        name = self.engine if engine is None else self.with_engine(engine).engine
+        return next((e for e in self.engines if e.name == name), None)
 
     def pipelined(self, nproc: int) -> bool:
         """Whether a run of ``nproc`` processes trains as a pipeline (:mod:`runner.pipeline`)."""
@@ -94,7 +140,22 @@ class Strategy:
         return micro_batch * grad_accum * (nproc if self.data_parallel else 1)
 
 
-_ZERO_LATER = "ftui run cannot launch ZeRO stages yet (DeepSpeed and torch engines are planned); the planner estimates them"
+_DDP_TYPES = frozenset({"MULTI_GPU", "MULTI_CPU"})
+
+
+def _zero_engines(stage: int) -> tuple[Engine, ...]:
+    """DeepSpeed's ZeRO stage ``stage``, and the same sharding with PyTorch alone (docs/zero.md)."""
+    deepspeed = Engine("deepspeed", "DEEPSPEED", frozenset({"DEEPSPEED"}), f"DeepSpeed ZeRO stage {stage}",
+                       offloads=OFFLOADS if stage == 3 else ("none", "optimizer"), stage=stage)
+    if stage == 1:
+        torch = Engine("torch", "MULTI_GPU", _DDP_TYPES, "DDP + ZeroRedundancyOptimizer", stage=1)
+    else:
+        # FSDP2 offloads parameters, gradients and optimizer state together (CPUOffloadPolicy): no
+        # optimizer-only offload there.
+        torch = Engine("torch", "FSDP", frozenset({"FSDP"}),
+                       "FSDP2 fully_shard(reshard_after_forward=False)" if stage == 2 else "FSDP2 fully_shard",
+                       offloads=("none", "optimizer+params"), stage=stage)
+    return deepspeed, torch
 
 STRATEGIES: dict[str, Strategy] = {
     s.name: s
@@ -192,45 +253,42 @@ STRATEGIES: dict[str, Strategy] = {
             title="ZeRO stage 1",
             description="optimizer state (and fp32 master) sharded, gradients and weights replicated",
             engine="deepspeed",
-            accelerate_type=None,
+            accelerate_type="DEEPSPEED",
             expect=frozenset({"DEEPSPEED"}),
             shards=frozenset({"optimizer"}),
             data_parallel=True,
             min_procs=1,
             max_procs=None,
             min_procs_cpu=2,
-            launchable=False,
-            not_launchable=_ZERO_LATER,
+            engines=_zero_engines(1),
         ),
         Strategy(
             name="zero2",
             title="ZeRO stage 2",
             description="optimizer state and gradients sharded, weights replicated",
             engine="deepspeed",
-            accelerate_type=None,
+            accelerate_type="DEEPSPEED",
             expect=frozenset({"DEEPSPEED"}),
             shards=frozenset({"optimizer", "grads"}),
             data_parallel=True,
             min_procs=1,
             max_procs=None,
             min_procs_cpu=2,
-            launchable=False,
-            not_launchable=_ZERO_LATER,
+            engines=_zero_engines(2),
         ),
         Strategy(
             name="zero3",
             title="ZeRO stage 3",
             description="optimizer state, gradients and weights sharded (as FSDP)",
             engine="deepspeed",
-            accelerate_type=None,
+            accelerate_type="DEEPSPEED",
             expect=frozenset({"DEEPSPEED"}),
             shards=frozenset({"optimizer", "grads", "params"}),
             data_parallel=True,
             min_procs=1,
             max_procs=None,
             min_procs_cpu=2,
-            launchable=False,
-            not_launchable=_ZERO_LATER,
+            engines=_zero_engines(3),
         ),
     )
 }
@@ -247,6 +305,19 @@ def get(name: str) -> Strategy:
 def names(launchable: bool = False) -> tuple[str, ...]:
     """Every strategy's name in table order (only those ``ftui run`` can launch, with ``launchable``)."""
     return tuple(s.name for s in STRATEGIES.values() if s.launchable or not launchable)
+
+
+def engine_names() -> tuple[str, ...]:
+    """Every ``launch.engine`` value: ``auto`` (the strategy's default) and each engine some row names."""
+    seen: dict[str, None] = {"auto": None}
+    for s in STRATEGIES.values():
+        seen.update(dict.fromkeys(s.engine_names()))
+    return tuple(seen)
+
+
+def resolve(name: str, engine: str = "auto") -> Strategy:
+    """The strategy ``name`` as run by ``engine`` (:meth:`Strategy.with_engine`)."""
+    return get(name).with_engine(engine)
 
 
 def choices_text(options: Iterable[str]) -> str:

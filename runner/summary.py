@@ -29,6 +29,8 @@ class RankFigures(TypedDict, total=False):
     """Exact bytes of the rank's local parameter tensors (a sharded tensor counts its local shard)."""
     grad_bytes: int
     optimizer_bytes: int
+    master_bytes: int
+    """DeepSpeed's fp32 master partition of the rank (0 where the optimizer updates the weights themselves)."""
     activation_bytes: int
     """Bytes autograd saved for backward during one forward (saved-tensor hooks), deduplicated. The quantity
     the activation formula was first fitted to: a detail, not the peak."""
@@ -86,6 +88,13 @@ class RunSummary(TypedDict, total=False):
     world_size: int
     tokens_per_step: int
     mixed_precision: str
+    engine: str
+    sharding: dict[str, Any]
+    """What the trainer found in effect (:func:`runner.zero.in_effect`): engine, stage, offload, how."""
+    precision: dict[str, Any]
+    """The trainer's ``precision`` event: dtypes of params, compute, optimizer state, master (measured)."""
+    loss_scale_drops: int
+    """fp16: how many times the dynamic loss scale dropped (``loss_scale`` events)."""
     device_map: dict[str, Any] | None
     pids: list[int]
     threads: int
@@ -156,8 +165,8 @@ def busiest_peak(ranks: Iterable[Mapping[str, Any]]) -> tuple[int | None, str]:
 
 
 def model_state_bytes(rank: Mapping[str, Any]) -> int:
-    """Parameters + gradients + optimizer state a rank held (exact tensor bytes)."""
-    return sum(int(rank.get(k) or 0) for k in ("param_bytes", "grad_bytes", "optimizer_bytes"))
+    """Parameters + gradients + optimizer state + fp32 master a rank held (exact tensor bytes)."""
+    return sum(int(rank.get(k) or 0) for k in ("param_bytes", "grad_bytes", "optimizer_bytes", "master_bytes"))
 
 
 def trained_bytes(rank: Mapping[str, Any]) -> int | None:

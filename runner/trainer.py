@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from runner import events as ev
-from runner import memtrack
+from runner import memtrack, strategies, zero
 
 MEMORY_EVERY_S = 10.0
 """Seconds between ``memory`` events (plus one at the run's first and last step)."""
@@ -128,6 +128,7 @@ class Trainer:
         from accelerate import Accelerator
 
         launch, train = self.recipe.launch, self.recipe.train
+        self.strategy = row = strategies.resolve(launch.strategy, launch.engine)
         cpu = launch.device == "cpu" or (launch.device == "auto" and not torch.cuda.is_available())
         self.on_cpu = cpu
         if cpu and launch.strategy == "fsdp" and launch.fsdp_version == 1:
@@ -138,10 +139,19 @@ class Trainer:
         # Gradients as views into DDP's buckets: without it each rank holds the gradients twice (the
         # parameters' .grad and the reducer's flat buckets), +w bytes per trainable parameter
         # (PyTorch DDP docs, ``gradient_as_bucket_view``; docs/memory-model.md). Only DDP reads it.
-        accelerator = Accelerator(cpu=cpu, mixed_precision=mixed,
-                                  kwargs_handlers=[DistributedDataParallelKwargs(gradient_as_bucket_view=True)])
-        if cpu and launch.strategy == "fsdp":
-            _force_fsdp_on_cpu(accelerator, launch.fsdp_version, mixed)
+        handlers: list[Any] = [DistributedDataParallelKwargs(gradient_as_bucket_view=True)]
+        if row.accelerate_type == "DEEPSPEED":
+            # cpu=True would skip DeepSpeed altogether; on CPU its process group must be gloo (docs/zero.md).
+            from accelerate.utils import InitProcessGroupKwargs
+
+            handlers += [InitProcessGroupKwargs(backend="gloo")] if cpu else []
+            if cpu:
+                zero.skip_shm_comm_build()
+            cpu = False
+        accelerator = Accelerator(cpu=cpu, mixed_precision=mixed, kwargs_handlers=handlers)
+        if cpu and row.accelerate_type == "FSDP":
+            _force_fsdp_on_cpu(accelerator, launch.fsdp_version if row.name == "fsdp" else 2, mixed)
+            zero.force_fsdp_offload_unpinned(getattr(accelerator.state, "fsdp_plugin", None))
         return accelerator
 
     def load_tokenizer(self) -> Any:
@@ -278,11 +288,23 @@ class Trainer:
         from runner.mfu import dims_from_config
 
         dims = dims_from_config(model.config, int(blocks.shape[1]))  # for MFU, so compare reads no config
-        optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=train.lr, weight_decay=train.weight_decay
-        )
+        trainable = [p for p in model.parameters() if p.requires_grad]
         mp = recipe.launch.strategy == "mp"
-        model, optimizer = acc.prepare(model, optimizer)
+        engine = self.strategy.engine_row()
+        if engine is not None and engine.name == "torch" and engine.stage == 1:
+            # ZeroRedundancyOptimizer is not accelerate's to wrap (its state_dict needs a consolidation first):
+            # the model alone is prepared (DDP), and the optimizer steps itself.
+            optimizer = zero.zero_optimizer(trainable, train.lr, train.weight_decay)
+            model = acc.prepare(model)
+        else:
+            optimizer = torch.optim.AdamW(trainable, lr=train.lr, weight_decay=train.weight_decay)
+            model, optimizer = acc.prepare(model, optimizer)
+        deepspeed = zero.is_deepspeed(model)
+        # What really runs, read from the prepared objects; a ZeRO run that became something else stops here.
+        sharding = zero.in_effect(model, optimizer, acc)
+        wrong = zero.mismatch(self.strategy, recipe.launch.offload, sharding)
+        if wrong:
+            raise RuntimeError(wrong)
         from transformers import get_scheduler
 
         # Not prepared: accelerate's scheduler wrapper steps once per process, which would make the
@@ -324,6 +346,8 @@ class Trainer:
             start_step=start_step,
             resumed_from=train.resume_from,
             resume_seconds=resume_seconds,
+            engine=self.strategy.engine,
+            sharding=sharding,
         ))
 
         tokens_at_start = tokens_done
@@ -334,7 +358,10 @@ class Trainer:
         memory_acts: dict[str, Any] = {}
         # One meter over the measured steps: what step 1 leaves alive (optimizer state, DDP's buckets) is
         # still counted in step 2.
-        meter = memtrack.meter_for(not self.on_cpu, model, optimizer)
+        meter = memtrack.meter_for(not self.on_cpu, model, zero.inner_optimizer(optimizer))
+        compute_dtype = zero.ComputeDtype(model)
+        precision: dict[str, Any] = {}
+        scale = zero.loss_scale(model, acc)
         final_loss = float("nan")
         status: Literal["completed", "stopped", "failed"] = "completed"
         skipped = 0
@@ -368,19 +395,27 @@ class Trainer:
                               "labels": batch.masked_fill(batch_mask == 0, -100)}
                 # The backward must run inside no_sync too: FSDP (1 and 2) reads the sync flag while
                 # reducing gradients in backward, DDP at forward time.
-                ctx = acc.no_sync(model) if micro < GA - 1 else contextlib.nullcontext()
+                # DeepSpeed accumulates itself (told where the boundary is, below).
+                ctx = acc.no_sync(model) if micro < GA - 1 and not deepspeed else contextlib.nullcontext()
                 # One forward (the run's first step, micro-step 0) measures what autograd saves.
                 first = step == start_step and micro == 0
                 saved_meter = _SavedBytes(model, acc.device) if first else contextlib.nullcontext()
                 with ctx:
-                    with peaks.phase("forward"), acc.autocast(), saved_meter:
+                    with peaks.phase("forward"), acc.autocast(), saved_meter, (
+                            compute_dtype if first else contextlib.nullcontext()):
                         # Only the loss is kept: holding the output would keep the logits alive through
                         # backward and into the next forward (docs/memory-model.md).
                         loss = model(**inputs).loss / GA
                     if isinstance(saved_meter, _SavedBytes):
                         memory_acts = saved_meter.result()
                     with peaks.phase("backward"):
-                        acc.backward(loss)
+                        if deepspeed:
+                            # The engine itself, not accelerate's wrapper (which would also step): the
+                            # optimizer step stays after the step's collective, as for every strategy.
+                            model.set_gradient_accumulation_boundary(micro == GA - 1)
+                            model.backward(loss, scale_wrt_gas=False)  # the loss is already / GA
+                        else:
+                            acc.backward(loss)
                 loss_sum += loss.detach().to(acc.device)
             # One collective per step carries the loss, the stop request, the token count and each
             # rank's memory figures (its own slots, zeros elsewhere), so every rank leaves the loop
@@ -402,20 +437,33 @@ class Trainer:
             step_tokens = int(stats[2])
             grad_norm = None
             bad: tuple[str, float] | None = None
+            ds_grads = zero.deepspeed_grad_bytes(model) if deepspeed and not memory else None
             with peaks.phase("optimizer"):
                 if not math.isfinite(mean_loss):
                     bad = ("nan_loss", mean_loss)
+                elif deepspeed:
+                    model.step()  # clips (gradient_clipping in its config), steps and zeroes the gradients
+                    norm = model.get_global_grad_norm() if train.max_grad_norm > 0 else None
+                    grad_norm = float(norm) if norm is not None else None
                 elif train.max_grad_norm > 0:
                     grad_norm = float(acc.clip_grad_norm_(model.parameters(), train.max_grad_norm))
                     if not math.isfinite(grad_norm):  # global norm: the same on every rank
                         bad = ("nan_grad_norm", grad_norm)
-                if bad is None:
+                if bad is None and not deepspeed:
                     optimizer.step()
             if bad is None:
                 if not memory:
-                    memory = {**self.state_bytes(model, optimizer), **memory_acts}
+                    memory = {**zero.state_bytes(model, optimizer, ds_grads), **memory_acts}
+                if not precision:
+                    precision = zero.precision_in_effect(model, optimizer, compute_dtype.result())
+                    self.emit(ev.PrecisionEvent(type="precision", step=step + 1, **precision))  # type: ignore[typeddict-item]
             else:
                 skipped += 1  # no update: a non-finite loss or gradient must not reach the weights
+            if scale is not None:  # fp16: a drop of the dynamic loss scale means an overflow was skipped
+                new_scale = zero.loss_scale(model, acc)
+                if new_scale is not None and new_scale < scale:
+                    self.emit(ev.LossScaleEvent(type="loss_scale", step=step + 1, old=scale, new=new_scale))
+                scale = new_scale
             lr = scheduler.get_last_lr()[0]
             scheduler.step()  # the lr follows the step count, skipped steps included
             optimizer.zero_grad(set_to_none=True)
@@ -460,7 +508,7 @@ class Trainer:
                     status = "failed"
                     break
             every = train.save_every > 0 and (step + 1) % train.save_every == 0
-            if every or stop_requested:
+            if (every or stop_requested) and zero.checkpoints_supported(self.strategy):
                 last_checkpoint = self.save_checkpoint(step + 1, epoch, tokens_done,
                                                        reason="every" if every else "stop")
             if stop_requested:
@@ -625,18 +673,9 @@ class Trainer:
     # ------------------------------------------------------------------ measurement and saving
 
     def state_bytes(self, model: Any, optimizer: Any) -> dict[str, int]:
-        """Exact bytes of this rank's parameters, gradients and optimizer state (local shards)."""
-        params = grads = 0
-        for p in model.parameters():
-            params += _local_bytes(p)
-            if p.grad is not None:
-                grads += _local_bytes(p.grad)
-        opt = 0
-        for state in optimizer.state.values():
-            for value in state.values():
-                if hasattr(value, "untyped_storage"):
-                    opt += _local_bytes(value)
-        return {"param_bytes": params, "grad_bytes": grads, "optimizer_bytes": opt}
+        """Exact bytes of this rank's parameters, gradients, optimizer state and fp32 master (local shards):
+        :func:`runner.zero.state_bytes`, which also reads DeepSpeed's partitions."""
+        return zero.state_bytes(model, optimizer)
 
     def memory_now(self) -> tuple[float, float, float]:
         """This rank's three memory figures for the step collective: on CUDA the allocator's allocated,
@@ -821,6 +860,12 @@ def _full_state_dict(model: Any, acc: Any, trainable_only: bool) -> Any:
     """A full (unsharded) state dict on rank 0 for FSDP, None otherwise (save_pretrained reads the
     model). Uses torch's distributed-checkpoint API: accelerate's FSDP1 full-state-dict path
     segfaulted on CPU (docs/cpu-facts.md)."""
+    if acc.distributed_type.value == "DEEPSPEED" and model.zero_optimization_stage() == 3:
+        # ZeRO-3's weights are partitions: DeepSpeed gathers them onto rank 0 (every rank takes part;
+        # stage3_gather_16bit_weights_on_model_save in runner/zero.py's config). The adapter's keys are
+        # picked by _save_adapter.
+        gathered = acc.get_state_dict(model)
+        return {_clean_fqn(k): v for k, v in (gathered or {}).items()} if acc.is_main_process else None
     if acc.distributed_type.value != "FSDP":
         return None
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

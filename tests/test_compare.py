@@ -34,8 +34,8 @@ from store import MetricPoint, RunInfo, SampleInfo
 from tui.render.compare import markdown, sources
 
 GOLDEN = ROOT / "tests" / "golden" / "compare.md"
-# Issue 12's sweep: every strategy of the table; one that cannot run here (zero1-3 until their engines land)
-# is a row with its reason.
+# Issue 12's sweep: every strategy of the table (zero1-3 on their default engine, DeepSpeed); one that cannot
+# run here is a row with its reason (the `refused` fixture).
 STRATEGIES = ["single", "mp", "pp", "ddp", "fsdp", "zero1", "zero2", "zero3", "tp"]
 STEPS = 5
 

@@ -58,6 +58,9 @@ def inputs_from_recipe(
         lora_targets=tuple(method.lora.target_modules),
         lora_dropout=method.lora.dropout,
         fsdp_version=launch.fsdp_version,
+        engine=launch.engine,
+        offload_optimizer=launch.offload != "none",
+        offload_params=launch.offload == "optimizer+params",
         microbatches=parallel.microbatches(recipe),
         pp_schedule=launch.pp_schedule,
         # "auto" is decided at launch (runner.orchestrator.runs_on_cpu corrects it for a run's stored estimate).

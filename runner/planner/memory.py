@@ -99,6 +99,8 @@ class EstimateInput:
     device: Literal["cuda", "cpu"] = "cuda"
     grad_bucket_view: bool = True
     fsdp_version: int = 2
+    engine: str = "auto"
+    """``launch.engine``: what implements the strategy (the ZeRO stages: ``deepspeed`` or ``torch``)."""
     microbatches: int = 1
     pp_schedule: str = "gpipe"
 
@@ -370,6 +372,23 @@ def _mp_share(inp: EstimateInput) -> tuple[float, float]:
     return layer_share * (1 - emb / total) + sh.vocab * sh.hidden / total, layer_share
 
 
+def _zero3_persistent(inp: EstimateInput, w: int, tw: int) -> float:
+    """Bytes DeepSpeed ZeRO-3 keeps gathered on every rank beside the partitions: each parameter under its
+    persistence threshold (``stage3_param_persistence_threshold``, 1e5 elements: norms, small projections,
+    LoRA matrices)."""
+    from runner.zero import ZERO3_PERSISTENCE_THRESHOLD as limit
+
+    sh = inp.shape
+    small = sum(s.in_features * s.out_features * s.count for s in sh.linears.values()
+                if s.in_features * s.out_features < limit) * w
+    norms = (2 * sh.layers + 1) * sh.hidden * (2 if sh.norm == "layer" else 1)
+    small += norms * w if sh.hidden < limit else 0
+    if inp.method != "full":
+        small += sum(inp.lora_r * (s.in_features + s.out_features) * s.count
+                     for s in _targeted(sh, inp.lora_targets).values()) * tw
+    return float(small)
+
+
 def estimate(inp: EstimateInput) -> MemoryBreakdown:
     """Per-device peak memory of a fine-tuning run (the busiest device for ``mp``).
 
@@ -386,8 +405,13 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
     n = max(1, inp.n_devices)
     e = DTYPE_BYTES[inp.precision]
     w = _weight_bytes(inp)
-    table_row = strategies.get(inp.strategy)
+    row = strategies.get(inp.strategy)
+    # An engine the row does not take (a zero2/torch recipe estimated under ddp) means the row's own.
+    table_row = row.with_engine(inp.engine if inp.engine in row.engine_names() else "auto")
     deepspeed = table_row.engine == "deepspeed"
+    engine_row = table_row.engine_row()
+    stage = engine_row.stage if engine_row is not None else None
+    torch_zero = engine_row is not None and engine_row.name == "torch"
     if deepspeed and e == 2:  # DeepSpeed's bf16/fp16 modes hold 16-bit weights and an fp32 master
         w = 2
 
@@ -416,7 +440,9 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
     params = base + train * tw
     grads = float(train * tw)
     optimizer = float(train * 2 * state_e)
-    master = float(train * MASTER_BYTES if deepspeed and tw < 4 else 0)
+    # DeepSpeed clones its fp32 master partition from the weights, in fp32 runs too (measured on every stage:
+    # docs/zero.md).
+    master = float(train * MASTER_BYTES if deepspeed else 0)
     # AdamW's step temporaries (torch/optim/adam.py): on GPU the foreach implementation (the default there)
     # allocates sqrt(exp_avg_sq) for every parameter at once; on CPU the default is the per-parameter loop,
     # which holds sqrt(exp_avg_sq) and its quotient for one parameter at a time (the largest one counts).
@@ -441,6 +467,10 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
     head_grads = float(sh.vocab * sh.hidden * tw) if inp.method == "full" else 0.0
 
     shards = table_row.shards
+    if torch_zero and stage == 2:
+        # FSDP2 with reshard_after_forward=False shards the weights at rest like ZeRO-3; it keeps them
+        # unsharded from the forward to the backward (counted in buffers below).
+        shards = shards | {"params"}
     if table_row.layer_split:
         weight_share, layer_share = _mp_share(inp)
         model_share = weight_share if inp.method == "full" else layer_share  # adapters sit in the layers
@@ -473,6 +503,8 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
         shards = frozenset()  # already divided: the FSDP-style rules below do not apply
     if "optimizer" in shards:
         optimizer, master, opt_transient = optimizer / n, master / n, opt_transient / n
+    # ZeRO-1 keeps whole gradients (the paper's P_os, its figure 1 is a test). DeepSpeed 0.19 holds only its
+    # partition at the step when each step is one micro-batch (docs/zero.md): the estimate is that much over.
     if "grads" in shards:
         grads = grads / n
         head_grads = head_grads / n
@@ -484,12 +516,16 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
     flat_grads = 0.0
     if "params" in shards:
         params = params / n
+        if deepspeed and stage == 3:
+            params += _zero3_persistent(inp, w, tw)
         gather_e = e if e < w else w  # FSDP's mixed precision gathers in the compute dtype
         # The root unit (embeddings, head, final norm: what the per-layer wrapping leaves) is gathered
         # while the loss is computed and again for the head's backward; inside the layer stack the layer
         # being computed is gathered beside it (measured: docs/memory-model.md).
         root_gathered = float(max(0, sh.total_params - sh.layers * sh.layer_params) * gather_e)
         gathered = root_gathered + 1.0 * sh.layer_params * gather_e
+        if torch_zero and stage == 2:  # every layer stays gathered from its forward to its backward
+            gathered = root_gathered + float(sh.layers * sh.layer_params * gather_e)
         if inp.method == "full" or train:
             # A layer's unsharded gradient before its reduce-scatter (FSDP1: the flat gradient).
             layer_train = train / max(1, sh.layers) if inp.method != "full" else sh.layer_params
@@ -497,8 +533,9 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
     # DDP allocates its gradient buckets when it wraps the model. ftui's trainer makes the gradients views
     # into them (gradient_as_bucket_view), so they are the gradients and live through the whole step;
     # without that, the buckets are a second copy.
-    persistent_grads = grads if table_row.name == "ddp" else 0.0
-    buckets = grads if table_row.name == "ddp" and not inp.grad_bucket_view else 0.0
+    ddp = table_row.name == "ddp" or (torch_zero and stage == 1)  # ZeRO-1 with torch is DDP's replica
+    persistent_grads = grads if ddp else 0.0
+    buckets = grads if ddp and not inp.grad_bucket_view else 0.0
 
     offloaded: dict[str, int] = {}
     if inp.offload_optimizer:
@@ -507,6 +544,9 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
     if inp.offload_params:
         offloaded["params"] = round(params)
         params = 0.0
+        if torch_zero:  # FSDP's CPUOffloadPolicy keeps the sharded gradients on the host too
+            offloaded["grads"] = round(grads)
+            grads = persistent_grads = 0.0
 
     state = params + optimizer + master + persistent_grads + buckets
     buffers = copies + gathered
@@ -567,6 +607,8 @@ def breakdown_json(b: MemoryBreakdown) -> dict[str, int]:
     forward saves, to compare with the trainer's measurement), not a part.
     """
     out = {part: int(getattr(b, part)) for part in PARTS}
-    return {**out, "total": b.total, "activations_stored": b.activations_stored, "grads_total": b.grads_total,
+    return {**out, "total": b.total, "model_states": b.model_states,
+            "offloaded": dict(b.offloaded), "host_bytes": sum(b.offloaded.values()),  # type: ignore[dict-item]
+            "activations_stored": b.activations_stored, "grads_total": b.grads_total,
             "peak_phase": b.peak_phase, "phases": dict(b.phases),  # type: ignore[dict-item]
             **({"approximate": b.approximate} if b.approximate else {})}  # type: ignore[dict-item]

@@ -52,6 +52,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--grad-ckpt", action="store_true", default=None, help="gradient checkpointing")
     p.add_argument("--offload-optimizer", action="store_true", help="optimizer states on the host")
     p.add_argument("--offload-params", action="store_true", help="weights on the host (zero3/fsdp offload)")
+    p.add_argument("--engine", choices=strategies.engine_names(),
+                   help="what implements the ZeRO stages: deepspeed (default) or torch (launch.engine)")
     p.add_argument("--lora-r", type=positive_int, help="LoRA rank (default: the recipe's, else 8)")
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.add_argument("--probe", action="store_true",
@@ -139,6 +141,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         inp = replace(inp, offload_optimizer=True)
     if args.offload_params:
         inp = replace(inp, offload_params=True)
+    if getattr(args, "engine", None):
+        inp = replace(inp, engine=args.engine)
     try:
         reserve = E.parse_bytes(args.reserve or DEFAULT_RESERVE, allow_zero=True)
     except ValueError as exc:

@@ -26,6 +26,10 @@ def add_parser(sub: Any) -> None:
     run.set_defaults(script_args=None)
     run.add_argument("--strategy", choices=strategies.names(launchable=True), help="override launch.strategy")
     run.add_argument("--nproc", type=int, help="override launch.nproc (processes)")
+    run.add_argument("--engine", choices=strategies.engine_names(),
+                     help="override launch.engine: what implements a ZeRO stage (deepspeed or torch)")
+    run.add_argument("--offload", choices=strategies.OFFLOADS,
+                     help="override launch.offload: ZeRO state kept in host memory")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                      help="override any recipe field, e.g. --set train.max_steps=50 (repeatable)")
     run.add_argument("--name", help="override the recipe's name")
@@ -93,6 +97,9 @@ def load_run_recipe(args: argparse.Namespace) -> Any:
                     nproc = max(2, cuda_device_count())
         if nproc is not None:
             overrides.append(f"launch.nproc={nproc}")
+        for field in ("engine", "offload"):
+            if getattr(args, field, None):
+                overrides.append(f"launch.{field}={json.dumps(getattr(args, field))}")
         return _load(args, overrides)
     except RecipeError as exc:
         if exc.field == "launch.script_args" and args.script_args is not None:  # ftui run RECIPE -- ARGS

@@ -101,6 +101,8 @@ def run_summary_table(run: RunInfo | None) -> Table:
     script = run.method == "script" or "script = " in (run.recipe_text or "")  # launch.script (runner.script)
     missing = "not reported" if script and run.status != "running" else "-"
     table.add_row(*text_row("distributed type", run.distributed_type or missing, "accelerate (in effect)"))
+    for row in zero_rows(run.summary):
+        table.add_row(*text_row(*row))
     table.add_row("steps", f"{run.steps_done or 0}/{run.total_steps or '?'}", "script" if script else "trainer")
     table.add_row("training time", fmt_seconds(run.train_seconds), "measured (first to last step)")
     table.add_row("tokens/s", _num(run.tokens_per_s, ",.0f"), "measured")
@@ -164,6 +166,31 @@ def run_summary_table(run: RunInfo | None) -> Table:
     return table
 
 
+def zero_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(figure, value, source) rows for what the trainer found in effect: the engine and sharding (ZeRO
+    runs and every strategy since) and the precision of the live tensors."""
+    rows: list[tuple[str, str, str]] = []
+    sharding = summary.get("sharding")
+    if isinstance(sharding, dict):
+        value = str(sharding.get("how") or sharding.get("engine") or "-")
+        if sharding.get("offload") not in (None, "none"):
+            value += f", offload {sharding['offload']}"
+        rows.append(("engine / sharding", value, "trainer (in effect: read from the prepared model and optimizer)"))
+    precision = summary.get("precision")
+    if isinstance(precision, dict):
+        parts = [("params", "params"), ("frozen", "frozen_params"), ("compute", "compute"),
+                 ("optimizer state", "optimizer_state"), ("master", "master")]
+        value = " · ".join(f"{label} {precision.get(key) or 'none'}" for label, key in parts
+                           if key != "frozen_params" or precision.get(key))
+        rows.append(("precision", value, "measured (dtypes of rank 0's live tensors)"))
+    if summary.get("loss_scale_drops"):
+        rows.append(("fp16 loss-scale drops", str(summary["loss_scale_drops"]), "trainer (loss_scale events)"))
+    host = ((summary.get("estimate") or {}).get("per_device_bytes") or {}).get("host_bytes")
+    if host:
+        rows.append(("offloaded to host", fmt_bytes(host), "estimated (per rank: host memory, not the device's)"))
+    return rows
+
+
 # (row, estimate key in per_device_bytes, measured key in a rank's figures, how the ranks combine, source note)
 ESTIMATE_KINDS: tuple[tuple[str, str, str, str, str], ...] = (
     ("peak", "total", "peak", "max", "busiest rank"),
@@ -173,6 +200,7 @@ ESTIMATE_KINDS: tuple[tuple[str, str, str, str, str], ...] = (
     ("params", "params", "param_bytes", "mean", "exact tensor bytes"),
     ("grads", "grads_total|grads", "grad_bytes", "mean", "exact tensor bytes"),
     ("optimizer state", "optimizer", "optimizer_bytes", "mean", "exact tensor bytes"),
+    ("fp32 master", "master", "master_bytes", "mean", "exact tensor bytes"),
     ("saved activations", "activations_stored", "activation_bytes", "mean",
      "saved_tensors_hooks, one forward: a detail, not the peak"),
 )
@@ -202,7 +230,10 @@ def estimate_vs_measured(summary: dict[str, Any]) -> list[tuple[str, int, float 
         est = next((v for k in key_est.split("|") if (v := _dig(per_device, k)) is not None), None)
         if est is None:  # an estimate stored by an older version lacks the key
             continue
-        est = int(est) + (int(per_device.get("master") or 0) if kind == "optimizer state" else 0)
+        # The measured bytes count a rank's tensors wherever they live: the estimate's offloaded (host) part
+        # of the same kind is added (a ZeRO offload; on a CPU-only machine both are host memory).
+        host = {"params": "params", "grads": "grads", "optimizer state": "optimizer", "fp32 master": "master"}
+        est = int(est) + int((per_device.get("offloaded") or {}).get(host.get(kind, ""), 0))
         if key_meas == "peak":
             values = [v for r in ranks if (v := rank_peak(r)[0]) is not None]
         else:
