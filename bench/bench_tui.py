@@ -82,7 +82,7 @@ def _app_child(db: str, mode: str, run_id: int, seconds: float) -> None:
                 print(json.dumps({"painted": time.monotonic()}), flush=True)
                 return
             app.open_run(run_id)
-            await pilot.pause(2.0)  # first full read of the history is start-up, not steady state
+            await pilot.pause(float(os.environ.get("FTUI_BENCH_WARMUP_S", "2")))  # first full read of the history (and of the run list) is start-up, not steady state
             r0 = resource.getrusage(resource.RUSAGE_SELF)
             w0 = time.monotonic()
             await pilot.pause(seconds)

@@ -7,6 +7,7 @@ Rendering lives in ``tui/render/compare.py``.
 
 from __future__ import annotations
 
+import functools
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -170,7 +171,7 @@ def recipe_diff(recipe_texts: Sequence[str]) -> dict[str, list[str]]:
     flats = []
     for text in recipe_texts:
         try:
-            flats.append(flatten(tomllib.loads(text)))
+            flats.append(flatten(_parsed(text)))
         except tomllib.TOMLDecodeError:
             flats.append({})
     keys = sorted(set().union(*flats)) if flats else []
@@ -198,9 +199,15 @@ def best_loss(metrics: Sequence[MetricPoint]) -> float | None:
     return min(losses) if losses else None
 
 
+@functools.lru_cache(maxsize=256)
+def _parsed(text: str) -> dict[str, Any]:
+    """A recipe's TOML, parsed once per comparison however many figures read it (callers only read it)."""
+    return tomllib.loads(text)
+
+
 def _recipe(run: RunInfo) -> dict[str, Any]:
     try:
-        return tomllib.loads(run.recipe_text)
+        return _parsed(run.recipe_text)
     except tomllib.TOMLDecodeError:
         return {}
 
@@ -325,12 +332,21 @@ def device_count(run: RunInfo) -> int:
     return max(1, int(run.summary.get("world_size") or run.nproc or 1))
 
 
+def stored_flops_per_token(run: RunInfo) -> float | None:
+    """FLOPs per token stored with the run at its start (:func:`runner.mfu.run_flops_per_token`), or None
+    (a run recorded before they were stored: compare then derives them from the model's dimensions)."""
+    value = run.summary.get("flops_per_token")
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
 def _mfu_note(run: RunInfo, peak: Peak | None, peak_note: str | None, dims: Mapping[str, Any] | None) -> str | None:
     """Why a completed run with a throughput has no MFU."""
     if run.status != "completed" or not run.tokens_per_s:
         return None
     if peak is None:
         return peak_note or f"no peak FLOP/s known for device type {run.device_type or '?'}; give --peak-tflops"
+    if stored_flops_per_token(run) is not None:
+        return None
     if dims is None:
         return f"model dimensions unknown (the config of {run.model} cannot be read offline)"
     if not run.summary.get("params"):
@@ -357,10 +373,12 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
     peak_source = peak.source if peak else None
     params = run.summary.get("params")
     over_note = None
-    if tps and peak and dims and params:
+    fpt = stored_flops_per_token(run)
+    if fpt is None and dims and params:
         trainable = run.summary.get("trainable_params") if run.method != "full" else None
         matmul_params = int(params) - int(dims.get("embedding_params", 0))
         fpt = flops_per_token(matmul_params, dims["layers"], dims["heads"], dims["head_dim"], dims["seq_len"], trainable)
+    if tps and peak and fpt:
         m = compute_mfu(fpt, tps, peak, devices)
         achieved = m.achieved_flops / 1e12
         if trustworthy(m.mfu):
@@ -585,24 +603,81 @@ def joined_metrics(store: Store, run: RunInfo, _depth: int = 0) -> list[MetricPo
     return before + own
 
 
+CURVE_POINTS = 200
+"""Points per loss curve in a comparison: each group of steps keeps its first, lowest, highest and last
+loss (``store.rollup``), so the best loss and the curve's shape survive; the rows stay stored."""
+
+
+def compare_metrics(store: Store, runs: Sequence[RunInfo], points: int = CURVE_POINTS) -> dict[int, list[MetricPoint]]:
+    """Each run's loss curve for a comparison, downsampled to about ``points`` points.
+
+    Read from the store's per-block summaries (a few hundred rows per run, whatever its length); a
+    resumed run's curve is joined to its parent's (:func:`joined_metrics`) and thinned here. Only
+    ``step`` and ``loss`` are set in the points.
+    """
+    from store.rollup import downsample_points
+
+    plain = [r.id for r in runs if r.resumed_from is None]
+    curves = store.curves(plain, "loss", points) if plain else {}
+    out: dict[int, list[MetricPoint]] = {}
+    for run in runs:
+        if run.resumed_from is None:
+            pairs = curves[run.id].points
+        else:
+            pairs = downsample_points([(m.step, m.loss) for m in joined_metrics(store, run) if m.loss is not None],
+                                      points)
+        out[run.id] = [MetricPoint(step=step, time=0.0, loss=loss, lr=None, grad_norm=None, tokens=None,
+                                   step_time=None, tokens_per_s=None) for step, loss in pairs]
+    return out
+
+
+def _needs_dims(run: RunInfo) -> bool:
+    """Whether compare must find the model's dimensions itself (which may import transformers): only for
+    a run recorded without them whose MFU or memory estimate needs them."""
+    if isinstance(run.summary.get("model_dims"), Mapping):
+        return True  # stored: reading them costs nothing
+    estimate = run.summary.get("estimate")
+    no_estimate = not (isinstance(estimate, Mapping) and isinstance(estimate.get("per_device_bytes"), Mapping))
+    mfu_wanted = (run.status == "completed" and bool(run.tokens_per_s) and bool(run.summary.get("params"))
+                  and stored_flops_per_token(run) is None)
+    return mfu_wanted or no_estimate
+
+
+def _needs_samples(run: RunInfo, recipe: Mapping[str, Any], peak_tflops: float | None) -> bool:
+    """Whether :func:`default_peak`/:func:`peak_note` need the run's samples (a GPU's name)."""
+    if run.status != "completed":
+        return False
+    if peak_tflops or recipe.get("launch", {}).get("peak_tflops"):
+        return False
+    from runner import mfu
+
+    return mfu.Peak.from_json(run.summary.get("mfu_peak")) is None
+
+
 def load_comparison(store: Store, run_ids: Sequence[int], baseline_id: int | None = None,
                     peak_tflops: float | None = None, sweep_id: str | None = None,
                     with_samples: bool = False) -> Comparison:
     """Read runs from the store (in ``run_ids`` order) and compare them; raise KeyError for a
-    missing run."""
-    runs = []
-    for rid in run_ids:
-        run = store.get_run(rid)
-        if run is None:
-            raise KeyError(rid)
-        runs.append(run)
+    missing run.
+
+    Reads what the runs stored (FLOPs per token, model dimensions, peaks, estimates) and each run's loss
+    curve downsampled (:func:`compare_metrics`); telemetry samples only for the HTML timelines or a run
+    stored without its peak; model configs only for a run recorded without its dimensions.
+    """
+    found = {r.id: r for r in store.get_runs(run_ids)}
+    missing = next((rid for rid in run_ids if rid not in found), None)
+    if missing is not None:
+        raise KeyError(missing)
+    runs = [found[rid] for rid in run_ids]
+    recipes = {r.id: _recipe(r) for r in runs}
     # A resumed run's curve is joined to its parent's (the loss curves and best loss span the whole training).
-    metrics = {r.id: joined_metrics(store, r) for r in runs}
-    samples = {r.id: store.samples(r.id) for r in runs}
-    dims = {r.id: model_dims(_recipe(r), r) for r in runs}
-    peaks = {r.id: default_peak(r, _recipe(r), peak_tflops, samples[r.id]) if r.status == "completed" else None
-             for r in runs}
-    notes = {r.id: peak_note(r, _recipe(r), samples[r.id]) for r in runs if peaks[r.id] is None}
+    metrics = compare_metrics(store, runs)
+    samples = {r.id: store.samples(r.id) for r in runs
+               if with_samples or _needs_samples(r, recipes[r.id], peak_tflops)}
+    dims = {r.id: model_dims(recipes[r.id], r) if _needs_dims(r) else None for r in runs}
+    peaks = {r.id: default_peak(r, recipes[r.id], peak_tflops, samples.get(r.id, ())) if r.status == "completed"
+             else None for r in runs}
+    notes = {r.id: peak_note(r, recipes[r.id], samples.get(r.id, ())) for r in runs if peaks[r.id] is None}
     named = {r.id: store.named_metrics(r.id) for r in runs}
     evals = {r.id: last_samples(store, r.id) for r in runs}
     cmp = build_comparison(runs, metrics, peaks, dims, baseline_id,

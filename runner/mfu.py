@@ -278,6 +278,28 @@ def dims_from_config(cfg: Any, seq_len: int) -> dict[str, int] | None:
             "embedding_params": embedding}
 
 
+def run_flops_per_token(method: str, params: Any, trainable_params: Any,
+                        dims: Any) -> float | None:
+    """FLOPs per trained token of a run from what its start event reports (parameter counts and
+    :func:`dims_from_config`'s ``model_dims``); None when any is missing. Stored with the run
+    (``summary["flops_per_token"]``) so that compare computes MFU from stored figures alone.
+
+    Args:
+        method: ``full`` (every parameter trained) or an adapter method (``lora``...).
+        params: Every parameter of the model.
+        trainable_params: Parameters that get gradients (ignored for ``full``).
+        dims: ``model_dims`` (layers, heads, head_dim, seq_len, embedding_params).
+    """
+    if not isinstance(params, int) or not params or not isinstance(dims, dict):
+        return None
+    if not all(isinstance(dims.get(k), int) for k in ("layers", "heads", "head_dim", "seq_len")):
+        return None
+    trainable = trainable_params if method != "full" and isinstance(trainable_params, int) else None
+    matmul_params = params - int(dims.get("embedding_params", 0) or 0)
+    return flops_per_token(matmul_params, dims["layers"], dims["heads"], dims["head_dim"], dims["seq_len"],
+                           trainable)
+
+
 def compute_mfu(fpt: float, tokens_per_s: float, peak: Peak, devices: int) -> Mfu:
     """MFU of a run that trained ``tokens_per_s`` tokens per second over ``devices`` devices."""
     achieved = fpt * tokens_per_s

@@ -24,6 +24,7 @@ from runner import events as ev
 from runner import procs, strategies, zero
 from runner.inputs import check_inputs
 from runner.launch import LaunchSpec, build_launch
+from runner.mfu import run_flops_per_token
 from runner.paths import runs_dir
 from runner.recipe import Recipe, RecipeError
 from runner.summary import busiest_peak, trained_bytes
@@ -400,6 +401,9 @@ class _Watch:
                      "tokens_per_step": event.get("tokens_per_step"), "mixed_precision": event.get("mixed_precision"),
                      "device_map": event.get("device_map"), "pids": event.get("pids"),
                      "threads": event.get("threads"), "model_dims": event.get("model_dims"),
+                     # Stored so that compare computes MFU without reading a model config (no transformers).
+                     "flops_per_token": run_flops_per_token(self.prepared.recipe.method.type, event.get("params"),
+                                                            event.get("trainable_params"), event.get("model_dims")),
                      **({"engine": event["engine"]} if "engine" in event else {}),
                      **({"sharding": event["sharding"]} if "sharding" in event else {}),
                      **({"parallel": event["parallel"]} if "parallel" in event else {})},

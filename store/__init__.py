@@ -1,5 +1,6 @@
 """The ftui store: runs, per-step metrics, device samples and events in one SQL database."""
 
+from store.curves import Curve
 from store.store import (
     EventInfo,
     MetricPoint,
@@ -12,4 +13,5 @@ from store.store import (
     StoreError,
 )
 
-__all__ = ["EventInfo", "MetricPoint", "NamedMetricPoint", "ProcessSampleInfo", "RunInfo", "RunUpdate", "SampleInfo", "Store", "StoreError"]
+__all__ = ["Curve", "EventInfo", "MetricPoint", "NamedMetricPoint", "ProcessSampleInfo", "RunInfo", "RunUpdate", "SampleInfo",
+           "Store", "StoreError"]

@@ -201,6 +201,32 @@ class Event(Base):
     payload: Mapped[dict[str, Any]] = mapped_column(JSON)
 
 
+class MetricRollup(Base):
+    """Per run, metric and block of steps: the block's ends and extremes (``store/rollup.py``).
+
+    Written by the same transaction as the metric rows they summarise; the rows are never thinned."""
+
+    __tablename__ = "metric_rollups"
+    __table_args__ = (UniqueConstraint("run_id", "name", "span", "block", name="uq_metric_rollups_key"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(200))
+    span: Mapped[int] = mapped_column(Integer)
+    """Block size in steps (``store.rollup.SPANS``)."""
+    block: Mapped[int] = mapped_column(Integer)
+    """``step // span``."""
+    count: Mapped[int] = mapped_column(Integer)
+    first_step: Mapped[int] = mapped_column(Integer)
+    first_value: Mapped[float] = mapped_column(Float)
+    last_step: Mapped[int] = mapped_column(Integer)
+    last_value: Mapped[float] = mapped_column(Float)
+    min_step: Mapped[int] = mapped_column(Integer)
+    min_value: Mapped[float] = mapped_column(Float)
+    max_step: Mapped[int] = mapped_column(Integer)
+    max_value: Mapped[float] = mapped_column(Float)
+
+
 class RunNode(Base):
     """One machine of a multi-node run: its node agent (``ftui run --nnodes``), where it runs, how it ended."""
 

@@ -26,15 +26,29 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Concatenate, NoReturn, ParamSpec, TypedDict, TypeVar, Unpack
+from typing import Any, Concatenate, NoReturn, ParamSpec, TypedDict, TypeVar, Unpack, cast
 
-from sqlalchemy import Connection, Engine, create_engine, delete, event, func, make_url, select
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Table,
+    bindparam,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    make_url,
+    select,
+    update,
+)
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from runner.hardware.records import DeviceSample
+from store.curves import Curve, read_curves, write_rollups
 from store.ids import new_uid
-from store.models import DeviceSampleRow, Event, Metric, NamedMetric, ProcessSampleRow, Run
+from store.models import DeviceSampleRow, Event, Metric, MetricRollup, NamedMetric, ProcessSampleRow, Run
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -185,6 +199,11 @@ class EventInfo:
     type: str
     time: float
     payload: dict[str, Any]
+
+
+def _table(model: type[Any]) -> Table:
+    """The Core table of a model (for executemany inserts)."""
+    return cast(Table, model.__table__)
 
 
 def utcnow() -> datetime:
@@ -377,6 +396,12 @@ class Store:
             return None if run is None else _frozen(RunInfo, run)
 
     @_retrying
+    def get_runs(self, run_ids: Sequence[int]) -> list[RunInfo]:
+        """The runs with these ids that exist, in one query (compare reads tens of runs)."""
+        with self._begin() as s:
+            return [_frozen(RunInfo, r) for r in s.scalars(select(Run).where(Run.id.in_(list(run_ids))))]
+
+    @_retrying
     def get_run_by_uid(self, uid: str) -> RunInfo | None:
         """The run whose globally unique ``uid`` this is (what names its folder)."""
         with self._begin() as s:
@@ -397,7 +422,7 @@ class Store:
     @_retrying
     def delete_run(self, run_id: int) -> bool:
         with self._write() as s:
-            for table in (Metric, NamedMetric, Event, DeviceSampleRow, ProcessSampleRow):
+            for table in (Metric, MetricRollup, NamedMetric, Event, DeviceSampleRow, ProcessSampleRow):
                 s.execute(delete(table).where(table.run_id == run_id))
             return s.execute(delete(Run).where(Run.id == run_id)).rowcount > 0  # type: ignore[attr-defined,no-any-return]
 
@@ -425,30 +450,29 @@ class Store:
                 select(func.max(Event.seq)).where(Event.run_id == run_id, Event.source == source)
             )
             fresh = [e for e in events if last is None or int(e["seq"]) > last]
-            for e in fresh:
-                payload = {k: v for k, v in e.items() if k not in ("seq", "type", "time")}
-                s.add(Event(run_id=run_id, source=source, seq=int(e["seq"]), type=e["type"], time=e["time"], payload=payload))
-                if e["type"] == "step" and source == "trainer":
-                    s.add(
-                        Metric(
-                            run_id=run_id,
-                            step=int(e["step"]),
-                            time=float(e["time"]),
-                            loss=e.get("loss"),
-                            lr=e.get("lr"),
-                            grad_norm=e.get("grad_norm"),
-                            tokens=e.get("tokens"),
-                            step_time=e.get("step_time"),
-                            tokens_per_s=e.get("tokens_per_s"),
-                        )
-                    )
+            if not fresh:
+                return 0
+            # Core executemany, not one ORM object per row: about 4x the rows per second (BENCHMARKS.md,
+            # "Store at scale"); the rows and their values are the same.
+            event_rows = [{"run_id": run_id, "source": source, "seq": int(e["seq"]), "type": e["type"],
+                           "time": e["time"],
+                           "payload": {k: v for k, v in e.items() if k not in ("seq", "type", "time")}}
+                          for e in fresh]
+            metric_rows = [
+                {"run_id": run_id, "step": int(e["step"]), "time": float(e["time"]), "loss": e.get("loss"),
+                 "lr": e.get("lr"), "grad_norm": e.get("grad_norm"), "tokens": e.get("tokens"),
+                 "step_time": e.get("step_time"), "tokens_per_s": e.get("tokens_per_s")}
+                for e in fresh if e["type"] == "step" and source == "trainer"
+            ]
+            s.execute(insert(_table(Event)), event_rows)
             if source == "trainer":
                 _add_named(s, run_id, [e for e in fresh if e["type"] == "metrics"])
-            if fresh:
+            if metric_rows:
+                s.execute(insert(_table(Metric)), metric_rows)
+                write_rollups(s, run_id, metric_rows)
                 run = s.get(Run, run_id)
-                steps = [int(e["step"]) for e in fresh if e["type"] == "step"]
-                if run is not None and steps:
-                    run.steps_done = max(steps + [run.steps_done or 0])
+                if run is not None:
+                    run.steps_done = max([int(e["step"]) for e in fresh if e["type"] == "step"] + [run.steps_done or 0])
             return len(fresh)
 
     @_retrying
@@ -461,13 +485,26 @@ class Store:
             s.add(Event(run_id=run_id, source="orchestrator", seq=int(seq or 0), type=type_, time=time, payload=payload))
 
     @_retrying
-    def metrics(self, run_id: int, after_step: int | None = None) -> list[MetricPoint]:
-        """Per-step metrics of a run, by step; only those after ``after_step`` when given (live views)."""
+    def metrics(self, run_id: int, after_step: int | None = None, last: int | None = None) -> list[MetricPoint]:
+        """Per-step metrics of a run, by step; only those after ``after_step`` when given (live views),
+        only the newest ``last`` when given."""
         with self._begin() as s:
-            query = select(Metric).where(Metric.run_id == run_id).order_by(Metric.step)
+            query = select(Metric).where(Metric.run_id == run_id)
             if after_step is not None:
                 query = query.where(Metric.step > after_step)
-            return [_frozen(MetricPoint, r) for r in s.scalars(query)]
+            if last is not None:
+                newest = [_frozen(MetricPoint, r) for r in s.scalars(query.order_by(Metric.step.desc()).limit(last))]
+                return newest[::-1]
+            return [_frozen(MetricPoint, r) for r in s.scalars(query.order_by(Metric.step))]
+
+    @_retrying
+    def curves(self, run_ids: Sequence[int], name: str = "loss", points: int = 400) -> dict[int, Curve]:
+        """Each run's ``name`` curve (``loss``, ``lr``, ``grad_norm``, ``tokens_per_s``) downsampled to
+        about ``points`` points from the stored per-block summaries (:mod:`store.rollup`): a few hundred
+        rows per run whatever its length, keeping each group's first, last, lowest and highest point.
+        Every metric row stays stored; :meth:`metrics` reads them all."""
+        with self._begin() as s:
+            return read_curves(s, run_ids, name, points)
 
     @_retrying
     def named_metrics(self, run_id: int, names: Iterable[str] | None = None,
@@ -567,15 +604,22 @@ def _add_named(s: Session, run_id: int, events: Sequence[dict[str, Any]]) -> Non
             values[(step, str(name))] = (number if number is None or math.isfinite(number) else None, when)
     if not values:
         return
-    steps = sorted({step for step, _ in values})
-    existing = {(r.step, r.name): r for r in s.scalars(
-        select(NamedMetric).where(NamedMetric.run_id == run_id, NamedMetric.step.in_(steps)))}
-    for (step, name), (value, when) in values.items():
-        row = existing.get((step, name))
-        if row is not None:
-            row.value, row.time = value, when
-        else:
-            s.add(NamedMetric(run_id=run_id, step=step, name=name, value=value, time=when))
+    # Core statements in batches (executemany), like the metric rows: the rows are the same as one ORM
+    # object each would give, at several times the rate (BENCHMARKS.md, "Store at scale").
+    table = _table(NamedMetric)
+    steps = [step for step, _ in values]
+    existing = {(r.step, r.name): r.id for r in s.execute(
+        select(table.c.id, table.c.step, table.c.name)
+        .where(table.c.run_id == run_id, table.c.step >= min(steps), table.c.step <= max(steps)))}
+    inserts = [{"run_id": run_id, "step": step, "name": name, "value": value, "time": when}
+               for (step, name), (value, when) in values.items() if (step, name) not in existing]
+    updates = [{"row_id": existing[key], "value": value, "time": when}
+               for key, (value, when) in values.items() if key in existing]
+    if inserts:
+        s.execute(insert(table), inserts)
+    if updates:
+        s.connection().execute(update(table).where(table.c.id == bindparam("row_id"))
+                               .values(value=bindparam("value"), time=bindparam("time")), updates)
 
 
 def describe_error(url: str, exc: BaseException) -> str:

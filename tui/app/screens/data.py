@@ -16,11 +16,20 @@ from typing import Any
 
 from runner.hardware.records import SOURCE_LABELS
 from store import RunInfo, Store
+from store.rollup import downsample_points
 from store.store import utcnow
 from tui.app.messages import DeviceView, MonitorSnapshot, RankView
 
 HISTORY = 40
 """Samples of history kept per device for the sparklines."""
+SERIES = ("loss", "lr", "grad_norm", "tokens_per_s")
+"""The per-step curves the monitor draws (``MetricPoint`` fields)."""
+LONG_RUN_STEPS = 2000
+"""A run with more logged steps than this opens from the store's curve summaries, not every row."""
+SERIES_CAP_PER_WIDTH = 8
+"""Points kept per curve, per column of plot width, before the feed thins its own history."""
+RECENT_KEPT = 64
+"""Raw steps kept for the latest figures (ETA over the last 10, tokens/s, lr)."""
 
 
 Clock = Callable[[], datetime]
@@ -64,8 +73,15 @@ class MonitorFeed:
         self.run_id = run_id
         self.log_lines = log_lines
         self.plot_width = plot_width
-        self.losses: list[float] = []
         self.metrics: list[Any] = []
+        """The newest logged steps, raw (step, loss, lr, tokens/s, step time, grad norm); trimmed to
+        :data:`RECENT_KEPT` (the curves live in ``series``)."""
+        self.series: dict[str, list[tuple[int, float]]] = {name: [] for name in SERIES}
+        """Per curve, (step, value): every point of a short run; of a long one its stored summary
+        (``Store.curves``) plus the steps logged since, thinned past ``SERIES_CAP_PER_WIDTH`` x width
+        points keeping each bucket's first, last, lowest and highest (``store.rollup``)."""
+        self.loss_steps = 0
+        self._series_from: dict[str, int] = {}
         self._last_step = -1
         self._last_sample_id = 0
         self._last_proc_id = 0
@@ -85,13 +101,24 @@ class MonitorFeed:
             from runner.compare import joined_metrics
 
             fresh = joined_metrics(self.store, run)
+        elif self._last_step == -1 and run is not None and (run.steps_done or 0) > LONG_RUN_STEPS:
+            fresh = self._load_summaries()
         else:
             fresh = self.store.metrics(self.run_id, after_step=self._last_step)
         for m in fresh:
             self.metrics.append((m.step, m.loss, m.lr, m.tokens_per_s, m.step_time, m.grad_norm))
-            if m.loss is not None:
-                self.losses.append(m.loss)
-            self._last_step = m.step
+            for name in SERIES:
+                value = getattr(m, name)
+                if value is not None and m.step > self._series_from.get(name, -1):
+                    self.series[name].append((m.step, value))
+                    self.loss_steps += name == "loss"
+            self._last_step = max(self._last_step, m.step)
+        if len(self.metrics) > 2 * RECENT_KEPT:
+            del self.metrics[:-RECENT_KEPT]
+        cap = SERIES_CAP_PER_WIDTH * max(1, self.plot_width)
+        for name, points in self.series.items():
+            if len(points) > cap:
+                self.series[name] = downsample_points(points, cap // 2)
         fresh_named = self.store.named_metrics(self.run_id, after_step=self._last_named)
         for point in fresh_named:
             if point.value is not None:
@@ -119,6 +146,31 @@ class MonitorFeed:
                 self._rank_gpu.setdefault(p.rank, {})[p.gpu_index] = p.used_bytes
             self._last_proc_id = p.id
         return self.snapshot(run)
+
+    @property
+    def losses(self) -> list[float]:
+        """The loss curve's values (every logged loss of a short run; see ``series``)."""
+        return [v for _, v in self.series["loss"]]
+
+    def _load_summaries(self) -> list[Any]:
+        """A long run's curves from the store's per-block summaries (a few thousand rows, however long
+        the run), then the raw steps logged after them; the newest raw steps for the figures."""
+        points = SERIES_CAP_PER_WIDTH * max(1, self.plot_width) // 2
+        after: int | None = None
+        for name in SERIES:
+            curve = self.store.curves([self.run_id], name, points)[self.run_id]
+            self.series[name] = list(curve.points)
+            if curve.last_step is not None:
+                self._series_from[name] = curve.last_step
+                after = curve.last_step if after is None else min(after, curve.last_step)
+            if name == "loss":
+                self.loss_steps = curve.count
+        fresh = self.store.metrics(self.run_id, after_step=after)
+        if len(fresh) < RECENT_KEPT:
+            older = self.store.metrics(self.run_id, last=RECENT_KEPT)
+            seen = {m.step for m in fresh}
+            fresh = [m for m in older if m.step not in seen] + fresh
+        return fresh
 
     def snapshot(self, run: Any) -> MonitorSnapshot:
         gpus = sorted((v for v in self._latest.values() if v[0] == "gpu"), key=lambda v: (v[11] or 0, v[1]))
@@ -159,15 +211,15 @@ class MonitorFeed:
         if total and step_times and run is not None and run.status == "running":
             eta = max(0, total - step) * sum(step_times) / len(step_times)
         tps = recent[-1][3] if recent else (run.tokens_per_s if run else None)
-        curves = {name: downsample([m[i] for m in self.metrics if m[i] is not None], self.plot_width)
-                  for name, i in (("lr", 2), ("grad norm", 5), ("tokens/s", 3))}
+        curves = {label: downsample([v for _, v in self.series[name]], self.plot_width)
+                  for label, name in (("lr", "lr"), ("grad norm", "grad_norm"), ("tokens/s", "tokens_per_s"))}
         elapsed = None
         if run is not None and run.started_at is not None:
             elapsed = max(0.0, ((run.ended_at or self.now()) - run.started_at).total_seconds())
         return MonitorSnapshot(
             run=run,
             loss=downsample(self.losses, self.plot_width),
-            loss_steps=len(self.losses),
+            loss_steps=self.loss_steps,
             step=step,
             total=total,
             tokens_per_s=tps,

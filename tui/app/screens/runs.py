@@ -107,9 +107,15 @@ class RunsScreen(Screen[None]):
     @work(thread=True, exclusive=True, group="runs")
     def poll_runs(self) -> None:
         worker = get_current_worker()
+        first = True
         while not worker.is_cancelled:
             try:
-                self.post_message(load_runs(self.ftui.store))
+                # Under another screen (the Monitor, Compare) the list is not shown: re-reading and redrawing
+                # every run each second there cost the Monitor 45-65% of a core on a 2,000-run store
+                # (BENCHMARKS.md). Not ``is_current``: it is also true for a screen in the background.
+                if first or self.app.screen is self:
+                    self.post_message(load_runs(self.ftui.store))
+                first = False
             except Exception as exc:  # noqa: BLE001 (a locked or vanished database: say so, keep polling)
                 self.post_message(LaunchFailed(f"store: {exc}"))
             for _ in range(10):
