@@ -247,6 +247,7 @@ class Trainer:
         from accelerate.utils import set_seed
 
         set_seed(train.seed)
+        self.emit(ev.PhaseEvent(type="phase", phase="tokenizing", detail=str(recipe.data.source)))
         self.tokenizer = self.load_tokenizer()
         data = self.load_blocks()
         blocks, mask = data.input_ids, data.attention_mask
@@ -267,6 +268,7 @@ class Trainer:
         # The runtime's own resident memory before the model exists (RSS is reported separately from
         # the tensor peak, and this is the part of it training did not add).
         self.rss_baseline = memtrack.current_rss()
+        self.emit(ev.PhaseEvent(type="phase", phase="loading_model", detail=f"{recipe.model.name}, {recipe.method}"))
         model = self.load_model()
         from runner.mfu import dims_from_config
 
@@ -275,6 +277,8 @@ class Trainer:
             [p for p in model.parameters() if p.requires_grad], lr=train.lr, weight_decay=train.weight_decay
         )
         mp = recipe.launch.strategy == "mp"
+        self.emit(ev.PhaseEvent(type="phase", phase="preparing",
+                                detail=f"{recipe.launch.strategy} x {world} ({acc.distributed_type.value})"))
         model, optimizer = acc.prepare(model, optimizer)
         from transformers import get_scheduler
 
@@ -288,6 +292,7 @@ class Trainer:
         start_step = tokens_done = 0  # real tokens: padding (data.pack = false) is not counted
         resume_seconds = None
         if resume is not None:
+            self.emit(ev.PhaseEvent(type="phase", phase="resuming", detail=str(train.resume_from)))
             t_load = time.perf_counter()
             self.load_checkpoint(model, Path(str(train.resume_from)))
             resume_seconds = time.perf_counter() - t_load

@@ -143,12 +143,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     sweep_id = sw.new_sweep_id()
     console.print(Text.assemble("sweep ", (sweep_id, "bold"), f": {len(items)} runs, one after another"))
 
+    from tui.cli.progress import SweepProgress
+
+    live = SweepProgress(console)  # the running run's phase, step/total, loss, elapsed: no silent minutes
+
     # Grid values, notes and failure reasons are the user's or a run's text: printed as text.
     def on_start(item: sw.SweepItem, run_id: int) -> None:
         grid = f" [{item.grid}]" if item.grid else ""
         console.print(f"run {run_id} · {item.strategy} x {item.nproc}{grid} · {item.note}", markup=False)
+        live.begin(f"run {run_id} {item.strategy}")
 
     def on_done(item: sw.SweepItem, result: sw.SweepResult) -> None:
+        live.end()
         style = {"completed": "green", "failed": "red"}.get(result.status, "yellow")
         reason = f": {result.reason}" if result.reason else ""
         console.print(Text.assemble(f"  run {result.run_id} {item.strategy}: ", (result.status, style), reason),
@@ -160,8 +166,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     restore = stop.install()  # Ctrl-C/SIGTERM/SIGHUP stop the current run as in ftui run, and end the sweep
     try:
         _, results = sw.run_sweep(store, args.recipe, items, sweep_id=sweep_id, on_start=on_start, on_done=on_done,
-                                  execute_kwargs={"stop": stop})
+                                  on_event=live.on_event, execute_kwargs={"stop": stop})
     finally:
+        live.end()
         restore()
     cmp = load_comparison(store, [r.run_id for r in results], peak_tflops=args.peak_tflops, sweep_id=sweep_id,
                           with_samples=args.format == "html")
