@@ -171,9 +171,9 @@ def follow(args: argparse.Namespace, store: Any, prepared: Any, out: Any) -> int
         from tui.notify import run_ended
 
         run_ended(outcome.run_id, run.name if run else recipe.name, outcome.status, outcome.error)
-    from tui.render.report import run_summary_table
+    from tui.render.report import run_report
 
-    out.print(run_summary_table(run))
+    out.print(run_report(run))
     if outcome.stop_report:
         out.print(f"stop: {outcome.stop_report}", markup=False)
     if outcome.status == "completed":
