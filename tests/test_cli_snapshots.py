@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from store import MetricPoint, Store
+from store import Store
 from tui.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent

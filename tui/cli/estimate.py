@@ -184,9 +184,8 @@ def _print_text(report: dict[str, Any], inp: Any, gpu_mem: int, n_gpus: int, not
     from rich.text import Text
 
     from runner import planner as E
-    from tui.render.report import fmt_bytes
-
     from tui.render.estimate import estimate_table
+    from tui.render.report import fmt_bytes
 
     con = Console(highlight=False)  # the terminal's width (COLUMNS): the table fits it
     title = (f"ESTIMATED memory per device · {inp.method} · {inp.precision} · micro-batch {inp.micro_batch} × "

@@ -12,7 +12,6 @@ from rich.text import Text
 
 from tui.render.report import fmt_bytes
 
-
 HEADERS = {"activations": "activ-\nations", "grad_buckets": "grad\nbuckets", "recompute": "recom-\npute"}
 """Two-line headers where the word is wider than its figures."""
 
