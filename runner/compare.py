@@ -14,6 +14,7 @@ from typing import Any
 
 from runner import strategies
 from runner.mfu import Peak, compute_mfu, flops_per_token, trustworthy
+from runner.noise import batch_note, busy_note, host_other_util
 from runner.summary import busiest_peak
 from store import MetricPoint, RunInfo, SampleInfo, Store
 
@@ -77,6 +78,8 @@ class RunRow:
     """Why MFU is '-' for a run that completed (an unknown GPU model, no model config, MFU > 100%...)."""
     mfu_rejected: float | None = None
     """An MFU above 100% that was not shown (the peak cannot be right), as a fraction."""
+    host_other_util: float | None = None
+    """Host CPU % (all cores) used by other work during the run (:func:`runner.noise.host_other_util`)."""
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,11 @@ class Comparison:
         for r in self.rows:
             if r.run_id == base.run_id or r.speedup is None:
                 continue
-            if r.speedup >= 1:
+            differs = batch_note(self.label(r), r.run_id, r.global_batch, self.label(base), base.run_id,
+                                 base.global_batch)
+            if differs:  # never "faster" between two different trainings
+                out.append(f"{differs} (tokens/s ratio {r.speedup:.2f}x)")
+            elif r.speedup >= 1:
                 out.append(f"{self.label(r)} (run {r.run_id}) {r.speedup:.2f}x faster than {self.label(base)} (run {base.run_id})")
             else:
                 out.append(f"{self.label(r)} (run {r.run_id}) {1 / r.speedup:.2f}x slower than {self.label(base)} (run {base.run_id})")
@@ -132,7 +139,17 @@ class Comparison:
         others = [r for r in self.rows if r.status != "completed"]
         if others:
             text += f"; {len(others)} did not complete"
-        return text + "."
+        return text + "." + "".join(f" Caution: {c}." for c in self.cautions())
+
+    def cautions(self) -> list[str]:
+        """What makes the verdict noise: a busy host, runs whose global batches differ (``runner.noise``)."""
+        out = [n for r in self.rows if r.status == "completed"
+               and (n := busy_note(r.run_id, self.label(r), r.host_other_util))]
+        batches = {r.global_batch for r in self.rows if r.status == "completed" and r.global_batch}
+        if len(batches) > 1:
+            out.append("the runs' global batches differ (" + ", ".join(
+                f"{self.label(r)}: {r.global_batch}" for r in self.rows if r.global_batch) + ")")
+        return out
 
 
 # ---------------------------------------------------------------------- recipe diff
@@ -381,7 +398,7 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
         final_loss=run.final_loss, best_loss=best_loss(metrics), status=run.status, reason=reason,
         note=run.summary.get("sweep_note"), grid=grid or str(run.summary.get("sweep_grid") or ""),
         mfu_note=over_note or (None if mfu is not None else _mfu_note(run, peak, peak_note, dims)),
-        mfu_rejected=rejected,
+        mfu_rejected=rejected, host_other_util=host_other_util(run.summary),
     )
 
 

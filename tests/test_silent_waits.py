@@ -25,8 +25,10 @@ def test_the_progress_line_names_the_phase_before_step_one() -> None:
     assert "loading the model" in description() and "\\[v2]" in description()
     progress.on_event({"type": "phase", "phase": "preparing", "detail": "fsdp x 2 (FSDP)"})
     assert description() == "preparing the strategy (fsdp x 2 (FSDP))"
-    progress.on_event({"type": "start", "distributed_type": "FSDP", "world_size": 2, "total_steps": 8})
-    assert description().startswith("training")
+    progress.on_event({"type": "start", "distributed_type": "FSDP", "world_size": 2, "total_steps": 8,
+                       "tokens_per_step": 2048, "context_length": 256})
+    # issue 16, item 2: the bar says the global batch (a --nproc 2 run trains twice the rows per step)
+    assert description() == "training (FSDP, 2 proc, global batch 8)"
 
 
 def test_every_run_journals_its_phases_before_the_start_event(strategy_runs: dict[str, dict[str, Any]]) -> None:

@@ -53,14 +53,18 @@ class RunProgress:
             self.progress.update(self.task, description=escape(phase_words(event)))
         elif kind == "start":
             dist = event.get("distributed_type")
+            # the global batch is what a speed means: a --nproc 2 DDP run trains twice the rows per step
+            rows = (event.get("tokens_per_step") or 0) // max(1, event.get("context_length") or 1) or None
+            batch = f", global batch {rows}" if rows else ""
             self.progress.update(
                 self.task,
-                description=f"training ({dist}, {event.get('world_size')} proc)",
+                description=f"training ({dist}, {event.get('world_size')} proc{batch})",
                 total=event.get("total_steps"),
             )
             self.progress.console.print(Text(
                 f"start: {event.get('distributed_type')} on {event.get('device_type')} × {event.get('world_size')}, "
                 f"{(event.get('params') or 0) / 1e6:.1f}M params, {(event.get('trainable_params') or 0) / 1e6:.2f}M trainable"
+                + (f", global batch {rows} rows x {event.get('context_length')} tokens per step" if rows else "")
             ))
         elif kind == "step":
             self.progress.update(

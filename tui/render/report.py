@@ -89,6 +89,24 @@ def runs_table(runs: list[RunInfo], width: int | None = None) -> Table:
     return table
 
 
+def global_batch_words(run: RunInfo) -> tuple[str, str] | None:
+    """(``"8 rows"``, ``"micro-batch 4 x 2 processes x GA 1 (recipe)"``), or None for a recipe without one."""
+    import tomllib
+
+    from runner.strategies import global_batch
+
+    try:
+        train = tomllib.loads(run.recipe_text or "").get("train") or {}
+    except tomllib.TOMLDecodeError:
+        return None
+    micro, ga = train.get("batch_size"), train.get("grad_accum")
+    if not isinstance(micro, int) or not isinstance(ga, int):
+        return None
+    rows = global_batch(run.strategy, micro, ga, run.nproc)
+    procs = rows // (micro * ga)
+    return f"{rows} rows", f"micro-batch {micro} x {procs} process{'es' if procs != 1 else ''} x GA {ga} (recipe)"
+
+
 def run_summary_table(run: RunInfo | None) -> Table:
     """The end-of-run table: time, throughput, loss, peak memory per rank."""
     table = Table(title=f"run {run.id if run else '?'} summary", show_header=True)
@@ -100,6 +118,9 @@ def run_summary_table(run: RunInfo | None) -> Table:
     table.add_row("status", Text(run.status, style=STATUS_STYLE.get(run.status, "")), "orchestrator")
     table.add_row(*text_row("distributed type", run.distributed_type or "-", "accelerate (in effect)"))
     table.add_row("steps", f"{run.steps_done or 0}/{run.total_steps or '?'}", "trainer")
+    batch = global_batch_words(run)
+    if batch:  # what tokens/s means: a --nproc 2 DDP run trains twice the rows of a single one per step
+        table.add_row("global batch", batch[0], batch[1])
     table.add_row("training time", fmt_seconds(run.train_seconds), "measured (first to last step)")
     table.add_row("tokens/s", _num(run.tokens_per_s, ",.0f"), "measured")
     table.add_row("final loss", _num(run.final_loss, ".4f"), "measured (mean over ranks)")
