@@ -59,7 +59,7 @@ def test_show(store: Store, capsys, monkeypatch, snapshot, size) -> None:  # typ
     out = cli(capsys, monkeypatch, size, "show", "1", "--db", store.url)
     # the steps left out are said, the recipe the help promises is there, the peak is printed once
     assert "10 steps not shown" in out and "[launch]" in out and 'name = "builtin:tiny-llama"' in out
-    assert "global batch" in out and "4 rows" in out and "micro-batch 4 x 1 process x GA 1" in out
+    assert "global batch" in out and "4 rows" in out and "micro-batch 4 x 1" in out
     assert "rank 0 peak memory" not in out and out.count("221.5 MiB") == 4  # the peak and backward's, estimated and measured
     assert out == snapshot
 
