@@ -41,6 +41,8 @@ def add_parser(sub: Any) -> None:
                        help="override a recipe field for every run (repeatable)")
     sweep.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2",
                        help="sweep a field over values too (repeatable: the product)")
+    sweep.add_argument("--repeat", type=positive_int, default=1, metavar="N",
+                       help="run each strategy N times and report medians and spread (min-max)")
     _common(sweep)
     db_option(sweep)
     sweep.set_defaults(handler=cmd_sweep)
@@ -133,7 +135,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     _output(args)
     try:
         items = sw.plan(args.recipe, strategies, args.nproc, args.overrides, args.grid,
-                        default_nproc=max(2, cuda_device_count()))
+                        default_nproc=max(2, cuda_device_count()), repeat=args.repeat)
         # Data and run folders are the same for every item: checked once, before any run is recorded.
         check_inputs(load_recipe(args.recipe, args.overrides))
     except RecipeError as exc:
@@ -173,6 +175,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     cmp = load_comparison(store, [r.run_id for r in results], peak_tflops=args.peak_tflops, sweep_id=sweep_id,
                           with_samples=args.format == "html")
     _emit(args, cmp)
+    if args.repeat > 1:
+        from runner.repeats import by_strategy, verdict
+        from tui.render.compare import repeats_table
+
+        grouped = by_strategy(cmp)
+        console.print(repeats_table(grouped))
+        console.print(verdict(grouped), markup=False)
     console.print(f"reopen with: ftui compare --sweep {sweep_id}", markup=False)
     if stop.is_set() or any(r.status == "stopped" for r in results):
         return ExitCode.INTERRUPTED

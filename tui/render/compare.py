@@ -371,3 +371,20 @@ def loss_plot(cmp: Comparison, width: int = 72, height: int = 16) -> RenderableT
 
 
 RENDERERS: dict[str, Callable[[Comparison], str]] = {"md": markdown, "csv": to_csv, "json": to_json, "html": to_html}
+
+
+def repeats_table(rows: Any) -> Table:
+    """``ftui sweep --repeat N``: per strategy, the median of each figure and its min-max over the runs."""
+    table = Table(title="over the repeats: median (min-max)",
+                  caption="measured by the trainer; spread = (max - min) / median of tokens/s")
+    for col in ("strategy", "runs", "tokens/s", "spread", "train time", "final loss"):
+        table.add_column(col, justify="left" if col == "strategy" else "right", no_wrap=col != "strategy")
+
+    def cell(s: Any, fmt: str) -> str:
+        return "-" if s is None else f"{s.median:{fmt}} ({s.low:{fmt}}-{s.high:{fmt}})"
+
+    for r in rows:
+        table.add_row(Text(r.label), f"{r.completed}/{len(r.run_ids)}", cell(r.tokens_per_s, ",.0f"),
+                      "-" if r.tokens_per_s is None else f"{r.tokens_per_s.relative * 100:.0f}%",
+                      cell(r.train_seconds, ".1f"), cell(r.final_loss, ".4f"))
+    return table
