@@ -96,6 +96,11 @@ class Comparison:
     timelines: dict[int, dict[str, list[tuple[float, float | None, int | None]]]] = field(default_factory=dict)
     """Run id to device key (``gpu:0``, ``rank:1``) to (seconds since the run's first sample, util %, memory)."""
     sweep_id: str | None = None
+    hosts: dict[int, str] = field(default_factory=dict)
+    """Run id to the host it ran on (the report's provenance)."""
+    models: dict[int, str] = field(default_factory=dict)
+    data: dict[int, str] = field(default_factory=dict)
+    """Run id to the recipe's ``data.source``."""
 
     def row(self, run_id: int | None) -> RunRow | None:
         return next((r for r in self.rows if r.run_id == run_id), None)
@@ -448,7 +453,9 @@ def build_comparison(
     timelines = {r.id: timeline(samples.get(r.id, [])) for r in runs} if samples else {}
     return Comparison(rows=rows, baseline_id=baseline_id, fastest_id=fastest,
                       recipe_diff=recipe_diff([r.recipe_text for r in runs]),
-                      curves=curves, timelines=timelines, sweep_id=sweep_id)
+                      curves=curves, timelines=timelines, sweep_id=sweep_id,
+                      hosts={r.id: r.host for r in runs if r.host}, models={r.id: r.model for r in runs},
+                      data={r.id: str(_recipe(r).get("data", {}).get("source", "-")) for r in runs})
 
 
 def _with(row: RunRow, **changes: Any) -> RunRow:

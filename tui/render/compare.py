@@ -7,6 +7,7 @@ import csv
 import html
 import io
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
@@ -201,9 +202,18 @@ def to_json(cmp: Comparison) -> str:
 # ---------------------------------------------------------------------- html
 
 
+def nice_step(span: float, ticks: int = 4) -> float:
+    """A round tick step (1, 2 or 5 x 10^k) that cuts ``span`` into about ``ticks`` parts."""
+    raw = span / ticks if span > 0 else 1.0
+    power = 10.0 ** math.floor(math.log10(raw))
+    return next(float(m * power) for m in (1, 2, 5, 10) if m * power >= raw)
+
+
 def svg_lines(series: Sequence[tuple[str, str, Sequence[tuple[float, float | None]]]], title: str, xlabel: str,
-              ylabel: str, width: int = 640, height: int = 300, yfmt: Callable[[float], str] = lambda v: f"{v:.3g}") -> str:
-    """An inline SVG line chart: axes, 5 ticks each, one polyline per series and a legend."""
+              ylabel: str, width: int = 640, height: int = 300, yfmt: Callable[[float], str] = lambda v: f"{v:.3g}",
+              zero_based: bool = False) -> str:
+    """An inline SVG line chart: axes with round ticks, one polyline per series and a legend.
+    ``zero_based``: the y axis starts at 0 (utilisation, memory: a bar of 90-100% must not look like 0-100)."""
     pts = [(x, y) for _, _, s in series for x, y in s if y is not None]
     left, right, top, bottom = 70, 20, 30, 60
     w, h = width - left - right, height - top - bottom
@@ -219,8 +229,16 @@ def svg_lines(series: Sequence[tuple[str, str, Sequence[tuple[float, float | Non
         x1 = x0 + 1
     if y1 == y0:
         y0, y1 = y0 - 0.5, y1 + 0.5
-    pad = (y1 - y0) * 0.05
-    y0, y1 = (y0 - pad if y0 - pad >= 0 or y0 < 0 else 0.0), y1 + pad  # a non-negative figure stays >= 0
+    if zero_based:
+        y0 = min(0.0, y0)
+    # round ticks: the axes run from a multiple of the step to a multiple of the step
+    ystep, xstep = nice_step(y1 - y0), nice_step(x1 - x0)
+    y0, y1 = math.floor(y0 / ystep) * ystep, math.ceil(y1 / ystep) * ystep
+    x0, x1 = math.floor(x0 / xstep) * xstep, math.ceil(x1 / xstep) * xstep
+    if y1 == y0:
+        y1 = y0 + ystep
+    if x1 == x0:
+        x1 = x0 + xstep
 
     def sx(x: float) -> float:
         return left + (x - x0) / (x1 - x0) * w
@@ -229,10 +247,12 @@ def svg_lines(series: Sequence[tuple[str, str, Sequence[tuple[float, float | Non
         return top + h - (y - y0) / (y1 - y0) * h
 
     out.append(f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="none" stroke="#999"/>')
-    for i in range(5):
-        xv, yv = x0 + (x1 - x0) * i / 4, y0 + (y1 - y0) * i / 4
+    for i in range(round((x1 - x0) / xstep) + 1):
+        xv = x0 + i * xstep
         out.append(f'<line x1="{sx(xv):.1f}" y1="{top + h}" x2="{sx(xv):.1f}" y2="{top + h + 4}" stroke="#999"/>'
-                   f'<text x="{sx(xv):.1f}" y="{top + h + 16}" text-anchor="middle">{xv:.3g}</text>')
+                   f'<text x="{sx(xv):.1f}" y="{top + h + 16}" text-anchor="middle">{xv:.6g}</text>')
+    for i in range(round((y1 - y0) / ystep) + 1):
+        yv = y0 + i * ystep
         out.append(f'<line x1="{left}" y1="{sy(yv):.1f}" x2="{left + w}" y2="{sy(yv):.1f}" stroke="#eee"/>'
                    f'<text x="{left - 6}" y="{sy(yv) + 4:.1f}" text-anchor="end">{html.escape(yfmt(yv))}</text>')
     out.append(f'<text x="{left + w / 2}" y="{top + h + 32}" text-anchor="middle">{html.escape(xlabel)}</text>')
@@ -258,6 +278,27 @@ def svg_lines(series: Sequence[tuple[str, str, Sequence[tuple[float, float | Non
     return "".join(out)
 
 
+def provenance(cmp: Comparison, now: Any = None) -> dict[str, str]:
+    """Where a report comes from: when and where it was made, by which ftui, over which runs, models, data."""
+    import socket
+    from datetime import UTC, datetime
+    from importlib import metadata
+
+    try:
+        version = metadata.version("ftui")
+    except metadata.PackageNotFoundError:
+        version = "unknown (not installed)"
+    when = now or datetime.now(UTC)
+    return {
+        "made": f"{when:%Y-%m-%d %H:%M} UTC on {socket.gethostname()} by ftui {version}",
+        "runs": ", ".join(f"{r.run_id} {r.name}" for r in cmp.rows),
+        "run hosts": ", ".join(sorted(set(cmp.hosts.values()))) or "-",
+        "models": ", ".join(sorted(set(cmp.models.values()))) or "-",
+        "data": ", ".join(sorted(set(cmp.data.values()))) or "-",
+        **({"sweep": cmp.sweep_id} if cmp.sweep_id else {}),
+    }
+
+
 def to_html(cmp: Comparison) -> str:
     """One self-contained page: the table, the loss curves overlaid, utilisation and memory per
     device for each run, the recipe diff. Inline CSS and SVG only: it opens offline."""
@@ -279,11 +320,11 @@ def to_html(cmp: Comparison) -> str:
         util = svg_lines([(d, PALETTE[i % len(PALETTE)], [(t, u) for t, u, _ in pts])
                           for i, (d, pts) in enumerate(devices.items())],
                          f"run {r.run_id} {cmp.label(r)}: utilisation per device", "seconds", "util %",
-                         width=440, height=240, yfmt=lambda v: f"{v:.0f}")
+                         width=440, height=240, yfmt=lambda v: f"{v:.0f}", zero_based=True)
         mem = svg_lines([(d, PALETTE[i % len(PALETTE)], [(t, float(m) if m is not None else None) for t, _, m in pts])
                          for i, (d, pts) in enumerate(devices.items())],
                         f"run {r.run_id} {cmp.label(r)}: memory per device", "seconds", "memory",
-                        width=440, height=240, yfmt=fmt_bytes)
+                        width=440, height=240, yfmt=fmt_bytes, zero_based=True)
         timelines.append(f'<div class="pair">{util}{mem}</div>')
     curves = [tuple(cmp.curves.get(r.run_id, [])) for r in cmp.rows if cmp.curves.get(r.run_id)]
     same = ""
@@ -300,6 +341,7 @@ def to_html(cmp: Comparison) -> str:
     notes = "".join(f"<li>{esc(s)}</li>" for s in sources(cmp))
     verdict = "".join(f"<p>{esc(s)}</p>" for s in summary_lines(cmp))
     title = f"ftui comparison{f' - {cmp.sweep_id}' if cmp.sweep_id else ''}"
+    prov = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in provenance(cmp).items())
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>
 <style>
@@ -313,6 +355,7 @@ tr.fastest td {{ background: #e6f5e6; font-weight: bold; }}
 .verdict {{ font-weight: bold; }}
 </style></head><body>
 <h1>{esc(title)}</h1>
+<table class="provenance">{prov}</table>
 <table><tr>{head}</tr>{"".join(body)}</table>
 <div class="verdict">{verdict}</div>
 <ul>{notes}</ul>
