@@ -101,6 +101,12 @@ class Comparison:
     models: dict[int, str] = field(default_factory=dict)
     data: dict[int, str] = field(default_factory=dict)
     """Run id to the recipe's ``data.source``."""
+    lr_curves: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    """Run id to (step, learning rate)."""
+    grad_curves: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    """Run id to (step, gradient norm before clipping)."""
+    windows: dict[int, tuple[float, float]] = field(default_factory=dict)
+    """Run id to its training window (first step to last) in the seconds of its timeline."""
 
     def row(self, run_id: int | None) -> RunRow | None:
         return next((r for r in self.rows if r.run_id == run_id), None)
@@ -451,11 +457,24 @@ def build_comparison(
     fastest = max(done, key=lambda r: r.tokens_per_s or 0.0).run_id if done else None
     curves = {r.id: [(m.step, m.loss) for m in metrics.get(r.id, []) if m.loss is not None] for r in runs}
     timelines = {r.id: timeline(samples.get(r.id, [])) for r in runs} if samples else {}
+    windows = {}
+    for r in runs:  # the training window in the timeline's seconds, so device charts line up with the loss
+        window = (r.summary.get("telemetry") or {}).get("window")
+        compute = [s.time for s in (samples or {}).get(r.id, []) if s.kind in ("gpu", "rank")]
+        if window and compute and all(isinstance(v, int | float) for v in window):
+            gpu = any(s.kind == "gpu" for s in (samples or {}).get(r.id, []))
+            t0 = min(s.time for s in (samples or {}).get(r.id, []) if s.kind == ("gpu" if gpu else "rank"))
+            windows[r.id] = (float(window[0]) - t0, float(window[1]) - t0)
     return Comparison(rows=rows, baseline_id=baseline_id, fastest_id=fastest,
                       recipe_diff=recipe_diff([r.recipe_text for r in runs]),
                       curves=curves, timelines=timelines, sweep_id=sweep_id,
                       hosts={r.id: r.host for r in runs if r.host}, models={r.id: r.model for r in runs},
-                      data={r.id: str(_recipe(r).get("data", {}).get("source", "-")) for r in runs})
+                      data={r.id: str(_recipe(r).get("data", {}).get("source", "-")) for r in runs},
+                      lr_curves={r.id: [(m.step, m.lr) for m in metrics.get(r.id, []) if m.lr is not None]
+                                 for r in runs},
+                      grad_curves={r.id: [(m.step, m.grad_norm) for m in metrics.get(r.id, [])
+                                          if m.grad_norm is not None] for r in runs},
+                      windows=windows)
 
 
 def _with(row: RunRow, **changes: Any) -> RunRow:

@@ -211,9 +211,10 @@ def nice_step(span: float, ticks: int = 4) -> float:
 
 def svg_lines(series: Sequence[tuple[str, str, Sequence[tuple[float, float | None]]]], title: str, xlabel: str,
               ylabel: str, width: int = 640, height: int = 300, yfmt: Callable[[float], str] = lambda v: f"{v:.3g}",
-              zero_based: bool = False) -> str:
+              zero_based: bool = False, band: tuple[float, float] | None = None, band_label: str = "") -> str:
     """An inline SVG line chart: axes with round ticks, one polyline per series and a legend.
-    ``zero_based``: the y axis starts at 0 (utilisation, memory: a bar of 90-100% must not look like 0-100)."""
+    ``zero_based``: the y axis starts at 0 (utilisation, memory: a bar of 90-100% must not look like 0-100).
+    ``band``: an x range shaded and labelled (a run's training window on its device timeline)."""
     pts = [(x, y) for _, _, s in series for x, y in s if y is not None]
     left, right, top, bottom = 70, 20, 30, 60
     w, h = width - left - right, height - top - bottom
@@ -225,6 +226,8 @@ def svg_lines(series: Sequence[tuple[str, str, Sequence[tuple[float, float | Non
         return "".join(out)
     x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
     y0, y1 = min(p[1] for p in pts), max(p[1] for p in pts)
+    if band is not None:  # the whole window is on the axis even where no sample fell
+        x0, x1 = min(x0, band[0]), max(x1, band[1])
     if x1 == x0:
         x1 = x0 + 1
     if y1 == y0:
@@ -233,6 +236,8 @@ def svg_lines(series: Sequence[tuple[str, str, Sequence[tuple[float, float | Non
         y0 = min(0.0, y0)
     # round ticks: the axes run from a multiple of the step to a multiple of the step
     ystep, xstep = nice_step(y1 - y0), nice_step(x1 - x0)
+    if xlabel == "step":  # steps are whole numbers: no tick at step 1.5
+        xstep = max(1.0, xstep)
     y0, y1 = math.floor(y0 / ystep) * ystep, math.ceil(y1 / ystep) * ystep
     x0, x1 = math.floor(x0 / xstep) * xstep, math.ceil(x1 / xstep) * xstep
     if y1 == y0:
@@ -246,6 +251,12 @@ def svg_lines(series: Sequence[tuple[str, str, Sequence[tuple[float, float | Non
     def sy(y: float) -> float:
         return top + h - (y - y0) / (y1 - y0) * h
 
+    if band is not None:
+        b0, b1 = max(x0, band[0]), min(x1, band[1])
+        if b1 > b0:
+            out.append(f'<rect class="window" x="{sx(b0):.1f}" y="{top}" width="{sx(b1) - sx(b0):.1f}" height="{h}" '
+                       f'fill="#fff3c4"/><text x="{sx(b0) + 3:.1f}" y="{top + 12}" fill="#8a6d00">'
+                       f'{html.escape(band_label)}</text>')
     out.append(f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="none" stroke="#999"/>')
     for i in range(round((x1 - x0) / xstep) + 1):
         xv = x0 + i * xstep
@@ -303,28 +314,49 @@ def to_html(cmp: Comparison) -> str:
     """One self-contained page: the table, the loss curves overlaid, utilisation and memory per
     device for each run, the recipe diff. Inline CSS and SVG only: it opens offline."""
     esc = html.escape
-    head = "".join(f"<th>{esc(h)}</th>" for h, _ in COLUMNS)
-    body = []
-    for r in cmp.rows:
-        cls = ' class="fastest"' if r.run_id == cmp.fastest_id else ""
-        body.append(f"<tr{cls}>" + "".join(f"<td>{esc(cell(r))}</td>" for _, cell in COLUMNS) + "</tr>")
+    # Transposed (a figure a line, a run a column), 5 runs a table: 19 figures side by side never fit 900 px.
+    tables = []
+    for start in range(0, len(cmp.rows), 5):
+        chunk = cmp.rows[start:start + 5]
+        head = "".join(f'<th{" class=fastest" if r.run_id == cmp.fastest_id else ""}>run {r.run_id}</th>'
+                       for r in chunk)
+        body = "".join(f"<tr><th>{esc(h)}</th>" + "".join(
+            f'<td{" class=fastest" if r.run_id == cmp.fastest_id else ""}>{esc(cell(r))}</td>' for r in chunk)
+            + "</tr>" for h, cell in COLUMNS)
+        tables.append(f'<table class="runs"><tr><th>figure</th>{head}</tr>{body}</table>')
     loss = svg_lines([(f"run {r.run_id} {cmp.label(r)}", PALETTE[i % len(PALETTE)],
                        [(float(s), float(v)) for s, v in cmp.curves.get(r.run_id, [])])
                       for i, r in enumerate(cmp.rows)], "training loss, all runs", "step", "loss",
                      width=900, height=360)
+    lr = svg_lines([(f"run {r.run_id} {cmp.label(r)}", PALETTE[i % len(PALETTE)],
+                     [(float(st), float(v)) for st, v in cmp.lr_curves.get(r.run_id, [])])
+                    for i, r in enumerate(cmp.rows)], "learning rate", "step", "lr", width=440, height=260,
+                   yfmt=lambda v: f"{v:.1e}", zero_based=True)
+    grad = svg_lines([(f"run {r.run_id} {cmp.label(r)}", PALETTE[i % len(PALETTE)],
+                       [(float(st), float(v)) for st, v in cmp.grad_curves.get(r.run_id, [])])
+                      for i, r in enumerate(cmp.rows)], "gradient norm (before clipping)", "step", "grad norm",
+                     width=440, height=260, zero_based=True)
     timelines = []
     for r in cmp.rows:
         devices = cmp.timelines.get(r.run_id) or {}
         if not devices:
             continue
+        steps = cmp.curves.get(r.run_id) or []
+        window: dict[str, Any] = {}
+        if r.run_id in cmp.windows:  # the loss chart's steps happened inside this band
+            span = f"steps {steps[0][0]}-{steps[-1][0]}" if steps else "training"
+            window = {"band": cmp.windows[r.run_id], "band_label": f"training ({span})"}
         util = svg_lines([(d, PALETTE[i % len(PALETTE)], [(t, u) for t, u, _ in pts])
                           for i, (d, pts) in enumerate(devices.items())],
                          f"run {r.run_id} {cmp.label(r)}: utilisation per device", "seconds", "util %",
-                         width=440, height=240, yfmt=lambda v: f"{v:.0f}", zero_based=True)
-        mem = svg_lines([(d, PALETTE[i % len(PALETTE)], [(t, float(m) if m is not None else None) for t, _, m in pts])
+                         width=440, height=240, yfmt=lambda v: f"{v:.0f}", zero_based=True, **window)
+        # in MiB or GiB, so that the ticks are round numbers of the unit shown
+        top_bytes = max((m for pts in devices.values() for _, _, m in pts if m is not None), default=0)
+        unit, scale = ("GiB", 2.0**30) if top_bytes >= 4 * 2**30 else ("MiB", 2.0**20)
+        mem = svg_lines([(d, PALETTE[i % len(PALETTE)], [(t, m / scale if m is not None else None) for t, _, m in pts])
                          for i, (d, pts) in enumerate(devices.items())],
-                        f"run {r.run_id} {cmp.label(r)}: memory per device", "seconds", "memory",
-                        width=440, height=240, yfmt=fmt_bytes, zero_based=True)
+                        f"run {r.run_id} {cmp.label(r)}: memory per device", "seconds", f"memory ({unit})",
+                        width=440, height=240, yfmt=lambda v: f"{v:,.6g}", zero_based=True, **window)
         timelines.append(f'<div class="pair">{util}{mem}</div>')
     curves = [tuple(cmp.curves.get(r.run_id, [])) for r in cmp.rows if cmp.curves.get(r.run_id)]
     same = ""
@@ -348,18 +380,21 @@ def to_html(cmp: Comparison) -> str:
 body {{ font: 14px/1.4 sans-serif; margin: 20px; color: #222; }}
 table {{ border-collapse: collapse; margin: 8px 0 16px; }}
 th, td {{ border: 1px solid #ccc; padding: 3px 7px; text-align: right; font-size: 12px; }}
-th {{ background: #f0f0f0; }}
-td:nth-child(2), td:nth-child(3), td:last-child {{ text-align: left; }}
-tr.fastest td {{ background: #e6f5e6; font-weight: bold; }}
+th {{ background: #f0f0f0; text-align: left; }}
+table.runs {{ max-width: 900px; }}
+table.runs td {{ max-width: 150px; overflow-wrap: anywhere; }}
+table.provenance td {{ text-align: left; }}
+.fastest {{ background: #e6f5e6; font-weight: bold; }}
 .pair svg {{ margin: 0 8px 8px 0; border: 1px solid #eee; }}
 .verdict {{ font-weight: bold; }}
 </style></head><body>
 <h1>{esc(title)}</h1>
 <table class="provenance">{prov}</table>
-<table><tr>{head}</tr>{"".join(body)}</table>
+{"".join(tables)}
 <div class="verdict">{verdict}</div>
 <ul>{notes}</ul>
 <h2>Loss</h2>{loss}{same}
+<div class="pair">{lr}{grad}</div>
 <h2>Utilisation and memory per device</h2>{"".join(timelines) or "<p>no telemetry samples</p>"}
 {diff}
 </body></html>
