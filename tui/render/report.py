@@ -141,9 +141,9 @@ def run_summary_table(run: RunInfo | None) -> Table:
         table.add_row(f"rank {rank['rank']} model states", fmt_bytes(states), "measured (tensor bytes)")
         rss, baseline = rank_rss(rank)
         if rss is not None:
-            table.add_row(f"rank {rank['rank']} peak RSS", fmt_bytes(rss),
-                          "getrusage: the whole process, not training memory"
-                          + (f"; {fmt_bytes(baseline)} before the model was built (psutil)" if baseline else ""))
+            table.add_row(f"rank {rank['rank']} peak RSS", fmt_bytes(rss), "getrusage: whole process, not training memory")
+            if baseline:
+                table.add_row(f"rank {rank['rank']} RSS before the model", fmt_bytes(baseline), "psutil (the runtime)")
     approximate = (run.summary.get("estimate") or {}).get("approximate")
     if approximate:
         table.add_row(*text_row("estimate", "approximate", str(approximate)))
@@ -156,7 +156,7 @@ def run_summary_table(run: RunInfo | None) -> Table:
         unit = "% GPU busy" if dev["kind"] == "gpu" else "% of a core"
         threads = dev.get("threads")
         if dev["kind"] == "rank" and threads and stats.get("util_mean") is not None:
-            unit += f" ({stats['util_mean'] / threads:.0f}% of its {threads} thread{'s' if threads != 1 else ''})"
+            unit += f" ({stats['util_mean'] / threads:.0f}% of {threads} thread{'s' if threads != 1 else ''})"
         table.add_row(*text_row(
             f"{key} util mean/peak",
             f"{_num(stats.get('util_mean'), '.0f')}/{_num(stats.get('util_peak'), '.0f')}{unit}",
@@ -173,7 +173,8 @@ def run_summary_table(run: RunInfo | None) -> Table:
         unit = overall.get("util_unit") or ("GPU busy %" if overall.get("kind") == "gpu" else "CPU % of one core")
         table.add_row(*text_row("mean/peak device util",
                                 f"{overall['util_mean']:.0f}/{_num(overall.get('util_peak'), '.0f')}%",
-                                f"{unit}, over {overall['devices']} {overall['kind']} device(s), {span}"))
+                                f"{unit}, {overall['devices']} {overall['kind']}{'s' if overall['devices'] != 1 else ''}, "
+                                f"{span.removesuffix(' window')}"))
         low, high = overall.get("util_min"), overall.get("util_max")
         if overall.get("devices", 0) > 1 and low is not None and high is not None:
             table.add_row(*text_row("util min-max over devices", f"{low:.0f}-{high:.0f}%",
@@ -184,7 +185,8 @@ def run_summary_table(run: RunInfo | None) -> Table:
 
         stored = Peak.from_json(peak)
         if stored is not None:
-            table.add_row(*text_row("MFU peak/device", stored.label(), stored.source))  # "[fingerprint]" is no markup
+            # the source's first clause (its details, the CPU's ISA flags, are in `ftui compare`'s notes)
+            table.add_row(*text_row("MFU peak/device", stored.label(), stored.source.split(", ")[0]))
     if run.error:
         table.add_row("error", Text(run.error, style="red"), "")
     return table
@@ -260,7 +262,7 @@ def estimate_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
-def estimate_table(summary: dict[str, Any]) -> Table | None:
+def estimate_table(summary: dict[str, Any]) -> Group | None:
     """Memory per device, estimated against measured: one row per figure (peak, each phase's peak, model
     states, saved activations), the error in percent; None when the run stored no estimate."""
     compared = estimate_vs_measured(summary)
@@ -270,15 +272,16 @@ def estimate_table(summary: dict[str, Any]) -> Table | None:
     peak_source = next((rank_peak(r)[1] for r in summary.get("ranks") or [] if rank_peak(r)[0] is not None),
                        "not measured")
     notes = {kind: note for kind, _, _, _, note in ESTIMATE_KINDS}
-    table = Table(title="memory per device: estimated vs measured",
-                  caption=f"estimated: runner.planner; peaks {peak_source} (busiest rank); params, grads, optimizer "
-                          f"state: exact tensor bytes{f' (mean of {n} ranks)' if n > 1 else ''}; saved "
-                          f"activations: {notes['saved activations']}")
+    table = Table(title="memory per device: estimated vs measured")
+    table.caption = None
+    sources = Text(f"estimated: runner.planner; peaks {peak_source} (busiest rank); params, grads, optimizer "
+                   f"state: exact tensor bytes{f' (mean of {n} ranks)' if n > 1 else ''}; saved "
+                   f"activations: {notes['saved activations']}", style="dim")
     for col in ("figure", "estimated", "measured", "error"):
         table.add_column(col, justify="left" if col == "figure" else "right", no_wrap=True)
     for kind, est, measured, err in compared:
         table.add_row(kind, fmt_bytes(est), fmt_bytes(measured), "-" if err is None else f"{err:+.1f}%")
-    return table
+    return Group(table, sources)
 
 
 def run_report(run: RunInfo) -> Group:
@@ -303,8 +306,9 @@ def run_detail(run: RunInfo, metrics: list[MetricPoint]) -> Group:
             table.add_row(*_metric_cells(m))
         if tail:
             left_out = len(metrics) - len(head) - len(tail)
-            table.add_row("⋮", Text(f"{left_out} steps not shown (--format json lists every step)", style="dim"),
-                          "", "", "", "")
+            table.add_row(*["⋮"] * 6)
+            table.caption = (f"{left_out} steps not shown (steps {head[-1].step + 1}-{tail[0].step - 1}; "
+                             "--format json lists every step)")
             for m in tail:
                 table.add_row(*_metric_cells(m))
         parts.append(table)
