@@ -268,7 +268,7 @@ class Trainer:
         # The runtime's own resident memory before the model exists (RSS is reported separately from
         # the tensor peak, and this is the part of it training did not add).
         self.rss_baseline = memtrack.current_rss()
-        self.emit(ev.PhaseEvent(type="phase", phase="loading_model", detail=f"{recipe.model.name}, {recipe.method}"))
+        self.emit(ev.PhaseEvent(type="phase", phase="loading_model", detail=f"{recipe.model.name}, {recipe.method.type}"))
         model = self.load_model()
         from runner.mfu import dims_from_config
 

@@ -37,6 +37,7 @@ def test_every_run_journals_its_phases_before_the_start_event(strategy_runs: dic
         kinds = [(e["type"], e.get("phase")) for e in map(json.loads, lines)]
         start = kinds.index(("start", None))
         assert kinds[:start] == [("phase", "tokenizing"), ("phase", "loading_model"), ("phase", "preparing")], name
+        assert json.loads(lines[1])["detail"] == "builtin:tiny-llama, lora", lines[1]  # words, not a repr
         assert ev.typed(json.loads(lines[0])) is not None  # a typed trainer event, stored like the rest
 
 
