@@ -139,6 +139,9 @@ class StartEvent(TypedDict):
     start_step: int
     resumed_from: str | None
     resume_seconds: float | None
+    parallel: NotRequired[dict[str, Any]]
+    """Pipeline or tensor-parallel runs (runner/pipeline.py): ``kind``, stages or tp size, micro-batches,
+    schedule, which layers each process holds."""
 
 
 Phase = Literal["tokenizing", "loading_model", "preparing", "resuming"]

@@ -49,7 +49,10 @@ def accelerate_config(recipe: Recipe, port: int) -> dict[str, Any]:
     multi = launch.nproc > 1 or strategy.accelerate_type == "FSDP"
     config: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
-        "distributed_type": strategy.accelerate_type if multi else "NO",
+        # A pipeline or tensor-parallel run starts its processes as DDP would; runner/pipeline.py and
+        # runner/tensor_parallel.py train them without accelerate's prepare.
+        "distributed_type": ("MULTI_GPU" if strategy.own_loop and launch.nproc > 1
+                             else strategy.accelerate_type if multi else "NO"),
         "num_machines": 1,
         "machine_rank": 0,
         "num_processes": launch.nproc,

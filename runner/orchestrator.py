@@ -89,7 +89,7 @@ def preflight(recipe: Recipe) -> list[str]:
     problem = strategy.nproc_problem(recipe.launch.nproc, on_cpu=on_cpu)
     if problem:
         raise PreflightError(f"launch.nproc: {problem}")
-    if on_cpu and strategy.layer_split:
+    if on_cpu and strategy.layer_split and recipe.launch.nproc == 1:
         warnings.append("mp on a CPU-only machine: one device, so this is the single-process run")
     if recipe.train.resume_from is not None:
         from runner.checkpoint import CheckpointError, check_resume
@@ -240,7 +240,7 @@ def estimate_summary(recipe: Recipe) -> dict[str, Any]:
             from dataclasses import replace
 
             inp = replace(inp, device="cpu")
-            if strategies.get(inp.strategy).layer_split:
+            if strategies.get(inp.strategy).layer_split and recipe.launch.nproc == 1:
                 inp = replace(inp, n_devices=1)  # one device on CPU: mp is the single-process run
         breakdown = estimate(inp)
         return {
@@ -345,7 +345,8 @@ class _Watch:
                      "local_param_numel": event.get("local_param_numel"), "world_size": event.get("world_size"),
                      "tokens_per_step": event.get("tokens_per_step"), "mixed_precision": event.get("mixed_precision"),
                      "device_map": event.get("device_map"), "pids": event.get("pids"),
-                     "threads": event.get("threads"), "model_dims": event.get("model_dims")},
+                     "threads": event.get("threads"), "model_dims": event.get("model_dims"),
+                     **({"parallel": event["parallel"]} if "parallel" in event else {})},
         )
         if in_effect not in strategy.expect:
             self.mismatch = (

@@ -147,6 +147,15 @@ class LaunchSection(_Section):
     mem_cap: str | None = None
     """Memory budget per rank for the batch-size finder, e.g. ``"3GiB"`` (on CPU there is no device
     memory to find); ``--mem-cap`` on the command line wins."""
+    microbatches: PositiveInt | None = None
+    """``pp``: micro-batches the batch of each pipeline step is cut into (must divide
+    ``train.batch_size``; more shrink the bubble); None: ``train.batch_size`` (one row each). ``mp``
+    over processes is always one micro-batch. Other strategies ignore it."""
+    pp_schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    """``pp``: GPipe (every forward, then every backward) or 1F1B (one forward, one backward: fewer
+    micro-batches' activations alive; needs micro-batches >= stages)."""
+    tp_size: PositiveInt | None = None
+    """``tp``: processes each weight matrix is split over; None: ``nproc``."""
 
     @field_validator("strategy")
     @classmethod
@@ -192,6 +201,11 @@ class Recipe(_Section):
             raise ValueError(f"launch.nproc: {problem}")
         if launch.gpus is not None and not strategy.layer_split and len(launch.gpus) < launch.nproc:
             raise ValueError(f"launch.gpus: {len(launch.gpus)} GPUs listed for nproc = {launch.nproc}")
+        from runner.parallel import recipe_problem
+
+        layout = recipe_problem(self)  # pp / mp over processes / tp: runner/parallel.py
+        if layout:
+            raise ValueError(layout)
         if self.method.type == "qlora" and launch.device == "cpu":
             raise ValueError("method.type: qlora needs a CUDA GPU (bitsandbytes 4-bit); launch.device is 'cpu'")
         return self

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 Shard = str
 """What a strategy divides over its processes: ``optimizer`` (optimizer state and fp32 master),
-``grads``, ``params``; or ``layers`` (model parallel: each device holds a slice of the layers)."""
+``grads``, ``params`` (tensor parallel: a slice of each sharded matrix, with its gradient and
+optimizer state); or ``layers`` (model and pipeline parallel: each device holds a slice of the layers)."""
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,30 @@ class Strategy:
     """Whether ``ftui run`` can launch it; otherwise the planner still estimates it."""
     not_launchable: str | None = None
     """Why not, when it is not launchable (one sentence)."""
+    default_nproc: int | None = None
+    """Processes when none is asked for (``ftui run --strategy``); None: one per visible GPU, at least 2."""
+    pipeline_from: int | None = None
+    """From this many processes on, the run is a pipeline of stages, one per process, trained by
+    :mod:`runner.pipeline` (``torch.distributed.pipelining``) instead of accelerate's prepared model."""
+    microbatches: int | None = None
+    """Micro-batches per pipeline step fixed by the strategy (naive model parallel: 1, so exactly one
+    stage works at a time); None: ``launch.microbatches``."""
+    tensor_parallel: bool = False
+    """Each process holds a slice of every sharded weight matrix (:mod:`runner.tensor_parallel`)."""
+
+    def pipelined(self, nproc: int) -> bool:
+        """Whether a run of ``nproc`` processes trains as a pipeline (:mod:`runner.pipeline`)."""
+        return self.pipeline_from is not None and nproc >= self.pipeline_from
+
+    @property
+    def own_loop(self) -> bool:
+        """Whether some nproc trains outside accelerate's prepared model (pipeline or tensor parallel)."""
+        return self.pipeline_from is not None or self.tensor_parallel
 
     @property
     def layer_split(self) -> bool:
-        """Model parallel: one process, the layers spread over the visible GPUs."""
+        """Model parallel: the layers spread over devices (one process over the visible GPUs, or one
+        stage per process when :meth:`pipelined`)."""
         return "layers" in self.shards
 
     def nproc_problem(self, nproc: int, on_cpu: bool = False) -> str | None:
@@ -64,6 +85,8 @@ class Strategy:
         """Processes to run with: one for a one-process strategy, else ``requested`` or ``default``."""
         if self.max_procs == 1:
             return 1
+        if requested is None and self.default_nproc is not None:
+            return self.default_nproc
         return max(self.min_procs, requested if requested is not None else default)
 
     def global_batch(self, micro_batch: int, grad_accum: int, nproc: int) -> int:
@@ -88,20 +111,40 @@ STRATEGIES: dict[str, Strategy] = {
             min_procs=1,
             max_procs=1,
             min_procs_cpu=1,
+            default_nproc=1,
         ),
         Strategy(
             name="mp",
             title="Naive model parallel",
-            description='one process, layers spread over the visible GPUs (device_map="auto"); '
-            "on a CPU-only machine there is one device",
-            engine="accelerate",
+            description='the layers split over devices, one micro-batch, so one device works at a time: with '
+            'one process, over the visible GPUs (device_map="auto"); with N processes, one stage per '
+            "process (torch.distributed.pipelining, gloo on CPU)",
+            engine="torch",
             accelerate_type="NO",
-            expect=frozenset({"NO"}),
+            expect=frozenset({"NO", "PIPELINE"}),
             shards=frozenset({"layers"}),
             data_parallel=False,
             min_procs=1,
-            max_procs=1,
+            max_procs=None,
             min_procs_cpu=1,
+            default_nproc=1,
+            pipeline_from=2,
+            microbatches=1,
+        ),
+        Strategy(
+            name="pp",
+            title="Pipeline parallel",
+            description="one stage of layers per process, the batch cut into launch.microbatches micro-batches "
+            "that flow through the stages (launch.pp_schedule: GPipe or 1F1B; torch.distributed.pipelining)",
+            engine="torch",
+            accelerate_type="MULTI_GPU",
+            expect=frozenset({"PIPELINE"}),
+            shards=frozenset({"layers"}),
+            data_parallel=False,
+            min_procs=2,
+            max_procs=None,
+            min_procs_cpu=2,
+            pipeline_from=2,
         ),
         Strategy(
             name="ddp",
@@ -128,6 +171,21 @@ STRATEGIES: dict[str, Strategy] = {
             min_procs=1,
             max_procs=None,
             min_procs_cpu=2,
+        ),
+        Strategy(
+            name="tp",
+            title="Tensor parallel",
+            description="every decoder layer's weight matrices split over launch.tp_size processes "
+            "(torch DTensor: column- then row-wise), the same batch on each",
+            engine="torch",
+            accelerate_type="MULTI_GPU",
+            expect=frozenset({"TENSOR_PARALLEL"}),
+            shards=frozenset({"params", "grads", "optimizer"}),
+            data_parallel=False,
+            min_procs=2,
+            max_procs=None,
+            min_procs_cpu=2,
+            tensor_parallel=True,
         ),
         Strategy(
             name="zero1",

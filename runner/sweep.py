@@ -1,9 +1,11 @@
 """Sweeps: one recipe run under several strategies (and over a grid of field values), one run after
 another, each stored with a shared sweep id so that ``ftui compare --sweep ID`` reopens them.
 
-Fairness: every run of a grid point trains the same global batch. For ``ddp``/``fsdp`` with N
-processes the recipe's micro-batch B is divided by N when N divides B (B/N per process x N = B);
-otherwise the micro-batch is kept and the global batch is B x N, which the run's note says.
+Fairness: every run of a grid point trains the same global batch. For data-parallel strategies
+(``ddp``, ``fsdp``, ZeRO) with N processes the recipe's micro-batch B is divided by N when N divides B
+(B/N per process x N = B); otherwise the micro-batch is kept and the global batch is B x N, which the
+run's note says. Strategies whose processes share one batch (``pp``, ``mp`` and ``tp``: layers or
+matrices are split, not rows) keep B.
 
 A strategy that cannot run (the recipe refuses it, pre-flight refuses it, or it fails) becomes a
 stored run with status ``failed`` and the reason; the sweep goes on.
@@ -78,7 +80,10 @@ def plan(recipe_path: Path, strategies: Sequence[str], nproc: int | None, sets: 
             n = table.get(strategy).procs(nproc, default_nproc)
             overrides = [*sets, *point, f"launch.strategy={strategy}", f"launch.nproc={n}"]
             note = f"micro-batch {micro} x 1 process"
-            if n > 1:
+            if n > 1 and not table.get(strategy).data_parallel:
+                # pp, mp, tp: every process works on the same rows, so the micro-batch is the global one.
+                note = f"micro-batch {micro} through {n} processes (global batch {micro} kept)"
+            elif n > 1:
                 if micro % n == 0:
                     overrides.append(f"train.batch_size={micro // n}")
                     note = f"micro-batch {micro}/{n} = {micro // n} x {n} processes (global batch {micro} kept)"
@@ -116,7 +121,10 @@ def run_sweep(
     results: list[SweepResult] = []
     for item in items:
         extra = {"sweep_note": item.note, "sweep_grid": item.grid}
+        row = table.get(item.strategy)
         try:
+            if not row.launchable:  # the table's own sentence, not the validator's list of choices
+                raise RecipeError(row.not_launchable or f"ftui run cannot launch {item.strategy}")
             recipe: Recipe = load_recipe(recipe_path, item.overrides)
             warnings = orchestrator.preflight(recipe)
         except RecipeError as exc:

@@ -243,6 +243,13 @@ class Trainer:
 
         recipe = self.recipe
         train = recipe.train
+        from runner import strategies
+
+        strategy = strategies.get(recipe.launch.strategy)
+        if strategy.pipelined(recipe.launch.nproc) or strategy.tensor_parallel:
+            from runner import pipeline  # a loop of its own: accelerate prepares no pipeline or TP model
+
+            return pipeline.run(self)
         self.accelerator = acc = self.make_accelerator()
         from accelerate.utils import set_seed
 
@@ -637,7 +644,7 @@ class Trainer:
 
         if not self.on_cpu and torch.cuda.is_available():
             # mp spreads one rank over every visible GPU; the others use their own device only.
-            mp = self.recipe.launch.strategy == "mp"
+            mp = self.recipe.launch.strategy == "mp" and self.accelerator.num_processes == 1
             devices = list(range(torch.cuda.device_count())) if mp else [self.accelerator.device]
             return (float(sum(torch.cuda.memory_allocated(d) for d in devices)),
                     float(sum(torch.cuda.memory_reserved(d) for d in devices)),

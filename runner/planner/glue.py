@@ -9,7 +9,7 @@ if TYPE_CHECKING:
 
     from runner.recipe import Recipe
 
-from runner import strategies
+from runner import parallel, strategies
 from runner.planner.memory import EstimateInput, Precision
 from runner.planner.shapes import ModelShape, resolve_model_shape
 
@@ -58,6 +58,8 @@ def inputs_from_recipe(
         lora_targets=tuple(method.lora.target_modules),
         lora_dropout=method.lora.dropout,
         fsdp_version=launch.fsdp_version,
+        microbatches=parallel.microbatches(recipe),
+        pp_schedule=launch.pp_schedule,
         # "auto" is decided at launch (runner.orchestrator.runs_on_cpu corrects it for a run's stored estimate).
         device="cpu" if launch.device == "cpu" else "cuda",
     )

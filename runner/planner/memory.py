@@ -76,6 +76,9 @@ class EstimateInput:
         grad_bucket_view: DDP's gradients are views into its buckets (ftui's trainer sets it), else the
             buckets are a second copy of the gradients.
         fsdp_version: 1 or 2 (``launch.fsdp_version``): FSDP1 keeps a flat gradient per unit.
+        microbatches: ``pp``: micro-batches per pipeline step (``launch.microbatches``).
+        pp_schedule: ``pp``: ``gpipe`` (every micro-batch's activations alive at once) or ``1f1b`` (at
+            most as many micro-batches in flight as there are stages).
     """
 
     shape: ModelShape
@@ -96,6 +99,8 @@ class EstimateInput:
     device: Literal["cuda", "cpu"] = "cuda"
     grad_bucket_view: bool = True
     fsdp_version: int = 2
+    microbatches: int = 1
+    pp_schedule: str = "gpipe"
 
 
 @dataclass(frozen=True)
@@ -446,6 +451,26 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
         stored = (acts.stored - acts.logits) * layer_share + acts.logits
         copies = acts.weight_copies * weight_share
         fwd_copies = acts.forward_copies * weight_share
+        m = max(1, inp.microbatches)
+        if table_row.pipeline_from is not None and n >= table_row.pipeline_from and m > 1:
+            # A pipeline's micro-batch is micro_batch/m rows: the logits around the loss are one
+            # micro-batch's; GPipe keeps every micro-batch's activations until the backwards, 1F1B at
+            # most one per stage (torch.distributed.pipelining schedules).
+            in_flight = m if inp.pp_schedule == "gpipe" else min(m, n)
+            stored = (stored - acts.logits) * in_flight / m + acts.logits * in_flight / m
+            logits_fwd, logits_bwd = logits_fwd / m, logits_bwd / m
+    if table_row.tensor_parallel and n > 1:
+        # Megatron-style split of every decoder layer's projections: those weights (and, for full
+        # fine-tuning, their gradients and optimizer state) are 1/n per device; the embedding, norms and
+        # head stay whole. LoRA's A or B is split with its base, the other whole: about half the adapter.
+        # Activations are counted whole (the residual stream is replicated): an upper bound.
+        layer_frac = min(1.0, sh.layers * sh.layer_params / max(1, sh.total_params))
+        share = layer_frac / n + (1 - layer_frac)
+        train_share = share if inp.method == "full" else (1 + 1 / n) / 2
+        params = base * share + train * tw * train_share
+        grads, optimizer, master = grads * train_share, optimizer * train_share, master * train_share
+        opt_transient *= train_share
+        shards = frozenset()  # already divided: the FSDP-style rules below do not apply
     if "optimizer" in shards:
         optimizer, master, opt_transient = optimizer / n, master / n, opt_transient / n
     if "grads" in shards:

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from runner.strategies import names as table_names
 from tui.cli.common import (
     ExitCode,
     UsageError,
@@ -30,13 +31,17 @@ def add_parser(sub: Any) -> None:
 
     sweep = sub.add_parser("sweep", help="run one recipe under several strategies and compare",
                            description="Run a recipe under each strategy one after another (and over a grid of "
-                                       "field values), stored under one sweep id, then compare. For ddp/fsdp "
-                                       "with N processes the micro-batch is divided by N when it divides "
-                                       "evenly, so that every run trains the same global batch.")
+                                       "field values), stored under one sweep id, then compare. For data-parallel "
+                                       "strategies with N processes the micro-batch is divided by N when it "
+                                       "divides evenly (pp, mp and tp keep it: their processes share one "
+                                       "batch), so that every run trains the same global batch.")
     one_line_errors(sweep)
     sweep.add_argument("recipe", type=Path)
-    sweep.add_argument("--strategies", default="single,mp,ddp,fsdp", help="comma-separated (default: all four)")
-    sweep.add_argument("--nproc", type=positive_int, help="processes for ddp/fsdp (default: GPUs visible, at least 2)")
+    sweep.add_argument("--strategies", default=",".join(table_names()),
+                       help="comma-separated (default: every strategy of runner/strategies.py; one that "
+                            "cannot run here is a row with its reason)")
+    sweep.add_argument("--nproc", type=positive_int,
+                       help="processes for the multi-process strategies (default: GPUs visible, at least 2)")
     sweep.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                        help="override a recipe field for every run (repeatable)")
     sweep.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2",

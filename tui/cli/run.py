@@ -61,7 +61,7 @@ def load_run_recipe(args: argparse.Namespace) -> Any:
     """The recipe of ``ftui run`` with its flags applied, validated (UsageError on any problem).
 
     ``--strategy ddp|fsdp`` without ``--nproc`` on a one-process recipe takes one process per
-    visible GPU (at least 2); ``--strategy single|mp`` takes one process.
+    visible GPU (at least 2); ``--strategy single|mp`` takes one process (``mp --nproc N``: N pipeline stages).
     """
     from runner.recipe import RecipeError, load_recipe
 
@@ -72,8 +72,9 @@ def load_run_recipe(args: argparse.Namespace) -> Any:
     try:
         if args.strategy:
             overrides.append(f"launch.strategy={args.strategy}")
-            if nproc is None and strategies.get(args.strategy).max_procs == 1:
-                nproc = 1
+            default = strategies.get(args.strategy).default_nproc  # single, mp: one process
+            if nproc is None and default is not None:
+                nproc = default
             elif nproc is None:
                 base = load_recipe(args.recipe, [o for o in overrides if not o.startswith("launch.")])
                 if base.launch.nproc == 1:
