@@ -459,6 +459,6 @@ def test_a_resumed_runs_curve_is_joined_to_its_parents(tmp_path: Path) -> None:
 
 def test_the_sweep_shows_the_running_runs_progress(sweep: dict[str, Any]) -> None:
     # Issue 16, item 3: each run of a sweep has its live line (step/total, loss, elapsed), not one static line.
-    for strategy in STRATEGIES:
+    for strategy in [s for s in STRATEGIES if not s.startswith("zero")]:  # zero1-3: refused before launch
         line = next((ln for ln in sweep["stderr"].splitlines() if f" {strategy} completed" in ln and "loss" in ln), None)
         assert line is not None and f"{STEPS}/{STEPS}" in line, (strategy, sweep["stderr"][-2000:])
