@@ -84,14 +84,19 @@ class Tmux:
         wait until the screen shows it beside the label (or one line above it, when the form scrolled
         the field into view). Keys typed before the field takes them are lost on a loaded machine: if
         the echo does not come, do it again."""
-        echo = (rf"{re.escape(label)}\s*▊\s+{re.escape(value)}\s+▎|"
-                rf"▊\s+{re.escape(value)}\s+▎[^\n]*\n{re.escape(label)}\b")
+        def beside(shown: str) -> str:  # the field's text beside its label (or the label on the next line)
+            return rf"{re.escape(label)}\s*▊\s+{shown}|▊\s+{shown}[^\n]*\n{re.escape(label)}\b"
+
+        echo = beside(rf"{re.escape(value)}\s+▎")
         screen = ""
         for _ in range(attempts):
             self.focus_field(label)
             self.keys("C-e", "C-u")
-            self.text(value)
             try:
+                # the field cleared shows its placeholder: the keys went to THIS field, not to the one
+                # focused before the palette's "Go to field" took effect
+                self.wait(beside("empty:"), timeout=timeout)
+                self.text(value)
                 return self.wait(echo, timeout=timeout)
             except AssertionError as exc:
                 screen = str(exc)
