@@ -15,6 +15,7 @@ from typing import Any
 
 from runner import strategies
 from runner.mfu import Peak, compute_mfu, flops_per_token, trustworthy
+from runner.noise import batch_note, busy_note, host_other_util
 from runner.summary import busiest_peak
 from store import MetricPoint, NamedMetricPoint, RunInfo, SampleInfo, Store
 
@@ -84,6 +85,8 @@ class RunRow:
     """The lowest ``eval/loss`` of the run."""
     script: bool = False
     """A script run (``launch.script``): a figure it did not report is "not reported", not unknown."""
+    host_other_util: float | None = None
+    """Host CPU % (all cores) used by other work during the run (:func:`runner.noise.host_other_util`)."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,17 @@ class Comparison:
     """Run id to each named metric's last value (``eval/*``, ``train/*``, user metrics)."""
     samples: dict[int, list[dict[str, str]]] = field(default_factory=dict)
     """Run id to its last evaluation's samples (``[{"prompt", "completion"}]``)."""
+    hosts: dict[int, str] = field(default_factory=dict)
+    """Run id to the host it ran on (the report's provenance)."""
+    models: dict[int, str] = field(default_factory=dict)
+    data: dict[int, str] = field(default_factory=dict)
+    """Run id to the recipe's ``data.source``."""
+    lr_curves: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    """Run id to (step, learning rate)."""
+    grad_curves: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    """Run id to (step, gradient norm before clipping)."""
+    windows: dict[int, tuple[float, float]] = field(default_factory=dict)
+    """Run id to its training window (first step to last) in the seconds of its timeline."""
 
     def row(self, run_id: int | None) -> RunRow | None:
         return next((r for r in self.rows if r.run_id == run_id), None)
@@ -124,7 +138,11 @@ class Comparison:
         for r in self.rows:
             if r.run_id == base.run_id or r.speedup is None:
                 continue
-            if r.speedup >= 1:
+            differs = batch_note(self.label(r), r.run_id, r.global_batch, self.label(base), base.run_id,
+                                 base.global_batch)
+            if differs:  # never "faster" between two different trainings
+                out.append(f"{differs} (tokens/s ratio {r.speedup:.2f}x)")
+            elif r.speedup >= 1:
                 out.append(f"{self.label(r)} (run {r.run_id}) {r.speedup:.2f}x faster than {self.label(base)} (run {base.run_id})")
             else:
                 out.append(f"{self.label(r)} (run {r.run_id}) {1 / r.speedup:.2f}x slower than {self.label(base)} (run {base.run_id})")
@@ -145,7 +163,17 @@ class Comparison:
         others = [r for r in self.rows if r.status != "completed"]
         if others:
             text += f"; {len(others)} did not complete"
-        return text + "."
+        return text + "." + "".join(f" Caution: {c}." for c in self.cautions())
+
+    def cautions(self) -> list[str]:
+        """What makes the verdict noise: a busy host, runs whose global batches differ (``runner.noise``)."""
+        out = [n for r in self.rows if r.status == "completed"
+               and (n := busy_note(r.run_id, self.label(r), r.host_other_util))]
+        batches = {r.global_batch for r in self.rows if r.status == "completed" and r.global_batch}
+        if len(batches) > 1:
+            out.append("the runs' global batches differ (" + ", ".join(
+                f"{self.label(r)}: {r.global_batch}" for r in self.rows if r.global_batch) + ")")
+        return out
 
 
 # ---------------------------------------------------------------------- recipe diff
@@ -412,6 +440,7 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
         note=run.summary.get("sweep_note"), grid=grid or str(run.summary.get("sweep_grid") or ""),
         mfu_note=over_note or (None if mfu is not None else _mfu_note(run, peak, peak_note, dims)),
         mfu_rejected=rejected, script=bool(recipe.get("launch", {}).get("script")),
+        host_other_util=host_other_util(run.summary),
     )
 
 
@@ -470,9 +499,24 @@ def build_comparison(
                   best_eval_loss=min(v for _, v in eval_curves[r.run_id]) if eval_curves.get(r.run_id) else None)
             for r in rows]
     last = {r.id: {p.name: p.value for p in named.get(r.id, [])} for r in runs}
+    windows = {}
+    for r in runs:  # the training window in the timeline's seconds, so device charts line up with the loss
+        window = (r.summary.get("telemetry") or {}).get("window")
+        compute = [s.time for s in (samples or {}).get(r.id, []) if s.kind in ("gpu", "rank")]
+        if window and compute and all(isinstance(v, int | float) for v in window):
+            gpu = any(s.kind == "gpu" for s in (samples or {}).get(r.id, []))
+            t0 = min(s.time for s in (samples or {}).get(r.id, []) if s.kind == ("gpu" if gpu else "rank"))
+            windows[r.id] = (float(window[0]) - t0, float(window[1]) - t0)
     return Comparison(rows=rows, baseline_id=baseline_id, fastest_id=fastest,
                       recipe_diff=recipe_diff([r.recipe_text for r in runs]),
                       curves=curves, timelines=timelines, sweep_id=sweep_id,
+                      hosts={r.id: r.host for r in runs if r.host}, models={r.id: r.model for r in runs},
+                      data={r.id: str(_recipe(r).get("data", {}).get("source", "-")) for r in runs},
+                      lr_curves={r.id: [(m.step, m.lr) for m in metrics.get(r.id, []) if m.lr is not None]
+                                 for r in runs},
+                      grad_curves={r.id: [(m.step, m.grad_norm) for m in metrics.get(r.id, [])
+                                          if m.grad_norm is not None] for r in runs},
+                      windows=windows,
                       eval_curves={k: v for k, v in eval_curves.items() if v},
                       named={k: v for k, v in last.items() if v}, samples=dict(eval_samples or {}))
 

@@ -19,6 +19,10 @@ A run folder holds everything needed to understand, re-ingest or resume a run wi
 Every event carries ``seq`` (0, 1, 2, ... within the run: its stable id), ``type`` and ``time``
 (unix seconds). Types written by the trainer (rank 0):
 
+- ``phase``: before step 1, what the trainer is doing now: ``phase`` (``"tokenizing"``,
+  ``"loading_model"``, ``"preparing"``, ``"resuming"``; ``start`` follows the last) and ``detail`` (a few words for a
+  person: the model, the strategy). Each starts where the previous one ends.
+
 - ``start``: world size, distributed type in effect, params, total steps, ... and ``start_step`` (0, or
   the checkpoint's step when resumed) with ``resumed_from`` (the checkpoint folder or null) and
   ``resume_seconds`` (wall time of restoring it, or null).
@@ -154,6 +158,32 @@ class StartEvent(TypedDict):
     schedule, which layers each process holds."""
 
 
+Phase = Literal["tokenizing", "loading_model", "preparing", "resuming"]
+
+PHASE_WORDS: dict[str, str] = {
+    "tokenizing": "tokenizing the data",
+    "loading_model": "loading the model",
+    "preparing": "preparing the strategy",
+    "resuming": "restoring the checkpoint",
+}
+"""Each phase as a person says it (the CLI's progress line and the Monitor share these words)."""
+
+
+class PhaseEvent(TypedDict):
+    """Before step 1: the trainer entered a phase (the silent minutes of loading and preparing)."""
+
+    type: Literal["phase"]
+    phase: Phase
+    detail: str
+
+
+def phase_words(event: dict[str, Any]) -> str:
+    """``"loading the model (builtin:tiny-llama)"``: a phase event in words, for any front end."""
+    words = PHASE_WORDS.get(str(event.get("phase")), str(event.get("phase")))
+    detail = event.get("detail")
+    return f"{words} ({detail})" if detail else words
+
+
 class StepEvent(TypedDict):
     """One optimizer step (every ``train.log_every`` steps, and notable ones)."""
 
@@ -265,9 +295,9 @@ class EvalSamplesEvent(TypedDict):
     """``{"prompt", "completion"}`` in the order of ``eval.prompts``."""
 
 
-TrainerEvent = (StartEvent | StepEvent | MemoryEvent | CheckpointEvent | ErrorEvent | EndEvent | MetricsEvent
+TrainerEvent = (PhaseEvent | StartEvent | StepEvent | MemoryEvent | CheckpointEvent | ErrorEvent | EndEvent | MetricsEvent
                 | EvalSamplesEvent | PrecisionEvent | LossScaleEvent)
-TRAINER_EVENT_TYPES = frozenset({"start", "step", "memory", "checkpoint", "error", "end", "metrics", "eval_samples",
+TRAINER_EVENT_TYPES = frozenset({"phase", "start", "step", "memory", "checkpoint", "error", "end", "metrics", "eval_samples",
                                  "precision", "loss_scale"})
 
 METRIC_NAME_MAX = 200

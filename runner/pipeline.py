@@ -82,6 +82,7 @@ def run(trainer: Trainer) -> str:
     strategy = strategies.get(launch.strategy)
     trainer.accelerator = acc = trainer.make_accelerator()
     set_seed(train.seed)
+    trainer.emit(ev.PhaseEvent(type="phase", phase="tokenizing", detail=str(recipe.data.source)))
     trainer.tokenizer = trainer.load_tokenizer()
     data = trainer.load_blocks()
     blocks, mask = data.input_ids, data.attention_mask
@@ -94,11 +95,13 @@ def run(trainer: Trainer) -> str:
                          f"{rows_per_step} rows (batch_size {B} x grad_accum {GA})")
     total_steps = train.max_steps or max(1, math.floor(train.epochs * steps_per_epoch))
     trainer.rss_baseline = memtrack.current_rss()
+    trainer.emit(ev.PhaseEvent(type="phase", phase="loading_model", detail=f"{recipe.model.name}, {recipe.method.type}"))
     model = trainer.load_model()
     from runner.mfu import dims_from_config
 
     dims = dims_from_config(model.config, int(blocks.shape[1]))
     device = acc.device
+    trainer.emit(ev.PhaseEvent(type="phase", phase="preparing", detail=f"{launch.strategy} x {world}"))
     if strategy.tensor_parallel:
         from runner.tensor_parallel import build as build_tp
 

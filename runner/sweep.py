@@ -58,14 +58,17 @@ def parse_grid(specs: Sequence[str]) -> list[list[str]]:
 
 
 def plan(recipe_path: Path, strategies: Sequence[str], nproc: int | None, sets: Sequence[str],
-         grid: Sequence[str], default_nproc: int = 2) -> list[SweepItem]:
-    """The runs of a sweep, in order: for each grid point, each strategy.
+         grid: Sequence[str], default_nproc: int = 2, repeat: int = 1) -> list[SweepItem]:
+    """The runs of a sweep, in order: for each grid point, each strategy (``repeat`` times in a row, for
+    medians and spread: :mod:`runner.repeats`).
 
     Raises:
         RecipeError: the recipe (with ``sets``) or a grid value is invalid for every strategy.
     """
     if nproc is not None and nproc < 1:
         raise RecipeError(f"--nproc: must be at least 1, got {nproc}")
+    if repeat < 1:
+        raise RecipeError(f"--repeat: must be at least 1, got {repeat}")
     unknown = [s for s in strategies if s not in table.STRATEGIES]
     if unknown:
         raise RecipeError(f"--strategies: unknown {', '.join(unknown)} (choose from {', '.join(table.names())})")
@@ -86,7 +89,9 @@ def plan(recipe_path: Path, strategies: Sequence[str], nproc: int | None, sets: 
                     note = f"micro-batch {micro}/{n} = {micro // n} x {n} processes (global batch {micro} kept)"
                 else:
                     note = f"micro-batch {micro} x {n} processes: global batch {micro * n} ({micro} not divisible by {n})"
-            items.append(SweepItem(strategy, n, overrides, " ".join(point), note))
+            for k in range(repeat):
+                again = f"; repeat {k + 1}/{repeat}" if repeat > 1 else ""
+                items.append(SweepItem(strategy, n, overrides, " ".join(point), note + again))
     return items
 
 

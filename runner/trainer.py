@@ -271,6 +271,7 @@ class Trainer:
         from accelerate.utils import set_seed
 
         set_seed(train.seed)
+        self.emit(ev.PhaseEvent(type="phase", phase="tokenizing", detail=str(recipe.data.source)))
         self.tokenizer = self.load_tokenizer()
         data = self.load_blocks()
         blocks, mask, labels_all = data.input_ids, data.attention_mask, data.labels
@@ -291,12 +292,15 @@ class Trainer:
         # The runtime's own resident memory before the model exists (RSS is reported separately from
         # the tensor peak, and this is the part of it training did not add).
         self.rss_baseline = memtrack.current_rss()
+        self.emit(ev.PhaseEvent(type="phase", phase="loading_model", detail=f"{recipe.model.name}, {recipe.method.type}"))
         model = self.load_model()
         from runner.mfu import dims_from_config
 
         dims = dims_from_config(model.config, int(blocks.shape[1]))  # for MFU, so compare reads no config
         trainable = [p for p in model.parameters() if p.requires_grad]
         mp = recipe.launch.strategy == "mp"
+        self.emit(ev.PhaseEvent(type="phase", phase="preparing",
+                                detail=f"{recipe.launch.strategy} x {world} ({acc.distributed_type.value})"))
         engine = self.strategy.engine_row()
         if engine is not None and engine.name == "torch" and engine.stage == 1:
             # ZeroRedundancyOptimizer is not accelerate's to wrap (its state_dict needs a consolidation first):
@@ -324,6 +328,7 @@ class Trainer:
         start_step = tokens_done = 0  # real tokens: padding (data.pack = false) is not counted
         resume_seconds = None
         if resume is not None:
+            self.emit(ev.PhaseEvent(type="phase", phase="resuming", detail=str(train.resume_from)))
             t_load = time.perf_counter()
             self.load_checkpoint(model, Path(str(train.resume_from)))
             resume_seconds = time.perf_counter() - t_load

@@ -455,3 +455,10 @@ def test_a_resumed_runs_curve_is_joined_to_its_parents(tmp_path: Path) -> None:
     cmp = load_comparison(store, [first, third])
     assert [s for s, _ in cmp.curves[third]] == list(range(1, 16))
     assert [s for s, _ in cmp.curves[first]] == list(range(1, 9))
+
+
+def test_the_sweep_shows_the_running_runs_progress(sweep: dict[str, Any]) -> None:
+    # Issue 16, item 3: each run of a sweep has its live line (step/total, loss, elapsed), not one static line.
+    for strategy in [s for s in STRATEGIES if not s.startswith("zero")]:  # zero1-3: refused before launch
+        line = next((ln for ln in sweep["stderr"].splitlines() if f" {strategy} completed" in ln and "loss" in ln), None)
+        assert line is not None and f"{STEPS}/{STEPS}" in line, (strategy, sweep["stderr"][-2000:])

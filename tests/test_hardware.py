@@ -385,7 +385,7 @@ def test_real_gpus_read() -> None:
 def test_format_gpus_names_sources() -> None:
     probe = Probe.fake(3)
     text = render(format_gpus(probe))
-    assert text.count("fake NVML") >= 6 and "NVIDIA H100 80GB HBM3" in text and "/80.0" in text
+    assert "every figure: fake NVML" in text and "NVIDIA H100 80GB HBM3" in text and "/80.0" in text
     assert "NVML sees no GPU" in render(format_gpus(Probe(nvml=NvmlBackend(lib=FakeNvml([])))))
 
 

@@ -198,9 +198,11 @@ def test_lora_runs_match_their_estimate(ftui: Ftui, strategy_runs: dict[str, dic
                           capture_output=True, timeout=120, env={**ftui.env, "COLUMNS": "400"})
     assert proc.returncode == 0, proc.stderr
     shown = " ".join(proc.stdout.split())
-    assert "est." in shown and "meas." in shown
+    assert "memory per device: estimated vs measured" in shown and "optimizer-step peak" in shown
     # Every memory figure names its source; RSS is its own row, never "measured memory".
     assert "measured: live-tensor peak" in shown and "peak RSS" in shown and "not training memory" in shown
+    # the peak is printed once (issue 16: it was also "rank 0 peak memory", a second name for one figure)
+    assert ("rank 0 peak memory" in shown) == (strategy != "single")
 
 
 FULL_PLANS = {

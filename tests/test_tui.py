@@ -151,7 +151,9 @@ async def test_compose_validates_as_you_type(store: Store) -> None:
         screen.query_one("#" + field_id("launch.strategy")).value = "single"
         await pilot.pause()
         assert screen.valid
-        assert "accelerate.commands.launch" in str(screen.query_one("#preview").render())
+        # the launch command is built in a thread worker (typing never waits on it)
+        await wait_for(pilot, lambda: "accelerate.commands.launch" in str(screen.query_one("#preview").render()),
+                       what="launch preview")
         # the estimate comes from a thread worker (debounced): runner.planner via the model's config
         await wait_for(pilot, lambda: "recommended" in str(screen.query_one("#estimate").render()), what="estimate")
         assert "builtin config" in str(screen.query_one("#estimate").render())
@@ -162,8 +164,8 @@ async def test_compose_validates_as_you_type(store: Store) -> None:
         assert "accelerate" not in preview and "waiting for the fields in red" in preview
         assert str(screen.query_one("#estimate").render()) == ""
         batch.value = "4"
-        await pilot.pause()
-        assert "accelerate.commands.launch" in str(screen.query_one("#preview").render())
+        await wait_for(pilot, lambda: "accelerate.commands.launch" in str(screen.query_one("#preview").render()),
+                       what="launch preview")
         # device and gradient checkpointing are fields too (a TOML boolean, not the string "true")
         screen.query_one("#" + field_id("launch.device")).value = "cpu"
         screen.query_one("#" + field_id("train.gradient_checkpointing")).value = "true"

@@ -95,6 +95,12 @@ async def settle(pilot) -> None:  # type: ignore[no-untyped-def]
         if all(t.row_count > 0 for t in tables if t.id != "diff"):
             break
         await pilot.pause(0.1)
+    for _ in range(100):  # Compose builds its launch preview in a thread worker
+        screen = pilot.app.screen
+        previews = list(screen.query("#preview"))
+        if not previews or not getattr(screen, "valid", False) or "launch command" in str(previews[0].render()):
+            break
+        await pilot.pause(0.1)
     await pilot.pause(0.4)
     await pilot.pause()
 

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,9 +43,10 @@ class Tmux:
         return started
 
     def keys(self, *keys: str) -> None:
+        """Send keys, one ``send-keys`` each. No pause between them: a caller that needs the app to have
+        taken a key before the next waits for what the screen shows (``wait``/``wait_gone``)."""
         for key in keys:
             subprocess.run(["tmux", "send-keys", "-t", self.name, key], check=True)
-            time.sleep(0.05)
 
     def text(self, *chars: str) -> None:
         subprocess.run(["tmux", "send-keys", "-t", self.name, "-l", "".join(chars)], check=True)
@@ -53,14 +55,19 @@ class Tmux:
         return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True).stdout
 
     def wait(self, pattern: str, timeout: float = 60.0) -> str:
+        return self.wait_until(lambda screen: re.search(pattern, screen) is not None, pattern, timeout)
+
+    def wait_until(self, shown: Callable[[str], bool], what: str, timeout: float = 60.0) -> str:
+        """Poll the screen until ``shown(screen)``; the screen. (The poll is the only pause: every wait
+        in the drive is on what the screen shows, never a fixed sleep.)"""
         deadline = time.monotonic() + timeout
         screen = ""
         while time.monotonic() < deadline:
             screen = self.screen()
-            if re.search(pattern, screen):
+            if shown(screen):
                 return screen
             time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {pattern!r}; screen:\n{screen}")
+        raise AssertionError(f"timed out waiting for {what}; screen:\n{screen}")
 
     def wait_gone(self, pattern: str, timeout: float = 60.0) -> str:
         deadline = time.monotonic() + timeout
@@ -77,14 +84,19 @@ class Tmux:
         wait until the screen shows it beside the label (or one line above it, when the form scrolled
         the field into view). Keys typed before the field takes them are lost on a loaded machine: if
         the echo does not come, do it again."""
-        echo = (rf"{re.escape(label)}\s*▊\s+{re.escape(value)}\s+▎|"
-                rf"▊\s+{re.escape(value)}\s+▎[^\n]*\n{re.escape(label)}\b")
+        def beside(shown: str) -> str:  # the field's text beside its label (or the label on the next line)
+            return rf"{re.escape(label)}\s*▊\s+{shown}|▊\s+{shown}[^\n]*\n{re.escape(label)}\b"
+
+        echo = beside(rf"{re.escape(value)}\s+▎")
         screen = ""
         for _ in range(attempts):
             self.focus_field(label)
             self.keys("C-e", "C-u")
-            self.text(value)
             try:
+                # the field cleared shows its placeholder: the keys went to THIS field, not to the one
+                # focused before the palette's "Go to field" took effect
+                self.wait(beside("empty:"), timeout=timeout)
+                self.text(value)
                 return self.wait(echo, timeout=timeout)
             except AssertionError as exc:
                 screen = str(exc)
@@ -118,7 +130,8 @@ class Tmux:
                 return self.wait(shown, timeout=timeout)
             except AssertionError as exc:
                 screen = str(exc)
-                self.keys("Escape")  # a dropdown left open
+                self.keys("Escape")  # a dropdown left open: wait until it closed (a key right after
+                self.wait_gone(opened, timeout=timeout)  # an escape reads as alt+key)
         raise AssertionError(f"select {label!r} never showed {option!r}; last screen:\n{screen}")
 
     def kill(self) -> None:
@@ -175,13 +188,13 @@ def drive(home: Path, steps: int = 60, log=print) -> dict[str, float]:  # type: 
         tmux.keys("Enter")
         screen = tmux.wait(progress, timeout=120)
         first = int(re.search(progress, screen).group(2))  # type: ignore[union-attr]
-        deadline = time.monotonic() + 300
-        now = first
-        while now <= first and time.monotonic() < deadline:
-            time.sleep(0.3)
-            match = re.search(progress, tmux.screen())
-            now = int(match.group(2)) if match else now
-        assert now > first, f"the step count stayed at {first}; screen:\n{tmux.screen()}"
+
+        def moved_on(screen: str) -> bool:
+            match = re.search(progress, screen)
+            return match is not None and int(match.group(2)) > first
+
+        screen = tmux.wait_until(moved_on, f"a step after {first}", timeout=300)
+        now = int(re.search(progress, screen).group(2))  # type: ignore[union-attr]
         log(f"6. its monitor follows it live: step {first} -> {now} of {steps}")
         stop_confirmed(tmux, run_id)
         tmux.wait(rf"run {run_id} quickstart\s+(stopped|completed)", timeout=300)
@@ -225,7 +238,9 @@ def drive(home: Path, steps: int = 60, log=print) -> dict[str, float]:  # type: 
         tmux.wait(r"filter: name", timeout=60)
         tmux.wait(rf"\b{fsdp_id}\s+quickstart\s+(stopped|completed)", timeout=60)
         # The newest run is on top: select it, move down to the first run, select it, compare.
-        tmux.keys("Up", "Up", "space", "Down", "space")
+        tmux.keys("Up", "Up", "space")
+        tmux.wait(r"selected: \d+\b", timeout=60)  # one selected: the cursor was on the newest run
+        tmux.keys("Down", "space")
         tmux.wait(r"selected: \d+, \d+", timeout=60)
         tmux.keys("c")
         screen = tmux.wait(rf"run {min(int(run_id), int(fsdp_id))}\s+\**\s*run {max(int(run_id), int(fsdp_id))}",

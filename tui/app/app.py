@@ -35,12 +35,18 @@ class FtuiApp(App[int]):
         Binding("f2,2", "switch_mode('compose')", "Compose"),
         Binding("f3,3", "devices", "Devices"),
         Binding("question_mark", "keys", "Keys"),
+        Binding("b", "toggle_notify", "Bell on run end", show=False),
         Binding("q", "quit", "Quit"),
     ]
 
     def __init__(self, store: Store, probe: Any = None, fake_gpus: int = 0, now: Callable[[], datetime] = utcnow,
-                 refresh_s: float = 1.0, monitor_s: float = 1.0, python: str = sys.executable) -> None:
+                 refresh_s: float = 1.0, monitor_s: float = 1.0, python: str = sys.executable,
+                 notify_on_end: bool = False) -> None:
         super().__init__()
+        self.notify_on_end = notify_on_end
+        """The setting ``b`` toggles (``ftui --notify`` starts with it on): when a run ends or fails, ring
+        the bell and send a desktop notification (``tui.notify``)."""
+        self._statuses: dict[int, str] = {}
         self.store = store
         self.probe = probe
         self.fake_gpus = fake_gpus
@@ -91,6 +97,27 @@ class FtuiApp(App[int]):
         if not isinstance(self.screen, DevicesScreen):
             self.push_screen(DevicesScreen())
 
+    def action_toggle_notify(self) -> None:
+        self.notify_on_end = not self.notify_on_end
+        self.notify(f"bell and desktop notification when a run ends: {'on' if self.notify_on_end else 'off'}")
+
+    def runs_polled(self, runs: list[RunInfo]) -> list[RunInfo]:
+        """Called with every poll of the store: the runs seen running before that have ended since are
+        announced (when the setting is on). Returns them."""
+        from tui.notify import ENDED, desktop
+
+        ended = [r for r in runs if r.status in ENDED and self._statuses.get(r.id) in ("created", "running")]
+        self._statuses = {r.id: r.status for r in runs}
+        if not self.notify_on_end:
+            return ended
+        for run in ended:
+            self.bell()
+            self.notify(f"run {run.id} {run.status}", markup=False,
+                        severity="error" if run.status == "failed" else "information")
+            # notify-send may block up to its timeout (no D-Bus session): never on the UI thread
+            self.run_worker(lambda r=run: desktop(r.id, r.name, r.status, r.error), thread=True, group="notify")
+        return ended
+
     # ------------------------------------------------------------------ messages from screens
 
     def open_run(self, run_id: int) -> None:
@@ -135,7 +162,7 @@ def make_app(store: Store, probe: Any = None, fake_gpus: int = 0, **kwargs: Any)
     return FtuiApp(store, probe=probe, fake_gpus=fake_gpus, **kwargs)
 
 
-def run_app(db_url: str | None = None, fake_gpus: int = 0) -> int:
+def run_app(db_url: str | None = None, fake_gpus: int = 0, notify_on_end: bool = False) -> int:
     """``ftui`` with no command: open the dashboard; returns the exit code."""
     from runner.orchestrator import probe_for
     from runner.paths import default_db_url
@@ -146,6 +173,6 @@ def run_app(db_url: str | None = None, fake_gpus: int = 0) -> int:
     except StoreError as exc:
         print(f"ftui: {exc}")
         return 2
-    app = make_app(store, probe=probe_for(fake_gpus), fake_gpus=fake_gpus)
+    app = make_app(store, probe=probe_for(fake_gpus), fake_gpus=fake_gpus, notify_on_end=notify_on_end)
     result = app.run()
     return int(result or app.return_code or 0)

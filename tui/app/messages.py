@@ -153,6 +153,15 @@ class EstimateReady(Message, bubble=False):
 
 
 @dataclass
+class PreviewReady(Message, bubble=False):
+    """The launch command for the recipe in the Compose form, built in a thread worker."""
+
+    text: Any
+    generation: int
+    """The form's validation it belongs to: an older one (the form changed since) is dropped."""
+
+
+@dataclass
 class Notice(Message):
     """One line for the user from a worker (the app shows it as a notification)."""
 

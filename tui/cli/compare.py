@@ -46,6 +46,8 @@ def add_parser(sub: Any) -> None:
                        help="override a recipe field for every run (repeatable)")
     sweep.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2",
                        help="sweep a field over values too (repeatable: the product)")
+    sweep.add_argument("--repeat", type=positive_int, default=1, metavar="N",
+                       help="run each strategy N times and report medians and spread (min-max)")
     _common(sweep)
     db_option(sweep)
     sweep.set_defaults(handler=cmd_sweep)
@@ -138,7 +140,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     _output(args)
     try:
         items = sw.plan(args.recipe, strategies, args.nproc, args.overrides, args.grid,
-                        default_nproc=max(2, cuda_device_count()))
+                        default_nproc=max(2, cuda_device_count()), repeat=args.repeat)
         # Data and run folders are the same for every item: checked once, before any run is recorded.
         check_inputs(load_recipe(args.recipe, args.overrides))
     except RecipeError as exc:
@@ -148,12 +150,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     sweep_id = sw.new_sweep_id()
     console.print(Text.assemble("sweep ", (sweep_id, "bold"), f": {len(items)} runs, one after another"))
 
+    from tui.cli.progress import SweepProgress
+
+    live = SweepProgress(console)  # the running run's phase, step/total, loss, elapsed: no silent minutes
+
     # Grid values, notes and failure reasons are the user's or a run's text: printed as text.
     def on_start(item: sw.SweepItem, run_id: int) -> None:
         grid = f" [{item.grid}]" if item.grid else ""
         console.print(f"run {run_id} · {item.strategy} x {item.nproc}{grid} · {item.note}", markup=False)
+        live.begin(f"run {run_id} {item.strategy}")
 
     def on_done(item: sw.SweepItem, result: sw.SweepResult) -> None:
+        live.end()
         style = {"completed": "green", "failed": "red"}.get(result.status, "yellow")
         reason = f": {result.reason}" if result.reason else ""
         console.print(Text.assemble(f"  run {result.run_id} {item.strategy}: ", (result.status, style), reason),
@@ -165,12 +173,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     restore = stop.install()  # Ctrl-C/SIGTERM/SIGHUP stop the current run as in ftui run, and end the sweep
     try:
         _, results = sw.run_sweep(store, args.recipe, items, sweep_id=sweep_id, on_start=on_start, on_done=on_done,
-                                  execute_kwargs={"stop": stop})
+                                  on_event=live.on_event, execute_kwargs={"stop": stop})
     finally:
+        live.end()
         restore()
     cmp = load_comparison(store, [r.run_id for r in results], peak_tflops=args.peak_tflops, sweep_id=sweep_id,
                           with_samples=args.format == "html")
     _emit(args, cmp)
+    if args.repeat > 1:
+        from runner.repeats import by_strategy, verdict
+        from tui.render.compare import repeats_table
+
+        grouped = by_strategy(cmp)
+        console.print(repeats_table(grouped))
+        console.print(verdict(grouped), markup=False)
     console.print(f"reopen with: ftui compare --sweep {sweep_id}", markup=False)
     if stop.is_set() or any(r.status == "stopped" for r in results):
         return ExitCode.INTERRUPTED

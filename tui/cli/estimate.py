@@ -185,39 +185,17 @@ def _approximate_note(shape: Any) -> str | None:
 
 def _print_text(report: dict[str, Any], inp: Any, gpu_mem: int, n_gpus: int, notes: list[str]) -> None:
     from rich.console import Console
-    from rich.table import Table
     from rich.text import Text
 
     from runner import planner as E
+    from tui.render.estimate import estimate_table
     from tui.render.report import fmt_bytes
 
-    con = Console(highlight=False, width=max(Console().width, 140))
+    con = Console(highlight=False)  # the terminal's width (COLUMNS): the table fits it
     title = (f"ESTIMATED memory per device · {inp.method} · {inp.precision} · micro-batch {inp.micro_batch} × "
              f"{inp.seq_len} tokens{' · grad ckpt' if inp.gradient_checkpointing else ''} · {n_gpus} GPU(s) of "
              f"{fmt_bytes(gpu_mem)}")
-    table = Table(title=title, caption="every figure is estimated (runner.planner; docs/memory-model.md): the "
-                  "parts alive at the step's peak (phase column) add up to the total; buffers: autocast's 16-bit "
-                  "weight copies, or the gathered units under zero3/fsdp")
-    # Parts that are 0 for every strategy shown are left out (named in the caption), so the table fits.
-    entries = list(report["strategies"].values())
-    parts = tuple(p for p in E.PARTS if any(e["per_device_bytes"][p] for e in entries))
-    zero = [p for p in E.PARTS if p not in parts]
-    if zero:
-        table.caption = f"{table.caption}; 0 for every strategy, not shown: {', '.join(zero)}"
-    cols = ("strategy", *parts, "total", "peak phase", "fits", "GPUs needed")
-    for col in cols:
-        table.add_column(col, justify="left" if col == "strategy" else "right", no_wrap=True)
-    rec = report["recommendation"]["strategy"]
-    for name, entry in report["strategies"].items():
-        b = entry["per_device_bytes"]
-        table.add_row(
-            Text(name + (" ★" if name == rec else ""), style="bold" if name == rec else ""),
-            *(fmt_bytes(b[k]) for k in (*parts, "total")),
-            str(b.get("peak_phase", "-")),
-            Text("yes", style="green") if entry["fits"] else Text("no", style="red"),
-            "-" if entry["gpus_needed"] is None else str(entry["gpus_needed"]),
-        )
-    con.print(table)
+    con.print(estimate_table(report, tuple(E.PARTS), title, width=con.width))
     for note in notes:  # model names and paths are user text: never markup
         con.print(Text(note, style="bold yellow" if note.startswith("APPROXIMATE") else "dim"))
     con.print(Text.assemble(("recommendation (estimated):", "bold"), f" {report['recommendation']['reason']}"))

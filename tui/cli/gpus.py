@@ -37,17 +37,17 @@ def cmd_gpus(args: argparse.Namespace) -> int:
     if not args.watch:
         probe.sample({})  # psutil's CPU% needs a baseline reading
         time.sleep(0.2)
-        console.print(_render(probe))
+        console.print(_render(probe, console.width))
         return 0
     from rich.live import Live
 
-    with Live(_render(probe), console=console, auto_refresh=False) as live:
+    with Live(_render(probe, console.width), console=console, auto_refresh=False) as live:
         while True:
             time.sleep(args.watch)
-            live.update(_render(probe), refresh=True)
+            live.update(_render(probe, console.width), refresh=True)
 
 
-def _render(probe: Any) -> Any:
+def _render(probe: Any, width: int) -> Any:
     from tui.render.gpus import format_gpus
 
-    return format_gpus(probe)
+    return format_gpus(probe, width=width)

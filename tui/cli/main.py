@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     db_option(parser)
     parser.add_argument("--fake-gpus", type=int, default=0, metavar="N", help="show N scripted GPUs (demo mode)")
+    parser.add_argument("--notify", action="store_true",
+                        help="dashboard: bell and desktop notification when a run ends (b toggles it)")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     for module in COMMANDS:
         importlib.import_module(module).add_parser(sub)
@@ -83,4 +85,4 @@ def _open_app(args: argparse.Namespace) -> int:
         recover_quietly(open_store(args, create=True), console(stderr=True))
     except UsageError:
         pass
-    return run_app(db_url=getattr(args, "db", None), fake_gpus=args.fake_gpus)
+    return run_app(db_url=getattr(args, "db", None), fake_gpus=args.fake_gpus, notify_on_end=args.notify)

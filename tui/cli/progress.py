@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -19,8 +20,9 @@ from rich.text import Text
 class RunProgress:
     """Feeds trainer events into a rich progress bar; use as a context manager."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, label: str = "") -> None:
         self.progress = Progress(
+            *([TextColumn(escape(label))] if label else []),
             TextColumn("[bold]{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
@@ -44,16 +46,25 @@ class RunProgress:
 
     def on_event(self, event: dict[str, Any]) -> None:
         kind = event["type"]
-        if kind == "start":
+        if kind == "phase":  # before step 1: say what the minutes of loading are spent on
+            from runner.events import phase_words
+
+            # the description column is markup: a data path is the user's text
+            self.progress.update(self.task, description=escape(phase_words(event)))
+        elif kind == "start":
             dist = event.get("distributed_type") or "not reported"  # a script may not say (runner.track)
+            # the global batch is what a speed means: a --nproc 2 DDP run trains twice the rows per step
+            rows = (event.get("tokens_per_step") or 0) // max(1, event.get("context_length") or 1) or None
+            batch = f", global batch {rows}" if rows else ""
             self.progress.update(
                 self.task,
-                description=f"training ({dist}, {event.get('world_size')} proc)",
+                description=f"training ({dist}, {event.get('world_size')} proc{batch})",
                 total=event.get("total_steps"),
             )
             self.progress.console.print(Text(
                 f"start: {dist} on {event.get('device_type') or 'not reported'} × {event.get('world_size')}, "
                 f"{(event.get('params') or 0) / 1e6:.1f}M params, {(event.get('trainable_params') or 0) / 1e6:.2f}M trainable"
+                + (f", global batch {rows} rows x {event.get('context_length')} tokens per step" if rows else "")
             ))
         elif kind == "step":
             self.progress.update(
@@ -78,3 +89,25 @@ class RunProgress:
         elif kind == "rank_exit":
             self.progress.console.print(Text.assemble(
                 ("warning:", "yellow"), f" rank {event.get('rank')} (pid {event.get('pid')}) ended before the run did"))
+
+
+class SweepProgress:
+    """The live line of the run a sweep is on: one :class:`RunProgress` per run, begun when the run
+    starts and ended (its last state printed) when it is done."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.current: RunProgress | None = None
+
+    def begin(self, label: str) -> None:
+        self.end()
+        self.current = RunProgress(self.console, label=label).__enter__()
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        if self.current is not None:
+            self.current.on_event(event)
+
+    def end(self) -> None:
+        if self.current is not None:
+            self.current.__exit__(None, None, None)
+            self.current = None

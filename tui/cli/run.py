@@ -45,6 +45,9 @@ def add_parser(sub: Any) -> None:
     run.add_argument("--grace", type=seconds_at_least(0), default=30.0, metavar="SECONDS",
                      help="on Ctrl-C, SIGTERM or SIGHUP: seconds the ranks get to finish their step, save and exit "
                           "before SIGKILL (default 30; a second Ctrl-C kills at once)")
+    run.add_argument("--notify", action="store_true",
+                     help="when the run ends or fails: ring the terminal bell and send a desktop notification "
+                          "(notify-send, where it exists)")
     from tui.cli import nodes
 
     nodes.add_arguments(run)
@@ -223,9 +226,13 @@ def follow(args: argparse.Namespace, store: Any, prepared: Any, out: Any) -> int
     finally:
         restore()
     run = store.get_run(outcome.run_id)
-    from tui.render.report import run_summary_table
+    if getattr(args, "notify", False):
+        from tui.notify import run_ended
 
-    out.print(run_summary_table(run))
+        run_ended(outcome.run_id, run.name if run else recipe.name, outcome.status, outcome.error)
+    from tui.render.report import run_report
+
+    out.print(run_report(run))
     if outcome.stop_report:
         out.print(f"stop: {outcome.stop_report}", markup=False)
     if outcome.status == "completed":

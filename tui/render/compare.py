@@ -7,6 +7,7 @@ import csv
 import html
 import io
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
@@ -262,9 +263,19 @@ def to_json(cmp: Comparison) -> str:
 # ---------------------------------------------------------------------- html
 
 
+def nice_step(span: float, ticks: int = 4) -> float:
+    """A round tick step (1, 2 or 5 x 10^k) that cuts ``span`` into about ``ticks`` parts."""
+    raw = span / ticks if span > 0 else 1.0
+    power = 10.0 ** math.floor(math.log10(raw))
+    return next(float(m * power) for m in (1, 2, 5, 10) if m * power >= raw)
+
+
 def svg_lines(series: Sequence[tuple[str, str, Sequence[tuple[float, float | None]]]], title: str, xlabel: str,
-              ylabel: str, width: int = 640, height: int = 300, yfmt: Callable[[float], str] = lambda v: f"{v:.3g}") -> str:
-    """An inline SVG line chart: axes, 5 ticks each, one polyline per series and a legend."""
+              ylabel: str, width: int = 640, height: int = 300, yfmt: Callable[[float], str] = lambda v: f"{v:.3g}",
+              zero_based: bool = False, band: tuple[float, float] | None = None, band_label: str = "") -> str:
+    """An inline SVG line chart: axes with round ticks, one polyline per series and a legend.
+    ``zero_based``: the y axis starts at 0 (utilisation, memory: a bar of 90-100% must not look like 0-100).
+    ``band``: an x range shaded and labelled (a run's training window on its device timeline)."""
     pts = [(x, y) for _, _, s in series for x, y in s if y is not None]
     left, right, top, bottom = 70, 20, 30, 60
     w, h = width - left - right, height - top - bottom
@@ -276,12 +287,24 @@ def svg_lines(series: Sequence[tuple[str, str, Sequence[tuple[float, float | Non
         return "".join(out)
     x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
     y0, y1 = min(p[1] for p in pts), max(p[1] for p in pts)
+    if band is not None:  # the whole window is on the axis even where no sample fell
+        x0, x1 = min(x0, band[0]), max(x1, band[1])
     if x1 == x0:
         x1 = x0 + 1
     if y1 == y0:
         y0, y1 = y0 - 0.5, y1 + 0.5
-    pad = (y1 - y0) * 0.05
-    y0, y1 = (y0 - pad if y0 - pad >= 0 or y0 < 0 else 0.0), y1 + pad  # a non-negative figure stays >= 0
+    if zero_based:
+        y0 = min(0.0, y0)
+    # round ticks: the axes run from a multiple of the step to a multiple of the step
+    ystep, xstep = nice_step(y1 - y0), nice_step(x1 - x0)
+    if xlabel == "step":  # steps are whole numbers: no tick at step 1.5
+        xstep = max(1.0, xstep)
+    y0, y1 = math.floor(y0 / ystep) * ystep, math.ceil(y1 / ystep) * ystep
+    x0, x1 = math.floor(x0 / xstep) * xstep, math.ceil(x1 / xstep) * xstep
+    if y1 == y0:
+        y1 = y0 + ystep
+    if x1 == x0:
+        x1 = x0 + xstep
 
     def sx(x: float) -> float:
         return left + (x - x0) / (x1 - x0) * w
@@ -289,11 +312,19 @@ def svg_lines(series: Sequence[tuple[str, str, Sequence[tuple[float, float | Non
     def sy(y: float) -> float:
         return top + h - (y - y0) / (y1 - y0) * h
 
+    if band is not None:
+        b0, b1 = max(x0, band[0]), min(x1, band[1])
+        if b1 > b0:
+            out.append(f'<rect class="window" x="{sx(b0):.1f}" y="{top}" width="{sx(b1) - sx(b0):.1f}" height="{h}" '
+                       f'fill="#fff3c4"/><text x="{sx(b0) + 3:.1f}" y="{top + 12}" fill="#8a6d00">'
+                       f'{html.escape(band_label)}</text>')
     out.append(f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="none" stroke="#999"/>')
-    for i in range(5):
-        xv, yv = x0 + (x1 - x0) * i / 4, y0 + (y1 - y0) * i / 4
+    for i in range(round((x1 - x0) / xstep) + 1):
+        xv = x0 + i * xstep
         out.append(f'<line x1="{sx(xv):.1f}" y1="{top + h}" x2="{sx(xv):.1f}" y2="{top + h + 4}" stroke="#999"/>'
-                   f'<text x="{sx(xv):.1f}" y="{top + h + 16}" text-anchor="middle">{xv:.3g}</text>')
+                   f'<text x="{sx(xv):.1f}" y="{top + h + 16}" text-anchor="middle">{xv:.6g}</text>')
+    for i in range(round((y1 - y0) / ystep) + 1):
+        yv = y0 + i * ystep
         out.append(f'<line x1="{left}" y1="{sy(yv):.1f}" x2="{left + w}" y2="{sy(yv):.1f}" stroke="#eee"/>'
                    f'<text x="{left - 6}" y="{sy(yv) + 4:.1f}" text-anchor="end">{html.escape(yfmt(yv))}</text>')
     out.append(f'<text x="{left + w / 2}" y="{top + h + 32}" text-anchor="middle">{html.escape(xlabel)}</text>')
@@ -319,15 +350,41 @@ def svg_lines(series: Sequence[tuple[str, str, Sequence[tuple[float, float | Non
     return "".join(out)
 
 
+def provenance(cmp: Comparison, now: Any = None) -> dict[str, str]:
+    """Where a report comes from: when and where it was made, by which ftui, over which runs, models, data."""
+    import socket
+    from datetime import UTC, datetime
+    from importlib import metadata
+
+    try:
+        version = metadata.version("ftui")
+    except metadata.PackageNotFoundError:
+        version = "unknown (not installed)"
+    when = now or datetime.now(UTC)
+    return {
+        "made": f"{when:%Y-%m-%d %H:%M} UTC on {socket.gethostname()} by ftui {version}",
+        "runs": ", ".join(f"{r.run_id} {r.name}" for r in cmp.rows),
+        "run hosts": ", ".join(sorted(set(cmp.hosts.values()))) or "-",
+        "models": ", ".join(sorted(set(cmp.models.values()))) or "-",
+        "data": ", ".join(sorted(set(cmp.data.values()))) or "-",
+        **({"sweep": cmp.sweep_id} if cmp.sweep_id else {}),
+    }
+
+
 def to_html(cmp: Comparison) -> str:
     """One self-contained page: the table, the loss curves overlaid, utilisation and memory per
     device for each run, the recipe diff. Inline CSS and SVG only: it opens offline."""
     esc = html.escape
-    head = "".join(f"<th>{esc(h)}</th>" for h, _ in columns(cmp))
-    body = []
-    for r in cmp.rows:
-        cls = ' class="fastest"' if r.run_id == cmp.fastest_id else ""
-        body.append(f"<tr{cls}>" + "".join(f"<td>{esc(cell(r))}</td>" for _, cell in columns(cmp)) + "</tr>")
+    # Transposed (a figure a line, a run a column), 5 runs a table: 19 figures side by side never fit 900 px.
+    tables = []
+    for start in range(0, len(cmp.rows), 5):
+        chunk = cmp.rows[start:start + 5]
+        head = "".join(f'<th{" class=fastest" if r.run_id == cmp.fastest_id else ""}>run {r.run_id}</th>'
+                       for r in chunk)
+        body = "".join(f"<tr><th>{esc(h)}</th>" + "".join(
+            f'<td{" class=fastest" if r.run_id == cmp.fastest_id else ""}>{esc(cell(r))}</td>' for r in chunk)
+            + "</tr>" for h, cell in columns(cmp))
+        tables.append(f'<table class="runs"><tr><th>figure</th>{head}</tr>{body}</table>')
     # Eval loss: a second curve per run, after the training curves (later series are drawn dashed).
     evals = [(f"run {r.run_id} {cmp.label(r)} eval", PALETTE[i % len(PALETTE)],
               [(float(s), float(v)) for s, v in cmp.eval_curves.get(r.run_id, [])])
@@ -337,19 +394,35 @@ def to_html(cmp: Comparison) -> str:
                       for i, r in enumerate(cmp.rows)] + evals,
                      "training loss" + (" and eval loss" if evals else "") + ", all runs", "step", "loss",
                      width=900, height=360)
+    lr = svg_lines([(f"run {r.run_id} {cmp.label(r)}", PALETTE[i % len(PALETTE)],
+                     [(float(st), float(v)) for st, v in cmp.lr_curves.get(r.run_id, [])])
+                    for i, r in enumerate(cmp.rows)], "learning rate", "step", "lr", width=440, height=260,
+                   yfmt=lambda v: f"{v:.1e}", zero_based=True)
+    grad = svg_lines([(f"run {r.run_id} {cmp.label(r)}", PALETTE[i % len(PALETTE)],
+                       [(float(st), float(v)) for st, v in cmp.grad_curves.get(r.run_id, [])])
+                      for i, r in enumerate(cmp.rows)], "gradient norm (before clipping)", "step", "grad norm",
+                     width=440, height=260, zero_based=True)
     timelines = []
     for r in cmp.rows:
         devices = cmp.timelines.get(r.run_id) or {}
         if not devices:
             continue
+        steps = cmp.curves.get(r.run_id) or []
+        window: dict[str, Any] = {}
+        if r.run_id in cmp.windows:  # the loss chart's steps happened inside this band
+            span = f"steps {steps[0][0]}-{steps[-1][0]}" if steps else "training"
+            window = {"band": cmp.windows[r.run_id], "band_label": f"training ({span})"}
         util = svg_lines([(d, PALETTE[i % len(PALETTE)], [(t, u) for t, u, _ in pts])
                           for i, (d, pts) in enumerate(devices.items())],
                          f"run {r.run_id} {cmp.label(r)}: utilisation per device", "seconds", "util %",
-                         width=440, height=240, yfmt=lambda v: f"{v:.0f}")
-        mem = svg_lines([(d, PALETTE[i % len(PALETTE)], [(t, float(m) if m is not None else None) for t, _, m in pts])
+                         width=440, height=240, yfmt=lambda v: f"{v:.0f}", zero_based=True, **window)
+        # in MiB or GiB, so that the ticks are round numbers of the unit shown
+        top_bytes = max((m for pts in devices.values() for _, _, m in pts if m is not None), default=0)
+        unit, scale = ("GiB", 2.0**30) if top_bytes >= 4 * 2**30 else ("MiB", 2.0**20)
+        mem = svg_lines([(d, PALETTE[i % len(PALETTE)], [(t, m / scale if m is not None else None) for t, _, m in pts])
                          for i, (d, pts) in enumerate(devices.items())],
-                        f"run {r.run_id} {cmp.label(r)}: memory per device", "seconds", "memory",
-                        width=440, height=240, yfmt=fmt_bytes)
+                        f"run {r.run_id} {cmp.label(r)}: memory per device", "seconds", f"memory ({unit})",
+                        width=440, height=240, yfmt=lambda v: f"{v:,.6g}", zero_based=True, **window)
         timelines.append(f'<div class="pair">{util}{mem}</div>')
     curves = [tuple(cmp.curves.get(r.run_id, [])) for r in cmp.rows if cmp.curves.get(r.run_id)]
     same = ""
@@ -372,23 +445,28 @@ def to_html(cmp: Comparison) -> str:
         diff += f"<h2>Samples (greedy, last evaluation)</h2><table><tr><th>prompt</th>{sh}</tr>{srows}</table>"
     verdict = "".join(f"<p>{esc(s)}</p>" for s in summary_lines(cmp))
     title = f"ftui comparison{f' - {cmp.sweep_id}' if cmp.sweep_id else ''}"
+    prov = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in provenance(cmp).items())
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>
 <style>
 body {{ font: 14px/1.4 sans-serif; margin: 20px; color: #222; }}
 table {{ border-collapse: collapse; margin: 8px 0 16px; }}
 th, td {{ border: 1px solid #ccc; padding: 3px 7px; text-align: right; font-size: 12px; }}
-th {{ background: #f0f0f0; }}
-td:nth-child(2), td:nth-child(3), td:last-child {{ text-align: left; }}
-tr.fastest td {{ background: #e6f5e6; font-weight: bold; }}
+th {{ background: #f0f0f0; text-align: left; }}
+table.runs {{ max-width: 900px; }}
+table.runs td {{ max-width: 150px; overflow-wrap: anywhere; }}
+table.provenance td {{ text-align: left; }}
+.fastest {{ background: #e6f5e6; font-weight: bold; }}
 .pair svg {{ margin: 0 8px 8px 0; border: 1px solid #eee; }}
 .verdict {{ font-weight: bold; }}
 </style></head><body>
 <h1>{esc(title)}</h1>
-<table><tr>{head}</tr>{"".join(body)}</table>
+<table class="provenance">{prov}</table>
+{"".join(tables)}
 <div class="verdict">{verdict}</div>
 <ul>{notes}</ul>
 <h2>Loss</h2>{loss}{same}
+<div class="pair">{lr}{grad}</div>
 <h2>Utilisation and memory per device</h2>{"".join(timelines) or "<p>no telemetry samples</p>"}
 {diff}
 </body></html>
@@ -443,3 +521,20 @@ def loss_plot(cmp: Comparison, width: int = 72, height: int = 16) -> RenderableT
 
 
 RENDERERS: dict[str, Callable[[Comparison], str]] = {"md": markdown, "csv": to_csv, "json": to_json, "html": to_html}
+
+
+def repeats_table(rows: Any) -> Table:
+    """``ftui sweep --repeat N``: per strategy, the median of each figure and its min-max over the runs."""
+    table = Table(title="over the repeats: median (min-max)",
+                  caption="measured by the trainer; spread = (max - min) / median of tokens/s")
+    for col in ("strategy", "runs", "tokens/s", "spread", "train time", "final loss"):
+        table.add_column(col, justify="left" if col == "strategy" else "right", no_wrap=col != "strategy")
+
+    def cell(s: Any, fmt: str) -> str:
+        return "-" if s is None else f"{s.median:{fmt}} ({s.low:{fmt}}-{s.high:{fmt}})"
+
+    for r in rows:
+        table.add_row(Text(r.label), f"{r.completed}/{len(r.run_ids)}", cell(r.tokens_per_s, ",.0f"),
+                      "-" if r.tokens_per_s is None else f"{r.tokens_per_s.relative * 100:.0f}%",
+                      cell(r.train_seconds, ".1f"), cell(r.final_loss, ".4f"))
+    return table

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -26,6 +27,7 @@ def format_gpus(
     *,
     samples: Sequence[DeviceSample] | None = None,
     procs: Sequence[ProcessGpuMemory] | None = None,
+    width: int | None = None,
 ) -> RenderableType:
     """A gpustat-like table of the GPUs, or the host when NVML is unavailable.
 
@@ -35,6 +37,7 @@ def format_gpus(
         samples: Readings to show instead of reading now (e.g. the latest batch of a sampler,
             whose CPU% baselines a fresh read would disturb).
         procs: GPU processes to show with ``samples``.
+        width: the terminal's columns: under 110 the processes are listed below the GPUs, not beside.
 
     Returns:
         A rich renderable. Every number column names its source (NVML, fake NVML or psutil).
@@ -50,15 +53,19 @@ def format_gpus(
             message = Text("NVML sees no GPU; showing host CPU/memory", style="yellow")
         return Group(message, _cpu_table(samples))
     src = SOURCE_LABELS.get(gpus[0].source, gpus[0].source)
-    table = Table(title=Text(f"GPUs on {gpus[0].host}"), caption=f"source: {src}", title_justify="left")
-    table.add_column("GPU", justify="right")
-    table.add_column("name")
-    table.add_column(f"util %\n{src}", justify="right")
-    table.add_column(f"memory GiB\nused/total {src}", justify="right")
-    table.add_column(f"temp °C\n{src}", justify="right")
-    table.add_column(f"power W\n{src}", justify="right")
-    table.add_column(f"SM MHz\n{src}", justify="right")
-    table.add_column(f"processes (pid: GiB)\n{src}")
+    narrow = width is not None and width < 110
+    # The source is said once, in the title: at 80 columns a source under every header took 5 header lines.
+    table = Table(title=Text(f"GPUs on {gpus[0].host} · every figure: {src}"), title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("GPU", justify="right", no_wrap=True)
+    table.add_column("name", no_wrap=True)
+    table.add_column("util\n%", justify="right", no_wrap=True)
+    table.add_column("memory GiB\nused/total", justify="right", no_wrap=True)
+    table.add_column("temp\n°C", justify="right", no_wrap=True)
+    table.add_column("power W\nnow/limit", justify="right", no_wrap=True)
+    table.add_column("SM\nMHz", justify="right", no_wrap=True)
+    if not narrow:
+        table.add_column("processes\n(pid: GiB)", overflow="fold")
     limits = {i.index: i.power_limit_w for i in probe.nvml.gpu_infos()}
     for s in gpus:
         on_gpu = [p for p in procs if p.gpu_index == s.index]
@@ -67,17 +74,27 @@ def format_gpus(
         )
         limit = limits.get(s.index)
         power = _num(s.power_w) + ("" if limit is None or s.power_w is None else f"/{limit:.0f}")
+        name = s.name.removeprefix("NVIDIA ") if narrow else s.name
         table.add_row(*text_row(
             str(s.index),
-            s.name,
+            name,
             _num(s.util_pct),
             f"{_gib(s.mem_used)}/{_gib(s.mem_total)}",
             _num(s.temp_c),
             power,
             _num(s.sm_clock_mhz),
-            listed or "-",
+            *([] if narrow else [listed or "-"]),
         ))
-    return table
+    if not narrow:
+        return table
+    # At 80 columns the processes are a list of their own below (as nvidia-smi prints them).
+    listing = Table(title=Text(f"GPU processes · {src}"), title_justify="left", box=box.SIMPLE_HEAD,
+                    pad_edge=False, show_edge=False)
+    for header in ("GPU", "pid", "rank", "GPU memory GiB"):
+        listing.add_column(header, justify="right", no_wrap=True)
+    for p in procs:
+        listing.add_row(str(p.gpu_index), str(p.pid), "-" if p.rank is None else str(p.rank), _gib(p.used_bytes))
+    return Group(table, listing if procs else Text(f"no GPU processes ({src})", style="dim"))
 
 
 def _cpu_table(samples: Iterable[DeviceSample]) -> Table:

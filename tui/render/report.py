@@ -89,12 +89,30 @@ def runs_table(runs: list[RunInfo], width: int | None = None) -> Table:
     return table
 
 
+def global_batch_words(run: RunInfo) -> tuple[str, str] | None:
+    """(``"8 rows"``, ``"micro-batch 4 x 2 processes x GA 1 (recipe)"``), or None for a recipe without one."""
+    import tomllib
+
+    from runner.strategies import global_batch
+
+    try:
+        train = tomllib.loads(run.recipe_text or "").get("train") or {}
+    except tomllib.TOMLDecodeError:
+        return None
+    micro, ga = train.get("batch_size"), train.get("grad_accum")
+    if not isinstance(micro, int) or not isinstance(ga, int):
+        return None
+    rows = global_batch(run.strategy, micro, ga, run.nproc)
+    procs = rows // (micro * ga)
+    return f"{rows} rows", f"micro-batch {micro} x {procs} process{'es' if procs != 1 else ''} x GA {ga} (recipe)"
+
+
 def run_summary_table(run: RunInfo | None) -> Table:
     """The end-of-run table: time, throughput, loss, peak memory per rank."""
     table = Table(title=f"run {run.id if run else '?'} summary", show_header=True)
     table.add_column("figure")
     table.add_column("value", justify="right")
-    table.add_column("source")
+    table.add_column("source", overflow="fold")  # a long source (the CPU's ISA flags) folds, never cut
     if run is None:
         return table
     table.add_row("status", Text(run.status, style=STATUS_STYLE.get(run.status, "")), "orchestrator")
@@ -104,14 +122,22 @@ def run_summary_table(run: RunInfo | None) -> Table:
     for row in zero_rows(run.summary):
         table.add_row(*text_row(*row))
     table.add_row("steps", f"{run.steps_done or 0}/{run.total_steps or '?'}", "script" if script else "trainer")
+    batch = global_batch_words(run)
+    if batch:  # what tokens/s means: a --nproc 2 DDP run trains twice the rows of a single one per step
+        table.add_row("global batch", batch[0], batch[1])
     table.add_row("training time", fmt_seconds(run.train_seconds), "measured (first to last step)")
     table.add_row("tokens/s", _num(run.tokens_per_s, ",.0f"), "measured")
     table.add_row("final loss", _num(run.final_loss, ".4f"), "measured (mean over ranks)")
-    for rank in run.summary.get("ranks") or []:
+    ranks = run.summary.get("ranks") or []
+    # One rank: the memory table (estimate_table) shows its peak and phases; printing them here too was
+    # the same figure twice under two names.
+    peaks_elsewhere = len(ranks) == 1 and bool(estimate_vs_measured(run.summary))
+    for rank in ranks:
         peak, src = rank_peak(rank)
-        table.add_row(f"rank {rank['rank']} peak memory", fmt_bytes(peak), src)
+        if not peaks_elsewhere:
+            table.add_row(f"rank {rank['rank']} peak memory", fmt_bytes(peak), src)
         phases = rank.get("phase_peaks") or {}
-        if phases:
+        if phases and not peaks_elsewhere:
             table.add_row(f"rank {rank['rank']} peak fwd/bwd/opt",
                           " / ".join(fmt_bytes(phases.get(k)) for k in ("forward", "backward", "optimizer")),
                           f"{src}, per phase of the first {rank.get('measured_steps', 1)} step(s)")
@@ -119,11 +145,12 @@ def run_summary_table(run: RunInfo | None) -> Table:
         table.add_row(f"rank {rank['rank']} model states", fmt_bytes(states), "measured (tensor bytes)")
         rss, baseline = rank_rss(rank)
         if rss is not None:
-            table.add_row(f"rank {rank['rank']} peak RSS", fmt_bytes(rss),
-                          "getrusage: the whole process, not training memory"
-                          + (f"; {fmt_bytes(baseline)} before the model was built (psutil)" if baseline else ""))
-    for row in estimate_rows(run.summary):
-        table.add_row(*text_row(*row))
+            table.add_row(f"rank {rank['rank']} peak RSS", fmt_bytes(rss), "getrusage: whole process, not training memory")
+            if baseline:
+                table.add_row(f"rank {rank['rank']} RSS before the model", fmt_bytes(baseline), "psutil (the runtime)")
+    approximate = (run.summary.get("estimate") or {}).get("approximate")
+    if approximate:
+        table.add_row(*text_row("estimate", "approximate", str(approximate)))
     telemetry = run.summary.get("telemetry") or {}
     for key, dev in (telemetry.get("devices") or {}).items():
         if dev["kind"] == "host":
@@ -133,14 +160,15 @@ def run_summary_table(run: RunInfo | None) -> Table:
         unit = "% GPU busy" if dev["kind"] == "gpu" else "% of a core"
         threads = dev.get("threads")
         if dev["kind"] == "rank" and threads and stats.get("util_mean") is not None:
-            unit += f" ({stats['util_mean'] / threads:.0f}% of its {threads} thread{'s' if threads != 1 else ''})"
+            unit += f" ({stats['util_mean'] / threads:.0f}% of {threads} thread{'s' if threads != 1 else ''})"
         table.add_row(*text_row(
             f"{key} util mean/peak",
             f"{_num(stats.get('util_mean'), '.0f')}/{_num(stats.get('util_peak'), '.0f')}{unit}",
             f"{SOURCE_LABELS.get(dev['source'], dev['source'])}, {span}, {stats['n']} samples",
         ))
-        table.add_row(*text_row(f"{key} memory peak", fmt_bytes(stats.get("mem_peak")),
-                                SOURCE_LABELS.get(dev["source"], dev["source"])))
+        # a rank's psutil memory is its RSS: named so, not another "peak memory"
+        table.add_row(*text_row(f"{key} {'RSS' if dev['kind'] == 'rank' else 'memory'} peak",
+                                fmt_bytes(stats.get("mem_peak")), SOURCE_LABELS.get(dev["source"], dev["source"])))
     for rank, peak in (telemetry.get("rank_gpu_mem_peak") or {}).items():
         table.add_row(f"rank {rank} GPU memory peak", fmt_bytes(peak), "NVML (the rank's own processes)")
     overall = telemetry.get("active") or telemetry.get("whole")
@@ -149,7 +177,8 @@ def run_summary_table(run: RunInfo | None) -> Table:
         unit = overall.get("util_unit") or ("GPU busy %" if overall.get("kind") == "gpu" else "CPU % of one core")
         table.add_row(*text_row("mean/peak device util",
                                 f"{overall['util_mean']:.0f}/{_num(overall.get('util_peak'), '.0f')}%",
-                                f"{unit}, over {overall['devices']} {overall['kind']} device(s), {span}"))
+                                f"{unit}, {overall['devices']} {overall['kind']}{'s' if overall['devices'] != 1 else ''}, "
+                                f"{span.removesuffix(' window')}"))
         low, high = overall.get("util_min"), overall.get("util_max")
         if overall.get("devices", 0) > 1 and low is not None and high is not None:
             table.add_row(*text_row("util min-max over devices", f"{low:.0f}-{high:.0f}%",
@@ -160,7 +189,8 @@ def run_summary_table(run: RunInfo | None) -> Table:
 
         stored = Peak.from_json(peak)
         if stored is not None:
-            table.add_row(*text_row("MFU peak/device", stored.label(), stored.source))  # "[fingerprint]" is no markup
+            # the source's first clause (its details, the CPU's ISA flags, are in `ftui compare`'s notes)
+            table.add_row(*text_row("MFU peak/device", stored.label(), stored.source.split(", ")[0]))
     if run.error:
         table.add_row("error", Text(run.error, style="red"), "")
     return table
@@ -265,19 +295,63 @@ def estimate_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
+def estimate_table(summary: dict[str, Any]) -> Group | None:
+    """Memory per device, estimated against measured: one row per figure (peak, each phase's peak, model
+    states, saved activations), the error in percent; None when the run stored no estimate."""
+    compared = estimate_vs_measured(summary)
+    if not compared:
+        return None
+    n = len(summary.get("ranks") or [])
+    peak_source = next((rank_peak(r)[1] for r in summary.get("ranks") or [] if rank_peak(r)[0] is not None),
+                       "not measured")
+    notes = {kind: note for kind, _, _, _, note in ESTIMATE_KINDS}
+    table = Table(title="memory per device: estimated vs measured")
+    table.caption = None
+    sources = Text(f"estimated: runner.planner; peaks {peak_source} (busiest rank); params, grads, optimizer "
+                   f"state: exact tensor bytes{f' (mean of {n} ranks)' if n > 1 else ''}; saved "
+                   f"activations: {notes['saved activations']}", style="dim")
+    for col in ("figure", "estimated", "measured", "error"):
+        table.add_column(col, justify="left" if col == "figure" else "right", no_wrap=True)
+    for kind, est, measured, err in compared:
+        table.add_row(kind, fmt_bytes(est), fmt_bytes(measured), "-" if err is None else f"{err:+.1f}%")
+    return Group(table, sources)
+
+
+def run_report(run: RunInfo) -> Group:
+    """The summary of one run with its memory table (``ftui run``'s end, the head of ``ftui show``)."""
+    memory = estimate_table(run.summary)
+    return Group(run_summary_table(run), *([memory] if memory is not None else []))
+
+
 def run_detail(run: RunInfo, metrics: list[MetricPoint]) -> Group:
-    parts: list[Any] = [run_summary_table(run)]
+    """``ftui show``: the summary, the memory table, the recipe the run was launched with, the metrics (the
+    first and last steps of a long run, with a line saying how many were left out)."""
+    parts: list[Any] = [run_report(run)]
+    if run.recipe_text:
+        parts.append(Text("recipe", style="bold"))
+        parts.append(Text(run.recipe_text.rstrip()))  # the user's text: never markup
     if metrics:
         table = Table(title="metrics (measured)")
         for col in ("step", "loss", "lr", "grad norm", "tokens/s", "step time"):
             table.add_column(col, justify="right")
-        shown = metrics if len(metrics) <= 20 else metrics[:5] + metrics[-15:]
-        for m in shown:
-            table.add_row(str(m.step), _num(m.loss, ".4f"), _num(m.lr, ".2e"), _num(m.grad_norm, ".3f"),
-                          _num(m.tokens_per_s, ",.0f"), _num(m.step_time, ".3f"))
+        head, tail = (metrics, []) if len(metrics) <= 20 else (metrics[:5], metrics[-15:])
+        for m in head:
+            table.add_row(*_metric_cells(m))
+        if tail:
+            left_out = len(metrics) - len(head) - len(tail)
+            table.add_row(*["⋮"] * 6)
+            table.caption = (f"{left_out} steps not shown (steps {head[-1].step + 1}-{tail[0].step - 1}; "
+                             "--format json lists every step)")
+            for m in tail:
+                table.add_row(*_metric_cells(m))
         parts.append(table)
     parts.append(Text(f"run folder: {run.run_dir}", style="dim"))
     return Group(*parts)
+
+
+def _metric_cells(m: MetricPoint) -> list[str]:
+    return [str(m.step), _num(m.loss, ".4f"), _num(m.lr, ".2e"), _num(m.grad_norm, ".3f"),
+            _num(m.tokens_per_s, ",.0f"), _num(m.step_time, ".3f")]
 
 
 def run_to_json(run: RunInfo, metrics: list[MetricPoint] | None = None,

@@ -24,7 +24,7 @@ from textual.worker import get_current_worker
 
 from runner import strategies
 from runner.recipe import Recipe, RecipeError, parse_recipe
-from tui.app.messages import EstimateReady, LaunchFailed, RunLaunched
+from tui.app.messages import EstimateReady, LaunchFailed, PreviewReady, RunLaunched
 from tui.app.screens.data import launch_run
 from tui.app.screens.modals import ConfirmScreen, PromptScreen
 
@@ -173,6 +173,8 @@ class ComposeScreen(Screen[None]):
         """Relative paths of base_text are taken from here (the loaded file's folder)."""
         self.recipe: Recipe | None = None
         self.errors: dict[str, str] = {}
+        self.preview_generation = 0
+        """Counts the form's states that asked for a launch preview (an older one arriving late is dropped)."""
         if recipe_path:
             self.set_reactive(ComposeScreen.recipe_path, recipe_path)
 
@@ -298,18 +300,31 @@ class ComposeScreen(Screen[None]):
             # The last valid command would mislead: say what the preview waits for.
             wait = Text("launch command and memory estimate: waiting for the fields in red to be fixed",
                         style="dim italic")
+            self.preview_generation += 1  # a preview still being built is for an older form
             preview.update(wait)
             estimate.update("")
             self.estimate_memory(None)
             return
+        # Building the launch (accelerate's config, the env) costs ~15 ms a keystroke on a loaded machine:
+        # a thread worker builds it, so that typing never waits on it; the form's verdict stays immediate.
+        self.preview_generation += 1
+        self.build_preview(recipe, self.preview_generation)
+        self.estimate_memory(recipe)
+
+    @work(thread=True, exclusive=True, group="preview")
+    def build_preview(self, recipe: Recipe, generation: int) -> None:
         from runner.launch import build_launch
 
         spec = build_launch(recipe, PLACEHOLDER_RUN_DIR, port=29500, cpu_threads=self.ftui.cpu_threads(recipe),
                             python=self.ftui.python)
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items())
-        preview.update(Text.assemble(("launch command", "bold"), " (run folder and port are set at launch)\n",
-                                     f"{env} {shlex.join(spec.argv)}"))
-        self.estimate_memory(recipe)
+        self.post_message(PreviewReady(Text.assemble(("launch command", "bold"),
+                                                     " (run folder and port are set at launch)\n",
+                                                     f"{env} {shlex.join(spec.argv)}"), generation))
+
+    def on_preview_ready(self, message: PreviewReady) -> None:
+        if self.valid and message.generation == self.preview_generation:  # not a form that changed since
+            self.query_one("#preview", Static).update(message.text)
 
     @work(thread=True, exclusive=True, group="estimate")
     def estimate_memory(self, recipe: Recipe | None) -> None:

@@ -261,6 +261,11 @@ class MonitorFeed:
         if run is None or self.metrics or run.status not in ("running", "created", "starting"):
             return ""
         events = self.store.events(self.run_id)
+        trainer = [e for e in events if e.source == "trainer"]
+        if trainer and trainer[-1].type == "phase":  # the trainer says what it does (runner.events.PhaseEvent)
+            from runner.events import phase_words
+
+            return f"starting: {phase_words(trainer[-1].payload)} ({fmt_elapsed(elapsed)})"
         last = events[-1].type if events else "none yet"
         return f"starting: no step yet ({fmt_elapsed(elapsed)}) · last journal event: {last}"
 

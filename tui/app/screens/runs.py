@@ -127,6 +127,7 @@ class RunsScreen(Screen[None]):
         self.runs = message.runs
         self.live = message.live
         self.ftui.runs = message.runs
+        self.ftui.runs_polled(message.runs)  # a run that ended: bell and notification, when set
         self.refresh_table()
 
     def watch_filter_text(self) -> None:
