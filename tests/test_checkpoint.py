@@ -192,7 +192,7 @@ def test_a_resumed_run_continues_the_loss_curve_exactly(
     tail = {s: loss for s, loss in uninterrupted.items() if s > 4}
     assert _losses(resumed) == pytest.approx(tail, abs=1e-6)
     assert [m["tokens"] for m in resumed["metrics"]] == [s * 1024 for s in range(5, STEPS + 1)]
-    start = _events(Path(resumed["run_dir"]))[0]
+    start = next(e for e in _events(Path(resumed["run_dir"])) if e["type"] == "start")  # phase events come first
     assert (start["start_step"], start["resumed_from"]) == (4, str(step4))
     assert resumed["summary"]["tokens"] == STEPS * 1024
 
