@@ -65,8 +65,14 @@ def recipe_problem(recipe: Recipe) -> str | None:
                     f"({m} < {launch.nproc}); raise it or use launch.pp_schedule = \"gpipe\"")
         return None
     size = tp_size(recipe)
-    if size != launch.nproc:
-        return (f"launch.tp_size: {size} with nproc = {launch.nproc}: data parallel around tensor parallel "
-                "needs accelerate's ParallelismConfig, which refuses CPU (MULTI_CPU) and is not wired "
-                "here; set launch.tp_size = nproc")
+    if size < 2 or launch.nproc % size:
+        return (f"launch.tp_size: {size} must be at least 2 and divide nproc = {launch.nproc} (nproc / tp_size "
+                "groups of tp_size processes train as data parallel replicas)")
     return None
+
+
+def replicas(recipe: Recipe) -> int:
+    """Data parallel replicas of a tensor-parallel run: ``nproc / tp_size`` groups (1 for other layouts)."""
+    if not strategies.get(recipe.launch.strategy).tensor_parallel:
+        return 1
+    return max(1, recipe.launch.nproc // tp_size(recipe))

@@ -57,7 +57,7 @@ class Engine:
     """``(input_ids, labels, scale) -> loss`` of this process's share: forward and backward of one
     accumulation micro-step, its loss multiplied by ``scale``; 0 where this process sees no loss."""
     owns_loss: bool
-    """Whether this process's ``micro_step`` loss is the one reported (one process per run)."""
+    """Whether this process's ``micro_step`` loss is the one reported (one process per replica)."""
     grad_sq: Callable[[], float]
     """This process's part of the squared global gradient norm (summed over processes: the whole)."""
     trainable: Callable[[bool], dict[str, Any]]
@@ -70,6 +70,12 @@ class Engine:
     """The memtrack phase a micro-step is measured under (a pipeline interleaves forward and backward)."""
     full_model: Any = None
     """The whole (PEFT) model as loaded, for saving in its format on rank 0."""
+    replicas: int = 1
+    """Data parallel replicas (tensor parallel with ``tp_size < nproc``); each trains its own rows."""
+    replica: int = 0
+    """This process's replica (its rows of each micro-batch)."""
+    sync_grads: Callable[[], None] | None = None
+    """Average the gradients over the replicas, after the micro-steps and before the norm and the step."""
 
 
 def run(trainer: Trainer) -> str:
@@ -88,7 +94,12 @@ def run(trainer: Trainer) -> str:
     blocks, mask = data.input_ids, data.attention_mask
     world, rank = acc.num_processes, acc.process_index
     B, GA = train.batch_size, train.grad_accum
-    rows_per_step = B * GA  # every process trains the same rows: no data parallelism
+    # A pipeline's processes, and a tensor-parallel group's, train the same rows; tensor-parallel groups
+    # (tp_size < nproc) are data parallel replicas, each with its own rows.
+    from runner.parallel import replicas
+
+    R = replicas(recipe)
+    rows_per_step = B * GA * R
     steps_per_epoch = blocks.shape[0] // rows_per_step
     if steps_per_epoch == 0:
         raise ValueError(f"train.batch_size: {blocks.shape[0]} rows of data cannot fill one optimizer step of "
@@ -105,7 +116,7 @@ def run(trainer: Trainer) -> str:
     if strategy.tensor_parallel:
         from runner.tensor_parallel import build as build_tp
 
-        engine = build_tp(model, recipe, device, world, rank)
+        engine = build_tp(model, recipe, device, world, rank, R)
     else:
         engine = build_pipeline(model, recipe, device, world, rank)
     engine.full_model = model  # what the adapter or model is saved from (rank 0)
@@ -169,7 +180,8 @@ def run(trainer: Trainer) -> str:
         loss_sum = 0.0
         step_tokens = 0
         for micro in range(GA):
-            rows = order[base + micro * B: base + (micro + 1) * B]
+            first_row = base + (micro * engine.replicas + engine.replica) * B
+            rows = order[first_row: first_row + B]
             batch = blocks[rows]
             targets = batch if data.labels is None else data.labels[rows]  # data.train_on = "completions"
             if mask is None:
@@ -180,15 +192,17 @@ def run(trainer: Trainer) -> str:
                 labels = targets.masked_fill(mask[rows] == 0, -100)
             with peaks.phase(engine.phase), acc.autocast():
                 loss_sum += engine.micro_step(batch.to(device), labels.to(device), 1.0 / GA)
+        if engine.sync_grads is not None:
+            engine.sync_grads()
         # One collective per step, as in the trainer: the loss (from the process that owns it), the
         # stop request, the tokens, the squared gradient norm, and each process's memory figures.
         mem_slots = torch.zeros(3 * world, dtype=torch.float64)
         mem_slots[3 * rank: 3 * rank + 3] = torch.tensor(trainer.memory_now(), dtype=torch.float64)
         mine = [loss_sum if engine.owns_loss else 0.0, float(trainer.stop.requested),
-                float(step_tokens) if rank == 0 else 0.0, engine.grad_sq()]
+                float(step_tokens) if engine.owns_loss else 0.0, engine.grad_sq()]
         stats = torch.cat([torch.tensor(mine, dtype=torch.float64), mem_slots]).to(device)
         stats = acc.reduce(stats, reduction="sum").cpu()
-        mean_loss = float(stats[0])
+        mean_loss = float(stats[0]) / engine.replicas  # each replica's loss is the mean over its rows
         stop_requested = float(stats[1]) > 0
         step_tokens = int(stats[2])
         grad_norm: float | None = None

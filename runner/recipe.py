@@ -210,7 +210,9 @@ class LaunchSection(_Section):
     """``pp``: GPipe (every forward, then every backward) or 1F1B (one forward, one backward: fewer
     micro-batches' activations alive; needs micro-batches >= stages)."""
     tp_size: PositiveInt | None = None
-    """``tp``: processes each weight matrix is split over; None: ``nproc``."""
+    """``tp``: processes each weight matrix is split over; None: ``nproc``. Smaller (it must divide
+    ``nproc``): ``nproc / tp_size`` tensor-parallel groups train as data parallel replicas, each on its
+    own ``batch_size`` rows (a 2-D device mesh, gradients averaged over the replicas)."""
 
     @field_validator("strategy")
     @classmethod

@@ -135,8 +135,11 @@ class Strategy:
             return self.default_nproc
         return max(self.min_procs, requested if requested is not None else default)
 
-    def global_batch(self, micro_batch: int, grad_accum: int, nproc: int) -> int:
-        """Rows per optimizer step over every process."""
+    def global_batch(self, micro_batch: int, grad_accum: int, nproc: int, tp_size: int | None = None) -> int:
+        """Rows per optimizer step over every process (tensor parallel: one batch per group of
+        ``tp_size`` processes, default all of them)."""
+        if self.tensor_parallel:
+            return micro_batch * grad_accum * max(1, nproc // (tp_size or nproc))
         return micro_batch * grad_accum * (nproc if self.data_parallel else 1)
 
 
@@ -237,7 +240,8 @@ STRATEGIES: dict[str, Strategy] = {
             name="tp",
             title="Tensor parallel",
             description="every decoder layer's weight matrices split over launch.tp_size processes "
-            "(torch DTensor: column- then row-wise), the same batch on each",
+            "(torch DTensor: column- then row-wise), the same batch on each; nproc / tp_size such groups "
+            "train side by side as data parallel replicas",
             engine="torch",
             accelerate_type="MULTI_GPU",
             expect=frozenset({"TENSOR_PARALLEL"}),
@@ -326,9 +330,9 @@ def choices_text(options: Iterable[str]) -> str:
     return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
 
 
-def global_batch(name: str, micro_batch: int, grad_accum: int, nproc: int) -> int:
+def global_batch(name: str, micro_batch: int, grad_accum: int, nproc: int, tp_size: int | None = None) -> int:
     """Rows per optimizer step of a run of strategy ``name`` (an unknown name counts as one replica)."""
     strategy = STRATEGIES.get(name)
     if strategy is None:
         return micro_batch * grad_accum
-    return strategy.global_batch(micro_batch, grad_accum, nproc)
+    return strategy.global_batch(micro_batch, grad_accum, nproc, tp_size)

@@ -13,8 +13,11 @@ a row-wise base splits ``lora_A`` row-wise (it reads the same slice of the input
 all-reduced) and keeps ``lora_B`` whole. The sum ``base(x) + B(A(x))`` then has the same layout on both
 sides.
 
-Not done: data parallel around the tensor-parallel group (accelerate's ``ParallelismConfig`` refuses
-``MULTI_CPU``; the recipe validator, :mod:`runner.parallel`, refuses ``launch.tp_size != nproc``).
+Data parallel around it: with ``launch.tp_size < nproc`` the processes form a 2-D mesh (``dp`` x ``tp``,
+row-major: processes ``0..tp-1`` are the first group); each group trains its own rows, and after the
+micro-steps every gradient (the local shard of a split one) is averaged over the ``dp`` dimension with one
+all-reduce per tensor, as DDP would. Done by hand because accelerate's ``ParallelismConfig`` (the same
+2-D mesh) refuses CPU processes (``MULTI_CPU``); the hand-made mesh runs over gloo and NCCL alike.
 """
 
 from __future__ import annotations
@@ -49,27 +52,35 @@ def layer_plan(layer: Any) -> dict[str, str]:
     return plan
 
 
-def build(model: Any, recipe: Any, device: Any, world: int, rank: int) -> Engine:
-    """Apply the tensor-parallel plans over all ``world`` processes; the engine trains the whole model."""
+def build(model: Any, recipe: Any, device: Any, world: int, rank: int, replicas: int = 1) -> Engine:
+    """Apply the tensor-parallel plans over groups of ``world / replicas`` processes; the engine trains the
+    whole model, each group (a data parallel replica) on its own rows."""
     import torch
+    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+    tp = world // replicas
+    tp_rank, replica = rank % tp, rank // tp
     core = causal_lm(model)
     config = core.config
     heads = int(getattr(config, "num_attention_heads", 0) or 0)
     kv_heads = int(getattr(config, "num_key_value_heads", heads) or heads)
     inter = int(getattr(config, "intermediate_size", 0) or 0)
     for what, count in (("attention heads", heads), ("key/value heads", kv_heads), ("MLP units", inter)):
-        if count % world:
-            raise ValueError(f"launch.tp_size: {world} does not divide the model's {count} {what}")
+        if count % tp:
+            raise ValueError(f"launch.tp_size: {tp} does not divide the model's {count} {what}")
     layers = getattr(getattr(core, "model", None), "layers", None)
     if layers is None:
         raise ValueError(f"launch.strategy: tp splits Llama-style decoder models ({type(core).__name__} "
                          "has no model.layers)")
     model.to(device)
-    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("tp",))
+    if replicas > 1:
+        mesh2d = init_device_mesh(device.type, (replicas, tp), mesh_dim_names=("dp", "tp"))
+        mesh, dp_group = mesh2d["tp"], mesh2d["dp"].get_group()
+    else:
+        mesh, dp_group = init_device_mesh(device.type, (world,), mesh_dim_names=("tp",)), None
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     plan = layer_plan(layers[0])
     if not plan:
@@ -84,8 +95,20 @@ def build(model: Any, recipe: Any, device: Any, world: int, rank: int) -> Engine
         loss.backward()
         return float(loss.detach())
 
+    def sync_grads() -> None:
+        # DDP's average over the replicas, by hand: each process holds its shard of a split gradient (the
+        # same shard as its peers in the other groups) or a whole one; to_local() shares its storage.
+        for p in params:
+            if p.grad is not None:
+                local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                dist.all_reduce(local, group=dp_group)
+                local.div_(replicas)
+
     def grad_sq() -> float:
-        # Split gradients count their local slice on every process; whole ones once (process 0).
+        # After sync_grads every replica holds the same gradients: the first replica counts them. Within it,
+        # split gradients count their local slice on every process; whole ones once (its process 0).
+        if replica:
+            return 0.0
         total = 0.0
         for p in params:
             g = p.grad
@@ -93,10 +116,10 @@ def build(model: Any, recipe: Any, device: Any, world: int, rank: int) -> Engine
                 continue
             if isinstance(g, DTensor):
                 whole = all(isinstance(pl, Replicate) for pl in g.placements)
-                if whole and rank:
+                if whole and tp_rank:
                     continue
                 total += float(g.to_local().detach().float().pow(2).sum())
-            elif rank == 0:
+            elif tp_rank == 0:
                 total += float(g.detach().float().pow(2).sum())
         return total
 
@@ -111,7 +134,8 @@ def build(model: Any, recipe: Any, device: Any, world: int, rank: int) -> Engine
         return out
 
     split = sorted({path.split(".")[1] for path in plan})
-    info = {"kind": "tensor_parallel", "tp_size": world, "split": split,
+    info = {"kind": "tensor_parallel", "tp_size": tp, "data_parallel": replicas, "split": split,
             "library": f"torch.distributed.tensor.parallel (torch {torch.__version__})"}
-    return Engine(module=model, kind="TENSOR_PARALLEL", micro_step=micro_step, owns_loss=rank == 0,
-                  grad_sq=grad_sq, trainable=trainable, info=info, device_map=None, phase="backward")
+    return Engine(module=model, kind="TENSOR_PARALLEL", micro_step=micro_step, owns_loss=tp_rank == 0,
+                  grad_sq=grad_sq, trainable=trainable, info=info, device_map=None, phase="backward",
+                  replicas=replicas, replica=replica, sync_grads=sync_grads if replicas > 1 else None)

@@ -40,8 +40,9 @@ def _recipe(*sets: str) -> Any:
     (["launch.strategy=mp", "launch.nproc=2", "launch.microbatches=4"],
      "launch.microbatches: mp over 2 processes is naive model parallel, one micro-batch (got 4)"),
     (["launch.strategy=tp", "launch.nproc=2", "launch.tp_size=1"],
-     "launch.tp_size: 1 with nproc = 2: data parallel around tensor parallel needs accelerate's "
-     "ParallelismConfig, which refuses CPU (MULTI_CPU)"),
+     "launch.tp_size: 1 must be at least 2 and divide nproc = 2"),
+    (["launch.strategy=tp", "launch.nproc=4", "launch.tp_size=3"],
+     "launch.tp_size: 3 must be at least 2 and divide nproc = 4"),
     (["launch.strategy=pp", "launch.nproc=2", "train.save_every=5"],
      "train.save_every: pp writes no checkpoints yet"),
     (["launch.strategy=tp", "launch.nproc=2", 'train.resume_from="/x/step-00000005"'],
@@ -116,6 +117,15 @@ def test_the_planner_splits_pp_by_stages_and_tp_by_shards() -> None:
     # 1F1B keeps at most one micro-batch per stage in flight: 2 of 4, GPipe all 4.
     assert pp_1f1b.activations_stored < pp.activations_stored
     assert all(t.total > 0 for t in (single, pp, pp_1f1b, tp))
+    # Two tensor-parallel groups of 2: each device holds what a group of 2 holds, whatever the replicas.
+    tp_dp = total("launch.strategy=tp", "launch.nproc=4", "launch.tp_size=2")
+    assert (tp_dp.params, tp_dp.optimizer) == (tp.params, tp.optimizer)
+
+
+def test_tensor_parallel_groups_are_data_parallel_replicas_in_the_global_batch() -> None:
+    assert strategies.global_batch("tp", 2, 1, 4, 2) == 4  # 2 groups of 2 processes, 2 rows each
+    assert strategies.global_batch("tp", 2, 1, 4) == 2  # one group of 4: one batch
+    assert strategies.global_batch("ddp", 2, 1, 4, 2) == 8  # tp_size means nothing to other strategies
 
 
 # ---------------------------------------------------------------------- real training (slow)
@@ -131,6 +141,8 @@ def trained(ftui: Ftui) -> dict[str, dict[str, Any]]:
         "pp-1f1b": ["--strategy", "pp", "--nproc", "2", "--set", "launch.microbatches=2"],
         "mp": ["--strategy", "mp", "--nproc", "2"],
         "tp": ["--strategy", "tp", "--nproc", "2"],
+        # Two tensor-parallel groups of 2 as data parallel replicas, 2 rows each: DDP's global batch of 4.
+        "tp-dp": ["--strategy", "tp", "--nproc", "4", "--set", "launch.tp_size=2", "--set", "train.batch_size=2"],
     }
     out: dict[str, dict[str, Any]] = {}
     for name, flags in plans.items():
@@ -143,21 +155,25 @@ def trained(ftui: Ftui) -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["pp-gpipe", "pp-1f1b", "mp", "tp"])
+@pytest.mark.parametrize("name", ["pp-gpipe", "pp-1f1b", "mp", "tp", "tp-dp"])
 def test_each_layout_trains_and_matches_ddp(trained: dict[str, dict[str, Any]], name: str) -> None:
     run, ddp = trained[name], trained["ddp"]
-    assert run["status"] == "completed" and run["nproc"] == 2
-    kind = "TENSOR_PARALLEL" if name == "tp" else "PIPELINE"
+    nproc = 4 if name == "tp-dp" else 2
+    assert run["status"] == "completed" and run["nproc"] == nproc
+    kind = "TENSOR_PARALLEL" if name.startswith("tp") else "PIPELINE"
     assert run["distributed_type"] == kind  # what the trainer had in effect, not accelerate's DDP
     losses = [m["loss"] for m in run["metrics"]]
     assert [m["step"] for m in run["metrics"]] == list(range(1, STEPS + 1))
     assert losses == pytest.approx([m["loss"] for m in ddp["metrics"]], abs=LOSS_TOLERANCE)
     summary = run["summary"]
-    assert len(summary["ranks"]) == 2 and all(r["param_bytes"] > 0 for r in summary["ranks"])
+    assert len(summary["ranks"]) == nproc and all(r["param_bytes"] > 0 for r in summary["ranks"])
     assert summary["tokens_per_s"] > 0 and summary["final_loss"] == pytest.approx(losses[-1])
+    # The same rows per step as DDP's (tokens counted once per replica, not once per process).
+    assert [m["tokens"] for m in run["metrics"]] == [m["tokens"] for m in ddp["metrics"]]
     parallel = summary["parallel"]
-    if name == "tp":
+    if name.startswith("tp"):
         assert parallel["tp_size"] == 2 and "q_proj" in parallel["split"] and "down_proj" in parallel["split"]
+        assert parallel["data_parallel"] == nproc // 2
         # Each process holds half of every split matrix: fewer elements than the whole model.
         assert summary["local_param_numel"] < summary["params"]
     else:

@@ -63,6 +63,7 @@ def inputs_from_recipe(
         offload_params=launch.offload == "optimizer+params",
         microbatches=parallel.microbatches(recipe),
         pp_schedule=launch.pp_schedule,
+        tp_size=parallel.tp_size(recipe),
         # "auto" is decided at launch (runner.orchestrator.runs_on_cpu corrects it for a run's stored estimate).
         device="cpu" if launch.device == "cpu" else "cuda",
     )

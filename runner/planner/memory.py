@@ -103,6 +103,8 @@ class EstimateInput:
     """``launch.engine``: what implements the strategy (the ZeRO stages: ``deepspeed`` or ``torch``)."""
     microbatches: int = 1
     pp_schedule: str = "gpipe"
+    tp_size: int | None = None
+    """``tp``: processes each weight matrix is split over (``launch.tp_size``); None: every device."""
 
 
 @dataclass(frozen=True)
@@ -489,14 +491,15 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
             in_flight = m if inp.pp_schedule == "gpipe" else min(m, n)
             stored = (stored - acts.logits) * in_flight / m + acts.logits * in_flight / m
             logits_fwd, logits_bwd = logits_fwd / m, logits_bwd / m
-    if table_row.tensor_parallel and n > 1:
+    t = min(n, inp.tp_size or n)  # tp: the split is over a group of t; n / t groups are replicas
+    if table_row.tensor_parallel and t > 1:
         # Megatron-style split of every decoder layer's projections: those weights (and, for full
         # fine-tuning, their gradients and optimizer state) are 1/n per device; the embedding, norms and
         # head stay whole. LoRA's A or B is split with its base, the other whole: about half the adapter.
         # Activations are counted whole (the residual stream is replicated): an upper bound.
         layer_frac = min(1.0, sh.layers * sh.layer_params / max(1, sh.total_params))
-        share = layer_frac / n + (1 - layer_frac)
-        train_share = share if inp.method == "full" else (1 + 1 / n) / 2
+        share = layer_frac / t + (1 - layer_frac)
+        train_share = share if inp.method == "full" else (1 + 1 / t) / 2
         params = base * share + train * tw * train_share
         grads, optimizer, master = grads * train_share, optimizer * train_share, master * train_share
         opt_transient *= train_share

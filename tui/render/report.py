@@ -96,14 +96,21 @@ def global_batch_words(run: RunInfo) -> tuple[str, str] | None:
     from runner.strategies import global_batch
 
     try:
-        train = tomllib.loads(run.recipe_text or "").get("train") or {}
+        parsed = tomllib.loads(run.recipe_text or "")
     except tomllib.TOMLDecodeError:
         return None
+    train = parsed.get("train") or {}
     micro, ga = train.get("batch_size"), train.get("grad_accum")
     if not isinstance(micro, int) or not isinstance(ga, int):
         return None
-    rows = global_batch(run.strategy, micro, ga, run.nproc)
+    tp = (parsed.get("launch") or {}).get("tp_size")
+    rows = global_batch(run.strategy, micro, ga, run.nproc, tp if isinstance(tp, int) else None)
     procs = rows // (micro * ga)
+    from runner.strategies import STRATEGIES
+
+    row = STRATEGIES.get(run.strategy)
+    if row is not None and row.tensor_parallel:  # each group of tp_size processes trains one batch
+        return f"{rows} rows", f"micro-batch {micro} x {procs} tensor-parallel group{'s' if procs != 1 else ''} x GA {ga} (recipe)"
     return f"{rows} rows", f"micro-batch {micro} x {procs} process{'es' if procs != 1 else ''} x GA {ga} (recipe)"
 
 
