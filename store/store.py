@@ -409,15 +409,27 @@ class Store:
             return None if run is None else _frozen(RunInfo, run)
 
     @_retrying
-    def list_runs(self, status: str | None = None, sweep_id: str | None = None) -> list[RunInfo]:
-        """Every run, newest first."""
+    def list_runs(self, status: str | None = None, sweep_id: str | None = None,
+                  limit: int | None = None) -> list[RunInfo]:
+        """Every run, newest first (the newest ``limit`` of them when given)."""
         with self._begin() as s:
             query = select(Run).order_by(Run.id.desc())
             if status:
                 query = query.where(Run.status == status)
             if sweep_id:
                 query = query.where(Run.sweep_id == sweep_id)
+            if limit is not None:
+                query = query.limit(limit)
             return [_frozen(RunInfo, r) for r in s.scalars(query)]
+
+    @_retrying
+    def count_runs(self, status: str | None = None) -> int:
+        """How many runs there are (with ``status`` when given), without reading them."""
+        with self._begin() as s:
+            query = select(func.count(Run.id))
+            if status:
+                query = query.where(Run.status == status)
+            return int(s.scalar(query) or 0)
 
     @_retrying
     def delete_run(self, run_id: int) -> bool:

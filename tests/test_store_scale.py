@@ -191,6 +191,51 @@ def test_runs_lists_every_run_from_the_summary_columns(many: dict[str, Any]) -> 
     assert long_run["steps_done"] == 3000 and long_run["status"] == "completed"
 
 
+def test_the_runs_table_shows_the_newest_and_says_how_many_are_not_shown(many: dict[str, Any]) -> None:
+    newest = sorted(many["ids"] + [many["old"]], reverse=True)
+    out = _ftui(many["home"], "runs", "--limit", "10", "--db", many["url"])
+    assert out.returncode == 0, out.stderr
+    shown = [int(line.split()[0]) for line in out.stdout.splitlines()
+             if line.split()[:1] and line.split()[0].isdigit() and "older runs" not in line]
+    assert shown == newest[:10]
+    assert f"{len(newest) - 10} older runs not shown: --limit N or --all" in out.stdout
+    everything = _ftui(many["home"], "runs", "--all", "--db", many["url"])
+    assert everything.returncode == 0 and "older runs not shown" not in everything.stdout
+    assert len([line for line in everything.stdout.splitlines() if line.split()[:1] and line.split()[0].isdigit()]
+               ) == len(newest)
+    limited = _ftui(many["home"], "runs", "--format", "json", "--limit", "3", "--db", many["url"])
+    assert [r["id"] for r in json.loads(limited.stdout)] == newest[:3]
+    both = _ftui(many["home"], "runs", "--all", "--limit", "3", "--db", many["url"])
+    assert both.returncode == 2 and "not allowed with" in both.stderr
+
+
+async def test_the_runs_screen_reads_the_newest_until_asked_for_all(many: dict[str, Any],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from textual.widgets import DataTable, Static
+
+    from tui.app import make_app
+    from tui.app.screens import runs as runs_screen
+
+    monkeypatch.setattr(runs_screen, "RUNS_SHOWN", 20)
+    total = len(many["ids"]) + 1
+    app = make_app(Store(many["url"], create=False), refresh_s=0.2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        for _ in range(100):
+            await pilot.pause(0.05)
+            if app.screen.query_one(DataTable).row_count:
+                break
+        assert app.screen.query_one(DataTable).row_count == 20
+        status = str(app.screen.query_one("#runs-status", Static).render())
+        assert f"20 of 20 runs (the newest of {total}: A reads all)" in status
+        await pilot.press("A")
+        for _ in range(100):
+            await pilot.pause(0.05)
+            if app.screen.query_one(DataTable).row_count == total:
+                break
+        assert app.screen.query_one(DataTable).row_count == total
+        assert "A reads all" not in str(app.screen.query_one("#runs-status", Static).render())
+
+
 def test_ftui_compare_imports_neither_torch_nor_transformers(many: dict[str, Any]) -> None:
     ids = [str(i) for i in many["ids"][:10]]
     out = _ftui(many["home"], "compare", *ids, "--format", "json", "--db", many["url"],

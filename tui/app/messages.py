@@ -18,11 +18,13 @@ from store.store import MetricPoint
 
 @dataclass
 class RunsLoaded(Message, bubble=False):
-    """Every run in the store, newest first (a whole snapshot)."""
+    """The runs in the store, newest first (a whole snapshot of the newest ``limit``, or of every run)."""
 
     runs: list[RunInfo]
     live: dict[int, MetricPoint] = field(default_factory=dict)
     """The latest logged step of each running run (its live step, loss and tokens/s)."""
+    total: int | None = None
+    """How many runs the store holds, when ``runs`` is only the newest of them."""
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, RunsLoaded)

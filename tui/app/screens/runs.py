@@ -34,16 +34,23 @@ EMPTY_HINT = ("No runs yet. Press 2 (Compose), check the recipe, then ctrl+l to 
 SORTS = ("id", "name", "status", "duration", "tokens/s", "final loss")
 
 
-def load_runs(store: Store) -> RunsLoaded:
-    """Every run, and the latest logged step of each running one (blocking: from a worker)."""
-    runs = store.list_runs()
+RUNS_SHOWN = 300
+"""Runs the screen reads and polls (the newest) until ``A`` asks for every one: a team's store of 2,000
+runs took 2.4 s to the first paint read whole, and re-reading it every second costs a core."""
+
+
+def load_runs(store: Store, limit: int | None = RUNS_SHOWN) -> RunsLoaded:
+    """The newest ``limit`` runs (every run: None), and the latest logged step of each running one
+    (blocking: from a worker)."""
+    runs = store.list_runs(limit=limit)
+    total = store.count_runs() if limit is not None and len(runs) == limit else None
     live: dict[int, MetricPoint] = {}
     for run in runs:
         if run.status == "running" and run.steps_done:
             points = store.metrics(run.id, after_step=run.steps_done - 1)
             if points:
                 live[run.id] = points[-1]
-    return RunsLoaded(runs, live)
+    return RunsLoaded(runs, live, total)
 
 
 def _sort_key(run: RunInfo, column: str, now: Any) -> Any:
@@ -69,6 +76,7 @@ class RunsScreen(Screen[None]):
         Binding("r", "rerun", "Re-run", show=False),
         Binding("R", "resume", "Resume", show=False),
         Binding("d", "delete", "Delete", show=False),
+        Binding("A", "all_runs", "All runs", show=False),
     ]
 
     filter_text: reactive[str] = reactive("")
@@ -84,6 +92,10 @@ class RunsScreen(Screen[None]):
         self.live: dict[int, MetricPoint] = {}
         """The latest step of each running run (from the poll)."""
         self._shown: tuple[Any, ...] = ()
+        self.limit: int | None = RUNS_SHOWN
+        """Runs read and polled (the newest); None after ``A``: every run."""
+        self.total: int | None = None
+        """How many runs the store holds when only the newest are shown."""
 
     @property
     def ftui(self) -> FtuiApp:
@@ -114,7 +126,7 @@ class RunsScreen(Screen[None]):
                 # every run each second there cost the Monitor 45-65% of a core on a 2,000-run store
                 # (BENCHMARKS.md). Not ``is_current``: it is also true for a screen in the background.
                 if first or self.app.screen is self:
-                    self.post_message(load_runs(self.ftui.store))
+                    self.post_message(load_runs(self.ftui.store, self.limit))
                 first = False
             except Exception as exc:  # noqa: BLE001 (a locked or vanished database: say so, keep polling)
                 self.post_message(LaunchFailed(f"store: {exc}"))
@@ -126,6 +138,7 @@ class RunsScreen(Screen[None]):
     def on_runs_loaded(self, message: RunsLoaded) -> None:
         self.runs = message.runs
         self.live = message.live
+        self.total = message.total
         self.ftui.runs = message.runs
         self.ftui.runs_polled(message.runs)  # a run that ended: bell and notification, when set
         self.refresh_table()
@@ -188,7 +201,9 @@ class RunsScreen(Screen[None]):
         # The table stays (it holds the focus, so that keys are not typed into the filter); the hint shows below.
         self.set_class(not self.runs, "-empty")
         self.query_one("#runs-status", Static).update(Text(
-            f"{len(rows)} of {len(self.runs)} runs · sort: {self.sort_column} · selected: "
+            f"{len(rows)} of {len(self.runs)} runs"
+            + (f" (the newest of {self.total:,}: A reads all)" if self.total and self.total > len(self.runs) else "")
+            + f" · sort: {self.sort_column} · selected: "
             f"{', '.join(map(str, sorted(self.selected))) or 'none'} · ? keys · step, loss, tokens/s: trainer "
             "(live while running) · util: telemetry mean"
         ))
@@ -264,6 +279,20 @@ class RunsScreen(Screen[None]):
 
         self.app.push_screen(PromptScreen(f"note on run {run.id}", run.note), done)
 
+    def action_all_runs(self) -> None:
+        """Read every run, not only the newest (:data:`RUNS_SHOWN`); polled whole from then on."""
+        if self.limit is None:
+            return
+        self.limit = None
+        self.reload_runs()
+
+    @work(thread=True, group="edit")
+    def reload_runs(self) -> None:
+        try:
+            self.post_message(load_runs(self.ftui.store, self.limit))
+        except Exception as exc:  # noqa: BLE001 (a locked database: say so)
+            self.post_message(LaunchFailed(f"store: {exc}"))
+
     def action_delete(self) -> None:
         run = self.current_run()
         if run is None:
@@ -284,7 +313,7 @@ class RunsScreen(Screen[None]):
         """Write tags or a note, then post the fresh list (the table shows it at once)."""
         try:
             self.ftui.store.update_run(run_id, **changes)
-            self.post_message(load_runs(self.ftui.store))
+            self.post_message(load_runs(self.ftui.store, self.limit))
         except Exception as exc:  # noqa: BLE001 (a locked database: say so)
             self.post_message(LaunchFailed(f"run {run_id}: not saved: {exc}"))
 
@@ -292,7 +321,7 @@ class RunsScreen(Screen[None]):
     def delete_run(self, run_id: int, run_dir: str) -> None:
         try:
             self.ftui.store.delete_run(run_id)
-            self.post_message(load_runs(self.ftui.store))
+            self.post_message(load_runs(self.ftui.store, self.limit))
         except Exception as exc:  # noqa: BLE001 (a locked database: say so)
             self.post_message(LaunchFailed(f"run {run_id}: not deleted: {exc}"))
             return
