@@ -241,23 +241,9 @@ def run(trainer: Trainer) -> str:
             last_memory_event = t1
             trainer.emit(ev.MemoryEvent(type="memory", step=step + 1,
                                         ranks=trainer.memory_ranks(stats[4:].tolist())))
-        if bad is not None:
-            reason, value = bad
-            what = "loss" if reason == "nan_loss" else "gradient norm"
-            if train.on_nan == "stop":
-                trainer.emit(ev.ErrorEvent(
-                    type="error", reason=reason, step=step + 1, value=repr(value), rank=0,
-                    message=f"non-finite {what} ({value!r}) at step {step + 1}; the run was stopped "
-                            "without saving (train.on_nan = stop)"))
-                status = "failed"
-                break
-            if skipped > train.max_skipped_steps:
-                trainer.emit(ev.ErrorEvent(
-                    type="error", reason="too_many_skipped", step=step + 1, value=repr(value), rank=0,
-                    message=f"{skipped} steps skipped for a non-finite loss or gradient norm, more "
-                            f"than train.max_skipped_steps = {train.max_skipped_steps}"))
-                status = "failed"
-                break
+        if bad is not None and trainer.nan_fails(step, bad, skipped):
+            status = "failed"
+            break
         if stop_requested:
             status = "stopped"  # no checkpoint: runner/parallel.py says so where a recipe asks for one
             break

@@ -511,23 +511,9 @@ class Trainer:
             if step == start_step or notable or t1 - last_memory_event >= MEMORY_EVERY_S:
                 last_memory_event = t1
                 self.emit(ev.MemoryEvent(type="memory", step=step + 1, ranks=self.memory_ranks(stats[3:].tolist())))
-            if bad is not None:
-                reason, value = bad
-                what = "loss" if reason == "nan_loss" else "gradient norm"
-                if train.on_nan == "stop":
-                    self.emit(ev.ErrorEvent(
-                        type="error", reason=reason, step=step + 1, value=repr(value), rank=0,
-                        message=f"non-finite {what} ({value!r}) at step {step + 1}; the run was stopped "
-                                "without saving (train.on_nan = stop)"))
-                    status = "failed"
-                    break
-                if skipped > train.max_skipped_steps:
-                    self.emit(ev.ErrorEvent(
-                        type="error", reason="too_many_skipped", step=step + 1, value=repr(value), rank=0,
-                        message=f"{skipped} steps skipped for a non-finite loss or gradient norm, more "
-                                f"than train.max_skipped_steps = {train.max_skipped_steps}"))
-                    status = "failed"
-                    break
+            if bad is not None and self.nan_fails(step, bad, skipped):
+                status = "failed"
+                break
             if self.dataset.eval is not None and (
                     step + 1 == total_steps or (train.eval_every and (step + 1) % train.eval_every == 0)):
                 self.evaluate(step + 1, model, input_device)
@@ -734,6 +720,26 @@ class Trainer:
                     float(sum(torch.cuda.max_memory_allocated(d) for d in devices)))
         rss = _rss_now()  # /proc counts pages, getrusage kilobytes: the peak is at least what is held now
         return float(rss), float(max(rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)), 0.0
+
+    def nan_fails(self, step: int, bad: tuple[str, float], skipped: int) -> bool:
+        """After a non-finite loss or gradient norm at ``step`` (0-based): whether the run fails, by
+        ``train.on_nan`` and ``train.max_skipped_steps``; the error event says why (rank 0's loops both)."""
+        train = self.recipe.train
+        reason, value = bad
+        what = "loss" if reason == "nan_loss" else "gradient norm"
+        if train.on_nan == "stop":
+            self.emit(ev.ErrorEvent(
+                type="error", reason=reason, step=step + 1, value=repr(value), rank=0,
+                message=f"non-finite {what} ({value!r}) at step {step + 1}; the run was stopped "
+                        "without saving (train.on_nan = stop)"))
+            return True
+        if skipped > train.max_skipped_steps:
+            self.emit(ev.ErrorEvent(
+                type="error", reason="too_many_skipped", step=step + 1, value=repr(value), rank=0,
+                message=f"{skipped} steps skipped for a non-finite loss or gradient norm, more "
+                        f"than train.max_skipped_steps = {train.max_skipped_steps}"))
+            return True
+        return False
 
     def memory_ranks(self, slots: list[float]) -> list[dict[str, Any]]:
         """The ``ranks`` list of a ``memory`` event from the reduced slots (three per rank)."""
