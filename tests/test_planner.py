@@ -185,7 +185,9 @@ def _check_against_measured(name: str, run: dict[str, Any]) -> list[str]:
     assert states_est == pytest.approx(states_meas, rel=0.02), (name, rows)
     for kind in ("peak", "forward peak", "backward peak", "optimizer-step peak"):
         assert abs(rows[kind][2]) <= 10, (name, kind, rows)
-    return [f"{name} {k}: est {e} meas {m:.0f} ({err:+.2f}%)" for k, (e, m, err) in rows.items()]
+    # A row may have no measurement (fp32 master where the optimizer updates the weights themselves).
+    return [f"{name} {k}: est {e} meas {'-' if m is None else f'{m:.0f}'} ({'-' if err is None else f'{err:+.2f}%'})"
+            for k, (e, m, err) in rows.items()]
 
 
 @pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp"])
