@@ -395,9 +395,7 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
     micro = train.get("batch_size")
     ga = train.get("grad_accum")
     devices = device_count(run)
-    tp = recipe.get("launch", {}).get("tp_size")
-    global_batch = (strategies.global_batch(run.strategy, micro, ga, run.nproc, tp if isinstance(tp, int) else None)
-                    if micro and ga else None)
+    global_batch = strategies.recipe_global_batch(run.strategy, recipe, run.nproc)
     tps = run.tokens_per_s
     mfu = achieved = rejected = None
     peak_source = peak.source if peak else None

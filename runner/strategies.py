@@ -8,8 +8,9 @@ prepare the model for it; no list of strategy names is written anywhere else.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 Shard = str
 """What a strategy divides over its processes: ``optimizer`` (optimizer state and fp32 master),
@@ -328,6 +329,16 @@ def choices_text(options: Iterable[str]) -> str:
     """``'a', 'b' or 'c'``: the wording of a refused choice, as pydantic words a Literal."""
     quoted = [repr(o) for o in options]
     return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
+def recipe_global_batch(name: str, recipe: Mapping[str, Any], nproc: int) -> int | None:
+    """:func:`global_batch` of a stored recipe (its TOML as a dict: ``train.batch_size``,
+    ``train.grad_accum``, ``launch.tp_size``); None when the recipe does not give the batch."""
+    train, launch = recipe.get("train") or {}, recipe.get("launch") or {}
+    micro, ga, tp = train.get("batch_size"), train.get("grad_accum"), launch.get("tp_size")
+    if not isinstance(micro, int) or not isinstance(ga, int) or not micro or not ga:
+        return None
+    return global_batch(name, micro, ga, nproc, tp if isinstance(tp, int) else None)
 
 
 def global_batch(name: str, micro_batch: int, grad_accum: int, nproc: int, tp_size: int | None = None) -> int:

@@ -93,7 +93,7 @@ def global_batch_words(run: RunInfo) -> tuple[str, str] | None:
     """(``"8 rows"``, ``"micro-batch 4 x 2 processes x GA 1 (recipe)"``), or None for a recipe without one."""
     import tomllib
 
-    from runner.strategies import global_batch
+    from runner.strategies import recipe_global_batch
 
     try:
         parsed = tomllib.loads(run.recipe_text or "")
@@ -103,15 +103,16 @@ def global_batch_words(run: RunInfo) -> tuple[str, str] | None:
     micro, ga = train.get("batch_size"), train.get("grad_accum")
     if not isinstance(micro, int) or not isinstance(ga, int):
         return None
-    tp = (parsed.get("launch") or {}).get("tp_size")
-    rows = global_batch(run.strategy, micro, ga, run.nproc, tp if isinstance(tp, int) else None)
-    procs = rows // (micro * ga)
+    rows = recipe_global_batch(run.strategy, parsed, run.nproc)
+    if rows is None:
+        return None
+    replicas = rows // (micro * ga)
     from runner.strategies import STRATEGIES
 
     row = STRATEGIES.get(run.strategy)
-    if row is not None and row.tensor_parallel:  # each group of tp_size processes trains one batch
-        return f"{rows} rows", f"micro-batch {micro} x {procs} tensor-parallel group{'s' if procs != 1 else ''} x GA {ga} (recipe)"
-    return f"{rows} rows", f"micro-batch {micro} x {procs} process{'es' if procs != 1 else ''} x GA {ga} (recipe)"
+    # Tensor parallel: each group of tp_size processes trains one batch.
+    unit = ("tensor-parallel group", "s") if row is not None and row.tensor_parallel else ("process", "es")
+    return f"{rows} rows", f"micro-batch {micro} x {replicas} {unit[0]}{unit[1] if replicas != 1 else ''} x GA {ga} (recipe)"
 
 
 def run_summary_table(run: RunInfo | None) -> Table:
