@@ -124,8 +124,9 @@ def dcp_sources(path: Path, world_size: int, others: list[Path]) -> dict[Path, P
             if not found:
                 what = "the DCP metadata" if part == ".metadata" else f"rank {part[2:-1]}'s shard"
                 raise CheckpointError(
-                    f"{path}: {dcp.name} lacks {what}, written on another node and not readable here (FSDP "
-                    "resume across machines needs the nodes' run folders on a shared filesystem)")
+                    f"{path}: {dcp.name} lacks {what}, written on another node, and no complete copy of that "
+                    "step is readable here (FSDP resume across machines needs the nodes' run folders on a "
+                    "shared filesystem)")
             for src_file in found:
                 plan[dcp / src_file.name] = src_file
     return plan

@@ -113,6 +113,38 @@ def test_fsdp_dcp_files_of_other_nodes_are_copied_in_when_readable(tmp_path: Pat
     assert ck.is_complete(mine) and copy_dcp_parts(mine, 2, []) == []  # whole now: nothing more to copy
 
 
+# ---------------------------------------------------------------------- ftui resume's flags
+
+
+def test_ftui_resume_of_a_multi_node_run_refuses_flags_that_cannot_work(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from runner.recipe import load_recipe
+    from tui.cli.main import main
+
+    monkeypatch.setenv("FTUI_HOME", str(tmp_path))
+    db = f"sqlite:///{tmp_path}/ftui.db"
+    store = Store(db)
+    create = _create("quickstart") | {"recipe_text": load_recipe(QUICKSTART).to_toml()}
+    run_id = store_nodes.join_run(store, "old", 2, create, pid=1, host="a").run_id
+    store_nodes.join_run(store, "old", 2, create, pid=2, host="b")
+    store.update_run(run_id, status="stopped")
+    cases = [
+        ([], f"ftui: run {run_id}: ran on 2 machines; on each of them run `ftui resume {run_id} --node-rank K "
+             "--main-addr ADDR` (docs/multi-node.md)"),
+        (["--nnodes", "3", "--node-rank", "0", "--main-addr", "127.0.0.1"],
+         f"ftui: --nnodes: run {run_id} ran on 2 machines; resume it on 2"),
+        (["--rdzv-endpoint", "127.0.0.1:29400"], "ftui: --rdzv-endpoint: a resumed node must keep its node rank"),
+        (["--node-rank", "1"], "ftui: --main-addr: a multi-node run needs the main node's address"),
+        (["--node-rank", "0", "--main-addr", "127.0.0.1"],
+         f"ftui: run {run_id}: node #0 never started its ranks: it holds no checkpoint to resume from"),
+    ]
+    for flags, line in cases:
+        assert main(["resume", str(run_id), "--db", db, *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(line), (flags, err)
+    assert [r.id for r in store.list_runs()] == [run_id]  # nothing recorded
+
+
 # ---------------------------------------------------------------------- two nodes on this machine
 
 
@@ -211,3 +243,28 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
     import json
 
     return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_fsdp_two_nodes_resume_when_their_folders_are_readable_from_each_other(tmp_path: Path) -> None:
+    """Both loopback nodes on one disk (a shared filesystem): each node copies in the DCP files written on
+    the other (the metadata is only where global rank 0 was) and the losses go on as uninterrupted."""
+    db = f"sqlite:///{tmp_path}/ftui.db"
+    train = ["run", str(QUICKSTART), "--strategy", "fsdp", "--nproc", "1", "--set", "train.max_steps=4",
+             "--set", "train.save_every=2", "--sample-interval", "0"]
+    assert _wait(_start(tmp_path, db, train, "train"), tmp_path, "train") == [0, 0], _logs(tmp_path, "train")
+    store = Store(db)
+    (old,) = store.list_runs()
+    assert old.distributed_type == "FSDP"
+    uninterrupted = {m.step: m.loss for m in store.metrics(old.id)}
+    folders = {n.node_rank: Path(n.run_dir) for n in store_nodes.nodes(store, old.id)}
+    assert not (ck.checkpoint_dir(folders[1], 2) / "pytorch_model_fsdp_0" / ".metadata").exists()
+    (ck.checkpoint_dir(folders[1], 4) / "random_states_1.pkl").unlink()  # step 4 is not whole: step 2 is
+    codes = _wait(_start(tmp_path, db, ["resume", str(old.id)], "resume"), tmp_path, "resume")
+    assert codes == [0, 0], _logs(tmp_path, "resume")
+    assert "DCP file(s) of step 2 from the other nodes' folders" in (tmp_path / "resume1.log").read_text()
+    assert (ck.checkpoint_dir(folders[1], 2) / "pytorch_model_fsdp_0" / ".metadata").is_file()
+    new = next(r for r in store.list_runs() if r.id != old.id)
+    assert (new.status, new.resumed_from, new.distributed_type) == ("completed", old.id, "FSDP")
+    resumed = {m.step: m.loss for m in store.metrics(new.id)}
+    assert resumed == pytest.approx({s: uninterrupted[s] for s in (3, 4)}, abs=1e-6)

@@ -194,7 +194,6 @@ def cmd_resume(args: argparse.Namespace) -> int:
     """``ftui resume ID``: a new run continuing run ID from its newest complete checkpoint."""
     from runner import orchestrator
     from runner.recipe import RecipeError
-
     from tui.cli import nodes
 
     store = open_store(args, create=False)
