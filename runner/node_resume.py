@@ -230,7 +230,8 @@ def prepare_node_resume(
                 raise _refuse(f"run {run_id}: only {len(joined)} of {spec.nnodes} nodes joined the resume within "
                               f"{wait_s:.0f} s: run `ftui resume {run_id} --node-rank K --main-addr ADDR` on "
                               "every node")
-            time.sleep(0.5)
+            store_nodes.heartbeat(store, agent.run_id, agent.slot)  # waiting is not dying (settle's 30 s)
+            time.sleep(1.0)
         recorded = store_nodes.nodes(store, run_id)  # every node recorded its disk before it joined
         step = store_nodes.common_checkpoint(recorded)
         if step is None:
