@@ -675,6 +675,17 @@ def compare_metrics(store: Store, runs: Sequence[RunInfo], points: int = CURVE_P
     return out
 
 
+def compare_named(store: Store, runs: Sequence[RunInfo],
+                  points: int = CURVE_POINTS) -> dict[int, list[NamedMetricPoint]]:
+    """Each run's named metrics for a comparison (eval loss curves, last values), each downsampled to
+    about ``points`` points from the store's per-block summaries: a few hundred rows per run and name,
+    however many steps reported them. The lowest and the last value of each survive; ``time`` is not set."""
+    curves = store.named_curves([r.id for r in runs], points=points)
+    return {run_id: [NamedMetricPoint(step=step, name=name, value=value, time=0.0)
+                     for name, curve in by_name.items() for step, value in curve.points]
+            for run_id, by_name in curves.items()}
+
+
 def _needs_dims(run: RunInfo) -> bool:
     """Whether compare must find the model's dimensions itself (which may import transformers): only for
     a run recorded without them whose MFU or memory estimate needs them."""
@@ -722,7 +733,7 @@ def load_comparison(store: Store, run_ids: Sequence[int], baseline_id: int | Non
     peaks = {r.id: default_peak(r, recipes[r.id], peak_tflops, samples.get(r.id, ())) if r.status == "completed"
              else None for r in runs}
     notes = {r.id: peak_note(r, recipes[r.id], samples.get(r.id, ())) for r in runs if peaks[r.id] is None}
-    named = {r.id: store.named_metrics(r.id) for r in runs}
+    named = compare_named(store, runs)
     evals = {r.id: last_samples(store, r.id) for r in runs}
     cmp = build_comparison(runs, metrics, peaks, dims, baseline_id,
                            samples if with_samples else None, sweep_id, peak_notes=notes, named=named,
