@@ -48,7 +48,16 @@ from sqlalchemy.orm import Session, sessionmaker
 from runner.hardware.records import DeviceSample
 from store.curves import Curve, read_curves, read_named_curves, write_named_rollups, write_rollups
 from store.ids import new_uid
-from store.models import DeviceSampleRow, Event, Metric, MetricRollup, NamedMetric, ProcessSampleRow, Run
+from store.models import (
+    DeviceSampleRow,
+    Event,
+    Metric,
+    MetricRollup,
+    NamedMetric,
+    NamedMetricRollup,
+    ProcessSampleRow,
+    Run,
+)
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -434,7 +443,7 @@ class Store:
     @_retrying
     def delete_run(self, run_id: int) -> bool:
         with self._write() as s:
-            for table in (Metric, MetricRollup, NamedMetric, Event, DeviceSampleRow, ProcessSampleRow):
+            for table in (Metric, MetricRollup, NamedMetric, NamedMetricRollup, Event, DeviceSampleRow, ProcessSampleRow):
                 s.execute(delete(table).where(table.run_id == run_id))
             return s.execute(delete(Run).where(Run.id == run_id)).rowcount > 0  # type: ignore[attr-defined,no-any-return]
 

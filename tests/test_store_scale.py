@@ -16,8 +16,8 @@ import random
 import re
 import subprocess
 import sys
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -175,8 +175,10 @@ def test_named_metric_summaries_built_batch_by_batch_equal_one_pass_and_the_back
     with engine.begin() as conn:
         conn.execute(sqlalchemy.text("DROP TABLE named_metric_rollups"))
         conn.execute(sqlalchemy.text("UPDATE ftui_alembic_version SET version_num = '0005'"))
-    Store(url).close()
+    store = Store(url)
     assert stored() == one_pass
+    assert store.delete_run(run_id) and stored() == {}
+    store.close()
 
 
 def _statements(store: Store) -> list[str]:
