@@ -494,7 +494,7 @@ def build_comparison(
     timelines = {r.id: timeline(samples.get(r.id, [])) for r in runs} if samples else {}
     named = named or {}
     eval_curves = {r.id: [(p.step, p.value) for p in named.get(r.id, [])
-                          if p.name == "eval/loss" and p.value is not None] for r in runs}
+                          if p.name == EVAL_LOSS and p.value is not None] for r in runs}
     rows = [_with(r, final_eval_loss=eval_curves[r.run_id][-1][1] if eval_curves.get(r.run_id) else None,
                   best_eval_loss=min(v for _, v in eval_curves[r.run_id]) if eval_curves.get(r.run_id) else None)
             for r in rows]
@@ -647,6 +647,9 @@ def joined_metrics(store: Store, run: RunInfo, _depth: int = 0) -> list[MetricPo
     return before + own
 
 
+EVAL_LOSS = "eval/loss"
+"""The named metric a comparison draws as a curve (the others: their last value)."""
+
 CURVE_POINTS = 200
 """Points per loss curve in a comparison: each group of steps keeps its first, lowest, highest and last
 loss (``store.rollup``), so the best loss and the curve's shape survive; the rows stay stored."""
@@ -677,13 +680,21 @@ def compare_metrics(store: Store, runs: Sequence[RunInfo], points: int = CURVE_P
 
 def compare_named(store: Store, runs: Sequence[RunInfo],
                   points: int = CURVE_POINTS) -> dict[int, list[NamedMetricPoint]]:
-    """Each run's named metrics for a comparison (eval loss curves, last values), each downsampled to
-    about ``points`` points from the store's per-block summaries: a few hundred rows per run and name,
-    however many steps reported them. The lowest and the last value of each survive; ``time`` is not set."""
-    curves = store.named_curves([r.id for r in runs], points=points)
-    return {run_id: [NamedMetricPoint(step=step, name=name, value=value, time=0.0)
-                     for name, curve in by_name.items() for step, value in curve.points]
-            for run_id, by_name in curves.items()}
+    """What a comparison shows of the named metrics: each run's eval loss curve, downsampled to about
+    ``points`` points (its lowest and last value kept), and the last finite value of every other name,
+    both from the store's per-block summaries: a few hundred rows per run, however many steps reported
+    them. ``time`` is not set."""
+    ids = [r.id for r in runs]
+    evals = store.named_curves(ids, [EVAL_LOSS], points)
+    last = store.named_last(ids)
+    out: dict[int, list[NamedMetricPoint]] = {}
+    for run_id in ids:
+        out[run_id] = [NamedMetricPoint(step=step, name=name, value=value, time=0.0)
+                       for name, (step, value) in last[run_id].items() if name != EVAL_LOSS]
+        curve = evals[run_id].get(EVAL_LOSS)
+        out[run_id] += [NamedMetricPoint(step=step, name=EVAL_LOSS, value=value, time=0.0)
+                        for step, value in (curve.points if curve else [])]
+    return out
 
 
 def _needs_dims(run: RunInfo) -> bool:

@@ -7,13 +7,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from sqlalchemy import Table, bindparam, func, insert, select, update
+from sqlalchemy import Table, and_, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from store.models import Metric, MetricRollup, NamedMetric, NamedMetricRollup
 from store.rollup import (
     BLOCK_COLUMNS,
     ROLLUP_METRICS,
+    SPANS,
     Block,
     block_from_row,
     downsample_blocks,
@@ -66,11 +67,13 @@ def _write_blocks(session: Session, table: Table, run_id: int, fresh: Mapping[tu
         return
     stored: dict[tuple[str, int, int], tuple[int, Block]] = {}
     # Batches arrive in step order, so only the blocks this batch touches can already exist.
+    # The names too, so that the unique (run, name, span, block) index finds them without scanning every
+    # block of a long run.
     for span in {key[1] for key in fresh}:
         blocks = [key[2] for key in fresh if key[1] == span]
         query = (select(table.c.id, table.c.name, table.c.block, *(table.c[c] for c in BLOCK_COLUMNS))
-                 .where(table.c.run_id == run_id, table.c.span == span,
-                        table.c.block >= min(blocks), table.c.block <= max(blocks)))
+                 .where(table.c.run_id == run_id, table.c.name.in_(sorted({key[0] for key in fresh})),
+                        table.c.span == span, table.c.block >= min(blocks), table.c.block <= max(blocks)))
         for row in session.execute(query):
             stored[(row[1], span, row[2])] = (row[0], block_from_row(row[3:]))
     merged = merge_into({k: b for k, (_, b) in stored.items()}, fresh)
@@ -121,6 +124,27 @@ def read_named_curves(session: Session, run_ids: Iterable[int], names: Sequence[
     out: dict[int, dict[str, Curve]] = {run_id: {} for run_id in ids}
     for (run_id, name), curve in sorted(found.items()):
         out[run_id][name] = curve
+    return out
+
+
+def read_named_last(session: Session, run_ids: Iterable[int]) -> dict[int, dict[str, tuple[int, float]]]:
+    """Each run's named metrics' last finite value with its step, by run id then name: one summary row per
+    run and name (the newest coarse block), however long the run."""
+    ids = list(dict.fromkeys(run_ids))
+    out: dict[int, dict[str, tuple[int, float]]] = {run_id: {} for run_id in ids}
+    if not ids:
+        return out
+    table = cast(Table, NamedMetricRollup.__table__)
+    span = max(SPANS)
+    newest = (select(table.c.run_id, table.c.name, func.max(table.c.block).label("block"))
+              .where(table.c.run_id.in_(ids), table.c.span == span)
+              .group_by(table.c.run_id, table.c.name).subquery())
+    query = (select(table.c.run_id, table.c.name, table.c.last_step, table.c.last_value)
+             .join(newest, and_(table.c.run_id == newest.c.run_id, table.c.name == newest.c.name,
+                                table.c.block == newest.c.block))
+             .where(table.c.span == span).order_by(table.c.run_id, table.c.name))
+    for run_id, name, step, value in session.execute(query):
+        out[run_id][name] = (step, value)
     return out
 
 

@@ -46,7 +46,14 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from runner.hardware.records import DeviceSample
-from store.curves import Curve, read_curves, read_named_curves, write_named_rollups, write_rollups
+from store.curves import (
+    Curve,
+    read_curves,
+    read_named_curves,
+    read_named_last,
+    write_named_rollups,
+    write_rollups,
+)
 from store.ids import new_uid
 from store.models import (
     DeviceSampleRow,
@@ -554,6 +561,13 @@ class Store:
         name. A curve's last point is the metric's last value. :meth:`named_metrics` reads every row."""
         with self._begin() as s:
             return read_named_curves(s, run_ids, list(names) if names is not None else None, points)
+
+    @_retrying
+    def named_last(self, run_ids: Sequence[int]) -> dict[int, dict[str, tuple[int, float]]]:
+        """Each run's named metrics' last finite value and its step, by run id then name, from their
+        summaries (one row per run and name)."""
+        with self._begin() as s:
+            return read_named_last(s, run_ids)
 
     @_retrying
     def metric_names(self, run_id: int) -> list[str]:
