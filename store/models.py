@@ -189,6 +189,7 @@ class Event(Base):
     __table_args__ = (
         UniqueConstraint("run_id", "source", "seq", name="uq_events_run_source_seq"),
         Index("ix_events_run", "run_id"),
+        Index("ix_events_run_type", "run_id", "type"),  # one type of a long run's events (eval samples)
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)

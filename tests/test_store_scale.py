@@ -136,11 +136,17 @@ def test_summaries_built_batch_by_batch_equal_one_pass_and_the_backfill(tmp_path
     store.close()
     with engine.begin() as conn:
         conn.execute(sqlalchemy.text("DROP TABLE metric_rollups"))
-        conn.execute(sqlalchemy.text("DROP TABLE named_metric_rollups"))  # 0007, after 0005
+        _drop_0007(conn)
         conn.execute(sqlalchemy.text("UPDATE ftui_alembic_version SET version_num = :before"),
                      {"before": migrate.REVISIONS[migrate.REVISIONS.index("0005") - 1]})
     Store(url).close()
     assert stored() == one_pass
+
+
+def _drop_0007(conn: sqlalchemy.Connection) -> None:
+    """What revision 0007 added (a database as the revisions before left it)."""
+    conn.execute(sqlalchemy.text("DROP TABLE named_metric_rollups"))
+    conn.execute(sqlalchemy.text("DROP INDEX ix_events_run_type"))
 
 
 def _named(step: int) -> dict[str, float]:
@@ -173,7 +179,7 @@ def test_named_metric_summaries_built_batch_by_batch_equal_one_pass_and_the_back
     # A database from before them (0005): the upgrade to 0007 summarises the named metrics already stored.
     store.close()
     with engine.begin() as conn:
-        conn.execute(sqlalchemy.text("DROP TABLE named_metric_rollups"))
+        _drop_0007(conn)
         conn.execute(sqlalchemy.text("UPDATE ftui_alembic_version SET version_num = '0005'"))
     store = Store(url)
     assert stored() == one_pass

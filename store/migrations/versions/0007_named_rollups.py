@@ -1,6 +1,7 @@
 """Per-block summaries of the named metrics (``named_metric_rollups``), as ``metric_rollups`` are for the
 per-step columns: compare and the monitor read a few hundred rows per run and name instead of every
-``eval/*`` or ``train/*`` value; the named metrics already stored are summarised here.
+``eval/*`` or ``train/*`` value; the named metrics already stored are summarised here. And an index of
+events by run and type, so that a long run's last eval samples are found without reading its step events.
 
 Revision ID: 0007
 Revises: 0005
@@ -36,6 +37,7 @@ def upgrade() -> None:
         sa.Column("max_value", sa.Float(), nullable=False),
         sa.UniqueConstraint("run_id", "name", "span", "block", name="uq_named_metric_rollups_key"),
     )
+    op.create_index("ix_events_run_type", "events", ["run_id", "type"])
     _backfill()
 
 
@@ -61,4 +63,5 @@ def _backfill() -> None:
 
 
 def downgrade() -> None:
+    op.drop_index("ix_events_run_type", table_name="events")
     op.drop_table("named_metric_rollups")
