@@ -22,6 +22,7 @@ import os
 import random
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +34,7 @@ from runner.data import CHECK_ROWS, Blocks, DataError, _read_rows, _row_text
 if TYPE_CHECKING:
     import torch
 
-    from runner.recipe import DataSection, Recipe
+    from runner.recipe import DataSection, ModelSection, Recipe
 
 CACHE_VERSION = "1"
 """Part of every cache key: bump it when the blocks built from the same inputs change."""
@@ -286,8 +287,50 @@ def tokenizer_digest(tokenizer: Any) -> str:
     return digest.hexdigest()
 
 
-def cache_key(data: DataSection, tokenizer: Any, seed: int) -> str:
-    """The key of the tokenized data (see the module docstring), 32 hex digits."""
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                    "tokenizer.model", "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja",
+                    "chat_template.json")
+"""The files of a tokenizer folder that decide its output (``save_pretrained``'s and the hub's names)."""
+
+
+def local_tokenizer_digest(model: ModelSection) -> str | None:
+    """The tokenizer's digest from its files, without loading it: for the builtin tokenizer once it is
+    trained, and for a model folder. None for a hub tokenizer (or a builtin one not trained yet): its
+    digest comes from loading it (:func:`tokenizer_digest`).
+
+    This is what lets a run whose data is cached start without importing transformers for the tokenizer
+    (the pre-flight's check of a cached recipe): the files, the chat template :func:`load_tokenizer` adds,
+    and the tokenizer libraries' versions decide the tokens, so they make the key.
+    """
+    from importlib import metadata
+
+    from runner import builtin
+    from runner.paths import cache_dir
+
+    is_builtin = model.name.startswith(BUILTIN_PREFIX)
+    folder = builtin.tokenizer_dir(cache_dir()) if is_builtin else Path(model.name).expanduser()
+    if not folder.is_dir() or (is_builtin and not (folder / "tokenizer.json").is_file()):
+        return None
+    digest = hashlib.sha256()
+    for name in _TOKENIZER_FILES:
+        path = folder / name
+        if path.is_file():
+            digest.update(f"{name}:{_file_digest(path)}\n".encode())
+    digest.update(f"builtin:{is_builtin}\n{chat.BUILTIN_CHAT_TEMPLATE}\n".encode())
+    for library in ("tokenizers", "transformers"):
+        try:
+            digest.update(f"{library}=={metadata.version(library)}\n".encode())
+        except metadata.PackageNotFoundError:
+            digest.update(f"{library} missing\n".encode())
+    return "files:" + digest.hexdigest()
+
+
+def cache_key(data: DataSection, tokenizer: Any, seed: int, tokenizer_id: str | None = None) -> str:
+    """The key of the tokenized data (see the module docstring), 32 hex digits.
+
+    ``tokenizer_id``: the tokenizer's digest when known without it (:func:`local_tokenizer_digest`);
+    else :func:`tokenizer_digest` of ``tokenizer``.
+    """
     section = data.model_dump(mode="json", exclude={"shuffle"})
     parts = {
         "version": CACHE_VERSION,
@@ -295,7 +338,7 @@ def cache_key(data: DataSection, tokenizer: Any, seed: int) -> str:
         "seed": seed if data.eval_fraction > 0 else None,
         "source": _source_digest(data.source),
         "eval_source": _source_digest(data.eval_source) if data.eval_source else None,
-        "tokenizer": tokenizer_digest(tokenizer),
+        "tokenizer": tokenizer_id or tokenizer_digest(tokenizer),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -335,8 +378,12 @@ def _write_cache(path: Path, payload: dict[str, Any]) -> None:
             os.unlink(tmp)
 
 
-def load_data(data: DataSection, tokenizer: Any, seed: int, *, use_cache: bool = True) -> DataSet:
+def load_data(data: DataSection, tokenizer: Any, seed: int, *, use_cache: bool = True,
+              tokenizer_id: str | None = None, loader: Callable[[], Any] | None = None) -> DataSet:
     """The train and eval blocks of a recipe's data, from the cache when it holds them.
+
+    ``tokenizer`` may be None with a ``loader`` that returns it: with ``tokenizer_id``
+    (:func:`local_tokenizer_digest`) a cached recipe never calls it.
 
     Raises:
         DataError: a bad source, row, eval split or size; one line naming the file and row.
@@ -344,17 +391,22 @@ def load_data(data: DataSection, tokenizer: Any, seed: int, *, use_cache: bool =
     import torch
 
     t0 = time.perf_counter()
-    key = cache_key(data, tokenizer, seed)
+    if tokenizer is None and tokenizer_id is None and loader is not None:
+        tokenizer = loader()
+    key = cache_key(data, tokenizer, seed, tokenizer_id)
     path = cache_path(key)
     if use_cache and path.is_file():
         try:
-            saved = torch.load(path, weights_only=True)
+            # mmap: the blocks are paged in as batches read them, so a large cache costs nothing up front
+            saved = torch.load(path, weights_only=True, mmap=True)
             train = _unpack(saved["train"])
             assert train is not None
             return DataSet(train, _unpack(saved["eval"]), saved["format"], key, True, time.perf_counter() - t0,
                            int(saved["tokens"]))
         except Exception:  # noqa: BLE001 (a damaged cache file is rebuilt, never trusted)
             pass
+    if tokenizer is None and loader is not None:
+        tokenizer = loader()
     numbered, eval_numbered, name, eval_name = split_numbered(data, seed)
     rows = [row for _, row in numbered]
     fmt = source_format(rows[0], data)
@@ -414,7 +466,8 @@ def needs_prefill(data: DataSection) -> bool:
 def prefill(recipe: Recipe) -> DataSet | None:
     """The pre-flight's data step: tokenize into the cache (the ranks then only read it), so that every
     bad row is found before launch. Only where :func:`needs_prefill` and the tokenizer is local (the
-    builtin one, or a model folder); otherwise the ranks do it.
+    builtin one, or a model folder); otherwise the ranks do it. None when nothing was tokenized (the
+    data was cached already, or the ranks tokenize).
 
     Raises:
         DataError: one line naming the file and row.
@@ -424,7 +477,17 @@ def prefill(recipe: Recipe) -> DataSet | None:
     name = recipe.model.name
     if not name.startswith(BUILTIN_PREFIX) and not Path(name).expanduser().is_dir():
         return None
-    return load_data(recipe.data, load_tokenizer(recipe), recipe.train.seed)
+    tokenizer_id = local_tokenizer_digest(recipe.model)
+    tokenizer = None
+    if tokenizer_id is None:  # the builtin tokenizer, not trained yet: loading it trains it
+        tokenizer = load_tokenizer(recipe)
+        tokenizer_id = local_tokenizer_digest(recipe.model)
+    if cache_path(cache_key(recipe.data, tokenizer, recipe.train.seed, tokenizer_id)).is_file():
+        # Cached: its rows were checked when it was written, and the ranks read it (a damaged file is
+        # rebuilt there). Neither torch nor transformers is imported for a cached recipe.
+        return None
+    return load_data(recipe.data, tokenizer, recipe.train.seed, tokenizer_id=tokenizer_id,
+                     loader=lambda: load_tokenizer(recipe))
 
 
 def block_tensor(blocks: Blocks) -> torch.Tensor:

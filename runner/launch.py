@@ -147,8 +147,10 @@ def build_launch(
         files[zero.DEEPSPEED_FILE] = json.dumps(zero.deepspeed_config(recipe, on_cpu), indent=2) + "\n"
     # Several processes on one machine: accelerate launch through runner/loopback_launch.py, which binds
     # torchrun's rendezvous store to the loopback address (its server would otherwise listen on every
-    # interface). One process has no store: plain accelerate launch.
-    launcher = "runner.loopback_launch" if launch.nproc > 1 or nodes is not None else "accelerate.commands.launch"
+    # interface). One process has no store.
+    # One process: accelerate launch in the launcher's own interpreter (runner/solo_launch.py), which
+    # saves the rank a second interpreter start and torch import.
+    launcher = "runner.loopback_launch" if launch.nproc > 1 or nodes is not None else "runner.solo_launch"
     argv = [
         python,
         "-m",

@@ -245,11 +245,13 @@ class Trainer:
         return model
 
     def load_blocks(self) -> Any:
-        from runner.dataprep import load_data
+        from runner.dataprep import load_data, local_tokenizer_digest
 
         # The first rank tokenizes into the cache (or finds it there); the others then read its file.
+        # The key is the pre-flight's: a local tokenizer's files, else the loaded tokenizer.
         with self.accelerator.main_process_first():
-            self.dataset = load_data(self.recipe.data, self.tokenizer, self.recipe.train.seed)
+            self.dataset = load_data(self.recipe.data, self.tokenizer, self.recipe.train.seed,
+                                     tokenizer_id=local_tokenizer_digest(self.recipe.model))
         return self.dataset.train
 
     # ------------------------------------------------------------------ run

@@ -56,7 +56,7 @@ def test_dry_run_prints_the_launch_and_runs_nothing(ftui: Ftui) -> None:
     assert "max_steps = 50" in recipe and 'strategy = "fsdp"' in recipe and "nproc = 2" in recipe
     assert len(ftui.runs()) == before, "a dry run records nothing"
     text = ftui.run("run", str(QUICKSTART), "--dry-run", check=True).stdout
-    assert "accelerate.commands.launch" in text and "distributed_type: 'NO'" in text
+    assert "runner.solo_launch" in text and "distributed_type: 'NO'" in text
 
 
 BAD_INPUTS = [

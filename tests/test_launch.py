@@ -13,7 +13,7 @@ from runner.recipe import parse_recipe
 RUN = Path("/runs/00007-quickstart")
 
 
-def _argv(config: str, threads: list[str] | None = None, launcher: str = "accelerate.commands.launch") -> list[str]:
+def _argv(config: str, threads: list[str] | None = None, launcher: str = "runner.solo_launch") -> list[str]:
     return [sys.executable, "-m", launcher, "--config_file", config, *(threads or []),
             "-m", "runner.trainer", "--run-dir", str(RUN)]
 

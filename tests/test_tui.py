@@ -152,7 +152,7 @@ async def test_compose_validates_as_you_type(store: Store) -> None:
         await pilot.pause()
         assert screen.valid
         # the launch command is built in a thread worker (typing never waits on it)
-        await wait_for(pilot, lambda: "accelerate.commands.launch" in str(screen.query_one("#preview").render()),
+        await wait_for(pilot, lambda: "runner.solo_launch" in str(screen.query_one("#preview").render()),
                        what="launch preview")
         # the estimate comes from a thread worker (debounced): runner.planner via the model's config
         await wait_for(pilot, lambda: "recommended" in str(screen.query_one("#estimate").render()), what="estimate")
@@ -164,7 +164,7 @@ async def test_compose_validates_as_you_type(store: Store) -> None:
         assert "accelerate" not in preview and "waiting for the fields in red" in preview
         assert str(screen.query_one("#estimate").render()) == ""
         batch.value = "4"
-        await wait_for(pilot, lambda: "accelerate.commands.launch" in str(screen.query_one("#preview").render()),
+        await wait_for(pilot, lambda: "runner.solo_launch" in str(screen.query_one("#preview").render()),
                        what="launch preview")
         # device and gradient checkpointing are fields too (a TOML boolean, not the string "true")
         screen.query_one("#" + field_id("launch.device")).value = "cpu"
