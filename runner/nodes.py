@@ -22,6 +22,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,11 +50,14 @@ class NodeAgent:
     host: str = field(default_factory=socket.gethostname)
     fault_at: float | None = None
     """When a rank of this node first vanished (set by the watcher)."""
+    run_dir: Path | None = None
+    """This machine's run folder, whose complete checkpoints the agent records (``run_nodes.checkpoints``)."""
     _last_beat: float = 0.0
     _last_stop_id: int = 0
     _posted: bool = False
     _from_store: bool = False
     _ranks_known: bool = False
+    _checkpoints: list[int] | None = None
 
     @property
     def source(self) -> str:
@@ -80,6 +84,7 @@ class NodeAgent:
                     # torchrun numbers ranks node by node: GROUP_RANK * nproc + LOCAL_RANK.
                     values = {"ranks": ranks, "node_rank": ranks[0] // self.nproc}
             store_nodes.update_node(self.store, self.run_id, self.slot, **values)
+            self.record_checkpoints(run_dir)
             for stop in store_nodes.stop_requests(self.store, self.run_id, self._last_stop_id):
                 self._last_stop_id = stop.id
                 if not request.is_set() or (stop.kill and not request.kill):
@@ -88,11 +93,27 @@ class NodeAgent:
         except Exception:  # noqa: BLE001 (the next tick tries again)
             pass
 
+    def record_checkpoints(self, run_dir: Path) -> None:
+        """Record the steps whose checkpoint this machine's folder holds complete, when they changed (the
+        manifest of a new one turned complete, or pruning removed one): :mod:`runner.node_resume` reads
+        them to pick the step every node can resume from."""
+        from runner.checkpoint import complete_checkpoints, step_of
+
+        steps = [s for p in complete_checkpoints(run_dir) if (s := step_of(p)) is not None]
+        if steps != self._checkpoints:
+            store_nodes.record_checkpoints(self.store, self.run_id, self.slot, steps)
+            self._checkpoints = steps
+
     def finish(self, status: str, error: str | None, exit_code: int | None,
                wait_s: float = store_nodes.HEARTBEAT_STALE_S + 5.0) -> store_nodes.Settled | None:
         """Record this node's end; then settle the run once every node has ended (waiting up to ``wait_s``
         for the others, so a node that died is noticed by its stale heartbeat). None: not settled here
         (another node still runs and will settle it)."""
+        if self.run_dir is not None:
+            try:  # the stop's (or the last) checkpoint was written after the last tick
+                self.record_checkpoints(self.run_dir)
+            except Exception:  # noqa: BLE001 (the node's end matters more than the record)
+                pass
         store_nodes.update_node(self.store, self.run_id, self.slot, status=status, error=error,
                                 exit_code=exit_code, ended_at=_utcnow(),
                                 fault_at=self.fault_at if status == "failed" else None)
@@ -105,8 +126,13 @@ class NodeAgent:
 
 
 def prepare_node(store: Store, recipe: Recipe, spec: NodeSpec, source: str | None = None,
-                 root: Path | None = None) -> Any:
+                 root: Path | None = None, resumed_from: int | None = None,
+                 choose: Callable[[NodeAgent], Recipe] | None = None) -> Any:
     """Join (or create) the run of ``spec.run_key`` and write this node's run folder; start nothing.
+
+    ``resumed_from``: the run this one continues; ``choose``: called once joined, before the folder is
+    written, returns the recipe to launch (a resume agrees on its checkpoint with the other nodes there:
+    :mod:`runner.node_resume`); a PreflightError from it ends this node failed with that reason.
 
     Returns:
         A :class:`runner.orchestrator.Prepared` whose ``node`` is this machine's :class:`NodeAgent`.
@@ -121,12 +147,18 @@ def prepare_node(store: Store, recipe: Recipe, spec: NodeSpec, source: str | Non
     create = {"name": recipe.name, "recipe_text": recipe.to_toml(), "recipe_hash": recipe.digest(),
               "recipe_source": source, "strategy": recipe.launch.strategy,
               "nproc": recipe.launch.nproc * spec.nnodes, "method": recipe.method.type,
-              "model": recipe.model.name, "run_dir": ""}
+              "model": recipe.model.name, "run_dir": "", "resumed_from": resumed_from}
     try:
         joined = store_nodes.join_run(store, spec.run_key, spec.nnodes, create, pid=os.getpid())
     except store_nodes.JoinRefused as exc:
         raise orch.PreflightError(str(exc)) from None
     agent = NodeAgent(store, joined.run_id, joined.slot, spec, joined.created, recipe.launch.nproc)
+    if choose is not None:
+        try:
+            recipe = choose(agent)
+        except orch.PreflightError as exc:  # (every node refuses alike: the last one settles the run)
+            agent.finish("failed", str(exc), None, wait_s=10.0)
+            raise
     uid = orch.run_uid(store, joined.run_id)
     try:  # each machine writes its own folder (no shared filesystem assumed); the slot tells them apart
         run_dir = claim_run_folder(root or runs_dir(), f"{uid}-n{joined.slot}", recipe.name)
@@ -141,6 +173,7 @@ def prepare_node(store: Store, recipe: Recipe, spec: NodeSpec, source: str | Non
         (run_dir / name).write_text(text)
     (run_dir / ev.LAUNCH_FILE).write_text(json.dumps(launch.to_json(), indent=2) + "\n")
     store_nodes.update_node(store, joined.run_id, joined.slot, run_dir=str(run_dir))
+    agent.run_dir = run_dir
     if joined.created:
         orch.record_watcher(store, joined.run_id)
         store.update_run(joined.run_id, run_dir=str(run_dir),

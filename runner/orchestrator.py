@@ -243,8 +243,8 @@ def prepare_resume(store: Store, run_id: int, root: Path | None = None) -> Prepa
     if old is None:
         raise PreflightError(f"run {run_id}: no such run in {store.url}")
     if (old.nnodes or 1) > 1:  # each machine holds its own part of each checkpoint (docs/multi-node.md)
-        raise PreflightError(f"run {run_id}: ran on {old.nnodes} machines; resuming a multi-node run is not "
-                             "supported yet")
+        raise PreflightError(f"run {run_id}: ran on {old.nnodes} machines; on each of them run `ftui resume "
+                             f"{run_id} --node-rank K --main-addr ADDR` (docs/multi-node.md)")
     run_dir = Path(old.run_dir) if old.run_dir else None
     checkpoint = latest_complete(run_dir) if run_dir is not None else None
     if run_dir is None or checkpoint is None:

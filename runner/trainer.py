@@ -651,6 +651,8 @@ class Trainer:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", acc.num_processes))
         node_ranks = range(int(os.environ.get("GROUP_RANK", "0")) * local, (int(os.environ.get("GROUP_RANK", "0")) + 1)
                            * local) if nnodes > 1 else None
+        if nnodes > 1:  # model, optimizer and scheduler into every node's folder: each node resumes from its own
+            acc.project_configuration.save_on_each_node = True
         if here:
             folder.mkdir(parents=True, exist_ok=True)
             ck.write_manifest(folder, manifest)

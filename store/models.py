@@ -269,6 +269,10 @@ class RunNode(Base):
     ended_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
     fault_at: Mapped[float | None] = mapped_column(Float, default=None)
     """When this node first saw a rank of its own fail (wall clock): the earliest fault is the root cause."""
+    checkpoints: Mapped[list[int] | None] = mapped_column(JSON, default=None)
+    """The checkpoint steps this node's folder holds complete (its manifest says so and every listed file is
+    there with its size), oldest first; written by its agent as they turn complete, and again by
+    ``ftui resume`` from what is on the disk then. None: never recorded (a run before migration 0006)."""
 
 
 class StopRequestRow(Base):

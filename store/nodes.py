@@ -49,6 +49,8 @@ class NodeInfo:
     heartbeat_at: datetime
     ended_at: datetime | None
     fault_at: float | None
+    checkpoints: list[int] | None = None
+    """The checkpoint steps this node holds complete (None: never recorded)."""
 
     def heartbeat_age(self, now: datetime | None = None) -> float:
         """Seconds since the agent last reported."""
@@ -85,7 +87,8 @@ class Settled:
 
 def _node(row: RunNode) -> NodeInfo:
     return NodeInfo(row.run_id, row.slot, row.node_rank, list(row.ranks or []), row.host, row.pid, row.run_dir,
-                    row.status, row.error, row.exit_code, row.joined_at, row.heartbeat_at, row.ended_at, row.fault_at)
+                    row.status, row.error, row.exit_code, row.joined_at, row.heartbeat_at, row.ended_at, row.fault_at,
+                    list(row.checkpoints) if row.checkpoints is not None else None)
 
 
 def join_run(store: Store, key: str, nnodes: int, create: dict[str, Any], pid: int,
@@ -167,13 +170,31 @@ def nodes_of(store: Store, run_ids: list[int]) -> dict[int, list[NodeInfo]]:
 
 def update_node(store: Store, run_id: int, slot: int, **values: Any) -> None:
     """Set columns of one node's row (``heartbeat_at`` is renewed too)."""
-    allowed = {"node_rank", "ranks", "run_dir", "status", "error", "exit_code", "ended_at", "fault_at", "pid"}
+    allowed = {"node_rank", "ranks", "run_dir", "status", "error", "exit_code", "ended_at", "fault_at", "pid",
+               "checkpoints"}
     unknown = set(values) - allowed
     if unknown:
         raise TypeError(f"update_node: not an updatable column: {', '.join(sorted(unknown))}")
     with store._write() as s:
         s.execute(update(RunNode).where(RunNode.run_id == run_id, RunNode.slot == slot)
                   .values(heartbeat_at=utcnow(), **values))
+
+
+def record_checkpoints(store: Store, run_id: int, slot: int, steps: list[int]) -> None:
+    """Record the checkpoint steps one node holds complete (replacing what was recorded: a pruned or
+    damaged checkpoint leaves the list). The heartbeat is not renewed: ``ftui resume`` writes this for a
+    run that ended long ago."""
+    with store._write() as s:
+        s.execute(update(RunNode).where(RunNode.run_id == run_id, RunNode.slot == slot)
+                  .values(checkpoints=sorted(set(int(x) for x in steps))))
+
+
+def common_checkpoint(nodes: list[NodeInfo]) -> int | None:
+    """The newest checkpoint step every node recorded complete, or None (a node recorded none, or
+    nothing is common)."""
+    sets = [set(n.checkpoints or []) for n in nodes]
+    common = set.intersection(*sets) if sets else set()
+    return max(common) if common else None
 
 
 def heartbeat(store: Store, run_id: int, slot: int) -> None:

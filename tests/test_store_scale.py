@@ -134,19 +134,13 @@ def test_summaries_built_batch_by_batch_equal_one_pass_and_the_backfill(tmp_path
     assert {span for _, span, _ in one_pass} == set(SPANS)
     # A database from before the summaries (the revision before 0005): the upgrade summarises its metrics.
     store.close()
-    with engine.begin() as conn:
-        conn.execute(sqlalchemy.text("DROP TABLE metric_rollups"))
-        _drop_0007(conn)
-        conn.execute(sqlalchemy.text("UPDATE ftui_alembic_version SET version_num = :before"),
-                     {"before": migrate.REVISIONS[migrate.REVISIONS.index("0005") - 1]})
+    from alembic import command
+
+    with engine.begin() as conn:  # Alembic's own downgrade, through every revision after 0005's parent
+        command.downgrade(migrate.alembic_config(conn), migrate.REVISIONS[migrate.REVISIONS.index("0005") - 1])
+    assert "metric_rollups" not in sqlalchemy.inspect(engine).get_table_names()
     Store(url).close()
     assert stored() == one_pass
-
-
-def _drop_0007(conn: sqlalchemy.Connection) -> None:
-    """What revision 0007 added (a database as the revisions before left it)."""
-    conn.execute(sqlalchemy.text("DROP TABLE named_metric_rollups"))
-    conn.execute(sqlalchemy.text("DROP INDEX ix_events_run_type"))
 
 
 def _named(step: int) -> dict[str, float]:
@@ -176,11 +170,13 @@ def test_named_metric_summaries_built_batch_by_batch_equal_one_pass_and_the_back
                 for k, b in rollup_named((p.step, p.name, p.value) for p in rows).items()}
     assert stored() == one_pass
     assert {name for name, _, _ in one_pass} == {"train/a", "eval/loss"}
-    # A database from before them (0005): the upgrade to 0007 summarises the named metrics already stored.
+    # A database from before them (0006): the upgrade to 0007 summarises the named metrics already stored.
     store.close()
-    with engine.begin() as conn:
-        _drop_0007(conn)
-        conn.execute(sqlalchemy.text("UPDATE ftui_alembic_version SET version_num = '0005'"))
+    from alembic import command
+
+    with engine.begin() as conn:  # Alembic's own downgrade of 0007
+        command.downgrade(migrate.alembic_config(conn), "0006")
+    assert "named_metric_rollups" not in sqlalchemy.inspect(engine).get_table_names()
     store = Store(url)
     assert stored() == one_pass
     assert store.delete_run(run_id) and stored() == {}

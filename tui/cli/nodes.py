@@ -41,6 +41,29 @@ def overrides(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def given(args: argparse.Namespace) -> bool:
+    """Whether any multi-node flag was given."""
+    return any(getattr(args, name, None) is not None for name in (*FIELDS, "run_key"))
+
+
+def prepare_resume(args: argparse.Namespace, store: Any, out: Any) -> Any:
+    """``ftui resume ID --nnodes N --node-rank K --main-addr A``: this node's part of the resumed run
+    (:mod:`runner.node_resume`); a step passed over is said on one line."""
+    from rich.text import Text
+
+    from runner.node_resume import prepare_node_resume
+
+    def warn(text: str) -> None:
+        out.print(Text.assemble(("warning:", "yellow"), f" {text}"), soft_wrap=True)
+
+    prepared = prepare_node_resume(store, args.run_id, args.nnodes, args.node_rank, args.main_addr, args.main_port,
+                                   args.rdzv_endpoint, args.run_key, warn=warn)
+    spec = prepared.node.spec
+    out.print(f"node #{prepared.node.slot} of {spec.nnodes} (node rank {spec.node_rank}, rendezvous at "
+              f"{spec.main_addr}:{spec.main_port}, run key {spec.run_key})", markup=False, soft_wrap=True)
+    return prepared
+
+
 def spec_for(args: argparse.Namespace, recipe: Any) -> Any:
     """This machine's :class:`runner.multinode.NodeSpec`, or None for a one-machine run (UsageError on a
     setting that cannot work)."""

@@ -67,6 +67,7 @@ def add_parser(sub: Any) -> None:
     resume.add_argument("--grace", type=seconds_at_least(0), default=30.0, metavar="SECONDS",
                         help="on Ctrl-C, SIGTERM or SIGHUP: seconds the ranks get to finish their step, save "
                              "and exit before SIGKILL (default 30; a second Ctrl-C kills at once)")
+    nodes.add_arguments(resume)  # a multi-node run: the same command on each node (README: More than one machine)
     db_option(resume)
     resume.set_defaults(handler=cmd_resume)
 
@@ -193,13 +194,17 @@ def cmd_resume(args: argparse.Namespace) -> int:
     """``ftui resume ID``: a new run continuing run ID from its newest complete checkpoint."""
     from runner import orchestrator
     from runner.recipe import RecipeError
+    from tui.cli import nodes
 
     store = open_store(args, create=False)
+    out = console()
     try:
-        prepared = orchestrator.prepare_resume(store, args.run_id)
+        if nodes.given(args):
+            prepared = nodes.prepare_resume(args, store, out)
+        else:
+            prepared = orchestrator.prepare_resume(store, args.run_id)
     except RecipeError as exc:
         raise UsageError(str(exc)) from None
-    out = console()
     out.print(f"resuming run {args.run_id} from {prepared.recipe.train.resume_from}", markup=False, highlight=False,
               soft_wrap=True)
     return follow(args, store, prepared, out)

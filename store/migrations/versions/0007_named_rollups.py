@@ -4,7 +4,7 @@ per-step columns: compare and the monitor read a few hundred rows per run and na
 events by run and type, so that a long run's last eval samples are found without reading its step events.
 
 Revision ID: 0007
-Revises: 0005
+Revises: 0006
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0007"
-down_revision = "0005"
+down_revision = "0006"  # written against "0005"; rechained after merging main (0006)
 branch_labels = None
 depends_on = None
 
