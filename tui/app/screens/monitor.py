@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 
 SPARK = 12
 BAR = 10
+TABLES_EVERY = 2
+"""The device and rank tables redraw on every TABLES_EVERY-th poll: every 2 s at the default 1 s poll,
+nvitop's default interval. Each redraw renders every cell of both tables, the largest part of the
+Monitor's CPU (BENCHMARKS.md); the loss, progress and curves follow every poll."""
 
 
 class MonitorScreen(Screen[None]):
@@ -52,6 +56,7 @@ class MonitorScreen(Screen[None]):
         super().__init__()
         self.run_id = run_id
         self._shown: dict[str, str] = {}
+        self._skipped_tables = 0  # snapshots since the device and rank tables were last redrawn
 
     @property
     def ftui(self) -> FtuiApp:
@@ -176,8 +181,16 @@ class MonitorScreen(Screen[None]):
         all_ranks = bool(snap.devices) and all(d.key.startswith("rank") for d in snap.devices)
         gpus = any(d.key.startswith("gpu") for d in snap.devices)
         self._layout_tables(("CPU %/core" if all_ranks else "util") + source, gpu_source, gpus)
-        bar_w, spark_w = (6, 8) if narrow else (BAR - 2, SPARK - 2) if gpus else (BAR, SPARK)
         devices = self.query_one("#devices", DataTable)
+        ranks = self.query_one("#ranks", DataTable)
+        rows_known = all(d.key in devices.rows for d in [*snap.devices, *([snap.host] if snap.host else [])]) and all(
+            str(r.rank) in ranks.rows for r in snap.ranks)
+        finished = run.status in ("completed", "failed", "stopped")
+        if rows_known and not finished and self._skipped_tables + 1 < TABLES_EVERY:
+            self._skipped_tables += 1
+            return  # the device and rank tables redraw every TABLES_EVERY polls (the rest every poll)
+        self._skipped_tables = 0
+        bar_w, spark_w = (6, 8) if narrow else (BAR - 2, SPARK - 2) if gpus else (BAR, SPARK)
         rows = list(snap.devices) + ([snap.host] if snap.host is not None else [])
         for d in rows:
             is_gpu = d.key.startswith("gpu")
@@ -211,7 +224,6 @@ class MonitorScreen(Screen[None]):
                     cells += [Text("-" if d.temp_c is None else f"{d.temp_c:.0f}°C",
                                    style=level_style(d.temp_c, 70, 85)), f"{power} W" if d.power_w else "-"]
             _upsert(devices, d.key, *cells)
-        ranks = self.query_one("#ranks", DataTable)
         for r in snap.ranks:
             cells = [str(r.rank), str(r.pid or "-"), "-" if r.cpu_pct is None else f"{r.cpu_pct:.0f}",
                      fmt_bytes(r.rss), fmt_bytes(r.gpu_mem) if r.gpu_mem is not None else "- (no GPU)"]
