@@ -494,7 +494,7 @@ def build_comparison(
     timelines = {r.id: timeline(samples.get(r.id, [])) for r in runs} if samples else {}
     named = named or {}
     eval_curves = {r.id: [(p.step, p.value) for p in named.get(r.id, [])
-                          if p.name == "eval/loss" and p.value is not None] for r in runs}
+                          if p.name == EVAL_LOSS and p.value is not None] for r in runs}
     rows = [_with(r, final_eval_loss=eval_curves[r.run_id][-1][1] if eval_curves.get(r.run_id) else None,
                   best_eval_loss=min(v for _, v in eval_curves[r.run_id]) if eval_curves.get(r.run_id) else None)
             for r in rows]
@@ -647,6 +647,9 @@ def joined_metrics(store: Store, run: RunInfo, _depth: int = 0) -> list[MetricPo
     return before + own
 
 
+EVAL_LOSS = "eval/loss"
+"""The named metric a comparison draws as a curve (the others: their last value)."""
+
 CURVE_POINTS = 200
 """Points per loss curve in a comparison: each group of steps keeps its first, lowest, highest and last
 loss (``store.rollup``), so the best loss and the curve's shape survive; the rows stay stored."""
@@ -672,6 +675,25 @@ def compare_metrics(store: Store, runs: Sequence[RunInfo], points: int = CURVE_P
                                       points)
         out[run.id] = [MetricPoint(step=step, time=0.0, loss=loss, lr=None, grad_norm=None, tokens=None,
                                    step_time=None, tokens_per_s=None) for step, loss in pairs]
+    return out
+
+
+def compare_named(store: Store, runs: Sequence[RunInfo],
+                  points: int = CURVE_POINTS) -> dict[int, list[NamedMetricPoint]]:
+    """What a comparison shows of the named metrics: each run's eval loss curve, downsampled to about
+    ``points`` points (its lowest and last value kept), and the last finite value of every other name,
+    both from the store's per-block summaries: a few hundred rows per run, however many steps reported
+    them. ``time`` is not set."""
+    ids = [r.id for r in runs]
+    evals = store.named_curves(ids, [EVAL_LOSS], points)
+    last = store.named_last(ids)
+    out: dict[int, list[NamedMetricPoint]] = {}
+    for run_id in ids:
+        out[run_id] = [NamedMetricPoint(step=step, name=name, value=value, time=0.0)
+                       for name, (step, value) in last[run_id].items() if name != EVAL_LOSS]
+        curve = evals[run_id].get(EVAL_LOSS)
+        out[run_id] += [NamedMetricPoint(step=step, name=EVAL_LOSS, value=value, time=0.0)
+                        for step, value in (curve.points if curve else [])]
     return out
 
 
@@ -722,7 +744,7 @@ def load_comparison(store: Store, run_ids: Sequence[int], baseline_id: int | Non
     peaks = {r.id: default_peak(r, recipes[r.id], peak_tflops, samples.get(r.id, ())) if r.status == "completed"
              else None for r in runs}
     notes = {r.id: peak_note(r, recipes[r.id], samples.get(r.id, ())) for r in runs if peaks[r.id] is None}
-    named = {r.id: store.named_metrics(r.id) for r in runs}
+    named = compare_named(store, runs)
     evals = {r.id: last_samples(store, r.id) for r in runs}
     cmp = build_comparison(runs, metrics, peaks, dims, baseline_id,
                            samples if with_samples else None, sweep_id, peak_notes=notes, named=named,

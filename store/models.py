@@ -189,6 +189,7 @@ class Event(Base):
     __table_args__ = (
         UniqueConstraint("run_id", "source", "seq", name="uq_events_run_source_seq"),
         Index("ix_events_run", "run_id"),
+        Index("ix_events_run_type", "run_id", "type"),  # one type of a long run's events (eval samples)
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -201,13 +202,8 @@ class Event(Base):
     payload: Mapped[dict[str, Any]] = mapped_column(JSON)
 
 
-class MetricRollup(Base):
-    """Per run, metric and block of steps: the block's ends and extremes (``store/rollup.py``).
-
-    Written by the same transaction as the metric rows they summarise; the rows are never thinned."""
-
-    __tablename__ = "metric_rollups"
-    __table_args__ = (UniqueConstraint("run_id", "name", "span", "block", name="uq_metric_rollups_key"),)
+class _RollupColumns:
+    """The columns of one block of one series: its ends and extremes (``store/rollup.py``)."""
 
     id: Mapped[int] = mapped_column(primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
@@ -225,6 +221,24 @@ class MetricRollup(Base):
     min_value: Mapped[float] = mapped_column(Float)
     max_step: Mapped[int] = mapped_column(Integer)
     max_value: Mapped[float] = mapped_column(Float)
+
+
+class MetricRollup(_RollupColumns, Base):
+    """Per run, metric and block of steps: the block's ends and extremes (``store/rollup.py``).
+
+    Written by the same transaction as the metric rows they summarise; the rows are never thinned."""
+
+    __tablename__ = "metric_rollups"
+    __table_args__ = (UniqueConstraint("run_id", "name", "span", "block", name="uq_metric_rollups_key"),)
+
+
+class NamedMetricRollup(_RollupColumns, Base):
+    """The same summaries for the named metrics (:class:`NamedMetric`): per run, name and block of steps.
+
+    A table of its own, so that a named metric called ``loss`` never mixes with the ``loss`` column."""
+
+    __tablename__ = "named_metric_rollups"
+    __table_args__ = (UniqueConstraint("run_id", "name", "span", "block", name="uq_named_metric_rollups_key"),)
 
 
 class RunNode(Base):

@@ -43,8 +43,17 @@ class Block:
     def of(cls, step: int, value: float) -> Block:
         return cls(1, step, value, step, value, step, value, step, value)
 
-    def add(self, step: int, value: float) -> None:
-        self.merge(Block.of(step, value))
+    def add(self, step: int, value: float, count: int = 1) -> None:
+        """Fold one point in (:meth:`merge` of a one-point block, without building it: ingest's hot loop)."""
+        self.count += count
+        if step < self.first_step:
+            self.first_step, self.first_value = step, value
+        if step >= self.last_step:
+            self.last_step, self.last_value = step, value
+        if value < self.min_value:
+            self.min_step, self.min_value = step, value
+        if value > self.max_value:
+            self.max_step, self.max_value = step, value
 
     def merge(self, other: Block) -> None:
         """Fold ``other`` in (either may come first in steps)."""
@@ -100,6 +109,28 @@ def rollup_rows(rows: Iterable[Mapping[str, object]],
                     out[key] = Block.of(step, value)
                 else:
                     block.add(step, value)
+    return out
+
+
+def rollup_named(values: Iterable[tuple[int, str, float | None]],
+                 counted: bool = True) -> dict[tuple[str, int, int], Block]:
+    """Blocks of named metric values ``(step, name, value)``, keyed (name, span, block) as
+    :func:`rollup_rows` keys the per-step columns. Non-finite and missing values are left out.
+
+    ``counted=False`` gives blocks that count nothing: a value stored again for a step already summarised
+    (its block's last value becomes the newer one; the older one may stay its extreme).
+    """
+    out: dict[tuple[str, int, int], Block] = {}
+    for step, name, value in values:
+        if value is None or not math.isfinite(value):
+            continue
+        for span in SPANS:
+            key = (name, span, step // span)
+            block = out.get(key)
+            if block is None:
+                out[key] = Block(int(counted), step, value, step, value, step, value, step, value)
+            else:
+                block.add(step, value, int(counted))
     return out
 
 

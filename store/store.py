@@ -46,9 +46,25 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from runner.hardware.records import DeviceSample
-from store.curves import Curve, read_curves, write_rollups
+from store.curves import (
+    Curve,
+    read_curves,
+    read_named_curves,
+    read_named_last,
+    write_named_rollups,
+    write_rollups,
+)
 from store.ids import new_uid
-from store.models import DeviceSampleRow, Event, Metric, MetricRollup, NamedMetric, ProcessSampleRow, Run
+from store.models import (
+    DeviceSampleRow,
+    Event,
+    Metric,
+    MetricRollup,
+    NamedMetric,
+    NamedMetricRollup,
+    ProcessSampleRow,
+    Run,
+)
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -434,7 +450,7 @@ class Store:
     @_retrying
     def delete_run(self, run_id: int) -> bool:
         with self._write() as s:
-            for table in (Metric, MetricRollup, NamedMetric, Event, DeviceSampleRow, ProcessSampleRow):
+            for table in (Metric, MetricRollup, NamedMetric, NamedMetricRollup, Event, DeviceSampleRow, ProcessSampleRow):
                 s.execute(delete(table).where(table.run_id == run_id))
             return s.execute(delete(Run).where(Run.id == run_id)).rowcount > 0  # type: ignore[attr-defined,no-any-return]
 
@@ -538,6 +554,22 @@ class Store:
             return [_frozen(NamedMetricPoint, r) for r in s.scalars(query)]
 
     @_retrying
+    def named_curves(self, run_ids: Sequence[int], names: Iterable[str] | None = None,
+                     points: int = 400) -> dict[int, dict[str, Curve]]:
+        """Each run's named metrics (all, or only ``names``) downsampled to about ``points`` points each
+        from their per-block summaries, as :meth:`curves` reads the per-step columns; by run id, then
+        name. A curve's last point is the metric's last value. :meth:`named_metrics` reads every row."""
+        with self._begin() as s:
+            return read_named_curves(s, run_ids, list(names) if names is not None else None, points)
+
+    @_retrying
+    def named_last(self, run_ids: Sequence[int]) -> dict[int, dict[str, tuple[int, float]]]:
+        """Each run's named metrics' last finite value and its step, by run id then name, from their
+        summaries (one row per run and name)."""
+        with self._begin() as s:
+            return read_named_last(s, run_ids)
+
+    @_retrying
     def metric_names(self, run_id: int) -> list[str]:
         """The names of the named metrics a run has, sorted."""
         with self._begin() as s:
@@ -632,6 +664,9 @@ def _add_named(s: Session, run_id: int, events: Sequence[dict[str, Any]]) -> Non
     if updates:
         s.connection().execute(update(table).where(table.c.id == bindparam("row_id"))
                                .values(value=bindparam("value"), time=bindparam("time")), updates)
+    write_named_rollups(s, run_id, [(step, name, value) for (step, name), (value, _) in values.items()
+                                    if (step, name) not in existing],
+                        [(step, name, value) for (step, name), (value, _) in values.items() if (step, name) in existing])
 
 
 def describe_error(url: str, exc: BaseException) -> str:

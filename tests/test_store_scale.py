@@ -13,8 +13,10 @@ import json
 import math
 import os
 import random
+import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from hypothesis import strategies as st
 
 from runner.mfu import run_flops_per_token
 from store import Store, migrate
-from store.rollup import BLOCK_COLUMNS, SPANS, downsample_points, rollup_rows
+from store.rollup import BLOCK_COLUMNS, SPANS, downsample_points, rollup_named, rollup_rows
 from store.store import utcnow
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,7 +43,8 @@ def _loss(run: int, step: int) -> float:
 
 
 def add_run(store: Store, name: str, steps: int, *, batch: int = 250, stored_figures: bool = True,
-            status: str = "completed", tps: float = 700.0, losses: dict[int, float] | None = None) -> int:
+            status: str = "completed", tps: float = 700.0, losses: dict[int, float] | None = None,
+            named: Callable[[int], dict[str, float]] | None = None) -> int:
     """A run written the way the orchestrator writes one: create, start summary, journal events in
     batches through ``Store.ingest``, end figures. ``stored_figures=False``: as an older ftui left it
     (no model dimensions, no FLOPs per token, no peak)."""
@@ -58,11 +61,15 @@ def add_run(store: Store, name: str, steps: int, *, batch: int = 250, stored_fig
                "loss": (losses or {}).get(s, _loss(run_id, s)), "lr": 1e-3 * (1 - s / (steps + 1)),
                "grad_norm": 1.0 + (s % 5), "tokens": 256 * s, "step_time": 0.5, "tokens_per_s": tps}
               for s in range(1, steps + 1)]
+    if named is not None:  # the trainer's ``metrics`` event after a step's (named_metrics rows)
+        events = [e for step in events for e in (step, {"type": "metrics", "time": step["time"], "rank": 0,
+                                                         "step": step["step"], "values": named(step["step"])})]
+        events = [e | {"seq": i + 1} for i, e in enumerate(events)]
     for lo in range(0, len(events), batch):
         store.ingest(run_id, events[lo:lo + batch])
     if status == "completed":
         store.update_run(run_id, status="completed", ended_at=utcnow(), tokens_per_s=tps, train_seconds=steps * 0.5,
-                         final_loss=events[-1]["loss"] if events else None,
+                         final_loss=(losses or {}).get(steps, _loss(run_id, steps)) if steps else None,
                          summary={"mfu_peak": PEAK} if stored_figures else {})
     elif status != "running":
         store.update_run(run_id, status=status, ended_at=utcnow(), error="rank 0 exited with code 1")
@@ -127,12 +134,92 @@ def test_summaries_built_batch_by_batch_equal_one_pass_and_the_backfill(tmp_path
     assert {span for _, span, _ in one_pass} == set(SPANS)
     # A database from before the summaries (the revision before 0005): the upgrade summarises its metrics.
     store.close()
-    with engine.begin() as conn:
-        conn.execute(sqlalchemy.text("DROP TABLE metric_rollups"))
-        conn.execute(sqlalchemy.text("UPDATE ftui_alembic_version SET version_num = :before"),
-                     {"before": migrate.REVISIONS[migrate.REVISIONS.index("0005") - 1]})
+    from alembic import command
+
+    with engine.begin() as conn:  # Alembic's own downgrade, through every revision after 0005's parent
+        command.downgrade(migrate.alembic_config(conn), migrate.REVISIONS[migrate.REVISIONS.index("0005") - 1])
+    assert "metric_rollups" not in sqlalchemy.inspect(engine).get_table_names()
     Store(url).close()
     assert stored() == one_pass
+
+
+def _named(step: int) -> dict[str, float]:
+    """``train/a`` every step, ``eval/loss`` every 5th, lowest at step 1235 (not a block's end)."""
+    values = {"train/a": math.sin(step / 50)}
+    if step % 5 == 0:
+        values["eval/loss"] = 0.01 if step == 1235 else 3.0 + math.cos(step / 70)
+    return values
+
+
+def test_named_metric_summaries_built_batch_by_batch_equal_one_pass_and_the_backfill(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ftui.db'}"
+    store = Store(url)
+    run_id = add_run(store, "named", 5000, batch=37, named=_named)
+    engine = sqlalchemy.create_engine(url)
+
+    def stored() -> dict[tuple[str, int, int], tuple[Any, ...]]:
+        with engine.connect() as conn:
+            rows = conn.execute(sqlalchemy.text(
+                f"SELECT name, span, block, {', '.join(BLOCK_COLUMNS)} FROM named_metric_rollups WHERE run_id = :r"),
+                {"r": run_id}).all()
+        return {(r[0], r[1], r[2]): tuple(r[3:]) for r in rows}
+
+    rows = store.named_metrics(run_id)
+    assert len(rows) == 5000 + 1000  # every value stored
+    one_pass = {k: tuple(getattr(b, c) for c in BLOCK_COLUMNS)
+                for k, b in rollup_named((p.step, p.name, p.value) for p in rows).items()}
+    assert stored() == one_pass
+    assert {name for name, _, _ in one_pass} == {"train/a", "eval/loss"}
+    # A database from before them (0006): the upgrade to 0007 summarises the named metrics already stored.
+    store.close()
+    from alembic import command
+
+    with engine.begin() as conn:  # Alembic's own downgrade of 0007
+        command.downgrade(migrate.alembic_config(conn), "0006")
+    assert "named_metric_rollups" not in sqlalchemy.inspect(engine).get_table_names()
+    store = Store(url)
+    assert stored() == one_pass
+    assert store.delete_run(run_id) and stored() == {}
+    store.close()
+
+
+def _statements(store: Store) -> list[str]:
+    """Every SQL statement the store runs from now on."""
+    seen: list[str] = []
+    sqlalchemy.event.listen(store.engine, "before_cursor_execute",
+                            lambda _conn, _cursor, statement, *_rest: seen.append(statement))
+    return seen
+
+
+def test_compare_and_the_monitor_read_named_metrics_from_their_summaries(tmp_path: Path) -> None:
+    from runner.compare import CURVE_POINTS, load_comparison
+    from tui.app.screens.data import LONG_RUN_STEPS, MonitorFeed
+
+    store = Store(f"sqlite:///{tmp_path / 'ftui.db'}")
+    steps = LONG_RUN_STEPS * 3  # 1,200 evals, 6,000 train/a values: both past CURVE_POINTS
+    done = add_run(store, "done", steps, batch=1000, named=_named)
+    live = add_run(store, "live", steps, batch=1000, named=_named, status="running")
+    evals = [(p.step, p.value) for p in store.named_metrics(done, ["eval/loss"])]
+    assert len(evals) == steps // 5 > CURVE_POINTS
+    seen = _statements(store)
+    row = load_comparison(store, [done]).rows[0]
+    assert row.best_eval_loss == 0.01 and row.final_eval_loss == evals[-1][1]
+    raw_reads = [q for q in seen if re.search(r"\bnamed_metrics\b", q)]
+    assert raw_reads == [] and any("named_metric_rollups" in q for q in seen)
+    cmp = load_comparison(store, [done])
+    assert cmp.named[done] == {"train/a": _named(steps)["train/a"], "eval/loss": evals[-1][1]}
+    assert len(cmp.eval_curves[done]) <= CURVE_POINTS and (1235, 0.01) in cmp.eval_curves[done]
+    # The monitor opens the running run from the summaries, then reads only named values logged after them.
+    seen.clear()
+    feed = MonitorFeed(store, live, plot_width=100)
+    snap = feed.poll()
+    assert all("step >" in q for q in seen if re.search(r"\bnamed_metrics\b", q))
+    assert (1235.0, 0.01) in snap.named["eval/loss"] and len(snap.named["train/a"]) <= 8 * 100
+    assert snap.named["train/a"][-1] == (float(steps), _named(steps)["train/a"])
+    store.ingest(live, [{"seq": 10**6, "type": "metrics", "time": 9e9, "rank": 0, "step": steps + 1,
+                         "values": {"train/a": 42.0}}])
+    assert feed.poll().named["train/a"][-1] == (float(steps + 1), 42.0)
+    assert len(store.named_metrics(live)) == steps + steps // 5 + 1  # nothing thinned in the store
 
 
 # ---------------------------------------------------------------------- many runs

@@ -16,10 +16,16 @@ from textual.screen import Screen
 from store import RunInfo, Store
 from store.store import utcnow
 from tui.app.messages import CompareRuns, LaunchFailed, Notice, OpenRun, RunLaunched
-from tui.app.screens.compare import CompareScreen
-from tui.app.screens.compose import FIELDS, ComposeScreen
-from tui.app.screens.monitor import MonitorScreen
 from tui.app.screens.runs import RunsScreen
+
+# The Runs screen is the first paint: the other screens (and what they import: pydantic recipes, plots,
+# the comparison) are imported when first opened (BENCHMARKS.md, "Store at scale").
+
+
+def _compose_screen() -> Screen[Any]:
+    from tui.app.screens.compose import ComposeScreen
+
+    return ComposeScreen()
 
 
 class FtuiApp(App[int]):
@@ -27,7 +33,7 @@ class FtuiApp(App[int]):
 
     CSS_PATH = "app.tcss"
     TITLE = "ftui"
-    MODES = {"runs": RunsScreen, "compose": ComposeScreen}
+    MODES = {"runs": RunsScreen, "compose": _compose_screen}
     DEFAULT_MODE = "runs"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
     BINDINGS = [
@@ -63,6 +69,8 @@ class FtuiApp(App[int]):
         yield from super().get_system_commands(screen)
         yield SystemCommand("Runs", "Every run in the store", lambda: self.switch_mode("runs"))
         yield SystemCommand("Compose", "Build, validate and launch a recipe", lambda: self.switch_mode("compose"))
+        from tui.app.screens.compose import FIELDS, ComposeScreen
+
         if isinstance(screen, ComposeScreen):
             for field in FIELDS:
                 yield SystemCommand(f"Go to field: {field.label}", field.path,
@@ -121,6 +129,8 @@ class FtuiApp(App[int]):
     # ------------------------------------------------------------------ messages from screens
 
     def open_run(self, run_id: int) -> None:
+        from tui.app.screens.monitor import MonitorScreen
+
         self.push_screen(MonitorScreen(run_id))
 
     def on_open_run(self, message: OpenRun) -> None:
@@ -139,6 +149,8 @@ class FtuiApp(App[int]):
         self.notify(message.text, severity=message.severity, markup=False)  # type: ignore[arg-type]
 
     def on_compare_runs(self, message: CompareRuns) -> None:
+        from tui.app.screens.compare import CompareScreen
+
         self.push_screen(CompareScreen(message.run_ids))
 
     # ------------------------------------------------------------------ helpers the screens use

@@ -7,13 +7,15 @@ each carries a whole snapshot, so a newer one can replace an older one still in 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.message import Message
 
-from runner.compare import Comparison
 from store import RunInfo
 from store.store import MetricPoint
+
+if TYPE_CHECKING:  # the comparison module is imported with the Compare screen, not at start
+    from runner.compare import Comparison
 
 
 @dataclass

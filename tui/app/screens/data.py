@@ -91,6 +91,8 @@ class MonitorFeed:
         self._rank_gpu: dict[int, dict[int, int]] = {}
         self.named: dict[str, list[tuple[float, float]]] = {}
         self._last_named = -1
+        self._evals_unread = False
+        """Named metrics were read from their summaries: read the last evaluation's samples once."""
         self.samples: list[dict[str, str]] = []
         self.samples_step: int | None = None
 
@@ -103,6 +105,7 @@ class MonitorFeed:
             fresh = joined_metrics(self.store, run)
         elif self._last_step == -1 and run is not None and (run.steps_done or 0) > LONG_RUN_STEPS:
             fresh = self._load_summaries()
+            self._load_named_summaries()
         else:
             fresh = self.store.metrics(self.run_id, after_step=self._last_step)
         for m in fresh:
@@ -124,7 +127,13 @@ class MonitorFeed:
             if point.value is not None:
                 self.named.setdefault(point.name, []).append((float(point.step), point.value))
             self._last_named = max(self._last_named, point.step)
-        if fresh_named and any(p.name.startswith("eval/") for p in fresh_named):
+        for name, named_points in self.named.items():
+            if len(named_points) > cap:  # as the series: every point stays stored, the view keeps the extremes
+                thinned = downsample_points([(int(step), value) for step, value in named_points], cap // 2)
+                self.named[name] = [(float(step), value) for step, value in thinned]
+        summarised_evals = self._evals_unread and any(name.startswith("eval/") for name in self.named)
+        self._evals_unread = False
+        if summarised_evals or any(p.name.startswith("eval/") for p in fresh_named):
             from runner.compare import last_samples
 
             events = self.store.events(self.run_id, "eval_samples")
@@ -171,6 +180,17 @@ class MonitorFeed:
             seen = {m.step for m in fresh}
             fresh = [m for m in older if m.step not in seen] + fresh
         return fresh
+
+    def _load_named_summaries(self) -> None:
+        """A long run's named metrics from their per-block summaries (``Store.named_curves``), so that the
+        first poll does not read every ``eval/*`` or ``train/*`` value; values logged after them are read
+        as they come."""
+        points = SERIES_CAP_PER_WIDTH * max(1, self.plot_width) // 2
+        for name, curve in self.store.named_curves([self.run_id], points=points)[self.run_id].items():
+            self.named[name] = [(float(step), value) for step, value in curve.points]
+            if curve.last_step is not None:
+                self._last_named = max(self._last_named, curve.last_step)
+        self._evals_unread = True
 
     def snapshot(self, run: Any) -> MonitorSnapshot:
         gpus = sorted((v for v in self._latest.values() if v[0] == "gpu"), key=lambda v: (v[11] or 0, v[1]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
@@ -40,7 +41,9 @@ class MonitorScreen(Screen[None]):
         Binding("l", "toggle_logs", "Logs"),
     ]
 
-    snapshot: reactive[MonitorSnapshot | None] = reactive(None, always_update=True)
+    # repaint=False: a new snapshot updates the widgets that changed (each repaints its own region); a
+    # repaint of the screen itself would redraw every cell of it once a second.
+    snapshot: reactive[MonitorSnapshot | None] = reactive(None, always_update=True, repaint=False)
     """The latest snapshot of the run from the feed."""
     logs_toggled: reactive[bool] = reactive(False)
     """Whether ``l`` flipped the rank-log panel from its default (hidden under 100 columns, shown above)."""
@@ -142,7 +145,9 @@ class MonitorScreen(Screen[None]):
         if run is None:
             self.query_one("#progress", Static).update(Text(f"run {self.run_id}: not in the store", style="red"))
             return
-        self.sub_title = f"{run.name} · {run.status}"
+        sub_title = f"{run.name} · {run.status}"
+        if self.sub_title != sub_title:  # the header re-lays itself out on every assignment
+            self.sub_title = sub_title
         narrow = self.narrow
         self._update_static("#progress", self.progress_text(snap))
         plot = self.query_one("#loss", LinePlot)
@@ -249,11 +254,18 @@ class MonitorScreen(Screen[None]):
         return line
 
     def _update_static(self, selector: str, content: Text) -> None:
-        """Update a Static only when its text changed: each update costs a layout pass."""
-        if self._shown.get(selector) == content.plain:
+        """Update a Static only when its text changed, and without a layout pass when its size cannot
+        have changed: a layout pass repaints the whole screen, which was most of the Monitor's CPU (the
+        progress line changes every second, its elapsed time if nothing else)."""
+        before = self._shown.get(selector)
+        if before == content.plain:
             return
         self._shown[selector] = content.plain
-        self.query_one(selector, Static).update(content)
+        widget = self.query_one(selector, Static)
+        width = widget.content_size.width
+        rows = None if before is None or width <= 0 else _rows(before, width)
+        same_size = rows is not None and rows == _rows(content.plain, width)
+        widget.update(content, layout=not same_size)
 
     # ------------------------------------------------------------------ stop and kill
 
@@ -321,6 +333,13 @@ def fmt_pair(used: int | None, total: int | None) -> str:
     unit, scale = next(((u, f) for u, f in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
                         if total >= f), ("B", 1))
     return f"{used / scale:.1f}/{total / scale:.1f} {unit}" if scale > 1 else f"{used}/{total} B"
+
+
+def _rows(plain: str, width: int) -> int | None:
+    """The rows a text takes in a widget ``width`` cells wide, or None when a line may wrap (then only a
+    layout pass knows)."""
+    lines = plain.split("\n")
+    return len(lines) if all(cell_len(line) <= width for line in lines) else None
 
 
 def _upsert(table: DataTable[Any], key: str, *cells: Any) -> None:
