@@ -158,6 +158,8 @@ def build_launch(
         "--config_file",
         config_path,
         *(["--num_cpu_threads_per_process", str(cpu_threads)] if cpu_threads else []),
+        # accelerate reads rdzv_backend from the flag only (its default "static" hides the config's c10d)
+        *(["--rdzv_backend", "c10d"] if nodes is not None and nodes.backend == "c10d" and nodes.nnodes > 1 else []),
         *_program(recipe, run_dir, workdir),
     ]
     # torchrun reads MASTER_ADDR for a one-machine rendezvous (accelerate passes main_process_ip only

@@ -124,7 +124,9 @@ def accelerate_fields(spec: NodeSpec, nproc_per_node: int) -> dict[str, object]:
         return {"main_process_ip": spec.main_addr, "main_process_port": spec.main_port}
     return {
         "num_machines": spec.nnodes,
-        "machine_rank": spec.node_rank if spec.node_rank is not None else 0,
+        # c10d ignores it (torchrun assigns node ranks); accelerate checks the port is free on machine rank 0
+        # only, which on one machine would see the first node's c10d store: loopback nodes say 1.
+        "machine_rank": spec.node_rank if spec.node_rank is not None else (1 if spec.loopback else 0),
         "num_processes": spec.nnodes * nproc_per_node,
         "main_process_ip": spec.main_addr,
         "main_process_port": spec.main_port,

@@ -146,7 +146,7 @@ def copy_dcp_parts(path: Path, world_size: int, others: list[Path]) -> list[str]
     through a temporary name and a rename; returns the names copied."""
     copied = []
     for dst, src in sorted(dcp_sources(path, world_size, others).items()):
-        tmp = dst.with_name(f".{dst.name}.tmp")
+        tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")  # (c10d: another node may copy the same file)
         shutil.copyfile(src, tmp)
         os.replace(tmp, dst)
         copied.append(str(dst.relative_to(path)))
@@ -191,14 +191,15 @@ def prepare_node_resume(
     old = store.get_run(run_id)
     if old is None:
         raise _refuse(f"run {run_id}: no such run in {store.url}")
-    if (old.nnodes or 1) < 2:
+    if (old.nnodes or 1) < 2 and (rdzv_endpoint is None or not store_nodes.nodes(store, run_id)):
         raise _refuse(f"--nnodes: run {run_id} ran on one machine: resume it with `ftui resume {run_id}` alone")
     if nnodes is not None and nnodes != old.nnodes:
         raise _refuse(f"--nnodes: run {run_id} ran on {old.nnodes} machines; resume it on {old.nnodes}")
-    if rdzv_endpoint is not None:
-        raise _refuse("--rdzv-endpoint: a resumed node must keep its node rank (its folder holds those ranks' "
-                      "parts), which c10d assigns by arrival: give --node-rank K --main-addr ADDR")
     recipe = parse_recipe(old.recipe_text, source=f"run {run_id}'s recipe")
+    if rdzv_endpoint is not None:
+        from runner.c10d_resume import prepare_c10d_resume
+
+        return prepare_c10d_resume(store, old, recipe, rdzv_endpoint, run_key, root=root, wait_s=wait_s, warn=warn)
     try:
         spec = node_spec(old.nnodes or 1, node_rank, main_addr, main_port, None, run_key, recipe.name)
     except NodesError as exc:

@@ -61,6 +61,8 @@ class SlurmJob:
     ftui_home: str | None = None
     name: str = "ftui"
     port: int = RDZV_PORT
+    resume: int | None = None
+    """A run to resume (``ftui resume ID --rdzv-endpoint``: the run's own recipe) instead of ``recipe``."""
 
     @property
     def ranks_per_node(self) -> int:
@@ -91,8 +93,9 @@ def sbatch_script(job: SlurmJob) -> str:
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
         "# Node ranks come from the rendezvous (c10d assigns them by arrival), never from SLURM's task order.",
         "srun --kill-on-bad-exit=0 \\",
-        f"    {q(job.python)} -m tui.cli run {q(str(job.recipe))} \\",
-        f"    --nnodes \"$SLURM_NNODES\" --nproc {job.ranks_per_node} \\",
+        *([f"    {q(job.python)} -m tui.cli resume {job.resume} --nnodes \"$SLURM_NNODES\" \\"] if job.resume
+          is not None else [f"    {q(job.python)} -m tui.cli run {q(str(job.recipe))} \\",
+                            f"    --nnodes \"$SLURM_NNODES\" --nproc {job.ranks_per_node} \\"]),
         f"    --rdzv-endpoint \"$head_node:{job.port}\" --run-key \"slurm-$SLURM_JOB_ID\"" +
         (" \\" if job.overrides else ""),
     ]

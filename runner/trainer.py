@@ -114,7 +114,9 @@ class Trainer:
         self.run_dir = run_dir
         self.rank = rank
         self.journal = journal
-        self.recipe = load_recipe(run_dir / ev.RECIPE_FILE)
+        from runner.resume_map import recipe_for_node
+
+        self.recipe = recipe_for_node(load_recipe(run_dir / ev.RECIPE_FILE), run_dir)  # c10d resume: this node's folder
         self.stop = _StopFlag()
 
     def emit(self, event: ev.TrainerEvent) -> None:

@@ -133,7 +133,8 @@ def test_ftui_resume_of_a_multi_node_run_refuses_flags_that_cannot_work(
              "--main-addr ADDR` (docs/multi-node.md)"),
         (["--nnodes", "3", "--node-rank", "0", "--main-addr", "127.0.0.1"],
          f"ftui: --nnodes: run {run_id} ran on 2 machines; resume it on 2"),
-        (["--rdzv-endpoint", "127.0.0.1:29400"], "ftui: --rdzv-endpoint: a resumed node must keep its node rank"),
+        (["--rdzv-endpoint", "127.0.0.1:29400"],  # c10d: tests/test_c10d_resume.py
+         f"ftui: run {run_id}: node #0 never started its ranks: it holds no checkpoint to resume from"),
         (["--node-rank", "1"], "ftui: --main-addr: a multi-node run needs the main node's address"),
         (["--node-rank", "0", "--main-addr", "127.0.0.1"],
          f"ftui: run {run_id}: node #0 never started its ranks: it holds no checkpoint to resume from"),

@@ -31,6 +31,7 @@ def _job(**kwargs: object) -> SlurmJob:
                               "overrides": ("train.max_steps=1000",)}),
     ("slurm_2x_cpu.sbatch", {"nodes": 2, "gpus_per_node": 0, "nproc_per_node": 2, "workdir": Path("/shared/work"),
                              "ftui_home": "/shared/ftui"}),
+    ("slurm_resume_2x.sbatch", {"nodes": 2, "gpus_per_node": 0, "resume": 7}),
 ])
 def test_the_sbatch_script_is_the_golden_one(name: str, kwargs: dict[str, object]) -> None:
     text = sbatch_script(_job(**kwargs))

@@ -47,8 +47,9 @@ def given(args: argparse.Namespace) -> bool:
 
 
 def prepare_resume(args: argparse.Namespace, store: Any, out: Any) -> Any:
-    """``ftui resume ID --nnodes N --node-rank K --main-addr A``: this node's part of the resumed run
-    (:mod:`runner.node_resume`); a step passed over is said on one line."""
+    """``ftui resume ID --nnodes N --node-rank K --main-addr A`` (or ``--rdzv-endpoint HOST:PORT``): this node's
+    part of the resumed run (:mod:`runner.node_resume`, :mod:`runner.c10d_resume`); a step passed over is said on
+    one line."""
     from rich.text import Text
 
     from runner.node_resume import prepare_node_resume
@@ -59,7 +60,8 @@ def prepare_resume(args: argparse.Namespace, store: Any, out: Any) -> Any:
     prepared = prepare_node_resume(store, args.run_id, args.nnodes, args.node_rank, args.main_addr, args.main_port,
                                    args.rdzv_endpoint, args.run_key, warn=warn)
     spec = prepared.node.spec
-    out.print(f"node #{prepared.node.slot} of {spec.nnodes} (node rank {spec.node_rank}, rendezvous at "
+    rank = "from c10d" if spec.node_rank is None else spec.node_rank
+    out.print(f"node #{prepared.node.slot} of {spec.nnodes} (node rank {rank}, rendezvous at "
               f"{spec.main_addr}:{spec.main_port}, run key {spec.run_key})", markup=False, soft_wrap=True)
     return prepared
 

@@ -34,6 +34,9 @@ def add_parser(sub: Any) -> None:
     slurm.add_argument("--output", "-o", type=Path, metavar="FILE",
                        help="where to write the script (default: ftui-<recipe name>.sbatch here)")
     slurm.add_argument("--submit", action="store_true", help="submit it (sbatch) and record the run")
+    slurm.add_argument("--resume", type=int, metavar="ID",
+                       help="resume run ID (its own recipe; RECIPE is then that recipe's file, for the name): the "
+                            "nodes run ftui resume ID --rdzv-endpoint, the run folders on a shared filesystem")
     db_option(slurm)
     slurm.set_defaults(handler=cmd_slurm)
 
@@ -59,7 +62,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     job = SlurmJob(recipe=args.recipe.resolve(), nodes=args.nodes, gpus_per_node=args.gpus_per_node, db_url=db_url,
                    nproc_per_node=args.nproc_per_node, partition=args.partition, time=args.time, account=args.account,
                    overrides=tuple(overrides), workdir=Path.cwd(), name=f"ftui-{recipe.name}", port=args.port,
-                   ftui_home=os.environ.get("FTUI_HOME"))
+                   ftui_home=os.environ.get("FTUI_HOME"), resume=args.resume)
     path = args.output or Path(f"ftui-{recipe.name}.sbatch")
     try:
         path.write_text(sbatch_script(job))
@@ -83,7 +86,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     create = {"name": recipe.name, "recipe_text": recipe.to_toml(), "recipe_hash": recipe.digest(),
               "recipe_source": str(args.recipe), "strategy": recipe.launch.strategy, "nproc": nproc * args.nodes,
-              "method": recipe.method.type, "model": recipe.model.name, "run_dir": ""}
+              "method": recipe.method.type, "model": recipe.model.name, "run_dir": "", "resumed_from": args.resume}
     run_id = open_slurm_run(store, f"slurm-{job_id}", args.nodes, create, job_id)
     out.print(f"submitted job {job_id}: run {run_id} (ftui runs shows the job's state; ftui stop {run_id} "
               "cancels it with SIGTERM, the ranks checkpoint first)", markup=False)
