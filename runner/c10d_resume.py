@@ -22,14 +22,13 @@ node rank is a flag). Here the choice moves to where the node rank is known:
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from runner.checkpoint import checkpoint_dir
 from runner.multinode import NodesError, node_spec
-from runner.node_resume import _describe, _refuse, copy_dcp_parts, node_steps
+from runner.node_resume import _describe, _refuse, copy_dcp_parts, node_steps, wait_for_nodes
 from runner.recipe import Recipe
 from runner.resume_map import write_map
 from store import Store
@@ -100,14 +99,8 @@ def prepare_c10d_resume(store: Store, old: Any, recipe: Recipe, rdzv_endpoint: s
     chosen: dict[str, Any] = {}
 
     def choose(agent: NodeAgent) -> Recipe:
-        deadline = time.monotonic() + wait_s
-        while len(joined := store_nodes.nodes(store, agent.run_id)) < spec.nnodes:
-            if time.monotonic() >= deadline:
-                raise _refuse(f"run {run_id}: only {len(joined)} of {spec.nnodes} nodes joined the resume within "
-                              f"{wait_s:.0f} s: run `ftui resume {run_id} --nnodes {spec.nnodes} --rdzv-endpoint "
-                              f"{rdzv_endpoint}` on every node")
-            store_nodes.heartbeat(store, agent.run_id, agent.slot)  # waiting is not dying (settle's 30 s)
-            time.sleep(1.0)
+        wait_for_nodes(store, agent, spec.nnodes, wait_s, run_id,
+                       f"ftui resume {run_id} --nnodes {spec.nnodes} --rdzv-endpoint {rdzv_endpoint}")
         recorded = store_nodes.nodes(store, run_id)  # the last node to join recorded the shared disk last
         step = store_nodes.common_checkpoint(recorded)
         if step is None:

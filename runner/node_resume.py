@@ -28,7 +28,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.checkpoint import (
     CheckpointError,
@@ -44,8 +44,27 @@ from runner.recipe import Recipe
 from store import Store
 from store import nodes as store_nodes
 
+if TYPE_CHECKING:
+    from runner.nodes import NodeAgent
+
 JOIN_WAIT_S = 600.0
 """How long a resuming node waits for the other nodes to join before it gives up (one line)."""
+
+
+def wait_for_nodes(store: Store, agent: NodeAgent, nnodes: int, wait_s: float, run_id: int, command: str) -> None:
+    """Wait until ``nnodes`` nodes joined the resuming run, renewing this node's heartbeat meanwhile
+    (waiting is not dying: settling fails a node silent for 30 s).
+
+    Raises:
+        NodeResumeError: fewer joined within ``wait_s``; one line naming ``command`` to run on every node.
+    """
+    deadline = time.monotonic() + wait_s
+    while len(joined := store_nodes.nodes(store, agent.run_id)) < nnodes:
+        if time.monotonic() >= deadline:
+            raise _refuse(f"run {run_id}: only {len(joined)} of {nnodes} nodes joined the resume within "
+                          f"{wait_s:.0f} s: run `{command}` on every node")
+        store_nodes.heartbeat(store, agent.run_id, agent.slot)
+        time.sleep(1.0)
 
 
 def _refuse(message: str) -> Exception:
@@ -185,7 +204,7 @@ def prepare_node_resume(
             fit it, or no step that every node holds complete (naming the nodes and what each holds).
     """
     from runner import orchestrator as orch
-    from runner.nodes import NodeAgent, prepare_node
+    from runner.nodes import prepare_node
     from runner.recipe import parse_recipe
 
     old = store.get_run(run_id)
@@ -225,14 +244,8 @@ def prepare_node_resume(
     chosen: dict[str, Any] = {}
 
     def choose(agent: NodeAgent) -> Recipe:
-        deadline = time.monotonic() + wait_s
-        while len(joined := store_nodes.nodes(store, agent.run_id)) < spec.nnodes:
-            if time.monotonic() >= deadline:
-                raise _refuse(f"run {run_id}: only {len(joined)} of {spec.nnodes} nodes joined the resume within "
-                              f"{wait_s:.0f} s: run `ftui resume {run_id} --node-rank K --main-addr ADDR` on "
-                              "every node")
-            store_nodes.heartbeat(store, agent.run_id, agent.slot)  # waiting is not dying (settle's 30 s)
-            time.sleep(1.0)
+        wait_for_nodes(store, agent, spec.nnodes, wait_s, run_id,
+                       f"ftui resume {run_id} --node-rank K --main-addr ADDR")
         recorded = store_nodes.nodes(store, run_id)  # every node recorded its disk before it joined
         step = store_nodes.common_checkpoint(recorded)
         if step is None:
