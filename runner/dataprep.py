@@ -379,11 +379,13 @@ def _write_cache(path: Path, payload: dict[str, Any]) -> None:
 
 
 def load_data(data: DataSection, tokenizer: Any, seed: int, *, use_cache: bool = True,
-              tokenizer_id: str | None = None, loader: Callable[[], Any] | None = None) -> DataSet:
+              tokenizer_id: str | None = None, loader: Callable[[], Any] | None = None,
+              key: str | None = None) -> DataSet:
     """The train and eval blocks of a recipe's data, from the cache when it holds them.
 
     ``tokenizer`` may be None with a ``loader`` that returns it: with ``tokenizer_id``
-    (:func:`local_tokenizer_digest`) a cached recipe never calls it.
+    (:func:`local_tokenizer_digest`) a cached recipe never calls it. ``key``: the :func:`cache_key` when the
+    caller has it (computing it hashes the whole source again).
 
     Raises:
         DataError: a bad source, row, eval split or size; one line naming the file and row.
@@ -391,9 +393,10 @@ def load_data(data: DataSection, tokenizer: Any, seed: int, *, use_cache: bool =
     import torch
 
     t0 = time.perf_counter()
-    if tokenizer is None and tokenizer_id is None and loader is not None:
-        tokenizer = loader()
-    key = cache_key(data, tokenizer, seed, tokenizer_id)
+    if key is None:
+        if tokenizer is None and tokenizer_id is None and loader is not None:
+            tokenizer = loader()
+        key = cache_key(data, tokenizer, seed, tokenizer_id)
     path = cache_path(key)
     if use_cache and path.is_file():
         try:
@@ -482,12 +485,13 @@ def prefill(recipe: Recipe) -> DataSet | None:
     if tokenizer_id is None:  # the builtin tokenizer, not trained yet: loading it trains it
         tokenizer = load_tokenizer(recipe)
         tokenizer_id = local_tokenizer_digest(recipe.model)
-    if cache_path(cache_key(recipe.data, tokenizer, recipe.train.seed, tokenizer_id)).is_file():
+    key = cache_key(recipe.data, tokenizer, recipe.train.seed, tokenizer_id)
+    if cache_path(key).is_file():
         # Cached: its rows were checked when it was written, and the ranks read it (a damaged file is
         # rebuilt there). Neither torch nor transformers is imported for a cached recipe.
         return None
     return load_data(recipe.data, tokenizer, recipe.train.seed, tokenizer_id=tokenizer_id,
-                     loader=lambda: load_tokenizer(recipe))
+                     loader=lambda: load_tokenizer(recipe), key=key)
 
 
 def block_tensor(blocks: Blocks) -> torch.Tensor:
