@@ -69,17 +69,20 @@ def _writer(db: str, run_id: int, seconds: float) -> None:
 
 
 def _app_child(db: str, mode: str, run_id: int, seconds: float) -> None:
-    from store import Store
-    from tui.app import make_app
+    from tui.app.app import dashboard  # what ``ftui`` runs
 
-    store = Store(db)
-    app = make_app(store)
+    app = dashboard(db)
 
     async def main() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
+            framed = time.monotonic()  # the Runs screen is composed and mounted: its first frame
             await pilot.pause()
             if mode == "paint":
-                print(json.dumps({"painted": time.monotonic()}), flush=True)
+                screen = app.screen
+                while not getattr(screen, "loaded", True):  # the store's newest runs are in the table
+                    await asyncio.sleep(0.002)
+                await pilot.pause()  # and drawn
+                print(json.dumps({"framed": framed, "painted": time.monotonic()}), flush=True)
                 return
             app.open_run(run_id)
             await pilot.pause(float(os.environ.get("FTUI_BENCH_WARMUP_S", "2")))  # first full read of the history (and of the run list) is start-up, not steady state

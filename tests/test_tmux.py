@@ -24,3 +24,27 @@ def test_tmux_drive(tmp_path: Path) -> None:
     timings = drive(tmp_path / "home", steps=60, log=seen.append)
     assert len(seen) == 11, seen
     assert timings["first_paint_s"] < 60  # the machine may be heavily loaded
+
+
+@pytest.mark.slow
+def test_ftui_over_a_store_that_cannot_open_says_so_in_one_line_and_exits_2(tmp_path: Path) -> None:
+    """In a real terminal: ``ftui --db`` naming a folder paints, then ends with the store's one line on the
+    restored terminal and exit code 2 (the store opens in the Runs screen's worker, after the first paint)."""
+    import os
+    import sys
+
+    from tmux_drive import Tmux
+
+    if _tmux() is None:
+        pytest.skip("tmux is not installed and could not be installed with apt-get")
+    tmux = Tmux(f"ftui-bad-db-{os.getpid()}", {"FTUI_HOME": str(tmp_path / "home")})
+    url = f"sqlite:///{tmp_path}"
+    tmux.start(["sh", "-c", f'"{sys.executable}" -m tui.cli --db "{url}"; echo "exit=$?"'])
+    try:
+        screen = tmux.wait(r"exit=\d", timeout=60)
+    finally:
+        tmux.kill()
+    lines = [line for line in screen.splitlines() if line.strip()]
+    assert lines[-1] == "exit=2", screen
+    said = "".join(lines[:-1])  # one line, wrapped by the terminal at 80 columns
+    assert said == f"ftui: --db {url}: {tmp_path} is a folder, not a database file", screen

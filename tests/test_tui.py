@@ -298,3 +298,40 @@ async def test_launch_monitor_stop_compare(store: Store) -> None:
                        what="compare rows")
         assert_compare(app.screen, [other, launched], ["name", "train.lr", "train.max_steps"])
     await asyncio.sleep(0)
+
+
+async def test_dashboard_paints_before_the_store_opens_and_fills_from_it(store: Store, tmp_path: Path) -> None:
+    """``ftui``'s app: the Runs screen is on screen while the store is still being opened (by its worker),
+    says so instead of "No runs yet", then shows the store's runs; the probe is not made before it is used."""
+    from tui.app.app import dashboard
+
+    add_finished_run(store, "alpha", 1e-3)
+    store.close()
+    app = dashboard(f"sqlite:///{tmp_path}/ftui.db")
+    assert app._store is None and app._probe is None
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = app.screen
+        assert isinstance(screen, RunsScreen)
+        if not screen.loaded:  # the first frame came before the store answered
+            assert not screen.has_class("-empty")
+            assert "reading the store" in str(screen.query_one("#runs-status").render())
+        await wait_for(pilot, lambda: screen.loaded, what="runs loaded")
+        await pilot.pause()
+        table = screen.query_one("#runs-table", DataTable)
+        assert table.row_count == 1 and str(table.get_row_at(0)[2]) == "alpha"
+        assert app._store is not None and app._probe is None
+    app.store.close()
+
+
+async def test_dashboard_over_a_store_that_cannot_open_exits_2_with_one_line(tmp_path: Path) -> None:
+    """A --db that is a folder: the app ends with exit code 2 and the store's one line, as ``ftui runs``
+    does (tests/test_cli_db.py), instead of polling a store that is not there."""
+    from tui.app.app import dashboard
+
+    app = dashboard(f"sqlite:///{tmp_path}")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.return_code is not None or app._exit_renderables, timeout=30,
+                       what="the app to exit")
+    assert app.return_code == 2
+    assert app.store_error is not None
+    assert str(app.store_error) == f"--db sqlite:///{tmp_path}: {tmp_path} is a folder, not a database file"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from functools import lru_cache
@@ -13,7 +14,7 @@ from textual.binding import Binding
 from textual.markup import escape
 from textual.screen import Screen
 
-from store import RunInfo, Store
+from store import RunInfo, Store, StoreError
 from store.store import utcnow
 from tui.app.messages import CompareRuns, LaunchFailed, Notice, OpenRun, RunLaunched
 from tui.app.screens.runs import RunsScreen
@@ -45,16 +46,22 @@ class FtuiApp(App[int]):
         Binding("q", "quit", "Quit"),
     ]
 
-    def __init__(self, store: Store, probe: Any = None, fake_gpus: int = 0, now: Callable[[], datetime] = utcnow,
-                 refresh_s: float = 1.0, monitor_s: float = 1.0, python: str = sys.executable,
-                 notify_on_end: bool = False) -> None:
+    def __init__(self, store: Store | Callable[[], Store], probe: Any = None, fake_gpus: int = 0,
+                 now: Callable[[], datetime] = utcnow, refresh_s: float = 1.0, monitor_s: float = 1.0,
+                 python: str = sys.executable, notify_on_end: bool = False,
+                 make_probe: Callable[[], Any] | None = None) -> None:
         super().__init__()
         self.notify_on_end = notify_on_end
         """The setting ``b`` toggles (``ftui --notify`` starts with it on): when a run ends or fails, ring
         the bell and send a desktop notification (``tui.notify``)."""
         self._statuses: dict[int, str] = {}
-        self.store = store
-        self.probe = probe
+        self._store: Store | None = store if isinstance(store, Store) else None
+        self._open_store: Callable[[], Store] | None = None if isinstance(store, Store) else store
+        self._probe: Any = probe
+        self._make_probe = make_probe
+        self._opening = threading.Lock()
+        self.store_error: StoreError | None = None
+        """Why the store could not be opened (the app is then exiting with code 2)."""
         self.fake_gpus = fake_gpus
         self.now = now
         """The clock for durations of running runs (frozen in snapshot tests)."""
@@ -64,6 +71,44 @@ class FtuiApp(App[int]):
         """The interpreter runs are launched with (shown in the Compose preview)."""
         self.runs: list[RunInfo] = []
         """The latest list the Runs screen loaded (the palette's "Open run" commands; no DB read per key)."""
+
+    @property
+    def store(self) -> Store:
+        """The store. ``ftui`` gives an opener, called here on first use, by the Runs screen's worker:
+        the screen paints while the database driver is imported and the connection made. A store that
+        cannot be opened ends the app with its one line and exit code 2, as any other command does."""
+        with self._opening:
+            if self.store_error is not None:
+                raise self.store_error
+            if self._store is None:
+                assert self._open_store is not None
+                try:
+                    self._store = self._open_store()
+                except StoreError as exc:
+                    self.store_error = exc
+                    self._fail()
+                    raise
+            return self._store
+
+    @property
+    def probe(self) -> Any:
+        """The hardware probe (NVML, psutil); ``make_probe`` is called on first use, from a worker (NVML's
+        initialisation can take a GPU box a noticeable part of a second, never before the first paint)."""
+        with self._opening:
+            if self._probe is None and self._make_probe is not None:
+                self._probe = self._make_probe()
+            return self._probe
+
+    def _fail(self) -> None:
+        """Exit with code 2 (``run_app`` prints ``store_error`` on the restored terminal); any thread. After
+        the next refresh: an exit while the first screen is still mounting fails inside Textual."""
+        def leave() -> None:
+            self.call_after_refresh(self.exit, None, 2)
+
+        if threading.get_ident() == self._thread_id:
+            leave()
+        else:
+            self.call_from_thread(leave)
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
@@ -169,22 +214,31 @@ def _cpu_threads(nproc: int, device: str) -> int | None:
                                                                      "strategy": strategy}}))
 
 
-def make_app(store: Store, probe: Any = None, fake_gpus: int = 0, **kwargs: Any) -> FtuiApp:
-    """The app over a store and a hardware probe (the CLI and the tests both build it here)."""
+def make_app(store: Store | Callable[[], Store], probe: Any = None, fake_gpus: int = 0, **kwargs: Any) -> FtuiApp:
+    """The app over a store (or what opens it) and a hardware probe (the CLI and the tests build it here)."""
     return FtuiApp(store, probe=probe, fake_gpus=fake_gpus, **kwargs)
 
 
-def run_app(db_url: str | None = None, fake_gpus: int = 0, notify_on_end: bool = False) -> int:
-    """``ftui`` with no command: open the dashboard; returns the exit code."""
-    from runner.orchestrator import probe_for
+def dashboard(db_url: str | None = None, fake_gpus: int = 0, notify_on_end: bool = False) -> FtuiApp:
+    """What ``ftui`` runs: nothing is opened, probed or imported beyond the Runs screen's needs before the
+    first paint (the store and the probe open on first use, from workers; bench/bench_tui.py times this)."""
     from runner.paths import default_db_url
-    from store import StoreError
 
-    try:
-        store = Store(db_url or default_db_url())
-    except StoreError as exc:
-        print(f"ftui: {exc}")
-        return 2
-    app = make_app(store, probe=probe_for(fake_gpus), fake_gpus=fake_gpus, notify_on_end=notify_on_end)
+    def probe() -> Any:
+        from runner.hardware import Probe
+
+        return Probe.fake(fake_gpus) if fake_gpus else Probe()
+
+    url = db_url or default_db_url()
+    return make_app(lambda: Store(url), fake_gpus=fake_gpus, notify_on_end=notify_on_end,
+                    make_probe=probe)
+
+
+def run_app(db_url: str | None = None, fake_gpus: int = 0, notify_on_end: bool = False) -> int:
+    """``ftui`` with no command: open the dashboard; returns the exit code (2: the store cannot be opened)."""
+    app = dashboard(db_url, fake_gpus, notify_on_end)
     result = app.run()
+    if app.store_error is not None:
+        print(f"ftui: {app.store_error}", file=sys.stderr)
+        return 2
     return int(result or app.return_code or 0)

@@ -96,6 +96,8 @@ class RunsScreen(Screen[None]):
         """Runs read and polled (the newest); None after ``A``: every run."""
         self.total: int | None = None
         """How many runs the store holds when only the newest are shown."""
+        self.loaded = False
+        """The first read of the store is on screen (bench/bench_tui.py times spawn to this)."""
 
     @property
     def ftui(self) -> FtuiApp:
@@ -106,7 +108,7 @@ class RunsScreen(Screen[None]):
         yield Input(placeholder="filter: name, status, strategy, tag… (/)", id="filter")
         yield DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
         yield Static(EMPTY_HINT, id="runs-empty", markup=False)
-        yield Static("", id="runs-status")
+        yield Static("reading the store…", id="runs-status")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -129,6 +131,8 @@ class RunsScreen(Screen[None]):
                     self.post_message(load_runs(self.ftui.store, self.limit))
                 first = False
             except Exception as exc:  # noqa: BLE001 (a locked or vanished database: say so, keep polling)
+                if self.ftui.store_error is not None:
+                    return  # it could not be opened: the app is exiting with that line
                 self.post_message(LaunchFailed(f"store: {exc}"))
             for _ in range(10):
                 if worker.is_cancelled:
@@ -141,6 +145,7 @@ class RunsScreen(Screen[None]):
         self.total = message.total
         self.ftui.runs = message.runs
         self.ftui.runs_polled(message.runs)  # a run that ended: bell and notification, when set
+        self.loaded = True
         self.refresh_table()
 
     def watch_filter_text(self) -> None:
@@ -199,7 +204,10 @@ class RunsScreen(Screen[None]):
                 except Exception:  # noqa: BLE001 (the run is filtered out or deleted)
                     pass
         # The table stays (it holds the focus, so that keys are not typed into the filter); the hint shows below.
-        self.set_class(not self.runs, "-empty")
+        self.set_class(self.loaded and not self.runs, "-empty")  # not "No runs yet" before the store answered
+        if not self.loaded:
+            self.query_one("#runs-status", Static).update(Text("reading the store…"))
+            return
         self.query_one("#runs-status", Static).update(Text(
             f"{len(rows)} of {len(self.runs)} runs"
             + (f" (the newest of {self.total:,}: A reads all)" if self.total and self.total > len(self.runs) else "")
