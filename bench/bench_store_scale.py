@@ -18,8 +18,9 @@ Measured, each ``--repeat`` times (median reported):
    command (a child process, interpreter start included), and the in-process time of reading the
    comparison and rendering its table; the 10-run child is also checked for torch/transformers imports
    (``-X importtime``);
-3. ``ftui runs`` (wall, child process) and the Runs screen's first paint (spawn to first refresh,
-   headless, ``bench/bench_tui.py``'s child), and the Compare screen's time to data;
+3. ``ftui runs`` (wall, child process) and the Runs screen's first paint (spawn to the first frame
+   showing the store's runs, and to the screen's first frame, headless, ``bench/bench_tui.py``'s child
+   running what ``ftui`` runs), and the Compare screen's time to data;
 4. the Monitor following a long run (running, one step and 16 samples every 0.5 s written by another
    process): CPU of the app process, ``bench/bench_tui.py``'s monitor child.
 
@@ -314,7 +315,9 @@ def measure(db: str, args: argparse.Namespace, tmp: str) -> None:
         rec_child("ftui runs (wall)", _wall([*cli, "runs", "--db", db], env)[0])
         t0 = time.monotonic()
         out = _wall([sys.executable, str(ROOT / "bench" / "bench_tui.py"), "--child", db, "paint", "0"], env)[1]
-        rec_child("Runs screen first paint (spawn to paint)", json.loads(out.strip().splitlines()[-1])["painted"] - t0)
+        got = json.loads(out.strip().splitlines()[-1])
+        rec_child("Runs screen first paint with its runs (spawn to paint)", got["painted"] - t0)
+        rec("Runs screen first frame, before the store answers (spawn to frame)", got["framed"] - t0)
         out = _wall([sys.executable, __file__, "--compare-child", db, ",".join(map(str, ten))], env)[1]
         rec("Compare screen of 10 runs, time to data (from push)", json.loads(out.strip().splitlines()[-1])["to_data"])
         out = _wall([sys.executable, __file__, "--compare-child", db, ",".join(map(str, many))], env)[1]

@@ -2,8 +2,10 @@
 
     python bench/bench_tui.py [--seconds 20]
 
-1. first paint: from spawning ``python`` to the Runs screen's first refresh (interpreter start,
-   imports, store open, first render), in a child process, headless (Textual's run_test driver).
+1. first paint: from spawning ``python`` to the first frame of the Runs screen that shows the store's
+   runs (interpreter start, imports, the store opened and read by the screen's worker, the render), in a
+   child process running what ``ftui`` runs (``tui.app.app.dashboard``), headless (Textual's run_test
+   driver); also spawn to the screen's first frame, drawn before the store answers.
 2. monitor: CPU of the app process (getrusage, all its threads) over ``--seconds`` while it watches a
    running 8-GPU run whose store gets 8 fake GPU samples + 8 rank samples every 0.5 s and one step
    every 0.5 s on top of a 100k-point loss history; the writer is a separate process, not counted.
@@ -72,17 +74,25 @@ def _app_child(db: str, mode: str, run_id: int, seconds: float) -> None:
     from tui.app.app import dashboard  # what ``ftui`` runs
 
     app = dashboard(db)
+    drawn: list[float] = []
+    display = app._display
+
+    def _display(screen: object, renderable: object) -> None:
+        # The first frame drawn after the store's runs reached the table: the screen with its rows.
+        if not drawn and getattr(app.screen, "loaded", False):
+            drawn.append(time.monotonic())
+        display(screen, renderable)  # type: ignore[arg-type]
+
+    app._display = _display  # type: ignore[method-assign]
 
     async def main() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
             framed = time.monotonic()  # the Runs screen is composed and mounted: its first frame
             await pilot.pause()
             if mode == "paint":
-                screen = app.screen
-                while not getattr(screen, "loaded", True):  # the store's newest runs are in the table
+                while not drawn:
                     await asyncio.sleep(0.002)
-                await pilot.pause()  # and drawn
-                print(json.dumps({"framed": framed, "painted": time.monotonic()}), flush=True)
+                print(json.dumps({"framed": framed, "painted": drawn[0]}), flush=True)
                 return
             app.open_run(run_id)
             await pilot.pause(float(os.environ.get("FTUI_BENCH_WARMUP_S", "2")))  # first full read of the history (and of the run list) is start-up, not steady state
@@ -112,20 +122,23 @@ def main() -> None:
         env = {**os.environ, "FTUI_HOME": tmp}
         db = f"sqlite:///{tmp}/ftui.db"
         run_id = _fill(db, Path(tmp) / "run")
-        paints = []
+        paints, frames = [], []
         for _ in range(3):
             t0 = time.monotonic()
             out = subprocess.run([sys.executable, __file__, "--child", db, "paint", str(run_id)], env=env,
                                  capture_output=True, text=True, check=True).stdout
-            paints.append(json.loads(out.strip().splitlines()[-1])["painted"] - t0)
+            got = json.loads(out.strip().splitlines()[-1])
+            paints.append(got["painted"] - t0)
+            frames.append(got["framed"] - t0)
         writer = subprocess.Popen([sys.executable, __file__, "--writer", db, str(run_id),
                                    "--seconds", str(args.seconds + 8)], env=env)
         out = subprocess.run([sys.executable, __file__, "--child", db, "monitor", str(run_id),
                               "--seconds", str(args.seconds)], env=env, capture_output=True, text=True, check=True).stdout
         writer.wait()
         mon = json.loads(out.strip().splitlines()[-1])
-    print(f"first paint (spawn to Runs screen, headless, {HISTORY_STEPS:,}-step run in the store): "
-          f"best {min(paints):.2f} s, runs {', '.join(f'{p:.2f}' for p in paints)} (target <= 1 s)")
+    print(f"first paint (spawn to the Runs screen showing its runs, headless, {HISTORY_STEPS:,}-step run in the "
+          f"store): best {min(paints):.2f} s, runs {', '.join(f'{p:.2f}' for p in paints)} (target <= 1 s); "
+          f"the screen's first frame (before the store answers): {', '.join(f'{p:.2f}' for p in frames)} s")
     print(f"monitor, 8 fake GPUs + 8 ranks at 2 Hz, {HISTORY_STEPS:,}-point loss history: "
           f"{100 * mon['cpu_s'] / mon['wall_s']:.1f}% of one core over {mon['wall_s']:.0f} s (target <= 5%)")
 

@@ -50,7 +50,8 @@ def recipe_for_node(recipe: Any, run_dir: Path, env: dict[str, str] | None = Non
     if not path.is_file():
         return recipe
     by_rank = json.loads(path.read_text())["by_node_rank"]
-    rank = node_rank(env)
+    # One machine (a one-node SLURM job): node rank 0, and one process may run without torchrun's variables.
+    rank = 0 if list(by_rank) == ["0"] else node_rank(env)
     if str(rank) not in by_rank:
         raise ValueError(f"train.resume_from: {path} has no folder for node rank {rank} "
                          f"(node ranks {', '.join(sorted(by_rank))})")

@@ -40,6 +40,10 @@ def test_each_rank_takes_its_folder_from_the_node_rank_torchrun_gave_it(tmp_path
         node_rank({})
     with pytest.raises(ValueError, match="no folder for node rank 3"):
         recipe_for_node(recipe, tmp_path, {"GROUP_RANK": "3"})
+    one = tmp_path / "one"
+    one.mkdir()
+    write_map(one, 4, {0: "/old/n0/checkpoints/step-4"})  # one machine: one process, torchrun may set nothing
+    assert recipe_for_node(recipe, one, {}).train.resume_from == "/old/n0/checkpoints/step-4"
     (tmp_path / "shared").mkdir()
     assert unreadable({0: ("a", str(tmp_path / "shared")), 1: ("b", str(tmp_path / "gone")), 2: ("c", "")}) == [
         f"node 1 (b): {tmp_path / 'gone'}", "node 2 (c): (no folder recorded)"]
