@@ -225,9 +225,9 @@ def dashboard(db_url: str | None = None, fake_gpus: int = 0, notify_on_end: bool
     from runner.paths import default_db_url
 
     def probe() -> Any:
-        from runner.hardware import Probe
+        from runner.orchestrator import probe_for
 
-        return Probe.fake(fake_gpus) if fake_gpus else Probe()
+        return probe_for(fake_gpus)
 
     url = db_url or default_db_url()
     return make_app(lambda: Store(url), fake_gpus=fake_gpus, notify_on_end=notify_on_end,
