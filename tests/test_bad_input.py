@@ -93,6 +93,19 @@ def test_any_override_is_applied_or_refused_in_one_line(key: str, value: object)
         check_one_line(exc, "--set")
 
 
+@pytest.mark.parametrize(("text", "override", "said"), [
+    ("", "lunch.nproc=2", "--set lunch.nproc: lunch: unknown field"),  # a section only the --set made
+    ("", "A.A=0", "--set A.A: A: unknown field"),  # hypothesis' falsifying example
+    ("", "launch.nprocz=2", "--set launch.nprocz: unknown field"),
+    ("[lunch]\nx = 1\n", "lunch.y=2", "<t>:1: lunch: unknown field"),  # the file's own section: its line
+    ("[train]\nlr = 1e-4\n", "train.lr=-1", "--set train.lr: Input should be greater than 0 (got -1)"),
+])
+def test_an_unknown_field_names_where_it_came_from(text: str, override: str, said: str) -> None:
+    with pytest.raises(RecipeError) as info:
+        parse_recipe(text, source="<t>", overrides=[override])
+    assert str(info.value) == said
+
+
 @pytest.mark.parametrize("text", ["", "   \n\t\n", "# just a comment\n\n# another\n"])
 def test_an_empty_recipe_file_is_an_error(tmp_path: Path, text: str) -> None:
     path = tmp_path / "recipe.toml"

@@ -38,8 +38,10 @@ class Tmux:
         subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", str(self.width), "-y", str(self.height),
                         # COLUMNS/LINES inherited from a parent (pytest's set them) would override the pane's
                         # real size in shutil.get_terminal_size, which Textual reads.
+                        # After the command, its exit status stays on the pane for a failing wait to show
+                        # (the drive kills the session when it is done).
                         f"cd {shlex.quote(str(ROOT))} && env -u COLUMNS -u LINES {env} {shlex.join(command)}; "
-                        "sleep 30"], check=True)
+                        'echo "[the command exited with status $?]"; sleep 900'], check=True)
         return started
 
     def keys(self, *keys: str) -> None:
@@ -52,7 +54,10 @@ class Tmux:
         subprocess.run(["tmux", "send-keys", "-t", self.name, "-l", "".join(chars)], check=True)
 
     def screen(self) -> str:
-        return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True).stdout
+        shown = subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True)
+        if shown.returncode != 0:  # the session (or the server) is gone: say so in what a failing wait prints
+            return f"[no screen: tmux capture-pane: {shown.stderr.strip()}]"
+        return shown.stdout
 
     def wait(self, pattern: str, timeout: float = 60.0) -> str:
         return self.wait_until(lambda screen: re.search(pattern, screen) is not None, pattern, timeout)
@@ -147,7 +152,7 @@ def drive(home: Path, steps: int = 60, log=print) -> dict[str, float]:  # type: 
     # Killing a server's last session shuts the server down; a new-session racing that shutdown fails
     # ("lost server"). A keeper session holds the server up between ftui's two sessions.
     keeper = f"ftui-keeper-{os.getpid()}"
-    subprocess.run(["tmux", "new-session", "-d", "-s", keeper, "sleep 600"], check=True)
+    subprocess.run(["tmux", "new-session", "-d", "-s", keeper, "sleep 3600"], check=True)
     timings: dict[str, float] = {}
     try:
         started = tmux.start(command)
