@@ -72,7 +72,14 @@ class Tmux:
             if shown(screen):
                 return screen
             time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {what}; screen:\n{screen}")
+        raise AssertionError(f"timed out waiting for {what}; screen:\n{screen}{self.ended()}")
+
+    def ended(self) -> str:
+        """When the command has ended (a crash prints its traceback above the status line): the pane's last
+        200 lines, scrollback included; else nothing."""
+        history = subprocess.run(["tmux", "capture-pane", "-p", "-S", "-200", "-t", self.name], capture_output=True,
+                                 text=True).stdout
+        return f"\n--- the command ended; the pane with its scrollback:\n{history}" if "[the command exited" in history else ""
 
     def wait_gone(self, pattern: str, timeout: float = 60.0) -> str:
         deadline = time.monotonic() + timeout
@@ -114,7 +121,10 @@ class Tmux:
         self.text(f"go to field: {label}")
         self.wait(rf"Go to field: {re.escape(label)}", timeout=60)
         self.keys("Enter")
-        self.wait_gone(r"Search for commands", timeout=60)  # the palette closed
+        # The palette closed. Not its placeholder ("Search for commands" goes as soon as text is typed): the
+        # typed text, or the hit it becomes. A key sent while it is still closing reaches the palette, and a
+        # second Enter there makes Textual's palette dismiss itself twice: ScreenStackError ends the app.
+        self.wait_gone(r"(?i)go to field: ", timeout=60)
 
     def choose(self, label: str, option: str, listed: tuple[str, str], attempts: int = 4,
                timeout: float = 20.0) -> str:
