@@ -437,10 +437,9 @@ def _first_error(exc: ValidationError, text: str, source: str, overridden: Set[s
     if path in overridden:  # the value came from the command line, not from the file's line
         return RecipeError(f"--set {path}: {msg}{more}", field=path, problem=msg + more, file="--set")
     line = _find_line(text, path)
-    made_by = sorted(key for key in overridden if key.startswith(f"{path}."))
+    made_by = min((key for key in overridden if key.startswith(f"{path}.")), default=None)
     if made_by and line is None:  # a section only an override made (``--set lunch.nproc=2``): name that --set
-        return RecipeError(f"--set {made_by[0]}: {path}: {msg}{more}", field=path, problem=msg + more,
-                           file="--set")
+        return RecipeError(f"--set {made_by}: {path}: {msg}{more}", field=path, problem=msg + more, file="--set")
     where = f"{source}:{line}" if line else source
     return RecipeError(f"{where}: {path}: {msg}{more}", field=path, problem=msg + more, file=source, line=line)
 

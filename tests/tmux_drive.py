@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+EXITED = "[the command exited with status"
+"""What the pane prints when the driven command ends (a crash prints its traceback above it)."""
 
 
 class Tmux:
@@ -41,7 +43,7 @@ class Tmux:
                         # After the command, its exit status stays on the pane for a failing wait to show
                         # (the drive kills the session when it is done).
                         f"cd {shlex.quote(str(ROOT))} && env -u COLUMNS -u LINES {env} {shlex.join(command)}; "
-                        'echo "[the command exited with status $?]"; sleep 900'], check=True)
+                        f'echo "{EXITED} $?]"; sleep 900'], check=True)
         return started
 
     def keys(self, *keys: str) -> None:
@@ -79,7 +81,7 @@ class Tmux:
         200 lines, scrollback included; else nothing."""
         history = subprocess.run(["tmux", "capture-pane", "-p", "-S", "-200", "-t", self.name], capture_output=True,
                                  text=True).stdout
-        return f"\n--- the command ended; the pane with its scrollback:\n{history}" if "[the command exited" in history else ""
+        return f"\n--- the command ended; the pane with its scrollback:\n{history}" if EXITED in history else ""
 
     def wait_gone(self, pattern: str, timeout: float = 60.0) -> str:
         deadline = time.monotonic() + timeout
