@@ -2,10 +2,10 @@
 
     python bench/bench_cpu_peak.py [--dtypes fp32,bf16] [--threads 1,2] [--repeats 5] [--rounds 3]
 
-For each dtype and thread count it runs :func:`runner.mfu.measure_cpu_peak` (warm-up, sizes grown until
+For each dtype and thread count it runs :func:`runner.analysis.mfu.measure_cpu_peak` (warm-up, sizes grown until
 the rate stops rising, repeats, best of them) ``--rounds`` times and prints, per round, the size that
 reached the peak, the best and the (min, median) of its repeats; then how far the rounds' peaks lie
-apart. Nothing is cached (this does not touch ``runner.paths.cache_dir()``). The host's load average
+apart. Nothing is cached (this does not touch ``runner.spec.paths.cache_dir()``). The host's load average
 is printed with each round: on a shared machine the peak comes out low when others compute.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runner import mfu  # noqa: E402
+from runner.analysis import mfu  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 
     python bench/bench_data.py [--rows 100000] [--runs]
 
-1. Data step (in process, the trainer's own function, runner.dataprep.load_data): a chat JSONL of
+1. Data step (in process, the trainer's own function, runner.data.prepare.load_data): a chat JSONL of
    ``--rows`` conversations (recipes/data/make_chat.py's generator), completion-only labels, packed
    blocks of 256 and a 1% eval split: tokens/s of the cold step (read, render, tokenize, pack, write the
    cache) and the wall time cold vs cached.
@@ -10,7 +10,7 @@
    no eval), cold (empty data cache: the pre-flight tokenizes) then cached (same recipe again), each
    ``--repeat`` times after a warm-up run: from the command's start to the start of training (the
    ``start`` event) and to step 1's event in the journal.
-3. Evaluation cost: ``runner.evaluate.eval_loss`` over an eval set of 16 blocks of 128 against the bare forward
+3. Evaluation cost: ``runner.rank.evaluate.eval_loss`` over an eval set of 16 blocks of 128 against the bare forward
    passes over the same batches (the builtin model, one process): the ratio says what an evaluation
    adds beyond its own forwards.
 
@@ -45,14 +45,14 @@ def write_chat(path: Path, rows: int) -> None:
 
 
 def data_step(path: Path) -> dict[str, Any]:
-    from runner import dataprep
-    from runner.recipe import parse_recipe
+    from runner.data import prepare
+    from runner.spec.recipe import parse_recipe
 
     recipe = parse_recipe(f'[data]\nsource = "{path}"\nformat = "chat"\ntrain_on = "completions"\n'
                           'context_length = 256\neval_fraction = 0.01\n')
-    tokenizer = dataprep.load_tokenizer(recipe)
-    cold = dataprep.load_data(recipe.data, tokenizer, 0)
-    cached = dataprep.load_data(recipe.data, tokenizer, 0)
+    tokenizer = prepare.load_tokenizer(recipe)
+    cold = prepare.load_data(recipe.data, tokenizer, 0)
+    cached = prepare.load_data(recipe.data, tokenizer, 0)
     assert not cold.cached and cached.cached
     return {"rows": sum(1 for _ in open(path)), "tokens": cold.tokens, "cold_s": round(cold.seconds, 2),
             "cached_s": round(cached.seconds, 3), "tokens_per_s_cold": round(cold.tokens / cold.seconds),
@@ -104,8 +104,9 @@ def eval_cost() -> dict[str, Any]:
     from accelerate import Accelerator
     from transformers import LlamaForCausalLM
 
-    from runner import builtin, evaluate
-    from runner.data import Blocks
+    from runner.data.source import Blocks
+    from runner.rank import evaluate
+    from runner.spec import builtin
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(builtin.tiny_llama_config())

@@ -4,9 +4,9 @@
         [--strategies single,ddp,fsdp] [--ckpt off,on] [--seqs 128,256] [--out FILE.jsonl] [--markdown]
 
 Each point trains a tiny model of the architecture (built offline from transformers' config classes,
-runner/memgrid.py) for two steps with the real trainer: ``single`` in this process, ``ddp``/``fsdp``
+runner/service/memgrid.py) for two steps with the real trainer: ``single`` in this process, ``ddp``/``fsdp``
 launched by the orchestrator over 2 ranks (gloo). The measured figure is the busiest rank's peak
-(runner/memtrack.py: live tensors on CPU, the CUDA allocator on GPU); the estimated one is
+(runner/rank/memtrack.py: live tensors on CPU, the CUDA allocator on GPU); the estimated one is
 ``runner.planner.estimate`` of the same recipe. Results are appended to ``--out`` as JSON lines, and
 points already there are skipped, so an interrupted grid resumes. ``--markdown`` prints the table of
 docs/memory-model.md from ``--out``.
@@ -47,7 +47,7 @@ def table(rows: list[dict]) -> str:
 def reestimate(rows: list[dict]) -> list[dict]:
     """The stored measurements beside the CURRENT estimate of each point (the estimate is a pure function of
     the recipe, so a changed formula is checked against the same measurements without training again)."""
-    from runner import memgrid
+    from runner.service import memgrid
 
     models = Path(tempfile.mkdtemp(prefix="ftui-memgrid-models-"))
     out = []
@@ -84,7 +84,7 @@ def main() -> int:
         print(table(reestimate(list(done.values()))))
         return 0
 
-    from runner import memgrid
+    from runner.service import memgrid
     from store import Store
 
     work = Path(tempfile.mkdtemp(prefix="ftui-memgrid-"))

@@ -37,7 +37,7 @@ from runner.hardware import (  # noqa: E402
     ProcessGpuMemory,
     ProcessTree,
 )
-from runner.telemetry import Sampler  # noqa: E402
+from runner.watch.telemetry import Sampler  # noqa: E402
 from store import Store  # noqa: E402
 
 RANK = (

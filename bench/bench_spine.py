@@ -40,10 +40,10 @@ def bare_loop(steps: int, warmup: int, threads: int) -> float:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from runner import builtin
-    from runner.data import load_blocks
-    from runner.paths import cache_dir
-    from runner.recipe import load_recipe
+    from runner.data.source import load_blocks
+    from runner.spec import builtin
+    from runner.spec.paths import cache_dir
+    from runner.spec.recipe import load_recipe
 
     torch.set_num_threads(threads)
     recipe = load_recipe(RECIPE)

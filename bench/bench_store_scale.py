@@ -79,7 +79,7 @@ def _summary_template() -> dict[str, Any]:
 def _add_run(store: Any, recipe: Any, name: str, steps: int, batch: int, status: str = "completed",
              named: int = 0) -> tuple[int, float]:
     """One run through the real write path; returns (run id, seconds spent ingesting step events)."""
-    from runner.mfu import run_flops_per_token
+    from runner.analysis.mfu import run_flops_per_token
     from store.store import utcnow
 
     summary = _summary_template()
@@ -127,7 +127,7 @@ def _add_run(store: Any, recipe: Any, name: str, steps: int, batch: int, status:
 
 
 def fill(db: str, args: argparse.Namespace) -> dict[str, Any]:
-    from runner.recipe import load_recipe
+    from runner.spec.recipe import load_recipe
     from store import Store
 
     store = Store(db)
@@ -175,7 +175,7 @@ def in_process_compare(db: str, run_ids: list[int]) -> tuple[float, float]:
     """Seconds (wall, CPU of this process) to read a comparison and render its table (no interpreter start)."""
     from rich.console import Console
 
-    from runner.compare import load_comparison
+    from runner.analysis.compare import load_comparison
     from store import Store
     from tui.render import compare as rep
 

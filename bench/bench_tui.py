@@ -31,7 +31,7 @@ HISTORY_STEPS = 100_000
 
 
 def _fill(db: str, run_dir: Path) -> int:
-    from runner.recipe import load_recipe
+    from runner.spec.recipe import load_recipe
     from store import Store
 
     store = Store(db)

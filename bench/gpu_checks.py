@@ -68,8 +68,8 @@ def build_tinyllama(folder: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from runner import builtin
-    from runner.paths import cache_dir
+    from runner.spec import builtin
+    from runner.spec.paths import cache_dir
 
     config = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
                          num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048,

@@ -11,8 +11,8 @@ def tiny_model_and_blocks(context_length: int = 64, seed: int = 0) -> tuple[Any,
     import torch
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from runner.builtin import corpus_text, ensure_tokenizer, tiny_llama_config
-    from runner.paths import cache_dir
+    from runner.spec.builtin import corpus_text, ensure_tokenizer, tiny_llama_config
+    from runner.spec.paths import cache_dir
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(ensure_tokenizer(cache_dir())))
     ids = tokenizer(corpus_text())["input_ids"]

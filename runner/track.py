@@ -21,13 +21,13 @@ What is written:
   ``DistributedType`` in effect; ``None`` when it cannot be read: "not reported", never guessed),
   ``world_size``, ``device_type``, ``mixed_precision``, ``params``/``trainable_params`` when a model is
   given, ``total_steps`` when given. ftui fails the run when the distributed type is not one the
-  asked strategy allows (``runner/strategies.py`` ``expect``), as for recipe runs.
+  asked strategy allows (``runner/spec/strategies.py`` ``expect``), as for recipe runs.
 * ``step`` (:func:`log`): ``loss``, ``lr`` (or ``learning_rate``), ``grad_norm``, ``tokens`` (cumulative,
   over all ranks), ``epoch`` go to the store's metric columns; ``step_time`` and ``tokens_per_s`` are
   measured here between consecutive calls. Every other numeric key is a named metric (a ``metrics``
-  event, ``runner.events.MetricsEvent``: the store's ``named_metrics``, ``docs/metrics.md``).
+  event, ``runner.spec.events.MetricsEvent``: the store's ``named_metrics``, ``docs/metrics.md``).
 * ``metrics`` (:func:`log_eval`): evaluation figures at a step, named ``eval/<name>``.
-* ``end`` (written once, by ``runner.script_run`` when the script exits): the status and the figures
+* ``end`` (written once, by ``runner.rank.script_run`` when the script exits): the status and the figures
   measured here (``train_seconds`` from :func:`start`, or the first :func:`log`, to the last call).
 """
 
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 RUN_ENV = "FTUI_RUN_DIR"
-"""Set by ftui in every process of a run (``runner.procs.RUN_ENV``): the run folder."""
+"""Set by ftui in every process of a run (``runner.watch.procs.RUN_ENV``): the run folder."""
 
 STEP_KEYS = {"loss", "lr", "learning_rate", "grad_norm", "tokens", "epoch", "step"}
 """Keys of :func:`log` that fill the store's metric columns; the rest go under ``metrics``."""
@@ -72,7 +72,7 @@ class _Tracker:
 
     def writer(self) -> Any:
         if self._writer is None:
-            from runner.events import EVENTS_FILE, JournalWriter
+            from runner.spec.events import EVENTS_FILE, JournalWriter
 
             assert self.run_dir is not None
             self._writer = JournalWriter(self.run_dir / EVENTS_FILE)
@@ -194,7 +194,7 @@ def start(
         payload["params"], payload["trainable_params"] = counts
     config = getattr(getattr(model, "module", model), "config", None)  # DDP wraps the model
     if config is not None and context_length:
-        from runner.mfu import dims_from_config
+        from runner.analysis.mfu import dims_from_config
 
         payload["model_dims"] = dims_from_config(config, int(context_length))
     t.emit("start", **payload)
@@ -275,9 +275,9 @@ def _eval_name(name: str) -> str:
 
 
 def _named(step: int, values: Mapping[str, Any]) -> None:
-    """One ``metrics`` event (``runner.events.MetricsEvent``: the store's named metrics) at ``step``;
+    """One ``metrics`` event (``runner.spec.events.MetricsEvent``: the store's named metrics) at ``step``;
     a name the store cannot keep (empty, over 200 characters) is left out rather than failing the script."""
-    from runner.events import METRIC_NAME_MAX, metrics_event
+    from runner.spec.events import METRIC_NAME_MAX, metrics_event
 
     keep = {str(k): _number(v) for k, v in values.items()
             if isinstance(k, str) and k.strip() and len(k) <= METRIC_NAME_MAX}
@@ -296,14 +296,14 @@ def training_done(**summary: Any) -> None:
 
 
 def error(message: str) -> None:
-    """Report why the script failed (one line); ``runner.script_run`` calls it for an exception."""
+    """Report why the script failed (one line); ``runner.rank.script_run`` calls it for an exception."""
     t = _TRACKER
     if t.enabled:
         t.emit("error", message=" ".join(message.split())[:2000], rank=0)
 
 
 def finish(status: str = "completed") -> None:
-    """Write the ``end`` event (once): ``runner.script_run`` calls it when the script exits."""
+    """Write the ``end`` event (once): ``runner.rank.script_run`` calls it when the script exits."""
     t = _TRACKER
     if not t.enabled or t.ended:
         return

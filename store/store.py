@@ -460,7 +460,7 @@ class Store:
     def ingest(self, run_id: int, events: Sequence[dict[str, Any]], source: str = "trainer") -> int:
         """Store journal events (and the metrics of the trainer's step events); skip any already stored.
 
-        The trainer's ``metrics`` events (:class:`runner.events.MetricsEvent`) become rows of the named
+        The trainer's ``metrics`` events (:class:`runner.spec.events.MetricsEvent`) become rows of the named
         metrics (:meth:`named_metrics`), written in the same transaction: the one batched writer of
         named values. A name reported twice for one step keeps the later value.
 
@@ -537,7 +537,7 @@ class Store:
     @_retrying
     def named_metrics(self, run_id: int, names: Iterable[str] | None = None,
                       after_step: int | None = None) -> list[NamedMetricPoint]:
-        """Named per-step values of a run (see :class:`runner.events.MetricsEvent`), by step then name.
+        """Named per-step values of a run (see :class:`runner.spec.events.MetricsEvent`), by step then name.
 
         Args:
             run_id: the run.

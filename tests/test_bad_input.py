@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runner.recipe import RecipeError, load_recipe, parse_recipe
+from runner.spec.recipe import RecipeError, load_recipe, parse_recipe
 from store import Store
 from tui.cli.main import COMMANDS, main
 
@@ -156,7 +156,7 @@ def home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("FTUI_DB", f"sqlite:///{home / 'ftui.db'}")
     monkeypatch.chdir(ROOT)
     store = Store(f"sqlite:///{home / 'ftui.db'}")
-    from runner.recipe import load_recipe as load
+    from runner.spec.recipe import load_recipe as load
 
     recipe = load(QUICKSTART)
     store.create_run(name="kept", recipe_text=recipe.to_toml(), recipe_hash=recipe.digest(), strategy="single",

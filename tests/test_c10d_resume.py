@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from runner import checkpoint as ck
-from runner.c10d_resume import unreadable
-from runner.resume_map import node_rank, recipe_for_node, write_map
+from runner.nodes.c10d_resume import unreadable
+from runner.rank.resume_map import node_rank, recipe_for_node, write_map
+from runner.spec import checkpoint as ck
 from store import Store
 from store import nodes as store_nodes
 
@@ -28,7 +28,7 @@ QUICKSTART = ROOT / "recipes" / "quickstart.toml"
 
 
 def test_each_rank_takes_its_folder_from_the_node_rank_torchrun_gave_it(tmp_path: Path) -> None:
-    from runner.recipe import load_recipe
+    from runner.spec.recipe import load_recipe
 
     recipe = load_recipe(QUICKSTART, ["train.resume_from=\"/old/n0/checkpoints/step-4\""])
     assert recipe_for_node(recipe, tmp_path, {}) is recipe  # no map: a static resume or none, unchanged

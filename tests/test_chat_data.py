@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from runner import builtin, chat, dataprep
-from runner.data import DataError, check_data
-from runner.recipe import Recipe, parse_recipe
+from runner.data import chat, prepare
+from runner.data.source import DataError, check_data
+from runner.spec import builtin
+from runner.spec.recipe import Recipe, parse_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 TWO_TURNS = {"messages": [
@@ -85,7 +86,7 @@ def test_prompt_completion_rows_mask_the_prompt(tokenizer: Any) -> None:
 def test_packing_keeps_masked_labels_aligned_and_drops_blocks_with_nothing_to_learn(tokenizer: Any) -> None:
     data = _recipe("x.jsonl", train_on="completions", context_length=16, pack=True).data
     encoded = chat.encode([TWO_TURNS] * 3, "chat", data.model_copy(update={"context_length": 256}), tokenizer)
-    blocks = dataprep.to_blocks(encoded, "chat", data, tokenizer, for_eval=False)
+    blocks = prepare.to_blocks(encoded, "chat", data, tokenizer, for_eval=False)
     assert blocks.labels is not None and blocks.attention_mask is None
     stream = [t for ids in encoded.ids for t in ids]
     labels = [t for lab in encoded.labels for t in lab]
@@ -98,7 +99,7 @@ def test_packing_keeps_masked_labels_aligned_and_drops_blocks_with_nothing_to_le
         assert blocks.labels[kept].tolist() == block_labels
         kept += 1
     assert kept == blocks.input_ids.shape[0] and kept < len(stream) // 16
-    evaluation = dataprep.to_blocks(encoded, "chat", data, tokenizer, for_eval=True)
+    evaluation = prepare.to_blocks(encoded, "chat", data, tokenizer, for_eval=True)
     assert evaluation.attention_mask is not None, "the eval set's last partial block is padded, not dropped"
     assert int(evaluation.attention_mask.sum()) == len(stream)
 
@@ -107,16 +108,16 @@ def test_eval_fraction_and_eval_source(tmp_path: Path) -> None:
     rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
             for i in range(20)]
     source = _write(tmp_path / "chat.jsonl", rows)
-    train, held, _, _ = dataprep.split_rows(_recipe(source, eval_fraction=0.25).data, seed=3)
+    train, held, _, _ = prepare.split_rows(_recipe(source, eval_fraction=0.25).data, seed=3)
     assert held is not None and len(held) == 5 and len(train) == 15
     assert sorted(json.dumps(r) for r in train + held) == sorted(json.dumps(r) for r in rows)
-    assert dataprep.split_rows(_recipe(source, eval_fraction=0.25).data, seed=3)[1] == held, "seeded"
+    assert prepare.split_rows(_recipe(source, eval_fraction=0.25).data, seed=3)[1] == held, "seeded"
     with pytest.raises(DataError, match=r"data.eval_fraction: 0.01 of 20 rows of chat.jsonl is an empty eval split"):
-        dataprep.split_rows(_recipe(source, eval_fraction=0.01).data, seed=0)
+        prepare.split_rows(_recipe(source, eval_fraction=0.01).data, seed=0)
     empty = tmp_path / "empty-eval.jsonl"
     empty.write_text("\n")
     with pytest.raises(DataError, match=r"data.eval_source: empty-eval.jsonl: the eval split has no rows"):
-        dataprep.split_rows(_recipe(source, eval_source=str(empty)).data, seed=0)
+        prepare.split_rows(_recipe(source, eval_source=str(empty)).data, seed=0)
 
 
 def test_bad_rows_are_named(tmp_path: Path, tokenizer: Any) -> None:
@@ -134,7 +135,7 @@ def test_bad_rows_are_named(tmp_path: Path, tokenizer: Any) -> None:
         data = _recipe(path, format="chat", train_on="completions", context_length=64).data
         with pytest.raises(DataError) as err:
             check_data(data)
-            dataprep.load_data(data, tokenizer, 0, use_cache=False)
+            prepare.load_data(data, tokenizer, 0, use_cache=False)
         assert str(err.value).startswith("data.source: ") and expected in str(err.value), str(err.value)
 
 
@@ -142,22 +143,22 @@ def test_cache_key_and_hit(tmp_path: Path, tokenizer: Any, monkeypatch: pytest.M
     monkeypatch.setenv("FTUI_HOME", str(tmp_path / "home"))
     path = _write(tmp_path / "chat.jsonl", [TWO_TURNS] * 8)
     data = _recipe(path, train_on="completions", context_length=96, eval_fraction=0.25).data
-    first = dataprep.load_data(data, tokenizer, 0)
-    second = dataprep.load_data(data, tokenizer, 0)
+    first = prepare.load_data(data, tokenizer, 0)
+    second = prepare.load_data(data, tokenizer, 0)
     assert (first.cached, second.cached) == (False, True)
-    assert dataprep.cache_path(first.key).is_file() and first.key == second.key
+    assert prepare.cache_path(first.key).is_file() and first.key == second.key
     assert second.train.input_ids.equal(first.train.input_ids)
     assert second.train.labels is not None and first.train.labels is not None
     assert second.train.labels.equal(first.train.labels)
     assert second.eval is not None and first.eval is not None and second.eval.input_ids.equal(first.eval.input_ids)
     keys = {first.key}
     for change in ({"train_on": "all"}, {"context_length": 32}, {"pack": False}):
-        keys.add(dataprep.cache_key(data.model_copy(update=change), tokenizer, 0))
-    keys.add(dataprep.cache_key(data, tokenizer, 1))  # the eval split depends on the seed
+        keys.add(prepare.cache_key(data.model_copy(update=change), tokenizer, 0))
+    keys.add(prepare.cache_key(data, tokenizer, 1))  # the eval split depends on the seed
     _write(path, [TWO_TURNS] * 9)
-    keys.add(dataprep.cache_key(data, tokenizer, 0))  # the source's content
+    keys.add(prepare.cache_key(data, tokenizer, 0))  # the source's content
     assert len(keys) == 6
-    assert dataprep.cache_key(data.model_copy(update={"shuffle": False}), tokenizer, 0) in keys, "order is not tokenizing"
+    assert prepare.cache_key(data.model_copy(update={"shuffle": False}), tokenizer, 0) in keys, "order is not tokenizing"
 
 
 def test_hugging_face_datasets_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -169,14 +170,14 @@ def test_hugging_face_datasets_offline(tmp_path: Path, monkeypatch: pytest.Monke
     datasets.DatasetDict({"train": datasets.Dataset.from_list(rows),
                           "test": datasets.Dataset.from_list(rows[:2])}).save_to_disk(str(saved))
     data = _recipe(saved, split="test").data
-    assert dataprep.read_rows(str(saved), data, "test")[0] == rows[:2]
+    assert prepare.read_rows(str(saved), data, "test")[0] == rows[:2]
     check_data(data)
     with pytest.raises(DataError, match=r"^data.split: .*saved has no split 'validation' \(splits: test, train\)$"):
         check_data(_recipe(saved, split="validation").data)
     folder = tmp_path / "local"
     (folder / "data").mkdir(parents=True)
     _write(folder / "data" / "train.jsonl", rows)
-    assert dataprep.read_rows(str(folder), _recipe(folder).data, "train")[0] == rows
+    assert prepare.read_rows(str(folder), _recipe(folder).data, "train")[0] == rows
     # A script-free hub dataset in the local Hugging Face cache, by id, with no network.
     repo = tmp_path / "hf" / "hub" / "datasets--acme--qa"
     snapshot = repo / "snapshots" / ("0" * 40)
@@ -186,7 +187,7 @@ def test_hugging_face_datasets_offline(tmp_path: Path, monkeypatch: pytest.Monke
     (repo / "refs" / "main").write_text("0" * 40)
     recipe = _recipe("acme/qa")
     assert recipe.data.source == "acme/qa", "a hub id is not made a path"
-    assert dataprep.read_rows("acme/qa", recipe.data, "train")[0] == rows[:3]
+    assert prepare.read_rows("acme/qa", recipe.data, "train")[0] == rows[:3]
     with pytest.raises(DataError, match=r"^data.source: dataset 'acme/missing' not found locally"):
         check_data(_recipe("acme/missing").data)
 

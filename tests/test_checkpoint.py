@@ -21,9 +21,9 @@ import pytest
 from conftest import QUICKSTART, ROOT, STEPS, Ftui
 from safetensors import safe_open
 
-from runner import checkpoint as ck
-from runner.events import JournalWriter, finite_json
-from runner.recipe import RecipeError, parse_recipe
+from runner.spec import checkpoint as ck
+from runner.spec.events import JournalWriter, finite_json
+from runner.spec.recipe import RecipeError, parse_recipe
 
 STRATEGY_FLAGS = {
     "single": ["--strategy", "single"],

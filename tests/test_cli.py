@@ -22,7 +22,7 @@ def test_help_and_runs_do_not_import_torch_or_textual(ftui: Ftui) -> None:
 
 
 def test_core_never_imports_the_tui() -> None:
-    code = "import sys, runner.orchestrator, runner.recipe, store; sys.exit('textual' in sys.modules or 'tui' in sys.modules)"
+    code = "import sys, runner.watch.orchestrator, runner.spec.recipe, store; sys.exit('textual' in sys.modules or 'tui' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 
@@ -49,14 +49,14 @@ def test_dry_run_prints_the_launch_and_runs_nothing(ftui: Ftui) -> None:
                     "--format", "json", check=True)
     launch = json.loads(proc.stdout)
     assert set(launch) == {"argv", "env", "accelerate_config"}
-    assert launch["argv"][1:4] == ["-m", "runner.loopback_launch", "--config_file"]  # accelerate launch, loopback store
+    assert launch["argv"][1:4] == ["-m", "runner.rank.loopback_launch", "--config_file"]  # accelerate launch, loopback store
     config = Path(launch["accelerate_config"])
     assert config.is_file() and "distributed_type: FSDP" in config.read_text()
     recipe = (config.parent / "recipe.toml").read_text()
     assert "max_steps = 50" in recipe and 'strategy = "fsdp"' in recipe and "nproc = 2" in recipe
     assert len(ftui.runs()) == before, "a dry run records nothing"
     text = ftui.run("run", str(QUICKSTART), "--dry-run", check=True).stdout
-    assert "runner.solo_launch" in text and "distributed_type: 'NO'" in text
+    assert "runner.rank.solo_launch" in text and "distributed_type: 'NO'" in text
 
 
 BAD_INPUTS = [

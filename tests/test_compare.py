@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from conftest import QUICKSTART, ROOT, Ftui
 
-from runner import mfu, strategies
-from runner.compare import (
+from runner.analysis import mfu
+from runner.analysis.compare import (
     build_comparison,
     default_peak,
     device_count,
@@ -30,6 +30,7 @@ from runner.compare import (
     recipe_diff,
     speedups,
 )
+from runner.spec import strategies
 from store import MetricPoint, RunInfo, SampleInfo
 from tui.render.compare import markdown, sources
 
@@ -430,7 +431,7 @@ def test_memory_columns_are_the_measured_peak_and_the_stored_estimate() -> None:
 def test_a_resumed_runs_curve_is_joined_to_its_parents(tmp_path: Path) -> None:
     """Issue 10: compare shows a resumed run's loss curve joined to its parent's (the parent's steps up to the
     checkpoint, then the resumed run's own), through a chain of resumes."""
-    from runner.compare import joined_metrics, load_comparison
+    from runner.analysis.compare import joined_metrics, load_comparison
     from store import Store
 
     store = Store(f"sqlite:///{tmp_path / 'ftui.db'}")

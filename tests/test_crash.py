@@ -19,11 +19,11 @@ import psutil
 import pytest
 from rich.console import Console
 
-from runner import crash, orchestrator
-from runner import events as ev
-from runner.launch import LaunchSpec
-from runner.paths import RunFolderError, claim_run_folder, slug
-from runner.recipe import load_recipe, parse_recipe
+from runner.spec import events as ev
+from runner.spec.launch import LaunchSpec
+from runner.spec.paths import RunFolderError, claim_run_folder, slug
+from runner.spec.recipe import load_recipe, parse_recipe
+from runner.watch import crash, orchestrator
 from store import Store
 from tests.conftest import QUICKSTART, ROOT, Ftui
 
@@ -32,7 +32,7 @@ from tests.conftest import QUICKSTART, ROOT, Ftui
 LAUNCHER_REPORT = """\
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
-runner.trainer FAILED
+runner.rank.trainer FAILED
 ------------------------------------------------------------
 Failures:
 [1]:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.data import DataError, read_texts
-from runner.recipe import parse_recipe
+from runner.data.source import DataError, read_texts
+from runner.spec.recipe import parse_recipe
 
 ROWS = [{"prompt": "What is 2+2?", "response": "4"}, {"prompt": "Capital of France?", "response": "Paris"}]
 TEMPLATE = "Q: {prompt}\nA: {response}"

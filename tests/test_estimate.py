@@ -10,7 +10,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from runner.builtin import tiny_llama_config
 from runner.planner import (
     GIB,
     PARTS,
@@ -29,7 +28,8 @@ from runner.planner import (
     shape_from_params,
 )
 from runner.planner.memory import NF4_DOUBLE_QUANT_OVERHEAD_BITS
-from runner.strategies import names as strategy_names
+from runner.spec.builtin import tiny_llama_config
+from runner.spec.strategies import names as strategy_names
 
 ALL_LLAMA_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 MICRO_BATCH, SEQ = 4, 256

@@ -1,6 +1,6 @@
 """The start of a run whose data is cached: the pre-flight finds the cache from the tokenizer's files (no
 torch, no transformers), the rank finds the same key, and one process runs in the launcher's interpreter
-(runner/solo_launch.py). Real subprocesses, real training on CPU, real SQLite."""
+(runner/rank/solo_launch.py). Real subprocesses, real training on CPU, real SQLite."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from runner import dataprep
-from runner.recipe import parse_recipe
+from runner.data import prepare
+from runner.spec.recipe import parse_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,14 +58,14 @@ def test_a_cached_recipe_starts_without_tokenizer_imports_and_in_one_interpreter
         # the rank, keyed by the same tokenizer files, read it.
         assert start["data"]["cached"] is True, (attempt, start["data"])
         launch = next(e for e in _events(run_dir / "orchestrator.jsonl") if e["type"] == "launch")
-        assert launch["argv"][1:3] == ["-m", "runner.solo_launch"]
+        assert launch["argv"][1:3] == ["-m", "runner.rank.solo_launch"]
         # The rank is the launcher (the process group's leader), not a second interpreter under it,
         # and it runs with the threads accelerate launch would have given it.
         assert start["pids"] == [launch["pgid"]], (start["pids"], launch)
         threads = launch["argv"][launch["argv"].index("--num_cpu_threads_per_process") + 1]
         assert start["threads"] == int(threads)
 
-    probe = ("import sys; from runner.recipe import load_recipe; from runner.dataprep import prefill; "
+    probe = ("import sys; from runner.spec.recipe import load_recipe; from runner.data.prepare import prefill; "
              f"found = prefill(load_recipe({str(recipe)!r})); "
              "print(found is None, 'torch' in sys.modules, 'transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=ROOT, capture_output=True, text=True,
@@ -79,11 +79,11 @@ def test_the_tokenizer_files_make_the_key(tmp_path: Path) -> None:
     (folder / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0}}}')
     (folder / "config.json").write_text("{}")
     model = parse_recipe(f"[model]\nname = {json.dumps(str(folder))}\n").model
-    first = dataprep.local_tokenizer_digest(model)
+    first = prepare.local_tokenizer_digest(model)
     assert first is not None and first.startswith("files:")
     (folder / "config.json").write_text('{"hidden_size": 8}')  # not a tokenizer file
-    assert dataprep.local_tokenizer_digest(model) == first
+    assert prepare.local_tokenizer_digest(model) == first
     (folder / "tokenizer.json").write_text('{"model": {"vocab": {"b": 0}}}')
-    assert dataprep.local_tokenizer_digest(model) != first
+    assert prepare.local_tokenizer_digest(model) != first
     hub = parse_recipe('[model]\nname = "org/some-model"\n').model
-    assert dataprep.local_tokenizer_digest(hub) is None  # a hub tokenizer's digest needs it loaded
+    assert prepare.local_tokenizer_digest(hub) is None  # a hub tokenizer's digest needs it loaded

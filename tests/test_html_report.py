@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.compare import Comparison, build_comparison
+from runner.analysis.compare import Comparison, build_comparison
 from runner.hardware import DeviceSample
 from store import MetricPoint
 from tests.test_compare import _run

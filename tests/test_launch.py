@@ -7,15 +7,15 @@ from pathlib import Path
 
 import yaml
 
-from runner.launch import build_launch
-from runner.recipe import parse_recipe
+from runner.spec.launch import build_launch
+from runner.spec.recipe import parse_recipe
 
 RUN = Path("/runs/00007-quickstart")
 
 
-def _argv(config: str, threads: list[str] | None = None, launcher: str = "runner.solo_launch") -> list[str]:
+def _argv(config: str, threads: list[str] | None = None, launcher: str = "runner.rank.solo_launch") -> list[str]:
     return [sys.executable, "-m", launcher, "--config_file", config, *(threads or []),
-            "-m", "runner.trainer", "--run-dir", str(RUN)]
+            "-m", "runner.rank.trainer", "--run-dir", str(RUN)]
 
 
 def test_single_on_cpu() -> None:
@@ -32,7 +32,7 @@ def test_ddp_on_gpus() -> None:
     recipe = parse_recipe("[launch]\nstrategy='ddp'\nnproc=2\ngpus=[2,3]\n[train]\nprecision='bf16'\n")
     spec = build_launch(recipe, RUN, port=29600)
     # several processes on one machine: accelerate launch with the rendezvous store on the loopback
-    assert spec.argv == _argv(f"{RUN}/accelerate.yaml", launcher="runner.loopback_launch")
+    assert spec.argv == _argv(f"{RUN}/accelerate.yaml", launcher="runner.rank.loopback_launch")
     assert spec.env == {"PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo",
                         "CUDA_VISIBLE_DEVICES": "2,3"}
     config = yaml.safe_load(spec.accelerate_config_text or "")

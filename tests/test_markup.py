@@ -29,7 +29,7 @@ ERROR = "boom [/] at [red]step[/] 3"
 
 def add_run(store: Store, name: str, status: str = "completed") -> int:
     """A run recorded through the real store API, with metrics, an error and tags that look like markup."""
-    from runner.recipe import load_recipe
+    from runner.spec.recipe import load_recipe
 
     recipe = load_recipe(ROOT / "recipes" / "quickstart.toml", [f"name={json.dumps(name)}"])
     run_id = store.create_run(name=name, recipe_text=recipe.to_toml(), recipe_hash=recipe.digest(),
@@ -76,7 +76,7 @@ def test_rich_renderings_keep_brackets(store: Store) -> None:
     """In process too: the rendered text of every table contains the names."""
     from rich.console import Console
 
-    from runner.compare import load_comparison
+    from runner.analysis.compare import load_comparison
     from tui.render.compare import rich_table
     from tui.render.report import run_detail, runs_table
 

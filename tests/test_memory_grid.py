@@ -1,5 +1,5 @@
 """Issue 17: the estimate against the independent measurement on architectures and configurations it was not
-fitted to (tiny models built offline, runner/memgrid.py), the architecture features read from configs, the
+fitted to (tiny models built offline, runner/service/memgrid.py), the architecture features read from configs, the
 approximate label, and compare reading the stored estimate."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from runner import memgrid
-from runner.compare import estimated_memory
+from runner.analysis.compare import estimated_memory
 from runner.planner import EstimateInput, estimate, shape_from_config
+from runner.service import memgrid
 from tests.conftest import Ftui
 
 VOCAB = 4098
@@ -83,9 +83,9 @@ def test_compare_reads_the_stored_estimate() -> None:
 def test_compare_recomputes_from_the_recipe_with_its_dtypes() -> None:
     """Without a stored estimate, compare re-estimates from the stored recipe through the same glue as
     ``ftui run``, so ``model.dtype`` counts (it used to be dropped)."""
-    from runner.builtin import tiny_llama_config
     from runner.planner import inputs_from_recipe
-    from runner.recipe import parse_recipe
+    from runner.spec.builtin import tiny_llama_config
+    from runner.spec.recipe import parse_recipe
     from tests.conftest import QUICKSTART
 
     dims = {"config": tiny_llama_config()}

@@ -1,4 +1,4 @@
-"""The independent memory measurement (runner/memtrack.py) and the rules that read it (runner/summary.py):
+"""The independent memory measurement (runner/rank/memtrack.py) and the rules that read it (runner/spec/summary.py):
 live-tensor accounting on CPU, per phase, and "measured" never meaning RSS."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from runner import memtrack
-from runner.orchestrator import trial_bytes
-from runner.summary import MEASURED_LIVE, busiest_peak, rank_peak, rank_rss, trained_bytes
+from runner.rank import memtrack
+from runner.spec.summary import MEASURED_LIVE, busiest_peak, rank_peak, rank_rss, trained_bytes
+from runner.watch.orchestrator import trial_bytes
 
 F32 = 4
 
@@ -92,7 +92,7 @@ def test_tiny_llama_forward_agrees_with_the_heap() -> None:
     """The cross-check the trainer stores: glibc's heap growth over one forward against the tensor growth."""
     from transformers import AutoModelForCausalLM
 
-    from runner.builtin import tiny_llama_config
+    from runner.spec.builtin import tiny_llama_config
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_llama_config())

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from conftest import ROOT
 
-from runner import mfu
-from runner.compare import build_comparison, load_comparison
+from runner.analysis import mfu
+from runner.analysis.compare import build_comparison, load_comparison
 from store import Store
 from tui.render.compare import COLUMNS, markdown, to_csv, to_html, to_json
 
@@ -171,7 +171,7 @@ def test_flops_per_token_matches_torch_flop_counter(method: str) -> None:
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import LlamaForCausalLM
 
-    from runner.builtin import tiny_llama_config
+    from runner.spec.builtin import tiny_llama_config
 
     cfg = tiny_llama_config()
     torch.manual_seed(0)
@@ -278,7 +278,7 @@ def test_bf16_runs_divide_by_the_bf16_peak(home: Path) -> None:
 
 def _tel(kind: str, means: list[float], threads: int | None) -> dict[str, Any]:
     from runner.hardware import DeviceSample
-    from runner.telemetry import summarise
+    from runner.watch.telemetry import summarise
 
     samples = [DeviceSample(time=float(t), host="h", kind=kind, index=i, name="x", util_pct=u, mem_used=1,
                             mem_total=2, power_w=None, temp_c=None, sm_clock_mhz=None, pid=None, source="psutil")
@@ -367,7 +367,7 @@ def test_compare_of_runs_with_stored_peaks_imports_no_torch(home: Path) -> None:
                     fingerprint="fp-a", machine="m")
     ids = [_stored_run(store, tps=100.0 + i, peak=peak, telemetry=_tel("rank", [90.0], 1)) for i in range(10)]
     code = ("import sys, time, json; t = time.perf_counter(); from store import Store; "
-            "from runner.compare import load_comparison; from tui.render.compare import markdown; "
+            "from runner.analysis.compare import load_comparison; from tui.render.compare import markdown; "
             f"cmp = load_comparison(Store({store.url!r}), {ids!r}); markdown(cmp); "
             "print(json.dumps({'torch': 'torch' in sys.modules, 'transformers': 'transformers' in sys.modules, "
             "'mfu': [r.mfu for r in cmp.rows], 's': time.perf_counter() - t}))")

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from runner.events import JournalReader, JournalWriter, metrics_event
+from runner.spec.events import JournalReader, JournalWriter, metrics_event
 from store import Store, migrate
 
 
@@ -118,7 +118,7 @@ def _run_with_eval(store: Store, losses: list[float], evals: dict[int, float]) -
 
 
 def test_monitor_feed_compare_and_report_show_eval(tmp_path: Path) -> None:
-    from runner.compare import load_comparison
+    from runner.analysis.compare import load_comparison
     from tui.app.screens.data import MonitorFeed
     from tui.app.screens.monitor import named_text
     from tui.render.compare import markdown, rich_table, to_html

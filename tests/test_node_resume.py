@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from runner import checkpoint as ck
-from runner.node_resume import copy_dcp_parts, node_steps
+from runner.nodes.resume import copy_dcp_parts, node_steps
+from runner.spec import checkpoint as ck
 from store import Store
 from store import nodes as store_nodes
 
@@ -48,8 +48,8 @@ def _checkpoint(run_dir: Path, step: int, ranks: range, world: int = 2, strategy
 
 
 def test_each_node_records_the_checkpoints_it_holds_complete(db_url: str, tmp_path: Path) -> None:
-    from runner.multinode import node_spec
-    from runner.nodes import NodeAgent
+    from runner.nodes.agent import NodeAgent
+    from runner.spec.rendezvous import node_spec
 
     store = Store(db_url)
     a = store_nodes.join_run(store, "ck", 2, _create(), pid=1, host="a")
@@ -118,7 +118,7 @@ def test_fsdp_dcp_files_of_other_nodes_are_copied_in_when_readable(tmp_path: Pat
 
 def test_ftui_resume_of_a_multi_node_run_refuses_flags_that_cannot_work(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from runner.recipe import load_recipe
+    from runner.spec.recipe import load_recipe
     from tui.cli.main import main
 
     monkeypatch.setenv("FTUI_HOME", str(tmp_path))

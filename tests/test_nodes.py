@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from runner.launch import accelerate_config, build_launch
-from runner.multinode import NodesError, node_spec
-from runner.recipe import load_recipe
+from runner.spec.launch import accelerate_config, build_launch
+from runner.spec.recipe import load_recipe
+from runner.spec.rendezvous import NodesError, node_spec
 from store import Store
 from store import nodes as store_nodes
 from store.store import utcnow
@@ -84,7 +84,7 @@ def test_ftui_run_refuses_bad_multinode_flags_in_one_line(tmp_path: Path) -> Non
     assert proc.returncode == 0, proc.stderr
     launch = json.loads(proc.stdout)
     assert launch["env"]["MASTER_ADDR"] == "127.0.0.1" and launch["env"]["GLOO_SOCKET_IFNAME"] == "lo"
-    assert launch["argv"][1:3] == ["-m", "runner.loopback_launch"]
+    assert launch["argv"][1:3] == ["-m", "runner.rank.loopback_launch"]
 
 
 # ---------------------------------------------------------------------- the store (SQLite and PostgreSQL)
@@ -155,9 +155,9 @@ def test_a_node_that_stopped_reporting_is_taken_for_dead(db_url: str) -> None:
 
 
 def test_stop_requests_reach_every_node_agent(db_url: str, tmp_path: Path) -> None:
-    from runner.multinode import node_spec
-    from runner.nodes import NodeAgent
-    from runner.procs import StopRequest
+    from runner.nodes.agent import NodeAgent
+    from runner.spec.rendezvous import node_spec
+    from runner.watch.procs import StopRequest
 
     store = Store(db_url)
     a = store_nodes.join_run(store, "s", 2, _create(), pid=1, host="a")
@@ -348,7 +348,7 @@ def test_the_monitor_shows_a_run_on_other_machines_from_the_store_alone(db_url: 
 
 
 def test_stop_of_a_run_on_other_machines_goes_through_the_store(db_url: str) -> None:
-    from runner.procs import request_stop
+    from runner.watch.procs import request_stop
 
     store = Store(db_url)
     run_id = _remote_run(store)

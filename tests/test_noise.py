@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from runner.compare import build_comparison
-from runner.noise import host_other_util
+from runner.analysis.compare import build_comparison
+from runner.analysis.noise import host_other_util
 from tests.test_compare import _run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,8 +52,8 @@ def test_a_busy_host_is_said() -> None:
 
 
 def test_repeats_give_medians_and_spread_and_say_when_the_lead_is_noise(tmp_path: Path) -> None:
-    from runner.repeats import by_strategy, verdict
-    from runner.sweep import plan
+    from runner.analysis.repeats import by_strategy, verdict
+    from runner.service.sweep import plan
 
     items = plan(ROOT / "recipes" / "quickstart.toml", ["single", "ddp"], 2, [], [], repeat=3)
     assert [i.strategy for i in items] == ["single"] * 3 + ["ddp"] * 3
@@ -73,8 +73,8 @@ def test_repeats_give_medians_and_spread_and_say_when_the_lead_is_noise(tmp_path
 
 
 def test_repeat_must_be_positive() -> None:
-    from runner.recipe import RecipeError
-    from runner.sweep import plan
+    from runner.service.sweep import plan
+    from runner.spec.recipe import RecipeError
 
     with pytest.raises(RecipeError, match="--repeat"):
         plan(ROOT / "recipes" / "quickstart.toml", ["single"], None, [], [], repeat=0)

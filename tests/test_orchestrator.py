@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from runner import orchestrator
 from runner.hardware import GIB, FakeGpu, FakeNvml, NvmlBackend, Probe
-from runner.launch import LaunchSpec
-from runner.recipe import parse_recipe
+from runner.spec.launch import LaunchSpec
+from runner.spec.recipe import parse_recipe
+from runner.watch import orchestrator
 from store import Store
 
 HANGING_RANK = textwrap.dedent(

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from conftest import QUICKSTART, Ftui
 
-from runner import strategies
-from runner.launch import accelerate_config
-from runner.parallel import microbatches
-from runner.pipeline import stage_bounds
 from runner.planner import estimate, inputs_from_recipe, resolve_model_shape
-from runner.recipe import RecipeError, load_recipe
-from runner.sweep import plan
+from runner.rank.pipeline import stage_bounds
+from runner.service.sweep import plan
+from runner.spec import strategies
+from runner.spec.launch import accelerate_config
+from runner.spec.layout import microbatches
+from runner.spec.recipe import RecipeError, load_recipe
 
 STEPS = 5
 # fp32 on CPU, the same rows per optimizer step: DDP and the pipeline differ only in summation order
@@ -46,7 +46,7 @@ def _recipe(*sets: str) -> Any:
     (["launch.strategy=pp", "launch.nproc=2", "train.save_every=5"],
      "train.save_every: pp writes no checkpoints yet"),
     (["launch.strategy=tp", "launch.nproc=2", 'train.resume_from="/x/step-00000005"'],
-     "train.resume_from: tp writes no checkpoints yet (runner/pipeline.py), so it cannot resume"),
+     "train.resume_from: tp writes no checkpoints yet (runner/rank/pipeline.py), so it cannot resume"),
     (["launch.strategy=pp", "launch.nproc=1"], "launch.nproc: strategy 'pp' needs at least 2 processes"),
 ])
 def test_layout_mistakes_are_one_line_naming_the_field(sets: list[str], expected: str) -> None:

@@ -21,7 +21,7 @@ from runner.planner import (
     resolve_model_shape,
     shape_from_config,
 )
-from runner.recipe import load_recipe
+from runner.spec.recipe import load_recipe
 from tests.conftest import QUICKSTART, ROOT, Ftui
 from tui.render.report import estimate_vs_measured
 
@@ -152,7 +152,7 @@ def test_estimate_help_does_not_import_torch() -> None:
 def test_builtin_and_table_shapes_are_exact() -> None:
     from transformers import LlamaConfig
 
-    from runner.builtin import tiny_llama_config
+    from runner.spec.builtin import tiny_llama_config
 
     assert resolve_model_shape("builtin:tiny-llama").shape == shape_from_config(tiny_llama_config())
     cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,

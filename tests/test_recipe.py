@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.recipe import Recipe, RecipeError, load_recipe, parse_recipe
+from runner.spec.recipe import Recipe, RecipeError, load_recipe, parse_recipe
 
 RECIPES = sorted((Path(__file__).resolve().parent.parent / "recipes").glob("*.toml"))
 

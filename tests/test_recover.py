@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from runner import events as ev
-from runner import journal, orchestrator
-from runner.recipe import load_recipe
-from runner.recover import recover_all
+from runner.spec import events as ev
+from runner.spec.recipe import load_recipe
+from runner.watch import journal, orchestrator
+from runner.watch.recover import recover_all
 from store import Store
 from tests.conftest import QUICKSTART, ROOT, Ftui
 
@@ -104,7 +104,7 @@ def test_a_run_whose_watcher_died_and_that_then_finished_is_completed_once(tmp_p
     _assert_store_equals_journal(store, run_id, run_dir)
     before = (len(store.events(run_id)), len(store.metrics(run_id)), len(store.samples(run_id)))
     assert recover_all(store) == []
-    from runner.recover import recover_run
+    from runner.watch.recover import recover_run
 
     recover_run(store, store.get_run(run_id))  # forced once more on a finished run: still no duplicate
     assert (len(store.events(run_id)), len(store.metrics(run_id)), len(store.samples(run_id))) == before

@@ -129,8 +129,8 @@ def test_track_imports_neither_torch_nor_textual() -> None:
 
 
 def test_script_recipe_keeps_only_what_was_written(tmp_path: Path) -> None:
-    from runner.recipe import RecipeError, parse_recipe
-    from runner.script import described, store_method, store_model
+    from runner.spec.recipe import RecipeError, parse_recipe
+    from runner.spec.script import described, store_method, store_model
 
     (tmp_path / "train.py").write_text("")
     recipe = parse_recipe('[launch]\nscript = "train.py"\nscript_args = ["--lr", "1e-3"]\nstrategy = "ddp"\n'
@@ -149,21 +149,21 @@ def test_script_recipe_keeps_only_what_was_written(tmp_path: Path) -> None:
 
 
 def test_script_launch_is_accelerate_with_the_strategy_config_and_the_script_as_argv(tmp_path: Path) -> None:
-    from runner.launch import build_launch
-    from runner.recipe import parse_recipe
+    from runner.spec.launch import build_launch
+    from runner.spec.recipe import parse_recipe
 
     recipe = parse_recipe('[launch]\nscript = "/src/train.py"\nscript_args = ["--name", "a b; rm -rf /"]\n'
                           'strategy = "ddp"\nnproc = 2\n')
     spec = build_launch(recipe, tmp_path, port=29511, cpu_threads=1, python="py", workdir=Path("/work/here"))
-    assert spec.argv == ["py", "-m", "runner.loopback_launch", "--config_file", str(tmp_path / "accelerate.yaml"),
-                         "--num_cpu_threads_per_process", "1", "-m", "runner.script_run", "--run-dir", str(tmp_path),
+    assert spec.argv == ["py", "-m", "runner.rank.loopback_launch", "--config_file", str(tmp_path / "accelerate.yaml"),
+                         "--num_cpu_threads_per_process", "1", "-m", "runner.rank.script_run", "--run-dir", str(tmp_path),
                          "--cwd", "/work/here", "--", "/src/train.py", "--name", "a b; rm -rf /"]
     assert "distributed_type: MULTI_GPU" in (spec.accelerate_config_text or "")
     assert "num_processes: 2" in (spec.accelerate_config_text or "")
 
 
 def test_script_run_parses_its_own_argv() -> None:
-    from runner.script_run import parse
+    from runner.rank.script_run import parse
 
     run_dir, cwd, script, args = parse(["--run-dir", "/r", "--cwd", "/c", "--", "t.py", "--", "-x"])
     assert (str(run_dir), str(cwd), script, args) == ("/r", "/c", "t.py", ["--", "-x"])
@@ -209,7 +209,7 @@ def test_dry_run_of_a_script_names_the_script_and_its_args(capsys: pytest.Captur
     assert code == 0, err
     spec = json.loads(out)
     assert spec["argv"][-4:] == ["--", str(ACC), "--max-steps", "7"]
-    assert "runner.script_run" in spec["argv"] and "runner.loopback_launch" in spec["argv"]
+    assert "runner.rank.script_run" in spec["argv"] and "runner.rank.loopback_launch" in spec["argv"]
 
 
 # ---------------------------------------------------------------------- real script runs (slow)
@@ -295,7 +295,7 @@ def journal_lines(run_dir: Path) -> str:
 def test_stopping_a_ddp_script_run_reaps_every_rank(ftui: Ftui) -> None:
     import psutil
 
-    from runner.procs import find_processes
+    from runner.watch.procs import find_processes
 
     proc = subprocess.Popen([sys.executable, "-m", "tui.cli", "run", "--script", str(ACC), "--strategy", "ddp",
                              "--nproc", "2", "--name", "s-stop", "--sample-interval", "0", "--grace", "60", "--",

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from runner.inputs import input_warnings
-from runner.paths import check_runs_dir, make_private_dir
-from runner.recipe import parse_recipe
+from runner.spec.paths import check_runs_dir, make_private_dir
+from runner.spec.recipe import parse_recipe
+from runner.watch.inputs import input_warnings
 from tui.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +38,7 @@ def test_trust_remote_code_is_off_unless_the_recipe_says_so(capsys: pytest.Captu
     warning = out.splitlines()[0]
     assert warning.startswith("warning: model.trust_remote_code = true"), out
     # The trainer passes the recipe's flag to transformers, never a constant.
-    trainer = (ROOT / "runner" / "trainer.py").read_text()
+    trainer = (ROOT / "runner" / "rank" / "trainer.py").read_text()
     assert "trust_remote_code=True" not in trainer and "trust_remote_code=model" in trainer
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.console import Console
 
-from runner import events as ev
+from runner.spec import events as ev
 from tui.cli.progress import RunProgress
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.slurm import SlurmJob, sbatch_script
+from runner.nodes.slurm import SlurmJob, sbatch_script
 from store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +59,7 @@ def test_ftui_slurm_writes_the_script_and_checks_the_recipe_first(tmp_path: Path
 
 
 def test_ftui_slurm_resume_takes_the_runs_own_recipe_from_the_store(tmp_path: Path) -> None:
-    from runner.recipe import load_recipe
+    from runner.spec.recipe import load_recipe
 
     db = f"sqlite:///{tmp_path}/ftui.db"
     env = {**os.environ, "FTUI_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
@@ -134,7 +134,7 @@ def test_a_submitted_job_runs_to_its_end_and_its_run_completes_then_a_resume_job
     assert seen & {"pending", "running", "configuring", "completing", "completed"}, seen
     uninterrupted = {m.step: m.loss for m in store.metrics(run.id)}
     assert list(uninterrupted) == [1, 2, 3, 4, 5, 6]
-    from runner import checkpoint as ck
+    from runner.spec import checkpoint as ck
     from store.nodes import nodes
 
     (node,) = nodes(store, run.id)

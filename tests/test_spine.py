@@ -144,7 +144,7 @@ def test_fsdp1_trains_and_saves_a_loadable_adapter(ftui: Ftui, strategy_runs: di
     from peft import PeftModel
     from transformers import LlamaForCausalLM
 
-    from runner import builtin
+    from runner.spec import builtin
 
     model = PeftModel.from_pretrained(LlamaForCausalLM(builtin.tiny_llama_config()), run["summary"]["saved"])
     lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
@@ -177,8 +177,8 @@ def test_a_local_model_folder_and_a_local_jsonl_train(ftui: Ftui, tmp_path: Path
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from runner import builtin
-    from runner.paths import cache_dir
+    from runner.spec import builtin
+    from runner.spec.paths import cache_dir
 
     monkeypatch.setenv("FTUI_HOME", str(ftui.home))
     tokenizer = AutoTokenizer.from_pretrained(str(builtin.ensure_tokenizer(cache_dir())))

@@ -85,7 +85,7 @@ def assert_all_gone(bg: Background) -> None:
     left = [pid for pid in pids.values() if alive(pid)]
     assert not left, f"rank processes still alive: {left}"
     assert bg.run_dir is not None
-    from runner.procs import find_processes
+    from runner.watch.procs import find_processes
 
     assert find_processes(bg.run_dir) == {}
 
@@ -216,7 +216,7 @@ def test_one_machine_rendezvous_listens_on_loopback(ftui: Ftui) -> None:
 def test_a_live_ddp_run_listens_on_the_loopback_only(ftui: Ftui) -> None:
     """Defect 12 on a live run: every listening socket of every process of the run (torchrun's
     rendezvous store in the launcher, gloo in the ranks) is bound to 127.0.0.1."""
-    from runner.procs import find_processes
+    from runner.watch.procs import find_processes
 
     bg = Background(ftui, "loopback", *DDP)
     bg.wait_for_steps(ranks=2)
@@ -236,8 +236,9 @@ def test_a_live_ddp_run_listens_on_the_loopback_only(ftui: Ftui) -> None:
 
 def test_host_facts_are_detected_once_per_command(monkeypatch: pytest.MonkeyPatch) -> None:
     """"Is this a CPU run?" was asked 3-4 times per ``ftui run``, each time starting NVML afresh."""
-    from runner import hostfacts, orchestrator
-    from runner.recipe import parse_recipe
+    from runner.hardware import hostfacts
+    from runner.spec.recipe import parse_recipe
+    from runner.watch import orchestrator
 
     calls: list[hostfacts.HostFacts] = []
     real = hostfacts.detect

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy
 
-from runner.events import JournalReader, JournalWriter
+from runner.spec.events import JournalReader, JournalWriter
 from store import Store, StoreError
 
 ROOT = Path(__file__).resolve().parent.parent

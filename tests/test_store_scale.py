@@ -25,7 +25,7 @@ import sqlalchemy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runner.mfu import run_flops_per_token
+from runner.analysis.mfu import run_flops_per_token
 from store import Store, migrate
 from store.rollup import BLOCK_COLUMNS, SPANS, downsample_points, rollup_named, rollup_rows
 from store.store import utcnow
@@ -192,7 +192,7 @@ def _statements(store: Store) -> list[str]:
 
 
 def test_compare_and_the_monitor_read_named_metrics_from_their_summaries(tmp_path: Path) -> None:
-    from runner.compare import CURVE_POINTS, load_comparison
+    from runner.analysis.compare import CURVE_POINTS, load_comparison
     from tui.app.screens.data import LONG_RUN_STEPS, MonitorFeed
 
     store = Store(f"sqlite:///{tmp_path / 'ftui.db'}")
@@ -250,7 +250,7 @@ def _ftui(home: Path, *args: str, python_args: tuple[str, ...] = ()) -> subproce
 
 
 def test_compare_reads_the_right_figures_from_many_runs(many: dict[str, Any]) -> None:
-    from runner.compare import load_comparison
+    from runner.analysis.compare import load_comparison
 
     store = Store(many["url"], create=False)
     chosen = many["ids"][:5] + many["ids"][40:45]

@@ -1,4 +1,4 @@
-"""runner.telemetry: the sampler on real processes and FakeNvml, the summary, the hang detector."""
+"""runner.watch.telemetry: the sampler on real processes and FakeNvml, the summary, the hang detector."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from runner.hardware import DeviceSample, FakeNvml, NvmlBackend, Probe, ProcessGpuMemory
-from runner.telemetry import CPU_CORE_UNIT, GPU_UTIL_UNIT, HangDetector, Sampler, summarise
+from runner.watch.telemetry import CPU_CORE_UNIT, GPU_UTIL_UNIT, HangDetector, Sampler, summarise
 
 
 @pytest.fixture
@@ -91,7 +91,7 @@ def test_sampler_survives_failures_and_logs_once(
         return {0: sleeper.pid}
 
     sink = Collector()
-    with caplog.at_level(logging.ERROR, logger="runner.telemetry"):
+    with caplog.at_level(logging.ERROR, logger="runner.watch.telemetry"):
         with Sampler(fake_probe(1), flaky_pids, sink, interval_s=0.05, flush_every_s=0.1) as sampler:
             time.sleep(0.6)
     assert sampler.errors == 3 and sampler.readings >= 6

@@ -39,7 +39,7 @@ async def wait_for(pilot, predicate, timeout: float = 60.0, what: str = "conditi
 
 
 def add_finished_run(store: Store, name: str, lr: float) -> int:
-    from runner.recipe import load_recipe
+    from runner.spec.recipe import load_recipe
 
     recipe = load_recipe(ROOT / "recipes" / "quickstart.toml", [f"name={name}", f"train.lr={lr}"])
     run_id = store.create_run(name=name, recipe_text=recipe.to_toml(), recipe_hash=recipe.digest(),
@@ -152,7 +152,7 @@ async def test_compose_validates_as_you_type(store: Store) -> None:
         await pilot.pause()
         assert screen.valid
         # the launch command is built in a thread worker (typing never waits on it)
-        await wait_for(pilot, lambda: "runner.solo_launch" in str(screen.query_one("#preview").render()),
+        await wait_for(pilot, lambda: "runner.rank.solo_launch" in str(screen.query_one("#preview").render()),
                        what="launch preview")
         # the estimate comes from a thread worker (debounced): runner.planner via the model's config
         await wait_for(pilot, lambda: "recommended" in str(screen.query_one("#estimate").render()), what="estimate")
@@ -164,7 +164,7 @@ async def test_compose_validates_as_you_type(store: Store) -> None:
         assert "accelerate" not in preview and "waiting for the fields in red" in preview
         assert str(screen.query_one("#estimate").render()) == ""
         batch.value = "4"
-        await wait_for(pilot, lambda: "runner.solo_launch" in str(screen.query_one("#preview").render()),
+        await wait_for(pilot, lambda: "runner.rank.solo_launch" in str(screen.query_one("#preview").render()),
                        what="launch preview")
         # device and gradient checkpointing are fields too (a TOML boolean, not the string "true")
         screen.query_one("#" + field_id("launch.device")).value = "cpu"
@@ -236,7 +236,7 @@ async def test_compose_save_and_load(store: Store, tmp_path: Path) -> None:
         await pilot.press("enter")
         await wait_for(pilot, lambda: path.exists(), what="saved")
         screen.query_one("#recipe-path", Input).value = str(path)
-        from runner.recipe import load_recipe
+        from runner.spec.recipe import load_recipe
 
         assert load_recipe(path).train.max_steps == 7
         screen.query_one("#" + field_id("train.max_steps"), Input).value = "9"

@@ -122,8 +122,8 @@ async def test_launch_refused_by_the_preflight_shows_why_and_records_nothing(sto
 
 def test_launch_checks_are_the_cli_preflight_with_gpu_warnings() -> None:
     """One pre-flight for ftui run and the TUI: the scripted GPUs get the CUDA mapping note."""
-    from runner.preflight import launch_checks
-    from runner.recipe import load_recipe
+    from runner.spec.recipe import load_recipe
+    from runner.watch.preflight import launch_checks
 
     recipe = load_recipe(ROOT / "recipes" / "quickstart.toml", ["launch.device=auto"])
     warnings = launch_checks(recipe, fake_gpus=8)

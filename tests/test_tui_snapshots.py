@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from runner.hardware import DeviceSample, ProcessGpuMemory
-from runner.recipe import load_recipe
+from runner.spec.recipe import load_recipe
 from store import Store
 from tui.app import app as app_module
 from tui.app import make_app

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from conftest import QUICKSTART, ROOT, Ftui
 
-from runner import strategies, zero
-from runner.recipe import RecipeError, load_recipe
-from runner.summary import model_state_bytes
+from runner.spec import strategies, zero
+from runner.spec.recipe import RecipeError, load_recipe
+from runner.spec.summary import model_state_bytes
 
 # fp32 on CPU, the same rows per optimizer step, the same AdamW: DeepSpeed and FSDP reduce gradients in
 # another order than DDP, so the sums differ in the last bits (measured differences ~1e-6).
@@ -182,7 +182,7 @@ def test_engine_and_offload_choices_the_table_does_not_hold_are_refused(override
 
 
 def test_the_launch_names_the_engine_s_config(tmp_path: Path) -> None:
-    from runner.launch import accelerate_config, build_launch
+    from runner.spec.launch import accelerate_config, build_launch
 
     def recipe(*overrides: str) -> Any:
         return load_recipe(QUICKSTART, ["launch.strategy='zero2'", "launch.nproc=2", *overrides])

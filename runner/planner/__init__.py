@@ -35,7 +35,7 @@ from runner.planner.shapes import (
     shape_from_config,
     shape_from_params,
 )
-from runner.units import parse_bytes
+from runner.spec.units import parse_bytes
 
 __all__ = [
     "DEFAULT_RESERVE",

@@ -7,15 +7,15 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
 
-    from runner.recipe import Recipe
+    from runner.spec.recipe import Recipe
 
-from runner import parallel, strategies
 from runner.planner.memory import EstimateInput, Precision
 from runner.planner.shapes import ModelShape, resolve_model_shape
+from runner.spec import layout, strategies
 
 
 def recipe_param_dtype(model_dtype: str, method: str, precision: str) -> Precision:
-    """The dtype the trainer stores the weights in (``runner.trainer._load_dtype`` without torch)."""
+    """The dtype the trainer stores the weights in (``runner.rank.trainer._load_dtype`` without torch)."""
     if model_dtype != "auto":
         return model_dtype  # type: ignore[return-value]
     if method in ("lora", "qlora") and precision != "fp32":
@@ -61,9 +61,9 @@ def inputs_from_recipe(
         engine=launch.engine,
         offload_optimizer=launch.offload != "none",
         offload_params=launch.offload == "optimizer+params",
-        microbatches=parallel.microbatches(recipe),
+        microbatches=layout.microbatches(recipe),
         pp_schedule=launch.pp_schedule,
-        tp_size=parallel.tp_size(recipe),
-        # "auto" is decided at launch (runner.orchestrator.runs_on_cpu corrects it for a run's stored estimate).
+        tp_size=layout.tp_size(recipe),
+        # "auto" is decided at launch (runner.watch.orchestrator.runs_on_cpu corrects it for a run's stored estimate).
         device="cpu" if launch.device == "cpu" else "cuda",
     )

@@ -5,7 +5,7 @@ checked on; in short:
 The estimate is the PEAK of one training step on the busiest device: the largest of the forward (at the
 loss), the backward (its start, the recomputed layer under checkpointing, its end) and the optimizer step,
 each the sum of what is alive at that moment; the parts of ``MemoryBreakdown`` are the parts of that
-moment and add up to ``total``. The independent measurement it is compared with is runner/memtrack.py's.
+moment and add up to ``total``. The independent measurement it is compared with is runner/rank/memtrack.py's.
 
 Model states: weights (``w`` B/param), gradients in the trainable dtype, AdamW's two moments in the
 trainable dtype (torch's AdamW uses ``zeros_like(param)``: bf16 weights keep bf16 moments and no master),
@@ -31,13 +31,13 @@ if TYPE_CHECKING:
 
     pass
 
-from runner import strategies
 from runner.planner.shapes import ModelShape, _targeted, lora_trainable_params
+from runner.spec import strategies
 
 Method = Literal["full", "lora", "qlora"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Strategy = str
-"""A strategy's name in ``runner/strategies.py`` (the table says what each shards)."""
+"""A strategy's name in ``runner/spec/strategies.py`` (the table says what each shards)."""
 DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 ADAM_BYTES = 8  # two fp32 moments per trainable parameter
 MASTER_BYTES = 4  # fp32 master copy of 16-bit weights
@@ -378,7 +378,7 @@ def _zero3_persistent(inp: EstimateInput, w: int, tw: int) -> float:
     """Bytes DeepSpeed ZeRO-3 keeps gathered on every rank beside the partitions: each parameter under its
     persistence threshold (``stage3_param_persistence_threshold``, 1e5 elements: norms, small projections,
     LoRA matrices)."""
-    from runner.zero import ZERO3_PERSISTENCE_THRESHOLD as limit
+    from runner.spec.zero import ZERO3_PERSISTENCE_THRESHOLD as limit
 
     sh = inp.shape
     small = sum(s.in_features * s.out_features * s.count for s in sh.linears.values()

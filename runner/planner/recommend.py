@@ -10,7 +10,6 @@ if TYPE_CHECKING:
 
     pass
 
-from runner import strategies as table
 from runner.planner.memory import (
     GIB,
     EstimateInput,
@@ -19,6 +18,7 @@ from runner.planner.memory import (
     breakdown_json,
     estimate,
 )
+from runner.spec import strategies as table
 
 
 def _fits(inp: EstimateInput, gpu_mem_bytes: int) -> bool:

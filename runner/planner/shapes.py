@@ -407,7 +407,7 @@ def resolve_model_shape(name: str, allow_network: bool = True) -> ModelSource:
     Raises:
         ValueError: one line when the shape cannot be had.
     """
-    from runner import builtin
+    from runner.spec import builtin
 
     if name == builtin.TINY_LLAMA:
         s = builtin.TINY_LLAMA_SHAPE

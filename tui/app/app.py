@@ -206,8 +206,8 @@ class FtuiApp(App[int]):
 
 @lru_cache(maxsize=32)
 def _cpu_threads(nproc: int, device: str) -> int | None:
-    from runner import orchestrator
-    from runner.recipe import Recipe
+    from runner.spec.recipe import Recipe
+    from runner.watch import orchestrator
 
     strategy = "single" if nproc == 1 else "fsdp"
     return orchestrator.cpu_threads(Recipe.model_validate({"launch": {"nproc": nproc, "device": device,
@@ -222,10 +222,10 @@ def make_app(store: Store | Callable[[], Store], probe: Any = None, fake_gpus: i
 def dashboard(db_url: str | None = None, fake_gpus: int = 0, notify_on_end: bool = False) -> FtuiApp:
     """What ``ftui`` runs: nothing is opened, probed or imported beyond the Runs screen's needs before the
     first paint (the store and the probe open on first use, from workers; bench/bench_tui.py times this)."""
-    from runner.paths import default_db_url
+    from runner.spec.paths import default_db_url
 
     def probe() -> Any:
-        from runner.orchestrator import probe_for
+        from runner.watch.orchestrator import probe_for
 
         return probe_for(fake_gpus)
 

@@ -15,7 +15,7 @@ from store import RunInfo
 from store.store import MetricPoint
 
 if TYPE_CHECKING:  # the comparison module is imported with the Compare screen, not at start
-    from runner.compare import Comparison
+    from runner.analysis.compare import Comparison
 
 
 @dataclass
@@ -143,7 +143,7 @@ class CompareRuns(Message):
 
 @dataclass
 class CompareLoaded(Message, bubble=False):
-    """The comparison of the selected runs (``runner.compare.load_comparison``), or why there is none."""
+    """The comparison of the selected runs (``runner.analysis.compare.load_comparison``), or why there is none."""
 
     comparison: Comparison | None
     error: str = ""

@@ -101,7 +101,7 @@ def open_store(args: argparse.Namespace, *, create: bool) -> Store:
     """
     import os
 
-    from runner.paths import FolderError, default_db_url, home, make_private_dir
+    from runner.spec.paths import FolderError, default_db_url, home, make_private_dir
     from store import Store, StoreError
 
     chosen = getattr(args, "db", None) or os.environ.get("FTUI_DB")

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from runner.strategies import names as table_names
+from runner.spec.strategies import names as table_names
 from tui.cli.common import (
     ExitCode,
     UsageError,
@@ -38,7 +38,7 @@ def add_parser(sub: Any) -> None:
     one_line_errors(sweep)
     sweep.add_argument("recipe", type=Path)
     sweep.add_argument("--strategies", default=",".join(table_names()),
-                       help="comma-separated (default: every strategy of runner/strategies.py; one that "
+                       help="comma-separated (default: every strategy of runner/spec/strategies.py; one that "
                             "cannot run here is a row with its reason)")
     sweep.add_argument("--nproc", type=positive_int,
                        help="processes for the multi-process strategies (default: GPUs visible, at least 2)")
@@ -101,7 +101,7 @@ def _emit(args: argparse.Namespace, cmp: Any) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from runner.compare import load_comparison, sweep_run_ids
+    from runner.analysis.compare import load_comparison, sweep_run_ids
 
     _output(args)
     store = open_store(args, create=False)
@@ -128,11 +128,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.text import Text
 
-    from runner import sweep as sw
-    from runner.compare import load_comparison
-    from runner.inputs import check_inputs
-    from runner.orchestrator import cuda_device_count
-    from runner.recipe import RecipeError, load_recipe
+    from runner.analysis.compare import load_comparison
+    from runner.service import sweep as sw
+    from runner.spec.recipe import RecipeError, load_recipe
+    from runner.watch.inputs import check_inputs
+    from runner.watch.orchestrator import cuda_device_count
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     if not strategies:
@@ -167,7 +167,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         console.print(Text.assemble(f"  run {result.run_id} {item.strategy}: ", (result.status, style), reason),
                       soft_wrap=True)
 
-    from runner.procs import StopRequest
+    from runner.watch.procs import StopRequest
 
     stop = StopRequest()
     restore = stop.install()  # Ctrl-C/SIGTERM/SIGHUP stop the current run as in ftui run, and end the sweep
@@ -181,7 +181,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                           with_samples=args.format == "html")
     _emit(args, cmp)
     if args.repeat > 1:
-        from runner.repeats import by_strategy, verdict
+        from runner.analysis.repeats import by_strategy, verdict
         from tui.render.compare import repeats_table
 
         grouped = by_strategy(cmp)

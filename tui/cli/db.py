@@ -26,7 +26,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def _url(args: argparse.Namespace) -> str:
-    from runner.paths import default_db_url
+    from runner.spec.paths import default_db_url
 
     return getattr(args, "db", None) or default_db_url()
 

@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from runner import strategies
 from runner.planner.memory import DEFAULT_RESERVE
+from runner.spec import strategies
 from tui.cli.common import db_option, fail, one_line_errors, open_store, positive_float, positive_int
 
 SHAPE_FLAGS = ("params", "layers", "hidden", "heads", "kv_heads", "intermediate", "vocab")
@@ -112,7 +112,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         inp = E.EstimateInput(source.shape, method=args.method or "full", precision=args.precision or "bf16",
                               lora_r=args.lora_r or 8)
     else:
-        from runner.recipe import RecipeError, load_recipe
+        from runner.spec.recipe import RecipeError, load_recipe
 
         try:
             recipe = load_recipe(args.recipe)
@@ -204,8 +204,8 @@ def _print_text(report: dict[str, Any], inp: Any, gpu_mem: int, n_gpus: int, not
 def _probe(args: argparse.Namespace) -> int:
     if args.recipe is None:
         return fail("estimate --probe: needs a recipe file")
-    from runner import orchestrator
-    from runner.recipe import RecipeError, load_recipe
+    from runner.spec.recipe import RecipeError, load_recipe
+    from runner.watch import orchestrator
 
     try:
         recipe = load_recipe(args.recipe)
@@ -220,8 +220,8 @@ def run_finder(args: argparse.Namespace, recipe: Any, mem_cap: str | None, sourc
     from rich.console import Console
     from rich.table import Table
 
-    from runner import orchestrator
-    from runner.units import parse_bytes
+    from runner.spec.units import parse_bytes
+    from runner.watch import orchestrator
     from tui.render.report import fmt_bytes
 
     con = Console(highlight=False, stderr=getattr(args, "format", "text") == "json")

@@ -1,5 +1,5 @@
 """The multi-node flags of ``ftui run`` (``--nnodes --node-rank --main-addr --main-port --rdzv-endpoint
---run-key``): recipe overrides for the launch fields, and this machine's :class:`runner.multinode.NodeSpec`."""
+--run-key``): recipe overrides for the launch fields, and this machine's :class:`runner.spec.rendezvous.NodeSpec`."""
 
 from __future__ import annotations
 
@@ -48,11 +48,11 @@ def given(args: argparse.Namespace) -> bool:
 
 def prepare_resume(args: argparse.Namespace, store: Any, out: Any) -> Any:
     """``ftui resume ID --nnodes N --node-rank K --main-addr A`` (or ``--rdzv-endpoint HOST:PORT``): this node's
-    part of the resumed run (:mod:`runner.node_resume`, :mod:`runner.c10d_resume`); a step passed over is said on
+    part of the resumed run (:mod:`runner.nodes.resume`, :mod:`runner.nodes.c10d_resume`); a step passed over is said on
     one line."""
     from rich.text import Text
 
-    from runner.node_resume import prepare_node_resume
+    from runner.nodes.resume import prepare_node_resume
 
     def warn(text: str) -> None:
         out.print(Text.assemble(("warning:", "yellow"), f" {text}"), soft_wrap=True)
@@ -67,11 +67,11 @@ def prepare_resume(args: argparse.Namespace, store: Any, out: Any) -> Any:
 
 
 def spec_for(args: argparse.Namespace, recipe: Any) -> Any:
-    """This machine's :class:`runner.multinode.NodeSpec`, or None for a one-machine run (UsageError on a
+    """This machine's :class:`runner.spec.rendezvous.NodeSpec`, or None for a one-machine run (UsageError on a
     setting that cannot work)."""
     import os
 
-    from runner.multinode import NodesError, node_spec
+    from runner.spec.rendezvous import NodesError, node_spec
 
     launch = recipe.launch
     if (launch.nnodes or 1) <= 1 and launch.rdzv_endpoint is None:
@@ -92,7 +92,7 @@ def spec_for(args: argparse.Namespace, recipe: Any) -> Any:
 def remote_facts(store: Any, runs: list[Any]) -> dict[int, dict[str, Any]]:
     """What ``ftui runs`` adds for runs on other machines, from the store (and ``squeue``/``sacct`` for a
     SLURM job still queued or running): ``{"slurm": {"job_id", "state"}, "nodes": [...]}`` by run id."""
-    from runner.slurm import job_state
+    from runner.nodes.slurm import job_state
     from store.nodes import nodes_of, samples_per_node
 
     facts: dict[int, dict[str, Any]] = {}

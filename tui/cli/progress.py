@@ -47,7 +47,7 @@ class RunProgress:
     def on_event(self, event: dict[str, Any]) -> None:
         kind = event["type"]
         if kind == "phase":  # before step 1: say what the minutes of loading are spent on
-            from runner.events import phase_words
+            from runner.spec.events import phase_words
 
             # the description column is markup: a data path is the user's text
             self.progress.update(self.task, description=escape(phase_words(event)))

@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.text import Text
 
-from runner import strategies
+from runner.spec import strategies
 from tui.cli.common import ExitCode, UsageError, console, db_option, open_store, seconds_at_least
 
 
@@ -79,7 +79,7 @@ def load_run_recipe(args: argparse.Namespace) -> Any:
     ``--strategy ddp|fsdp`` without ``--nproc`` on a one-process recipe takes one process per
     visible GPU (at least 2); ``--strategy single|mp`` takes one process (``mp --nproc N``: N pipeline stages).
     """
-    from runner.recipe import RecipeError
+    from runner.spec.recipe import RecipeError
     from tui.cli import nodes
 
     overrides = list(args.overrides) + nodes.overrides(args)
@@ -96,7 +96,7 @@ def load_run_recipe(args: argparse.Namespace) -> Any:
             elif nproc is None:
                 base = _load(args, [o for o in overrides if not o.startswith("launch.")])
                 if base.launch.nproc == 1:
-                    from runner.orchestrator import cuda_device_count
+                    from runner.watch.orchestrator import cuda_device_count
 
                     nproc = max(2, cuda_device_count())
         if nproc is not None:
@@ -129,7 +129,7 @@ def script_overrides(args: argparse.Namespace) -> list[str]:
 
 def _load(args: argparse.Namespace, overrides: list[str]) -> Any:
     """The recipe file with ``overrides``, or (``--script`` without a recipe) a recipe of them alone."""
-    from runner.recipe import load_recipe, parse_recipe
+    from runner.spec.recipe import load_recipe, parse_recipe
 
     if args.recipe is None:
         return parse_recipe("", source="--script", overrides=overrides)
@@ -137,9 +137,9 @@ def _load(args: argparse.Namespace, overrides: list[str]) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from runner import orchestrator
-    from runner.preflight import launch_checks
-    from runner.recipe import RecipeError
+    from runner.spec.recipe import RecipeError
+    from runner.watch import orchestrator
+    from runner.watch.preflight import launch_checks
     from tui.cli import nodes
 
     recipe = load_run_recipe(args)
@@ -174,10 +174,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     store = open_store(args, create=True)
     from tui.cli.recover import recover_quietly
 
-    recover_quietly(store, out)  # runs whose watcher died (runner.recover): cheap when there are none
+    recover_quietly(store, out)  # runs whose watcher died (runner.watch.recover): cheap when there are none
     try:
         if node_spec is not None:
-            from runner.nodes import prepare_node
+            from runner.nodes.agent import prepare_node
 
             prepared = prepare_node(store, recipe, node_spec, source=source)
             out.print(f"node #{prepared.node.slot} of {node_spec.nnodes} ({node_spec.backend} rendezvous at "
@@ -192,8 +192,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     """``ftui resume ID``: a new run continuing run ID from its newest complete checkpoint."""
-    from runner import orchestrator
-    from runner.recipe import RecipeError
+    from runner.spec.recipe import RecipeError
+    from runner.watch import orchestrator
     from tui.cli import nodes
 
     store = open_store(args, create=False)
@@ -212,13 +212,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def follow(args: argparse.Namespace, store: Any, prepared: Any, out: Any) -> int:
     """Run a prepared run with live progress, print its summary; the exit code of ``ftui run``."""
-    from runner import orchestrator
+    from runner.watch import orchestrator
     from tui.cli.progress import RunProgress
 
     recipe = prepared.recipe
     out.print(Text.assemble("run ", (str(prepared.run_id), "bold"),
                             f" · {recipe.launch.strategy} × {recipe.launch.nproc} · {prepared.run_dir}"))
-    from runner.procs import StopRequest
+    from runner.watch.procs import StopRequest
 
     stop = StopRequest()
     restore = stop.install()  # Ctrl-C, SIGTERM, SIGHUP: graceful stop, recorded; a second one: kill now

@@ -1,5 +1,5 @@
 """``ftui slurm RECIPE --nodes N --gpus-per-node G``: write the sbatch script of a multi-node run
-(:mod:`runner.slurm`), and with ``--submit`` submit it and record the run with its job id."""
+(:mod:`runner.nodes.slurm`), and with ``--submit`` submit it and record the run with its job id."""
 
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_slurm(args: argparse.Namespace) -> int:
-    from runner.paths import default_db_url
-    from runner.recipe import RecipeError, load_recipe
-    from runner.slurm import SlurmError, SlurmJob, sbatch_script, submit
+    from runner.nodes.slurm import SlurmError, SlurmJob, sbatch_script, submit
+    from runner.spec.paths import default_db_url
+    from runner.spec.recipe import RecipeError, load_recipe
 
     if args.gpus_per_node < 0:
         raise UsageError(f"--gpus-per-node: must be 0 or more, got {args.gpus_per_node}")
@@ -103,7 +103,7 @@ def _resumed_recipe(args: argparse.Namespace, overrides: list[str], nproc: int) 
     """The recipe of the run ``--resume`` names, from the store (the job's name and the recorded row; the
     nodes read it again, with the checkpoint, in ``ftui resume``). A resume keeps that recipe: no RECIPE,
     no ``--set``/``--strategy``, and the old run's ranks per node."""
-    from runner.recipe import RecipeError, parse_recipe
+    from runner.spec.recipe import RecipeError, parse_recipe
     from tui.cli.common import open_store
 
     if args.recipe is not None:

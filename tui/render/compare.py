@@ -1,4 +1,4 @@
-"""Renderings of a :class:`runner.compare.Comparison`: a rich table, markdown, CSV, JSON, one
+"""Renderings of a :class:`runner.analysis.compare.Comparison`: a rich table, markdown, CSV, JSON, one
 self-contained HTML file (inline SVG charts, no network), and a loss plot for the terminal."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from runner.compare import Comparison, RunRow
+from runner.analysis.compare import Comparison, RunRow
 from tui.render.plain import row as text_row
 from tui.render.report import STATUS_STYLE, fmt_bytes, fmt_seconds
 

@@ -1,7 +1,7 @@
 """Rich renderings of runs for the command line: lists, one run, JSON for scripts.
 
 Every figure says where it comes from: "measured" figures come from the trainer's own events; measured
-memory is the CUDA allocator's peak on GPU and the peak of live tensor bytes on CPU (runner/memtrack.py);
+memory is the CUDA allocator's peak on GPU and the peak of live tensor bytes on CPU (runner/rank/memtrack.py);
 process RSS (getrusage/psutil) is shown as such, never as "measured memory".
 """
 
@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from runner.hardware.records import SOURCE_LABELS
-from runner.summary import model_state_bytes, rank_peak, rank_rss
+from runner.spec.summary import model_state_bytes, rank_peak, rank_rss
 from store import MetricPoint, NamedMetricPoint, RunInfo
 from tui.render.plain import row as text_row
 from tui.render.words import distributed_words
@@ -93,7 +93,7 @@ def global_batch_words(run: RunInfo) -> tuple[str, str] | None:
     """(``"8 rows"``, ``"micro-batch 4 x 2 processes x GA 1 (recipe)"``), or None for a recipe without one."""
     import tomllib
 
-    from runner.strategies import recipe_global_batch
+    from runner.spec.strategies import recipe_global_batch
 
     try:
         parsed = tomllib.loads(run.recipe_text or "")
@@ -107,7 +107,7 @@ def global_batch_words(run: RunInfo) -> tuple[str, str] | None:
     if rows is None:
         return None
     replicas = rows // (micro * ga)
-    from runner.strategies import STRATEGIES
+    from runner.spec.strategies import STRATEGIES
 
     row = STRATEGIES.get(run.strategy)
     # Tensor parallel: each group of tp_size processes trains one batch.
@@ -124,7 +124,7 @@ def run_summary_table(run: RunInfo | None) -> Table:
     if run is None:
         return table
     table.add_row("status", Text(run.status, style=STATUS_STYLE.get(run.status, "")), "orchestrator")
-    script = run.method == "script" or "script = " in (run.recipe_text or "")  # launch.script (runner.script)
+    script = run.method == "script" or "script = " in (run.recipe_text or "")  # launch.script (runner.spec.script)
     missing = "not reported" if script and run.status != "running" else "-"
     table.add_row(*text_row("distributed type", run.distributed_type or missing, "accelerate (in effect)"))
     for row in zero_rows(run.summary):
@@ -193,7 +193,7 @@ def run_summary_table(run: RunInfo | None) -> Table:
                                     f"{unit}: the lowest and highest device's mean, {span}"))
     peak = run.summary.get("mfu_peak")
     if isinstance(peak, dict) and peak.get("flops"):
-        from runner.mfu import Peak
+        from runner.analysis.mfu import Peak
 
         stored = Peak.from_json(peak)
         if stored is not None:
@@ -254,7 +254,7 @@ def _dig(mapping: Any, dotted: str) -> Any:
 
 def estimate_vs_measured(summary: dict[str, Any]) -> list[tuple[str, int, float | None, float | None]]:
     """(kind, estimated bytes per device, measured bytes, error in percent) for each figure both sides
-    have: the peak and each phase's peak against the independent measurement (runner/memtrack.py: the
+    have: the peak and each phase's peak against the independent measurement (runner/rank/memtrack.py: the
     CUDA allocator's peak on GPU, the live-tensor peak on CPU; busiest rank), the model states against their
     exact tensor bytes (mean over ranks), and the saved activations of one forward (a detail). Empty when the
     run has no estimate; a row is left out when the estimate lacks its key (estimates stored by older

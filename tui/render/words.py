@@ -13,8 +13,8 @@ DISTRIBUTED_WORDS = {
     "DEEPSPEED": "DeepSpeed",
     "MEGATRON_LM": "Megatron-LM",
     "XLA": "XLA (TPU)",
-    "PIPELINE": "pipeline",  # not accelerate's: runner/pipeline.py (pp, mp over processes)
-    "TENSOR_PARALLEL": "tensor parallel",  # runner/tensor_parallel.py
+    "PIPELINE": "pipeline",  # not accelerate's: runner/rank/pipeline.py (pp, mp over processes)
+    "TENSOR_PARALLEL": "tensor parallel",  # runner/rank/tensor_parallel.py
 }
 """accelerate's ``DistributedType`` as a person says it; an unknown value is shown as it is."""
 

@@ -1,5 +1,5 @@
 """The Compare screen: the selected runs side by side, the same figures and sources as
-``ftui compare`` (``runner.compare.load_comparison`` rendered with ``tui.render.compare.COLUMNS``),
+``ftui compare`` (``runner.analysis.compare.load_comparison`` rendered with ``tui.render.compare.COLUMNS``),
 the recipe fields that differ, and the loss curves overlaid against the step."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from runner.compare import Comparison
+from runner.analysis.compare import Comparison
 from tui.app.messages import CompareLoaded
 from tui.app.widgets.plot import LinePlot
 from tui.render.compare import columns, sample_rows, sources, summary_lines
@@ -62,7 +62,7 @@ class CompareScreen(Screen[None]):
 
     @work(thread=True, exclusive=True, group="compare")
     def load(self) -> None:
-        from runner.compare import load_comparison
+        from runner.analysis.compare import load_comparison
 
         try:
             self.post_message(CompareLoaded(load_comparison(self.ftui.store, self.run_ids)))

@@ -22,8 +22,8 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 from textual.worker import get_current_worker
 
-from runner import strategies
-from runner.recipe import Recipe, RecipeError, parse_recipe
+from runner.spec import strategies
+from runner.spec.recipe import Recipe, RecipeError, parse_recipe
 from tui.app.messages import EstimateReady, LaunchFailed, PreviewReady, RunLaunched
 from tui.app.screens.data import launch_run
 from tui.app.screens.modals import ConfirmScreen, PromptScreen
@@ -289,7 +289,7 @@ class ComposeScreen(Screen[None]):
         if recipe is None:
             status.update(Text(f"✗ {whole_error or 'fix the fields marked in red'}", style="red"))
         else:
-            status.update(Text(f"✓ valid recipe (validated by runner.recipe) · {self.recipe_path}", style="green"))
+            status.update(Text(f"✓ valid recipe (validated by runner.spec.recipe) · {self.recipe_path}", style="green"))
         self.show_preview(recipe)
         return recipe
 
@@ -313,7 +313,7 @@ class ComposeScreen(Screen[None]):
 
     @work(thread=True, exclusive=True, group="preview")
     def build_preview(self, recipe: Recipe, generation: int) -> None:
-        from runner.launch import build_launch
+        from runner.spec.launch import build_launch
 
         spec = build_launch(recipe, PLACEHOLDER_RUN_DIR, port=29500, cpu_threads=self.ftui.cpu_threads(recipe),
                             python=self.ftui.python)

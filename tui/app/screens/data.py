@@ -100,7 +100,7 @@ class MonitorFeed:
         run = self.store.get_run(self.run_id)
         if self._last_step == -1 and run is not None and run.resumed_from is not None:
             # A resumed run's curve starts with its parent's, up to the checkpoint (as compare shows it).
-            from runner.compare import joined_metrics
+            from runner.analysis.compare import joined_metrics
 
             fresh = joined_metrics(self.store, run)
         elif self._last_step == -1 and run is not None and (run.steps_done or 0) > LONG_RUN_STEPS:
@@ -134,7 +134,7 @@ class MonitorFeed:
         summarised_evals = self._evals_unread and any(name.startswith("eval/") for name in self.named)
         self._evals_unread = False
         if summarised_evals or any(p.name.startswith("eval/") for p in fresh_named):
-            from runner.compare import last_samples
+            from runner.analysis.compare import last_samples
 
             events = self.store.events(self.run_id, "eval_samples")
             if events:
@@ -282,8 +282,8 @@ class MonitorFeed:
             return ""
         events = self.store.events(self.run_id)
         trainer = [e for e in events if e.source == "trainer"]
-        if trainer and trainer[-1].type == "phase":  # the trainer says what it does (runner.events.PhaseEvent)
-            from runner.events import phase_words
+        if trainer and trainer[-1].type == "phase":  # the trainer says what it does (runner.spec.events.PhaseEvent)
+            from runner.spec.events import phase_words
 
             return f"starting: {phase_words(trainer[-1].payload)} ({fmt_elapsed(elapsed)})"
         last = events[-1].type if events else "none yet"
@@ -319,11 +319,11 @@ def run_duration(run: RunInfo, now: Clock = utcnow) -> float | None:
 
 
 def launch_run(store: Store, recipe: Any, source: str | None, fake_gpus: int) -> tuple[int, list[str]]:
-    """Pre-flight (the same as ``ftui run``: :func:`runner.preflight.launch_checks`), then record,
+    """Pre-flight (the same as ``ftui run``: :func:`runner.watch.preflight.launch_checks`), then record,
     prepare and start a run detached (it outlives the TUI). Returns the run id and the pre-flight's
     warnings; a refusal raises (a RecipeError naming the field). Blocking: call from a worker."""
-    from runner import orchestrator
-    from runner.preflight import launch_checks
+    from runner.watch import orchestrator
+    from runner.watch.preflight import launch_checks
 
     warnings = launch_checks(recipe, fake_gpus)
     prepared = orchestrator.prepare(store, recipe, source=source)
@@ -343,9 +343,9 @@ def launch_run(store: Store, recipe: Any, source: str | None, fake_gpus: int) ->
 
 def resume_run(store: Store, run_id: int, fake_gpus: int) -> int:
     """``ftui resume`` from the app: a new run continuing ``run_id`` from its newest complete checkpoint
-    (:func:`runner.orchestrator.prepare_resume`, the CLI's path), started detached. Returns the new run's
+    (:func:`runner.watch.orchestrator.prepare_resume`, the CLI's path), started detached. Returns the new run's
     id; no checkpoint or a bad recipe raises a one-line RecipeError. Blocking: call from a worker."""
-    from runner import orchestrator
+    from runner.watch import orchestrator
 
     prepared = orchestrator.prepare_resume(store, run_id)
     orchestrator.start_detached(store.url, prepared, fake_gpus=fake_gpus)

@@ -68,7 +68,7 @@ class DevicesUpdate(Message, bubble=False):
 
 
 def short_command(argv: list[str]) -> str:
-    """``python -m runner.trainer --run-dir …``: the program's base name and its first arguments."""
+    """``python -m runner.rank.trainer --run-dir …``: the program's base name and its first arguments."""
     if not argv:
         return ""
     return " ".join([os.path.basename(argv[0]), *argv[1:4]])
@@ -187,7 +187,7 @@ class DevicesScreen(Screen[None]):
         worker = get_current_worker()
         probe = self.ftui.probe
         if probe is None:
-            from runner.orchestrator import probe_for
+            from runner.watch.orchestrator import probe_for
 
             probe = probe_for(self.ftui.fake_gpus)
         feed = DevicesFeed(self.ftui.store, probe)

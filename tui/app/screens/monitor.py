@@ -36,7 +36,7 @@ Monitor's CPU (BENCHMARKS.md); the loss, progress and curves follow every poll."
 
 class MonitorScreen(Screen[None]):
     """Watch one run; stop it (graceful: the ranks finish their step and save) or kill it (SIGKILL,
-    confirmed); both through :func:`runner.procs.request_stop`."""
+    confirmed); both through :func:`runner.watch.procs.request_stop`."""
 
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),
@@ -289,11 +289,11 @@ class MonitorScreen(Screen[None]):
 
     @work(thread=True, group="signal")
     def _signal(self, kill: bool, what: str) -> None:
-        """Ask the run to stop (:func:`runner.procs.request_stop`) in a thread; report with a Notice.
+        """Ask the run to stop (:func:`runner.watch.procs.request_stop`) in a thread; report with a Notice.
 
         A watcher alive on this host (the background orchestrator, or an ``ftui run``) is signalled and
         records the status itself; without one, every process of the run is stopped and checked here."""
-        from runner.procs import StopRefused, request_stop
+        from runner.watch.procs import StopRefused, request_stop
 
         try:
             result = request_stop(self.ftui.store, self.run_id, kill=kill, wait=False)

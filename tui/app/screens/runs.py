@@ -352,7 +352,7 @@ class RunsScreen(Screen[None]):
 
     @work(thread=True, group="launch")
     def resume(self, run: RunInfo) -> None:
-        from runner.recipe import RecipeError
+        from runner.spec.recipe import RecipeError
 
         try:
             run_id = resume_run(self.ftui.store, run.id, self.ftui.fake_gpus)
@@ -363,7 +363,7 @@ class RunsScreen(Screen[None]):
 
     @work(thread=True, group="launch")
     def rerun(self, run: RunInfo) -> None:
-        from runner.recipe import RecipeError, parse_recipe
+        from runner.spec.recipe import RecipeError, parse_recipe
 
         try:
             recipe = parse_recipe(run.recipe_text, source=f"run {run.id}")

@@ -1,0 +1,779 @@
+"""Compare runs side by side: the figures of each run, speed-ups against a baseline, the recipe diff.
+
+:func:`build_comparison` is pure (stored runs and their metrics in, a :class:`Comparison` out);
+:func:`load_comparison` reads the store and resolves MFU peaks (which may run a short CPU benchmark).
+Rendering lives in ``tui/render/compare.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from runner.analysis.mfu import Peak, compute_mfu, flops_per_token, trustworthy
+from runner.analysis.noise import batch_note, busy_note, host_other_util
+from runner.spec import strategies
+from runner.spec.summary import busiest_peak
+from store import MetricPoint, NamedMetricPoint, RunInfo, SampleInfo, Store
+
+PeakResolver = Callable[[RunInfo, Mapping[str, Any]], Peak | None]
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """The figures of one run (None where unknown)."""
+
+    run_id: int
+    name: str
+    strategy: str
+    method: str
+    devices: int
+    device_type: str | None
+    micro_batch: int | None
+    grad_accum: int | None
+    global_batch: int | None
+    cpu_util: float | None
+    """CPU % of the rank's torch threads (mean over ranks), or CPU% of one core when ``cpu_threads`` is None."""
+    cpu_threads: int | None
+    """Torch threads of each rank (the divisor of ``cpu_util``)."""
+    gpu_busy: float | None
+    """NVML GPU busy % (time a kernel ran), mean over GPUs: a different unit from ``cpu_util``."""
+    util_min: float | None
+    """Lowest device's mean utilisation (same unit as the run's ``cpu_util`` or ``gpu_busy``)."""
+    util_max: float | None
+    util_source: str
+    train_seconds: float | None
+    tokens_per_s: float | None
+    tokens_per_s_per_device: float | None
+    mfu: float | None
+    achieved_tflops: float | None
+    peak_source: str | None
+    peak_flops: float | None
+    """Peak FLOP/s of one device that MFU divides by."""
+    peak_dtype: str | None
+    peak_threads: int | None
+    peak_kind: str | None
+    """``measured`` (CPU benchmark), ``datasheet`` (GPU) or ``given`` (--peak-tflops, the recipe)."""
+    peak_measured_at: str | None
+    """ISO date-time (UTC) the CPU peak was measured."""
+    peak_fingerprint: str | None
+    peak_label: str
+    """``40.6 GFLOP/s fp32, 2 threads, measured 2026-11-23``, or ``-``."""
+    mem_measured: int | None
+    mem_measured_source: str
+    mem_estimated: int | None
+    mem_estimated_source: str
+    final_loss: float | None
+    best_loss: float | None
+    status: str
+    reason: str | None
+    note: str | None
+    speedup: float | None = None
+    """tokens/s of this run over the baseline's (same tokens per step: the same as time ratio)."""
+    grid: str = ""
+    """The sweep's grid values for this run (``train.batch_size=2``), empty outside a grid."""
+    mfu_note: str | None = None
+    """Why MFU is '-' for a run that completed (an unknown GPU model, no model config, MFU > 100%...)."""
+    mfu_rejected: float | None = None
+    """An MFU above 100% that was not shown (the peak cannot be right), as a fraction."""
+    final_eval_loss: float | None = None
+    """``eval/loss`` at the run's last evaluation (measured over the whole eval set)."""
+    best_eval_loss: float | None = None
+    """The lowest ``eval/loss`` of the run."""
+    script: bool = False
+    """A script run (``launch.script``): a figure it did not report is "not reported", not unknown."""
+    host_other_util: float | None = None
+    """Host CPU % (all cores) used by other work during the run (:func:`runner.analysis.noise.host_other_util`)."""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Runs side by side."""
+
+    rows: list[RunRow]
+    baseline_id: int | None
+    fastest_id: int | None
+    recipe_diff: dict[str, list[str]]
+    """Dotted recipe key to each run's value (in row order), only keys whose values differ."""
+    curves: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    """Run id to (step, loss)."""
+    timelines: dict[int, dict[str, list[tuple[float, float | None, int | None]]]] = field(default_factory=dict)
+    """Run id to device key (``gpu:0``, ``rank:1``) to (seconds since the run's first sample, util %, memory)."""
+    sweep_id: str | None = None
+    eval_curves: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    """Run id to (step, eval loss)."""
+    named: dict[int, dict[str, float | None]] = field(default_factory=dict)
+    """Run id to each named metric's last value (``eval/*``, ``train/*``, user metrics)."""
+    samples: dict[int, list[dict[str, str]]] = field(default_factory=dict)
+    """Run id to its last evaluation's samples (``[{"prompt", "completion"}]``)."""
+    hosts: dict[int, str] = field(default_factory=dict)
+    """Run id to the host it ran on (the report's provenance)."""
+    models: dict[int, str] = field(default_factory=dict)
+    data: dict[int, str] = field(default_factory=dict)
+    """Run id to the recipe's ``data.source``."""
+    lr_curves: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    """Run id to (step, learning rate)."""
+    grad_curves: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    """Run id to (step, gradient norm before clipping)."""
+    windows: dict[int, tuple[float, float]] = field(default_factory=dict)
+    """Run id to its training window (first step to last) in the seconds of its timeline."""
+
+    def row(self, run_id: int | None) -> RunRow | None:
+        return next((r for r in self.rows if r.run_id == run_id), None)
+
+    def label(self, row: RunRow) -> str:
+        """``ddp x2`` (plus the grid values), unique enough to name a run in a sentence."""
+        base = row.strategy + (f" x{row.devices}" if row.devices > 1 else "")
+        return f"{base} [{row.grid}]" if row.grid else base
+
+    def speedup_sentences(self) -> list[str]:
+        """``ddp x2 1.9x faster than single`` for each run against the baseline."""
+        base = self.row(self.baseline_id)
+        if base is None:
+            return []
+        out = []
+        for r in self.rows:
+            if r.run_id == base.run_id or r.speedup is None:
+                continue
+            differs = batch_note(self.label(r), r.run_id, r.global_batch, self.label(base), base.run_id,
+                                 base.global_batch)
+            if differs:  # never "faster" between two different trainings
+                out.append(f"{differs} (tokens/s ratio {r.speedup:.2f}x)")
+            elif r.speedup >= 1:
+                out.append(f"{self.label(r)} (run {r.run_id}) {r.speedup:.2f}x faster than {self.label(base)} (run {base.run_id})")
+            else:
+                out.append(f"{self.label(r)} (run {r.run_id}) {1 / r.speedup:.2f}x slower than {self.label(base)} (run {base.run_id})")
+        return out
+
+    def recommendation(self) -> str:
+        """One sentence: the fastest run that completed, with its numbers."""
+        best = self.row(self.fastest_id)
+        if best is None:
+            return "No run completed, so there is nothing to recommend; see the reasons above."
+        parts = [f"{best.tokens_per_s:,.0f} tokens/s" if best.tokens_per_s else None,
+                 f"{best.train_seconds:.1f}s of training" if best.train_seconds else None,
+                 f"MFU {best.mfu * 100:.2f}%" if best.mfu is not None else None]
+        text = f"Use {self.label(best)} (run {best.run_id}): the fastest that completed, " + ", ".join(p for p in parts if p)
+        base = self.row(self.baseline_id)
+        if base is not None and base.run_id != best.run_id and best.speedup:
+            text += f", {best.speedup:.2f}x the throughput of {self.label(base)} (run {base.run_id})"
+        others = [r for r in self.rows if r.status != "completed"]
+        if others:
+            text += f"; {len(others)} did not complete"
+        return text + "." + "".join(f" Caution: {c}." for c in self.cautions())
+
+    def cautions(self) -> list[str]:
+        """What makes the verdict noise: a busy host, runs whose global batches differ (``runner.analysis.noise``)."""
+        out = [n for r in self.rows if r.status == "completed"
+               and (n := busy_note(r.run_id, self.label(r), r.host_other_util))]
+        batches = {r.global_batch for r in self.rows if r.status == "completed" and r.global_batch}
+        if len(batches) > 1:
+            out.append("the runs' global batches differ (" + ", ".join(
+                f"{self.label(r)}: {r.global_batch}" for r in self.rows if r.global_batch) + ")")
+        return out
+
+
+# ---------------------------------------------------------------------- recipe diff
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested TOML tables as dotted keys: ``{"train": {"lr": 1}}`` -> ``{"train.lr": 1}``."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def recipe_diff(recipe_texts: Sequence[str]) -> dict[str, list[str]]:
+    """The recipe fields whose values differ between runs, as dotted keys; ``-`` where a recipe lacks
+    the key. Keys in sorted order; values rendered as JSON-like text."""
+    import json
+
+    flats = []
+    for text in recipe_texts:
+        try:
+            flats.append(flatten(_parsed(text)))
+        except tomllib.TOMLDecodeError:
+            flats.append({})
+    keys = sorted(set().union(*flats)) if flats else []
+    missing = object()
+    diff: dict[str, list[str]] = {}
+    for key in keys:
+        values = [f.get(key, missing) for f in flats]
+        rendered = ["-" if v is missing else (v if isinstance(v, str) else json.dumps(v)) for v in values]
+        if len(set(rendered)) > 1:
+            diff[key] = rendered
+    return diff
+
+
+# ---------------------------------------------------------------------- figures
+
+
+def speedups(tokens_per_s: Sequence[float | None], baseline: int) -> list[float | None]:
+    """Each throughput over the baseline's (index ``baseline``); None where either is unknown."""
+    base = tokens_per_s[baseline] if 0 <= baseline < len(tokens_per_s) else None
+    return [None if (t is None or not base) else t / base for t in tokens_per_s]
+
+
+def best_loss(metrics: Sequence[MetricPoint]) -> float | None:
+    losses = [m.loss for m in metrics if m.loss is not None]
+    return min(losses) if losses else None
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(text: str) -> dict[str, Any]:
+    """A recipe's TOML, parsed once per comparison however many figures read it (callers only read it)."""
+    return tomllib.loads(text)
+
+
+def _recipe(run: RunInfo) -> dict[str, Any]:
+    try:
+        return _parsed(run.recipe_text)
+    except tomllib.TOMLDecodeError:
+        return {}
+
+
+def model_dims(recipe: Mapping[str, Any], run: RunInfo | None = None) -> dict[str, Any] | None:
+    """Layers, heads, head size and context length of a run's model: stored by the trainer in the
+    run's summary (``model_dims``: no transformers import), else read from the recipe's model (builtin,
+    or a local folder whose config transformers can read offline; ``config`` then holds it); None
+    when unknown."""
+    from runner.analysis.mfu import dims_from_config
+
+    stored = run.summary.get("model_dims") if run is not None else None
+    if isinstance(stored, Mapping) and all(isinstance(stored.get(k), int) for k in ("layers", "heads", "head_dim", "seq_len")):
+        return dict(stored)
+    model = recipe.get("model", {}).get("name", "")
+    seq = int(recipe.get("data", {}).get("context_length", 0) or 0)
+    try:
+        if model == "builtin:tiny-llama":
+            from runner.spec.builtin import tiny_llama_config
+
+            cfg: Any = tiny_llama_config()
+        else:
+            from transformers import AutoConfig
+
+            cfg = AutoConfig.from_pretrained(model, local_files_only=True)
+    except Exception:  # noqa: BLE001 (no config here: MFU is shown as '-')
+        return None
+    dims = dims_from_config(cfg, seq)
+    return None if dims is None else {**dims, "config": cfg}
+
+
+def estimated_memory(run: RunInfo, recipe: Mapping[str, Any], dims: Mapping[str, Any] | None) -> tuple[int | None, str]:
+    """Per-device peak bytes predicted for the run: the estimate stored at prepare time
+    (``summary["estimate"]["per_device_bytes"]["total"]``, made with the recipe's real dtypes), else
+    :func:`runner.planner.estimate` of the stored recipe (through :func:`runner.planner.inputs_from_recipe`,
+    so ``model.dtype`` and the LoRA settings count) for a model whose config is at hand."""
+    stored = run.summary.get("estimate")
+    if isinstance(stored, Mapping):
+        per_device = stored.get("per_device_bytes")
+        if isinstance(per_device, Mapping) and isinstance(per_device.get("total"), (int, float)):
+            return int(per_device["total"]), "estimated at prepare time (runner.planner)"
+    if dims is None or "config" not in dims or not run.recipe_text:  # dims stored by the trainer carry no config
+        return None, "-"
+    try:
+        from dataclasses import replace
+
+        from runner.planner import estimate, inputs_from_recipe, shape_from_config
+        from runner.spec.recipe import parse_recipe
+
+        parsed = parse_recipe(run.recipe_text, source=f"run {run.id}")
+        inp = inputs_from_recipe(parsed, shape=shape_from_config(dims["config"]))
+        if run.device_type == "cpu":
+            inp = replace(inp, device="cpu")
+        return estimate(inp).total, "estimated from the stored recipe (runner.planner)"
+    except Exception:  # noqa: BLE001 (an estimate we cannot make is a '-')
+        return None, "-"
+
+
+@dataclass(frozen=True)
+class Utilisation:
+    """A run's utilisation as compare shows it (see :func:`runner.watch.telemetry.summarise`)."""
+
+    cpu: float | None
+    threads: int | None
+    gpu: float | None
+    low: float | None
+    high: float | None
+    source: str
+
+
+def utilisation(run: RunInfo) -> Utilisation:
+    """The run's mean utilisation over its ranks (CPU % of each rank's threads) or GPUs (NVML busy %),
+    with the lowest and highest device, from its stored telemetry summary (active window first)."""
+    from runner.watch.telemetry import CPU_CORE_UNIT, GPU_UTIL_UNIT, cpu_threads_unit
+
+    tel = run.summary.get("telemetry") or {}
+    overall = tel.get("active") or tel.get("whole") or {}
+    kind = overall.get("kind")
+    window = "active window" if tel.get("active") else "whole run"
+    mean, low, high = overall.get("util_mean"), overall.get("util_min"), overall.get("util_max")
+    if (overall.get("devices") or 0) < 2:  # a spread needs two devices
+        low = high = None
+    if kind == "gpu":
+        return Utilisation(None, None, mean, low, high, f"{GPU_UTIL_UNIT}, mean over GPUs, {window}")
+    if kind != "rank":
+        return Utilisation(None, None, None, None, None, "-")
+    threads = overall.get("threads")
+    if "util_unit" not in overall:  # stored before threads were recorded: CPU% of one core, no spread
+        stored = run.summary.get("threads")
+        threads = int(stored) if isinstance(stored, int) and stored > 0 else None
+        if mean is not None and threads:
+            mean = mean / threads
+        low = high = None
+    unit = cpu_threads_unit(threads) if threads else CPU_CORE_UNIT
+    return Utilisation(mean, threads, None, low, high, f"{unit}, mean over ranks, {window}")
+
+
+def util_source(run: RunInfo) -> str:
+    """Where the run's utilisation figure comes from, and its unit."""
+    return utilisation(run).source
+
+
+def _mem_measured(run: RunInfo) -> tuple[int | None, str]:
+    peak, source = busiest_peak(run.summary.get("ranks") or [])
+    if peak is not None:
+        return peak, f"{source}, busiest rank"
+    return run.peak_mem_bytes, "stored peak"
+
+
+def device_count(run: RunInfo) -> int:
+    """Devices a run computed on: the distinct GPUs of its ``device_map`` (model parallel: one process, several
+    GPUs) when it has one on GPUs, else its world size (processes), at least 1."""
+    device_map = run.summary.get("device_map")
+    if isinstance(device_map, Mapping):
+        gpus = set()
+        for value in device_map.values():  # 0, "0", "cuda:1"; "cpu" and "disk" are not compute devices
+            text = str(value).removeprefix("cuda:")
+            if text.isdigit():
+                gpus.add(int(text))
+        if gpus:
+            return len(gpus)
+    return max(1, int(run.summary.get("world_size") or run.nproc or 1))
+
+
+def stored_flops_per_token(run: RunInfo) -> float | None:
+    """FLOPs per token stored with the run at its start (:func:`runner.analysis.mfu.run_flops_per_token`), or None
+    (a run recorded before they were stored: compare then derives them from the model's dimensions)."""
+    value = run.summary.get("flops_per_token")
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def _mfu_note(run: RunInfo, peak: Peak | None, peak_note: str | None, dims: Mapping[str, Any] | None) -> str | None:
+    """Why a completed run with a throughput has no MFU."""
+    if run.status != "completed" or not run.tokens_per_s:
+        return None
+    if peak is None:
+        return peak_note or f"no peak FLOP/s known for device type {run.device_type or '?'}; give --peak-tflops"
+    if stored_flops_per_token(run) is not None:
+        return None
+    if dims is None:
+        return f"model dimensions unknown (the config of {run.model} cannot be read offline)"
+    if not run.summary.get("params"):
+        return "parameter count not stored by the trainer"
+    return None
+
+
+def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
+              dims: Mapping[str, Any] | None, grid: str = "", peak_note: str | None = None) -> RunRow:
+    """The figures of one run (pure, apart from a memory estimate computed from the recipe).
+
+    ``peak_note`` says why ``peak`` is None (shown as the reason MFU is '-'), or what was done about a
+    peak that gave an MFU above 100% (such an MFU is never shown: ``mfu`` is None, ``mfu_rejected``
+    holds it and ``mfu_note`` says why).
+    """
+    recipe = _recipe(run)
+    train = recipe.get("train", {})
+    micro = train.get("batch_size")
+    ga = train.get("grad_accum")
+    devices = device_count(run)
+    global_batch = strategies.recipe_global_batch(run.strategy, recipe, run.nproc)
+    tps = run.tokens_per_s
+    mfu = achieved = rejected = None
+    peak_source = peak.source if peak else None
+    params = run.summary.get("params")
+    over_note = None
+    fpt = stored_flops_per_token(run)
+    if fpt is None and dims and params:
+        trainable = run.summary.get("trainable_params") if run.method != "full" else None
+        matmul_params = int(params) - int(dims.get("embedding_params", 0))
+        fpt = flops_per_token(matmul_params, dims["layers"], dims["heads"], dims["head_dim"], dims["seq_len"], trainable)
+    if tps and peak and fpt:
+        m = compute_mfu(fpt, tps, peak, devices)
+        achieved = m.achieved_flops / 1e12
+        if trustworthy(m.mfu):
+            mfu = m.mfu
+        else:  # never printed: a figure above 100% says the peak is wrong, not that the run was fast
+            rejected = m.mfu
+            over_note = (f"MFU > 100% against {peak.label()} x {devices} device(s): peak not trustworthy"
+                         f"{'; ' + peak_note if peak_note else ''}")
+    util = utilisation(run)
+    measured_at = None
+    if peak and peak.measured_at:
+        from datetime import UTC, datetime
+
+        measured_at = datetime.fromtimestamp(peak.measured_at, UTC).isoformat(timespec="seconds")
+    mem, mem_source = _mem_measured(run)
+    est, est_source = estimated_memory(run, recipe, dims)
+    reason = run.error if run.status != "completed" else None
+    return RunRow(
+        run_id=run.id, name=run.name, strategy=run.strategy, method=run.method, devices=devices,
+        device_type=run.device_type, micro_batch=micro, grad_accum=ga, global_batch=global_batch,
+        cpu_util=util.cpu, cpu_threads=util.threads, gpu_busy=util.gpu, util_min=util.low, util_max=util.high,
+        util_source=util.source, train_seconds=run.train_seconds,
+        tokens_per_s=tps, tokens_per_s_per_device=tps / devices if tps else None,
+        mfu=mfu, achieved_tflops=achieved, peak_source=peak_source,
+        peak_flops=peak.flops if peak else None, peak_dtype=peak.dtype if peak else None,
+        peak_threads=peak.threads if peak else None, peak_kind=peak.kind if peak else None,
+        peak_measured_at=measured_at, peak_fingerprint=peak.fingerprint if peak else None,
+        peak_label=peak.label() if peak else "-",
+        mem_measured=mem, mem_measured_source=mem_source, mem_estimated=est, mem_estimated_source=est_source,
+        final_loss=run.final_loss, best_loss=best_loss(metrics), status=run.status, reason=reason,
+        note=run.summary.get("sweep_note"), grid=grid or str(run.summary.get("sweep_grid") or ""),
+        mfu_note=over_note or (None if mfu is not None else _mfu_note(run, peak, peak_note, dims)),
+        mfu_rejected=rejected, script=bool(recipe.get("launch", {}).get("script")),
+        host_other_util=host_other_util(run.summary),
+    )
+
+
+def build_comparison(
+    runs: Sequence[RunInfo],
+    metrics: Mapping[int, Sequence[MetricPoint]],
+    peaks: Mapping[int, Peak | None] | None = None,
+    dims: Mapping[int, Mapping[str, Any] | None] | None = None,
+    baseline_id: int | None = None,
+    samples: Mapping[int, Sequence[SampleInfo]] | None = None,
+    sweep_id: str | None = None,
+    peak_notes: Mapping[int, str] | None = None,
+    named: Mapping[int, Sequence[NamedMetricPoint]] | None = None,
+    eval_samples: Mapping[int, list[dict[str, str]]] | None = None,
+) -> Comparison:
+    """Put runs side by side (in the given order).
+
+    Args:
+        runs: The runs.
+        metrics: Per-step metrics by run id (for the best loss and the loss curves).
+        peaks: Peak FLOP/s per device by run id (MFU is '-' without one).
+        dims: Model dimensions by run id (:func:`model_dims`).
+        baseline_id: The run speed-ups are measured against; default the first run that has a throughput.
+        samples: Telemetry samples by run id, for the timelines.
+        sweep_id: The sweep the runs belong to, if any.
+        peak_notes: By run id, why its peak is None (:func:`peak_note`).
+        named: Named per-step metrics by run id (eval loss curves, final and best eval loss).
+        eval_samples: By run id, the samples of its last evaluation.
+
+    Returns:
+        The comparison; ``fastest_id`` is the completed run with the highest tokens/s.
+
+    Raises:
+        ValueError: ``baseline_id`` is not one of ``runs``.
+    """
+    peaks = peaks or {}
+    dims = dims or {}
+    notes = peak_notes or {}
+    rows = [build_row(r, metrics.get(r.id, []), peaks.get(r.id), dims.get(r.id), peak_note=notes.get(r.id))
+            for r in runs]
+    if baseline_id is not None and not any(r.run_id == baseline_id for r in rows):
+        raise ValueError(f"baseline run {baseline_id} is not one of the compared runs")
+    if baseline_id is None:
+        baseline_id = next((r.run_id for r in rows if r.tokens_per_s), rows[0].run_id if rows else None)
+    index = next((i for i, r in enumerate(rows) if r.run_id == baseline_id), 0)
+    ratios = speedups([r.tokens_per_s for r in rows], index)
+    rows = [_with(r, speedup=s) for r, s in zip(rows, ratios, strict=True)]
+    done = [r for r in rows if r.status == "completed" and r.tokens_per_s]
+    fastest = max(done, key=lambda r: r.tokens_per_s or 0.0).run_id if done else None
+    curves = {r.id: [(m.step, m.loss) for m in metrics.get(r.id, []) if m.loss is not None] for r in runs}
+    timelines = {r.id: timeline(samples.get(r.id, [])) for r in runs} if samples else {}
+    named = named or {}
+    eval_curves = {r.id: [(p.step, p.value) for p in named.get(r.id, [])
+                          if p.name == EVAL_LOSS and p.value is not None] for r in runs}
+    rows = [_with(r, final_eval_loss=eval_curves[r.run_id][-1][1] if eval_curves.get(r.run_id) else None,
+                  best_eval_loss=min(v for _, v in eval_curves[r.run_id]) if eval_curves.get(r.run_id) else None)
+            for r in rows]
+    last = {r.id: {p.name: p.value for p in named.get(r.id, [])} for r in runs}
+    windows = {}
+    for r in runs:  # the training window in the timeline's seconds, so device charts line up with the loss
+        window = (r.summary.get("telemetry") or {}).get("window")
+        compute = [s.time for s in (samples or {}).get(r.id, []) if s.kind in ("gpu", "rank")]
+        if window and compute and all(isinstance(v, int | float) for v in window):
+            gpu = any(s.kind == "gpu" for s in (samples or {}).get(r.id, []))
+            t0 = min(s.time for s in (samples or {}).get(r.id, []) if s.kind == ("gpu" if gpu else "rank"))
+            windows[r.id] = (float(window[0]) - t0, float(window[1]) - t0)
+    return Comparison(rows=rows, baseline_id=baseline_id, fastest_id=fastest,
+                      recipe_diff=recipe_diff([r.recipe_text for r in runs]),
+                      curves=curves, timelines=timelines, sweep_id=sweep_id,
+                      hosts={r.id: r.host for r in runs if r.host}, models={r.id: r.model for r in runs},
+                      data={r.id: str(_recipe(r).get("data", {}).get("source", "-")) for r in runs},
+                      lr_curves={r.id: [(m.step, m.lr) for m in metrics.get(r.id, []) if m.lr is not None]
+                                 for r in runs},
+                      grad_curves={r.id: [(m.step, m.grad_norm) for m in metrics.get(r.id, [])
+                                          if m.grad_norm is not None] for r in runs},
+                      windows=windows,
+                      eval_curves={k: v for k, v in eval_curves.items() if v},
+                      named={k: v for k, v in last.items() if v}, samples=dict(eval_samples or {}))
+
+
+def _with(row: RunRow, **changes: Any) -> RunRow:
+    return replace(row, **changes)
+
+
+def timeline(samples: Sequence[SampleInfo]) -> dict[str, list[tuple[float, float | None, int | None]]]:
+    """Per compute device (GPUs, else ranks), (seconds since the first sample, util %, memory bytes)."""
+    gpu = any(s.kind == "gpu" for s in samples)
+    keep = [s for s in samples if s.kind == ("gpu" if gpu else "rank")]
+    if not keep:
+        return {}
+    t0 = min(s.time for s in keep)
+    out: dict[str, list[tuple[float, float | None, int | None]]] = {}
+    for s in sorted(keep, key=lambda s: s.time):
+        out.setdefault(f"{s.kind}:{s.index}", []).append((s.time - t0, s.util_pct, s.mem_used))
+    return out
+
+
+# ---------------------------------------------------------------------- from the store
+
+
+def default_peak(run: RunInfo, recipe: Mapping[str, Any], peak_tflops: float | None = None,
+                 samples: Sequence[SampleInfo] = ()) -> Peak | None:
+    """The peak FLOP/s of one of the run's devices, in the dtype it trained in.
+
+    In order: ``peak_tflops`` when given; the recipe's ``launch.peak_tflops``; the peak the run stored
+    when it ended (``summary["mfu_peak"]``: no benchmark, no torch import); the datasheet figure of its
+    GPU; on CPU, for a run stored before peaks were, the cached (or measured now) matmul peak of this
+    machine for the run's dtype and threads, flagged as measured at compare time.
+    """
+    from runner.analysis import mfu
+
+    if peak_tflops:
+        return Peak(peak_tflops * 1e12, f"given (--peak-tflops {peak_tflops:g})")
+    in_recipe = recipe.get("launch", {}).get("peak_tflops")
+    if in_recipe:
+        return Peak(float(in_recipe) * 1e12, f"given (recipe launch.peak_tflops {float(in_recipe):g})")
+    stored = mfu.Peak.from_json(run.summary.get("mfu_peak"))
+    if stored is not None:
+        return stored
+    dtype = mfu.run_dtype(recipe.get("train", {}).get("precision", "fp32"))
+    gpu_names = [s.name for s in samples if s.kind == "gpu"]
+    if run.device_type == "cuda" or gpu_names:
+        return mfu.gpu_peak(gpu_names[0], dtype) if gpu_names else None
+    if run.device_type != "cpu":
+        return None
+    import socket
+
+    peak = mfu.cpu_peak(run_threads(run), dtype)
+    note = "measured by compare, not stored with the run"
+    here = socket.gethostname()
+    if run.host and run.host != here:  # the benchmark runs where ``ftui compare`` runs
+        note += f"; on {here}, not on the run's host {run.host}: give --peak-tflops for that host"
+    return replace(peak, source=f"{peak.source} ({note})")
+
+
+def run_threads(run: RunInfo) -> int:
+    """Torch threads each rank of a CPU run used: recorded at start, else what the orchestrator gives
+    (the physical cores shared out over the processes)."""
+    stored = run.summary.get("threads")
+    if isinstance(stored, int) and stored > 0:
+        return stored
+    import os
+
+    import psutil
+
+    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    return max(1, cores // max(1, run.nproc))
+
+
+def remeasured_peak(run: RunInfo, peak: Peak, cache: Any = None) -> tuple[Peak | None, str]:
+    """Measure once more the CPU peak that gave a run an MFU above 100%.
+
+    Only a measured peak of this very machine (same fingerprint) can be measured again here; a cache
+    entry newer than ``peak`` is the re-measurement already made (by an earlier compare), so a bad
+    run costs one benchmark, not one per compare.
+
+    Returns:
+        The new peak (None when it cannot be re-measured here) and one line saying what was done.
+    """
+    from runner.analysis import mfu
+
+    if peak.kind != "measured" or not peak.dtype or not peak.threads:
+        return None, f"the {peak.kind} peak cannot be re-measured: check it (--peak-tflops)"
+    here = mfu.machine_fingerprint()
+    if peak.fingerprint != here.key:
+        return None, (f"the peak was measured on another machine ({peak.machine or peak.fingerprint}), "
+                      "it cannot be re-measured here")
+    newer = mfu.read_cache(cache).get(mfu.cache_key(here.key, peak.dtype, peak.threads))
+    if newer is not None and (newer.measured_at or 0) > (peak.measured_at or 0):
+        again = newer
+    else:
+        again = mfu.cpu_peak(peak.threads, peak.dtype, cache, remeasure=True)
+    return again, f"re-measured once ({peak.label()} gave MFU > 100%; now {again.label()})"
+
+
+def peak_note(run: RunInfo, recipe: Mapping[str, Any], samples: Sequence[SampleInfo] = ()) -> str:
+    """Why :func:`default_peak` found no peak for a run: names the GPU and suggests ``--peak-tflops``."""
+    precision = recipe.get("train", {}).get("precision", "fp32")
+    gpu_names = sorted({s.name for s in samples if s.kind == "gpu" and s.name})
+    if gpu_names:
+        return (f"no datasheet peak for {', '.join(gpu_names)} in {precision} (runner.analysis.mfu.PEAK_TFLOPS); "
+                "give --peak-tflops")
+    if run.device_type == "cuda":
+        return "GPU model unknown (no NVML samples stored for the run); give --peak-tflops"
+    return f"no peak FLOP/s known for device type {run.device_type or '?'}; give --peak-tflops"
+
+
+def joined_metrics(store: Store, run: RunInfo, _depth: int = 0) -> list[MetricPoint]:
+    """A run's per-step metrics, joined to its parent's when it was resumed from a checkpoint: the parent's
+    steps up to the checkpoint's step (recursively, for a chain of resumes), then the run's own steps
+    (which go on with the global step numbers, N+1...). A run that was not resumed gets its own."""
+    own = store.metrics(run.id)
+    if run.resumed_from is None or _depth > 50:
+        return own
+    parent = store.get_run(run.resumed_from)
+    if parent is None:
+        return own
+    first_own = min((m.step for m in own), default=None)
+    resumed = run.summary.get("resumed_from")
+    upto = resumed.get("step") if isinstance(resumed, Mapping) else None
+    if not isinstance(upto, int):
+        upto = first_own - 1 if first_own is not None else None
+    before = [m for m in joined_metrics(store, parent, _depth + 1) if upto is None or m.step <= upto]
+    return before + own
+
+
+EVAL_LOSS = "eval/loss"
+"""The named metric a comparison draws as a curve (the others: their last value)."""
+
+CURVE_POINTS = 200
+"""Points per loss curve in a comparison: each group of steps keeps its first, lowest, highest and last
+loss (``store.rollup``), so the best loss and the curve's shape survive; the rows stay stored."""
+
+
+def compare_metrics(store: Store, runs: Sequence[RunInfo], points: int = CURVE_POINTS) -> dict[int, list[MetricPoint]]:
+    """Each run's loss curve for a comparison, downsampled to about ``points`` points.
+
+    Read from the store's per-block summaries (a few hundred rows per run, whatever its length); a
+    resumed run's curve is joined to its parent's (:func:`joined_metrics`) and thinned here. Only
+    ``step`` and ``loss`` are set in the points.
+    """
+    from store.rollup import downsample_points
+
+    plain = [r.id for r in runs if r.resumed_from is None]
+    curves = store.curves(plain, "loss", points) if plain else {}
+    out: dict[int, list[MetricPoint]] = {}
+    for run in runs:
+        if run.resumed_from is None:
+            pairs = curves[run.id].points
+        else:
+            pairs = downsample_points([(m.step, m.loss) for m in joined_metrics(store, run) if m.loss is not None],
+                                      points)
+        out[run.id] = [MetricPoint(step=step, time=0.0, loss=loss, lr=None, grad_norm=None, tokens=None,
+                                   step_time=None, tokens_per_s=None) for step, loss in pairs]
+    return out
+
+
+def compare_named(store: Store, runs: Sequence[RunInfo],
+                  points: int = CURVE_POINTS) -> dict[int, list[NamedMetricPoint]]:
+    """What a comparison shows of the named metrics: each run's eval loss curve, downsampled to about
+    ``points`` points (its lowest and last value kept), and the last finite value of every other name,
+    both from the store's per-block summaries: a few hundred rows per run, however many steps reported
+    them. ``time`` is not set."""
+    ids = [r.id for r in runs]
+    evals = store.named_curves(ids, [EVAL_LOSS], points)
+    last = store.named_last(ids)
+    out: dict[int, list[NamedMetricPoint]] = {}
+    for run_id in ids:
+        out[run_id] = [NamedMetricPoint(step=step, name=name, value=value, time=0.0)
+                       for name, (step, value) in last[run_id].items() if name != EVAL_LOSS]
+        curve = evals[run_id].get(EVAL_LOSS)
+        out[run_id] += [NamedMetricPoint(step=step, name=EVAL_LOSS, value=value, time=0.0)
+                        for step, value in (curve.points if curve else [])]
+    return out
+
+
+def _needs_dims(run: RunInfo) -> bool:
+    """Whether compare must find the model's dimensions itself (which may import transformers): only for
+    a run recorded without them whose MFU or memory estimate needs them."""
+    if isinstance(run.summary.get("model_dims"), Mapping):
+        return True  # stored: reading them costs nothing
+    estimate = run.summary.get("estimate")
+    no_estimate = not (isinstance(estimate, Mapping) and isinstance(estimate.get("per_device_bytes"), Mapping))
+    mfu_wanted = (run.status == "completed" and bool(run.tokens_per_s) and bool(run.summary.get("params"))
+                  and stored_flops_per_token(run) is None)
+    return mfu_wanted or no_estimate
+
+
+def _needs_samples(run: RunInfo, recipe: Mapping[str, Any], peak_tflops: float | None) -> bool:
+    """Whether :func:`default_peak`/:func:`peak_note` need the run's samples (a GPU's name)."""
+    if run.status != "completed":
+        return False
+    if peak_tflops or recipe.get("launch", {}).get("peak_tflops"):
+        return False
+    from runner.analysis import mfu
+
+    return mfu.Peak.from_json(run.summary.get("mfu_peak")) is None
+
+
+def load_comparison(store: Store, run_ids: Sequence[int], baseline_id: int | None = None,
+                    peak_tflops: float | None = None, sweep_id: str | None = None,
+                    with_samples: bool = False) -> Comparison:
+    """Read runs from the store (in ``run_ids`` order) and compare them; raise KeyError for a
+    missing run.
+
+    Reads what the runs stored (FLOPs per token, model dimensions, peaks, estimates) and each run's loss
+    curve downsampled (:func:`compare_metrics`); telemetry samples only for the HTML timelines or a run
+    stored without its peak; model configs only for a run recorded without its dimensions.
+    """
+    found = {r.id: r for r in store.get_runs(run_ids)}
+    missing = next((rid for rid in run_ids if rid not in found), None)
+    if missing is not None:
+        raise KeyError(missing)
+    runs = [found[rid] for rid in run_ids]
+    recipes = {r.id: _recipe(r) for r in runs}
+    # A resumed run's curve is joined to its parent's (the loss curves and best loss span the whole training).
+    metrics = compare_metrics(store, runs)
+    samples = {r.id: store.samples(r.id) for r in runs
+               if with_samples or _needs_samples(r, recipes[r.id], peak_tflops)}
+    dims = {r.id: model_dims(recipes[r.id], r) if _needs_dims(r) else None for r in runs}
+    peaks = {r.id: default_peak(r, recipes[r.id], peak_tflops, samples.get(r.id, ())) if r.status == "completed"
+             else None for r in runs}
+    notes = {r.id: peak_note(r, recipes[r.id], samples.get(r.id, ())) for r in runs if peaks[r.id] is None}
+    named = compare_named(store, runs)
+    evals = {r.id: last_samples(store, r.id) for r in runs}
+    cmp = build_comparison(runs, metrics, peaks, dims, baseline_id,
+                           samples if with_samples else None, sweep_id, peak_notes=notes, named=named,
+                           eval_samples={k: v for k, v in evals.items() if v})
+    # An MFU above 100% means the peak is wrong: measure it once more; build_row suppresses what is
+    # still above 100% and says why.
+    redo = {row.run_id for row in cmp.rows if row.mfu_rejected is not None}
+    if not redo:
+        return cmp
+    for run in runs:
+        old_peak = peaks[run.id]
+        if run.id in redo and old_peak is not None:
+            new_peak, notes[run.id] = remeasured_peak(run, old_peak)
+            if new_peak is not None:
+                peaks[run.id] = replace(new_peak, source=f"{new_peak.source}; {notes[run.id]}")
+    return build_comparison(runs, metrics, peaks, dims, baseline_id,
+                            samples if with_samples else None, sweep_id, peak_notes=notes, named=named,
+                            eval_samples={k: v for k, v in evals.items() if v})
+
+
+def last_samples(store: Store, run_id: int) -> list[dict[str, str]]:
+    """The samples of a run's last evaluation (``eval.prompts``), or none."""
+    events = store.events(run_id, "eval_samples")
+    if not events:
+        return []
+    return [{"prompt": str(s.get("prompt", "")), "completion": str(s.get("completion", ""))}
+            for s in events[-1].payload.get("samples") or [] if isinstance(s, dict)]
+
+
+def sweep_run_ids(store: Store, sweep_id: str) -> list[int]:
+    """The runs of a sweep, oldest first."""
+    return sorted(r.id for r in store.list_runs(sweep_id=sweep_id))

@@ -1,0 +1,236 @@
+"""The node agent: ``ftui run RECIPE --nnodes N ...`` on each machine of a multi-node run.
+
+Each machine runs one agent. It joins the run's row in the shared store (:func:`store.nodes.join_run`,
+by the run key every node derives alike), writes its own run folder, starts this machine's ranks
+through ``accelerate launch`` (the rendezvous of :mod:`runner.spec.rendezvous`) and follows them with the
+one-machine watcher (:func:`runner.watch.orchestrator.follow`), which calls back here to
+
+- renew the node's heartbeat and record which global ranks (and node rank) landed here;
+- poll the store's stop requests (``ftui stop``, the TUI, another node's Ctrl-C), so a stop asked on any
+  machine stops every machine, and post one when this machine is asked to stop;
+- write this node's telemetry under its own node number;
+- end the node (its status and reason in ``run_nodes``) and, once every node has ended or stopped
+  reporting, settle the run's status: failed with the reason of the node that failed first.
+
+The trainer's journal (rank 0) lives on whichever node got global rank 0 (c10d decides); that agent
+writes the run's figures (metrics, summary). No agent assumes another's processes are on its host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runner.spec import events as ev
+from runner.spec.recipe import Recipe
+from runner.spec.rendezvous import NodeSpec
+from store import Store
+from store import nodes as store_nodes
+
+HEARTBEAT_S = 2.0
+"""How often an agent renews its heartbeat and reads stop requests."""
+
+
+@dataclass
+class NodeAgent:
+    """This machine's part of a multi-node run, as the watcher sees it."""
+
+    store: Store
+    run_id: int
+    slot: int
+    spec: NodeSpec
+    created: bool
+    nproc: int
+    host: str = field(default_factory=socket.gethostname)
+    fault_at: float | None = None
+    """When a rank of this node first vanished (set by the watcher)."""
+    run_dir: Path | None = None
+    """This machine's run folder, whose complete checkpoints the agent records (``run_nodes.checkpoints``)."""
+    _last_beat: float = 0.0
+    _last_stop_id: int = 0
+    _posted: bool = False
+    _from_store: bool = False
+    _ranks_known: bool = False
+    _checkpoints: list[int] | None = None
+
+    @property
+    def source(self) -> str:
+        """The event source of this agent's journal in the store (each node's seq ids are its own)."""
+        return "orchestrator" if self.slot == 0 else f"orchestrator:{self.slot}"
+
+    def tick(self, request: Any, run_dir: Path) -> None:
+        """Called by the watcher's loop: heartbeat, ranks, stop requests both ways. Never raises (a store
+        down for a moment must not end a run)."""
+        now = time.monotonic()
+        try:
+            if request.is_set() and not self._posted and not self._from_store:
+                self._posted = True  # asked here (Ctrl-C, SIGTERM, scancel): tell every other node
+                store_nodes.post_stop(self.store, self.run_id, kill=bool(request.kill),
+                                      by=f"node #{self.slot} ({self.host})")
+            if now - self._last_beat < HEARTBEAT_S:
+                return
+            self._last_beat = now
+            values: dict[str, Any] = {}
+            if not self._ranks_known:
+                ranks = sorted(ev.read_rank_pids(run_dir))
+                if len(ranks) >= self.nproc:
+                    self._ranks_known = True
+                    # torchrun numbers ranks node by node: GROUP_RANK * nproc + LOCAL_RANK.
+                    values = {"ranks": ranks, "node_rank": ranks[0] // self.nproc}
+            store_nodes.update_node(self.store, self.run_id, self.slot, **values)
+            self.record_checkpoints(run_dir)
+            for stop in store_nodes.stop_requests(self.store, self.run_id, self._last_stop_id):
+                self._last_stop_id = stop.id
+                if not request.is_set() or (stop.kill and not request.kill):
+                    self._from_store = not request.is_set() or self._from_store
+                    request.request(kill=stop.kill)
+        except Exception:  # noqa: BLE001 (the next tick tries again)
+            pass
+
+    def record_checkpoints(self, run_dir: Path) -> None:
+        """Record the steps whose checkpoint this machine's folder holds complete, when they changed (the
+        manifest of a new one turned complete, or pruning removed one): :mod:`runner.nodes.resume` reads
+        them to pick the step every node can resume from."""
+        from runner.spec.checkpoint import complete_checkpoints, step_of
+
+        steps = [s for p in complete_checkpoints(run_dir) if (s := step_of(p)) is not None]
+        if steps != self._checkpoints:
+            store_nodes.record_checkpoints(self.store, self.run_id, self.slot, steps)
+            self._checkpoints = steps
+
+    def finish(self, status: str, error: str | None, exit_code: int | None,
+               wait_s: float = store_nodes.HEARTBEAT_STALE_S + 5.0) -> store_nodes.Settled | None:
+        """Record this node's end; then settle the run once every node has ended (waiting up to ``wait_s``
+        for the others, so a node that died is noticed by its stale heartbeat). None: not settled here
+        (another node still runs and will settle it)."""
+        if self.run_dir is not None:
+            try:  # the stop's (or the last) checkpoint was written after the last tick
+                self.record_checkpoints(self.run_dir)
+            except Exception:  # noqa: BLE001 (the node's end matters more than the record)
+                pass
+        store_nodes.update_node(self.store, self.run_id, self.slot, status=status, error=error,
+                                exit_code=exit_code, ended_at=_utcnow(),
+                                fault_at=self.fault_at if status == "failed" else None)
+        deadline = time.monotonic() + wait_s
+        while True:
+            settled = store_nodes.settle(self.store, self.run_id)
+            if settled is not None or time.monotonic() >= deadline:
+                return settled
+            time.sleep(1.0)
+
+
+def prepare_node(store: Store, recipe: Recipe, spec: NodeSpec, source: str | None = None,
+                 root: Path | None = None, resumed_from: int | None = None,
+                 choose: Callable[[NodeAgent], Recipe] | None = None) -> Any:
+    """Join (or create) the run of ``spec.run_key`` and write this node's run folder; start nothing.
+
+    ``resumed_from``: the run this one continues; ``choose``: called once joined, before the folder is
+    written, returns the recipe to launch (a resume agrees on its checkpoint with the other nodes there:
+    :mod:`runner.nodes.resume`); a PreflightError from it ends this node failed with that reason.
+
+    Returns:
+        A :class:`runner.watch.orchestrator.Prepared` whose ``node`` is this machine's :class:`NodeAgent`.
+
+    Raises:
+        runner.watch.orchestrator.PreflightError: the key's run already has all its nodes, or the folder
+            cannot be written (one line).
+    """
+    from runner.spec.paths import RunFolderError, claim_run_folder, runs_dir
+    from runner.watch import orchestrator as orch
+
+    create = {"name": recipe.name, "recipe_text": recipe.to_toml(), "recipe_hash": recipe.digest(),
+              "recipe_source": source, "strategy": recipe.launch.strategy,
+              "nproc": recipe.launch.nproc * spec.nnodes, "method": recipe.method.type,
+              "model": recipe.model.name, "run_dir": "", "resumed_from": resumed_from}
+    try:
+        joined = store_nodes.join_run(store, spec.run_key, spec.nnodes, create, pid=os.getpid())
+    except store_nodes.JoinRefused as exc:
+        raise orch.PreflightError(str(exc)) from None
+    agent = NodeAgent(store, joined.run_id, joined.slot, spec, joined.created, recipe.launch.nproc)
+    if choose is not None:
+        try:
+            recipe = choose(agent)
+        except orch.PreflightError as exc:  # (every node refuses alike: the last one settles the run)
+            agent.finish("failed", str(exc), None, wait_s=10.0)
+            raise
+    uid = orch.run_uid(store, joined.run_id)
+    try:  # each machine writes its own folder (no shared filesystem assumed); the slot tells them apart
+        run_dir = claim_run_folder(root or runs_dir(), f"{uid}-n{joined.slot}", recipe.name)
+    except (RunFolderError, OSError) as exc:
+        agent.finish("failed", str(exc), None, wait_s=0)
+        raise orch.PreflightError(str(exc)) from None
+    from runner.spec.launch import build_launch
+
+    launch = build_launch(recipe, run_dir, port=spec.main_port, cpu_threads=orch.cpu_threads(recipe),
+                               nodes=spec)
+    for name, text in launch.files.items():
+        (run_dir / name).write_text(text)
+    (run_dir / ev.LAUNCH_FILE).write_text(json.dumps(launch.to_json(), indent=2) + "\n")
+    store_nodes.update_node(store, joined.run_id, joined.slot, run_dir=str(run_dir))
+    agent.run_dir = run_dir
+    if joined.created:
+        orch.record_watcher(store, joined.run_id)
+        store.update_run(joined.run_id, run_dir=str(run_dir),
+                            summary={"uid": uid, "estimate": orch.estimate_summary(recipe),
+                                     "nodes": {"nnodes": spec.nnodes, "backend": spec.backend,
+                                               "main": f"{spec.main_addr}:{spec.main_port}",
+                                               "run_key": spec.run_key}})
+    return orch.Prepared(run_id=joined.run_id, run_dir=run_dir, spec=launch, recipe=recipe, node=agent)
+
+
+def _utcnow() -> Any:
+    from store.store import utcnow
+
+    return utcnow()
+
+
+def is_remote(run: Any) -> bool:
+    """Whether ``run`` is followed by agents the store alone reaches: several machines, a SLURM job, or a
+    watcher on another host."""
+    from runner.watch.recover import watcher_host
+
+    return bool((getattr(run, "nnodes", None) or 1) > 1 or getattr(run, "slurm_job_id", None)
+                or watcher_host(run) != socket.gethostname())
+
+
+def stop_through_store(store: Store, run_id: int, kill: bool = False, wait: bool = True,
+                       timeout_s: float = 120.0, by: str | None = None) -> str:
+    """Stop a run whose processes may be on other machines: post a stop request every node agent polls
+    (:data:`HEARTBEAT_S`), and wait (``wait``) for the run's status to change.
+
+    Returns:
+        The run's status afterwards (``running`` when not waited for, or still running at the timeout).
+    """
+    run = store.get_run(run_id)
+    if run is None:
+        from store.store import StoreError
+
+        raise StoreError(f"run {run_id}: no such run")
+    if run.slurm_job_id:
+        from runner.nodes import slurm
+
+        try:  # SIGTERM to every node agent of the job: the ranks finish their step and checkpoint
+            slurm.cancel(run.slurm_job_id, kill=kill)
+        except slurm.SlurmError:
+            pass  # not on a SLURM host: the store's request below still reaches the agents
+        if run.status == "created" and not store_nodes.nodes(store, run_id):  # still queued: no agent to ask
+            store.update_run(run_id, status="stopped" if not kill else "failed", ended_at=_utcnow(),
+                             error="killed by user" if kill else None,
+                             summary={"stop": f"SLURM job {run.slurm_job_id} cancelled before it started"})
+            return "stopped" if not kill else "failed"
+    store_nodes.post_stop(store, run_id, kill=kill, by=by or f"ftui stop on {socket.gethostname()}")
+    if not wait:
+        return run.status
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        now = store.get_run(run_id)
+        if now is None or now.status not in ("running", "created"):
+            return "gone" if now is None else now.status
+        time.sleep(0.5)
+    return "running"

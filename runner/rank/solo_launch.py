@@ -1,0 +1,67 @@
+"""``python -m runner.rank.solo_launch ARGS``: ``accelerate launch ARGS`` for one process on one machine, run in
+the launcher's own interpreter.
+
+For one process ``accelerate launch`` parses its config, builds the rank's environment
+(``prepare_simple_launcher_cmd_env``: ``ACCELERATE_*``, ``OMP_NUM_THREADS``, the visible devices) and
+starts a second interpreter for the program, which imports torch and accelerate again: 1.2-1.3 s of a
+run's start on the 2-core dev machine (docs/architecture.md). Here the same parser, validation and environment
+builder of accelerate run, the environment is applied to this process, and the program (``-m
+runner.rank.trainer ...`` or a script) runs here as ``__main__``: the rank is the launcher.
+
+Anything but accelerate's simple launcher (DeepSpeed's launcher on a GPU, several processes or
+machines, SageMaker), or an accelerate whose internals differ, goes through accelerate's own
+``launch_command`` unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import runpy
+import sys
+from typing import Any
+
+
+def _simple(args: Any, defaults: Any) -> bool:
+    """Whether accelerate's ``launch_command`` would take its simple launcher for one process (its own
+    order of checks)."""
+    if (args.num_processes or 1) != 1 or (args.num_machines or 1) != 1 or args.no_python:
+        return False
+    if str(getattr(defaults, "compute_environment", "")).endswith("SAGEMAKER"):
+        return False
+    return bool(args.cpu) or not any((args.use_deepspeed, args.use_fsdp, args.use_megatron_lm, args.multi_gpu,
+                                      args.tpu))
+
+
+def main(argv: list[str] | None = None) -> None:
+    from accelerate.commands.launch import launch_command, launch_command_parser
+
+    args = launch_command_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        from accelerate.commands.launch import _validate_launch_command
+        from accelerate.utils.launch import prepare_simple_launcher_cmd_env
+
+        checked, defaults, _ = _validate_launch_command(copy.deepcopy(args))
+        simple = _simple(checked, defaults)
+    except (ImportError, TypeError, ValueError, AttributeError):
+        simple = False  # an accelerate of another shape
+    if not simple:
+        launch_command(args)  # accelerate's own launch: a second interpreter, or torchrun's agent
+        return
+    _, env = prepare_simple_launcher_cmd_env(checked)
+    os.environ.clear()
+    os.environ.update(env)
+    import torch
+
+    # torch (and its OpenMP runtime) was imported before OMP_NUM_THREADS was set: apply it directly.
+    torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
+    program = checked.training_script
+    sys.argv = [program, *checked.training_script_args]
+    if checked.module:
+        runpy.run_module(program, run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(program, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Sweeps: one recipe run under several strategies (and over a grid of field values), one run after
+another, each stored with a shared sweep id so that ``ftui compare --sweep ID`` reopens them.
+
+Fairness: every run of a grid point trains the same global batch. For data-parallel strategies
+(``ddp``, ``fsdp``, ZeRO) with N processes the recipe's micro-batch B is divided by N when N divides B
+(B/N per process x N = B); otherwise the micro-batch is kept and the global batch is B x N, which the
+run's note says. Strategies whose processes share one batch (``pp``, ``mp`` and ``tp``: layers or
+matrices are split, not rows) keep B.
+
+A strategy that cannot run (the recipe refuses it, pre-flight refuses it, or it fails) becomes a
+stored run with status ``failed`` and the reason; the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from runner.spec import strategies as table
+from runner.spec.recipe import Recipe, RecipeError, dump_toml, load_recipe
+from store import Store
+
+
+@dataclass(frozen=True)
+class SweepItem:
+    """One planned run of a sweep."""
+
+    strategy: str
+    nproc: int
+    overrides: list[str]
+    grid: str
+    """``train.batch_size=2`` for a grid point, empty without a grid."""
+    note: str
+    """How the batch was kept fair, for the output."""
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    run_id: int
+    status: str
+    reason: str | None
+
+
+def parse_grid(specs: Sequence[str]) -> list[list[str]]:
+    """``["train.batch_size=2,4", "train.lr=1e-3,2e-3"]`` -> every combination as override lists."""
+    axes: list[list[str]] = []
+    for spec in specs:
+        key, sep, values = spec.partition("=")
+        if not sep or not key.strip() or not values.strip():
+            raise RecipeError(f"--grid {spec!r}: expected FIELD=V1,V2,...")
+        axes.append([f"{key.strip()}={v.strip()}" for v in values.split(",") if v.strip()])
+    return [list(p) for p in itertools.product(*axes)] if axes else [[]]
+
+
+def plan(recipe_path: Path, strategies: Sequence[str], nproc: int | None, sets: Sequence[str],
+         grid: Sequence[str], default_nproc: int = 2, repeat: int = 1) -> list[SweepItem]:
+    """The runs of a sweep, in order: for each grid point, each strategy (``repeat`` times in a row, for
+    medians and spread: :mod:`runner.analysis.repeats`).
+
+    Raises:
+        RecipeError: the recipe (with ``sets``) or a grid value is invalid for every strategy.
+    """
+    if nproc is not None and nproc < 1:
+        raise RecipeError(f"--nproc: must be at least 1, got {nproc}")
+    if repeat < 1:
+        raise RecipeError(f"--repeat: must be at least 1, got {repeat}")
+    unknown = [s for s in strategies if s not in table.STRATEGIES]
+    if unknown:
+        raise RecipeError(f"--strategies: unknown {', '.join(unknown)} (choose from {', '.join(table.names())})")
+    items: list[SweepItem] = []
+    for point in parse_grid(grid):
+        base = load_recipe(recipe_path, [*sets, *point])
+        micro = base.train.batch_size
+        for strategy in strategies:
+            n = table.get(strategy).procs(nproc, default_nproc)
+            overrides = [*sets, *point, f"launch.strategy={strategy}", f"launch.nproc={n}"]
+            note = f"micro-batch {micro} x 1 process"
+            if n > 1 and not table.get(strategy).data_parallel:
+                # pp, mp, tp: every process works on the same rows, so the micro-batch is the global one.
+                note = f"micro-batch {micro} through {n} processes (global batch {micro} kept)"
+            elif n > 1:
+                if micro % n == 0:
+                    overrides.append(f"train.batch_size={micro // n}")
+                    note = f"micro-batch {micro}/{n} = {micro // n} x {n} processes (global batch {micro} kept)"
+                else:
+                    note = f"micro-batch {micro} x {n} processes: global batch {micro * n} ({micro} not divisible by {n})"
+            for k in range(repeat):
+                again = f"; repeat {k + 1}/{repeat}" if repeat > 1 else ""
+                items.append(SweepItem(strategy, n, overrides, " ".join(point), note + again))
+    return items
+
+
+def new_sweep_id() -> str:
+    return f"sweep-{datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+def run_sweep(
+    store: Store,
+    recipe_path: Path,
+    items: Sequence[SweepItem],
+    sweep_id: str | None = None,
+    on_start: Callable[[SweepItem, int], None] | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    on_done: Callable[[SweepItem, SweepResult], None] | None = None,
+    execute_kwargs: dict[str, Any] | None = None,
+) -> tuple[str, list[SweepResult]]:
+    """Run the items one after another, each stored under ``sweep_id``.
+
+    Returns:
+        The sweep id and one result per item that was reached (a run stopped by the user ends the
+        sweep early).
+    """
+    from runner.watch import orchestrator
+
+    sweep_id = sweep_id or new_sweep_id()
+    results: list[SweepResult] = []
+    for item in items:
+        extra = {"sweep_note": item.note, "sweep_grid": item.grid}
+        row = table.get(item.strategy)
+        try:
+            if not row.launchable:  # the table's own sentence, not the validator's list of choices
+                raise RecipeError(row.not_launchable or f"ftui run cannot launch {item.strategy}")
+            recipe: Recipe = load_recipe(recipe_path, item.overrides)
+            warnings = orchestrator.preflight(recipe)
+        except RecipeError as exc:
+            run_id = _refused(store, recipe_path, item, sweep_id, f"refused before launch: {exc}")
+            result = SweepResult(run_id, "failed", f"refused before launch: {exc}")
+            results.append(result)
+            if on_done:
+                on_done(item, result)
+            continue
+        prepared = orchestrator.prepare(store, recipe, source=str(recipe_path), sweep_id=sweep_id)
+        assert prepared.run_id is not None
+        if warnings:  # e.g. "mp on a CPU-only machine: ... the single-process run"
+            extra["sweep_note"] = "; ".join([item.note, *warnings])
+        store.update_run(prepared.run_id, summary=extra)
+        if on_start:
+            on_start(item, prepared.run_id)
+        outcome = orchestrator.execute(store, prepared, on_event=on_event, **(execute_kwargs or {}))
+        result = SweepResult(outcome.run_id, outcome.status, outcome.error)
+        results.append(result)
+        if on_done:
+            on_done(item, result)
+        stop = (execute_kwargs or {}).get("stop")
+        if outcome.status == "stopped" or (stop is not None and stop.is_set()):
+            break  # the user stopped the run (or killed it): the sweep ends with it
+    return sweep_id, results
+
+
+def _refused(store: Store, recipe_path: Path, item: SweepItem, sweep_id: str, reason: str) -> int:
+    """Record a strategy that could not start as a failed run with its reason (no run folder)."""
+    base_overrides = [o for o in item.overrides if not o.startswith("launch.")]
+    method: str
+    try:
+        base = load_recipe(recipe_path, base_overrides)
+        data = base.model_dump(mode="json")
+        # The stored recipe names the strategy asked for, so that the recipe diff shows it.
+        data["launch"].update(strategy=item.strategy, nproc=item.nproc)
+        text, digest, name, method, model = dump_toml(data), base.digest(), base.name, base.method.type, base.model.name
+    except RecipeError:
+        text, digest, name, method, model = "", "", recipe_path.stem, "-", "-"
+    run_id = store.create_run(name=name, recipe_text=text, recipe_hash=digest, recipe_source=str(recipe_path),
+                              strategy=item.strategy, nproc=item.nproc, method=method, model=model, run_dir="",
+                              sweep_id=sweep_id, summary={"refused": True, "sweep_note": item.note,
+                                                          "sweep_grid": item.grid})
+    store.update_run(run_id, status="failed", error=reason)
+    return run_id

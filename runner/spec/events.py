@@ -1,0 +1,405 @@
+"""The run folder and its event journal: the contract between the trainer and the orchestrator.
+
+A run folder holds everything needed to understand, re-ingest or resume a run without the database:
+
+    recipe.toml          the resolved recipe the trainer reads
+    accelerate.yaml      the generated accelerate config (absent when the recipe names its own)
+    launch.json          argv, env and config path, as built
+    events.jsonl         the journal: one JSON object per line, written by rank 0 only
+    orchestrator.jsonl   the orchestrator's own events, journaled before the store (runner.watch.journal)
+    samples.jsonl        telemetry samples, appended per batch (runner.watch.journal)
+    watcher.lock         flock-ed by the process watching the run (runner.watch.recover)
+    launcher.log         stdout/stderr of ``accelerate launch`` itself
+    logs/rank{N}.log     stdout/stderr of each rank
+    ranks/{N}.pid        the pid of each rank, written as the rank starts
+    output/              the saved adapter or model
+
+    checkpoints/step-NNNNNNNN/   resumable checkpoints (``runner.spec.checkpoint``), each with ``ftui.json``
+
+Every event carries ``seq`` (0, 1, 2, ... within the run: its stable id), ``type`` and ``time``
+(unix seconds). Types written by the trainer (rank 0):
+
+- ``phase``: before step 1, what the trainer is doing now: ``phase`` (``"tokenizing"``,
+  ``"loading_model"``, ``"preparing"``, ``"resuming"``; ``start`` follows the last) and ``detail`` (a few words for a
+  person: the model, the strategy). Each starts where the previous one ends.
+
+- ``start``: world size, distributed type in effect, params, total steps, ... and ``start_step`` (0, or
+  the checkpoint's step when resumed) with ``resumed_from`` (the checkpoint folder or null) and
+  ``resume_seconds`` (wall time of restoring it, or null).
+- ``step``: ``step`` (global, 1-based; a resumed run goes on at N+1), ``epoch``, ``loss``, ``lr``,
+  ``grad_norm``, ``tokens`` (cumulative, from the checkpoint's count when resumed), ``step_time``,
+  ``tokens_per_s``, and ``skipped: true`` on a step whose update was dropped (``train.on_nan = "skip"``).
+- ``memory``: each rank's allocator figures, gathered in the step's collective, at step 1, then at
+  most every ``MEMORY_EVERY_S`` seconds, and at the last step: ``step`` and ``ranks``, a list by rank
+  of ``{"rank", "source", ...}``: source ``"torch.cuda"`` gives ``allocated_bytes``,
+  ``reserved_bytes``, ``peak_allocated_bytes`` of the rank's device; source ``"rss"`` (CPU, where torch
+  has no allocator statistics) gives the process's ``rss_bytes`` (now, /proc) and ``peak_rss_bytes``
+  (getrusage).
+- ``checkpoint``: ``step``, ``path``, ``seconds`` (wall time of the save, barriers included),
+  ``bytes`` (files written), ``reason`` (``"every"`` or ``"stop"``), ``removed`` (older ones pruned).
+- ``error``: ``message`` (one line); for a non-finite loss also ``reason`` (``"nan_loss"`` or
+  ``"too_many_skipped"``), ``step`` and ``value`` (``"nan"``, ``"inf"``, ``"-inf"``).
+- ``precision``: after the first optimizer step, the dtypes of rank 0's live tensors: ``params``,
+  ``frozen_params``, ``compute``, ``optimizer_state``, ``master`` (null without an fp32 master copy).
+- ``loss_scale``: fp16 only, when the dynamic loss scale drops: ``step``, ``old``, ``new``.
+- ``metrics``: ``step``, ``rank`` and ``values``, a map of metric name to float (or null): any named
+  per-step values (``eval/loss``, ``eval/perplexity``, ``train/*``, a user's own), stored in the
+  ``named_metrics`` table (:class:`MetricsEvent`, :func:`metrics_event`).
+- ``eval_samples``: ``step`` and ``samples``, ``[{"prompt", "completion"}]`` generated at an evaluation.
+- ``end``: ``status`` (completed / stopped / failed), ``steps``, ``train_seconds``, ``tokens``,
+  ``tokens_per_s`` (of this run's own steps), ``final_loss``, ``saved``, ``ranks``, ``skipped``,
+  ``checkpoint`` (the newest complete one, or null).
+
+The orchestrator adds its own (``launch``, ``exit``, ``hang``) to the store only. JSON has no NaN or
+infinity (and SQLite's json functions refuse them): the writer turns non-finite floats into null.
+
+The orchestrator journals its own events (``launch``, ``attach``, ``rank_exit``, ``hang``, ``hang_stop``,
+``stop_requested``, ``stop``, ``watcher_error``, ``exit``) in ``orchestrator.jsonl`` with their own ``seq``
+(:mod:`runner.watch.journal`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Literal, NotRequired, TypedDict
+
+EVENTS_FILE = "events.jsonl"
+RECIPE_FILE = "recipe.toml"
+ACCELERATE_FILE = "accelerate.yaml"
+LAUNCH_FILE = "launch.json"
+LAUNCHER_LOG = "launcher.log"
+OUTPUT_DIR = "output"
+
+
+def rank_log(run_dir: Path, rank: int) -> Path:
+    """The log file of one rank."""
+    return run_dir / "logs" / f"rank{rank}.log"
+
+
+def rank_pid_file(run_dir: Path, rank: int) -> Path:
+    """The pid file one rank writes as it starts."""
+    return run_dir / "ranks" / f"{rank}.pid"
+
+
+def read_rank_pids(run_dir: Path) -> dict[int, int]:
+    """The pids the ranks of a run wrote so far, by rank."""
+    pids: dict[int, int] = {}
+    folder = run_dir / "ranks"
+    if not folder.is_dir():
+        return pids
+    for entry in folder.glob("*.pid"):
+        try:
+            pids[int(entry.stem)] = int(entry.read_text().strip())
+        except (ValueError, OSError):
+            continue  # being written right now; the next poll gets it
+    return pids
+
+
+def finite_json(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, +-inf) replaced by None, in dicts, lists and tuples
+    at any depth; everything else as is."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_json(v) for v in value]
+    return value
+
+
+# ---------------------------------------------------------------------- the trainer's events, typed
+#
+# Each event the trainer writes is one of these TypedDicts, built where it is emitted (mypy checks every key
+# and type there) and read back by the orchestrator with :func:`typed`. ``seq`` and ``time`` are added by
+# :class:`JournalWriter`.
+
+
+class StartEvent(TypedDict):
+    """The first event: what is in effect (accelerate's distributed type, world size), and the run's size."""
+
+    type: Literal["start"]
+    world_size: int
+    distributed_type: str
+    strategy: str
+    device: str
+    device_type: str
+    mixed_precision: str
+    threads: int
+    """``torch.get_num_threads()`` of the rank: divides its CPU% and picks the CPU peak for MFU."""
+    model_dims: dict[str, int] | None
+    """:func:`runner.analysis.mfu.dims_from_config`: what FLOPs per token need, so compare reads no model config."""
+    fsdp_version: int | None
+    params: int
+    trainable_params: int
+    local_param_numel: int
+    rows: int
+    context_length: int
+    total_steps: int
+    steps_per_epoch: int
+    tokens_per_step: int
+    device_map: dict[str, Any] | None
+    pids: list[int]
+    start_step: int
+    resumed_from: str | None
+    resume_seconds: float | None
+    engine: NotRequired[str]
+    """What implements the strategy (``runner.spec.strategies``: accelerate, deepspeed, torch)."""
+    sharding: NotRequired[dict[str, Any]]
+    """:func:`runner.spec.zero.in_effect`: engine, ZeRO stage, offload and what it is, read from the prepared
+    model and optimizer of rank 0 (a mismatch with the strategy asked for fails the run before this)."""
+    data: NotRequired[dict[str, Any]]
+    """The data step (:meth:`runner.data.prepare.DataSet.info`): format, cache key, cached, seconds, eval rows."""
+    parallel: NotRequired[dict[str, Any]]
+    """Pipeline or tensor-parallel runs (runner/rank/pipeline.py): ``kind``, stages or tp size, micro-batches,
+    schedule, which layers each process holds."""
+
+
+Phase = Literal["tokenizing", "loading_model", "preparing", "resuming"]
+
+PHASE_WORDS: dict[str, str] = {
+    "tokenizing": "tokenizing the data",
+    "loading_model": "loading the model",
+    "preparing": "preparing the strategy",
+    "resuming": "restoring the checkpoint",
+}
+"""Each phase as a person says it (the CLI's progress line and the Monitor share these words)."""
+
+
+class PhaseEvent(TypedDict):
+    """Before step 1: the trainer entered a phase (the silent minutes of loading and preparing)."""
+
+    type: Literal["phase"]
+    phase: Phase
+    detail: str
+
+
+def phase_words(event: dict[str, Any]) -> str:
+    """``"loading the model (builtin:tiny-llama)"``: a phase event in words, for any front end."""
+    words = PHASE_WORDS.get(str(event.get("phase")), str(event.get("phase")))
+    detail = event.get("detail")
+    return f"{words} ({detail})" if detail else words
+
+
+class StepEvent(TypedDict):
+    """One optimizer step (every ``train.log_every`` steps, and notable ones)."""
+
+    type: Literal["step"]
+    step: int
+    epoch: int
+    loss: float | None
+    lr: float
+    grad_norm: float | None
+    tokens: int
+    step_time: float
+    tokens_per_s: float
+    skipped: NotRequired[bool]
+
+
+class MemoryEvent(TypedDict):
+    """Each rank's allocator figures (see the module docstring for the keys per source)."""
+
+    type: Literal["memory"]
+    step: int
+    ranks: list[dict[str, Any]]
+
+
+class CheckpointEvent(TypedDict):
+    """A complete checkpoint was written (``runner.spec.checkpoint``)."""
+
+    type: Literal["checkpoint"]
+    step: int
+    path: str
+    seconds: float
+    bytes: int
+    reason: Literal["every", "stop"]
+    removed: list[str]
+
+
+class ErrorEvent(TypedDict):
+    """Why a rank failed: one line, and for a non-finite value the reason, step and value."""
+
+    type: Literal["error"]
+    message: str
+    rank: NotRequired[int]
+    reason: NotRequired[str]
+    step: NotRequired[int]
+    value: NotRequired[str]
+
+
+class EndEvent(TypedDict):
+    """The last event: how the training ended and what every rank measured."""
+
+    type: Literal["end"]
+    status: Literal["completed", "stopped", "failed"]
+    steps: int
+    train_seconds: float
+    tokens: int
+    tokens_per_s: float | None
+    final_loss: float | None
+    saved: str | None
+    ranks: list[dict[str, Any]]
+    """One :class:`runner.spec.summary.RankFigures` per rank."""
+    skipped: int
+    checkpoint: str | None
+
+
+class PrecisionEvent(TypedDict):
+    """The precision rank 0 really trained in, read from its live tensors after the first optimizer step
+    (:func:`runner.spec.zero.precision_in_effect`)."""
+
+    type: Literal["precision"]
+    step: int
+    params: str | None
+    """Dtype of the trainable weights (local shards)."""
+    frozen_params: str | None
+    compute: str | None
+    """Output dtype of the Linear layers in the first forward."""
+    optimizer_state: str | None
+    master: str | None
+    """fp32 master copy's dtype (DeepSpeed), None when the optimizer updates the weights themselves."""
+    source: str
+
+
+class LossScaleEvent(TypedDict):
+    """fp16's dynamic loss scale dropped at this step (an overflow: the update was skipped by the scaler)."""
+
+    type: Literal["loss_scale"]
+    step: int
+    old: float
+    new: float
+
+
+class MetricsEvent(TypedDict):
+    """Named values of one step: ``train/*``, ``eval/*`` or a user's own metrics (any name, one float each).
+
+    The store keeps each value as a row of ``named_metrics`` (:meth:`store.Store.named_metrics`); a
+    non-finite value is stored as None. Build one with :func:`metrics_event`, which checks the names.
+    """
+
+    type: Literal["metrics"]
+    rank: int
+    step: int
+    values: dict[str, float | None]
+
+
+class EvalSamplesEvent(TypedDict):
+    """What the model generated for each of ``eval.prompts`` at one evaluation (rank 0, greedy)."""
+
+    type: Literal["eval_samples"]
+    step: int
+    samples: list[dict[str, str]]
+    """``{"prompt", "completion"}`` in the order of ``eval.prompts``."""
+
+
+TrainerEvent = (PhaseEvent | StartEvent | StepEvent | MemoryEvent | CheckpointEvent | ErrorEvent | EndEvent | MetricsEvent
+                | EvalSamplesEvent | PrecisionEvent | LossScaleEvent)
+TRAINER_EVENT_TYPES = frozenset({"phase", "start", "step", "memory", "checkpoint", "error", "end", "metrics", "eval_samples",
+                                 "precision", "loss_scale"})
+
+METRIC_NAME_MAX = 200
+"""Longest metric name the store keeps (``named_metrics.name``)."""
+
+
+def metrics_event(step: int, values: dict[str, Any], rank: int = 0) -> MetricsEvent:
+    """A checked :class:`MetricsEvent`: names are non-empty strings of at most :data:`METRIC_NAME_MAX`
+    characters, values numbers (bools refused), turned into floats; non-finite ones become None.
+
+    Raises:
+        ValueError: a bad name or a value that is not a number, named.
+    """
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"metrics: step must be an integer >= 0, got {step!r}")
+    out: dict[str, float | None] = {}
+    for name, value in values.items():
+        if not isinstance(name, str) or not name.strip() or len(name) > METRIC_NAME_MAX:
+            raise ValueError(f"metrics: a name must be 1 to {METRIC_NAME_MAX} characters, got {name!r}")
+        if value is None:
+            out[name] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            try:
+                value = float(value)  # a 0-d tensor or numpy scalar
+            except (TypeError, ValueError):
+                raise ValueError(f"metrics: {name}: not a number: {value!r}") from None
+        number = float(value)
+        out[name] = number if math.isfinite(number) else None
+    return MetricsEvent(type="metrics", rank=rank, step=step, values=out)
+
+
+def typed(event: dict[str, Any]) -> TrainerEvent | None:
+    """A journal line read back as the trainer's typed event (None for a type the trainer does not write)."""
+    if event.get("type") not in TRAINER_EVENT_TYPES:
+        return None
+    return event  # type: ignore[return-value]  # the writer built it from the TypedDict of its type
+
+
+class JournalWriter:
+    """Appends events to ``events.jsonl``: one ``write`` per record, flushed, so that lines from a
+    crashing process are whole or absent, never torn."""
+
+    def __init__(self, path: Path) -> None:
+        self._file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        self._seq = 0
+
+    def emit(self, type_: str, **payload: Any) -> dict[str, Any]:
+        import time
+
+        record = {"seq": self._seq, "type": type_, "time": time.time(), **payload}
+        self._seq += 1
+        try:
+            line = json.dumps(record, separators=(",", ":"), allow_nan=False)
+        except ValueError:  # a NaN or infinity somewhere: JSON (and SQLite's json1) has none
+            record = finite_json(record)
+            line = json.dumps(record, separators=(",", ":"), allow_nan=False)
+        self._file.write(line + "\n")
+        self._file.flush()
+        return record
+
+    def write(self, event: TrainerEvent) -> dict[str, Any]:
+        """Append one typed trainer event (the checked path; :meth:`emit` is the untyped one)."""
+        payload = {k: v for k, v in event.items() if k != "type"}
+        return self.emit(event["type"], **payload)
+
+    def close(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+
+
+@dataclass
+class JournalReader:
+    """Tails ``events.jsonl`` incrementally; only complete lines are returned."""
+
+    path: Path
+    _offset: int = 0
+    _partial: bytes = field(default=b"", repr=False)
+
+    def read_new(self) -> list[dict[str, Any]]:
+        """Events appended since the last call (possibly none)."""
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self._offset)
+                chunk = fh.read()
+        except FileNotFoundError:
+            return []
+        if not chunk:
+            return []
+        self._offset += len(chunk)
+        data = self._partial + chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        events: list[dict[str, Any]] = []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a foreign line; the journal is ours alone, so this is noise
+            if isinstance(event, dict) and "type" in event:
+                events.append(event)
+        return events

@@ -1,0 +1,78 @@
+"""What a pipeline (``pp``, ``mp`` over processes) or tensor-parallel (``tp``) run needs from its recipe.
+
+Pure checks, no torch: the recipe validator calls :func:`recipe_problem`, and :func:`microbatches` says how
+many micro-batches a pipelined run cuts each batch into. The training loops are :mod:`runner.rank.pipeline`
+and :mod:`runner.rank.tensor_parallel`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from runner.spec import strategies
+
+if TYPE_CHECKING:
+    from runner.spec.recipe import Recipe
+
+NO_CHECKPOINTS = "writes no checkpoints yet (runner/rank/pipeline.py)"
+
+
+def microbatches(recipe: Recipe) -> int:
+    """Micro-batches per pipeline step: the strategy's own (``mp``: 1), else ``launch.microbatches``,
+    else ``train.batch_size`` (one row each)."""
+    strategy = strategies.get(recipe.launch.strategy)
+    if strategy.microbatches is not None:
+        return strategy.microbatches
+    return recipe.launch.microbatches or recipe.train.batch_size
+
+
+def tp_size(recipe: Recipe) -> int:
+    """Processes each weight matrix is split over (``launch.tp_size``, default ``nproc``)."""
+    return recipe.launch.tp_size or recipe.launch.nproc
+
+
+def layout_name(recipe: Recipe) -> str:
+    """``pp`` / ``mp over N processes`` / ``tp``: how messages name the run's layout."""
+    name = recipe.launch.strategy
+    return f"{name} over {recipe.launch.nproc} processes" if name == "mp" else name
+
+
+def recipe_problem(recipe: Recipe) -> str | None:
+    """One line naming the field that a pipelined or tensor-parallel recipe gets wrong (None: fine)."""
+    launch, train = recipe.launch, recipe.train
+    strategy = strategies.get(launch.strategy)
+    pipelined = strategy.pipelined(launch.nproc)
+    if not (pipelined or strategy.tensor_parallel):
+        return None
+    what = layout_name(recipe)
+    if recipe.method.type == "qlora":
+        return f"method.type: qlora is not supported under {what} (4-bit weights are not split); use lora"
+    if train.resume_from is not None:
+        return f"train.resume_from: {what} {NO_CHECKPOINTS}, so it cannot resume; use single, ddp or fsdp"
+    if train.save_every:
+        return f"train.save_every: {what} {NO_CHECKPOINTS}; set it to 0"
+    if pipelined:
+        if strategy.microbatches is not None:
+            if launch.microbatches not in (None, strategy.microbatches):
+                return (f"launch.microbatches: {what} is naive model parallel, one micro-batch "
+                        f"(got {launch.microbatches}); use strategy pp for micro-batches")
+            return None
+        m = microbatches(recipe)
+        if train.batch_size % m:
+            return f"launch.microbatches: {m} does not divide train.batch_size {train.batch_size}"
+        if launch.pp_schedule == "1f1b" and m < launch.nproc:
+            return (f"launch.microbatches: 1F1B needs at least as many micro-batches as stages "
+                    f"({m} < {launch.nproc}); raise it or use launch.pp_schedule = \"gpipe\"")
+        return None
+    size = tp_size(recipe)
+    if size < 2 or launch.nproc % size:
+        return (f"launch.tp_size: {size} must be at least 2 and divide nproc = {launch.nproc} (nproc / tp_size "
+                "groups of tp_size processes train as data parallel replicas)")
+    return None
+
+
+def replicas(recipe: Recipe) -> int:
+    """Data parallel replicas of a tensor-parallel run: ``nproc / tp_size`` groups (1 for other layouts)."""
+    if not strategies.get(recipe.launch.strategy).tensor_parallel:
+        return 1
+    return max(1, recipe.launch.nproc // tp_size(recipe))

@@ -1,0 +1,2 @@
+"""The watcher of one run on this machine: pre-flight, recording, spawning the process group, following its
+journal into the store, telemetry and hang detection, crash reasons, the end status and recovery."""

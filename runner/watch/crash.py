@@ -1,0 +1,173 @@
+"""Crash detection: which rank ended, how (signal or exit code), and a one-line reason for the run.
+
+Three sources, best first:
+
+1. The launcher's log. torch elastic (behind ``accelerate launch`` for more than one process) prints a
+   ``ChildFailedError`` report with a "Root Cause (first observed failure)" block per failed rank:
+   ``rank : 1 (local_rank: 1)`` and ``exitcode : -9 (pid: 17065)`` (a negative code is a signal).
+2. The rank pids the ranks wrote to ``RUN/ranks/{N}.pid``, watched with psutil: a rank that vanishes
+   while the run goes on is noted at once (its exit status is its parent's to read, not ours).
+3. The rank's own log: the last exception line, and CUDA's "out of memory".
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runner.spec import events as ev
+
+_BLOCK = re.compile(
+    r"rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(?P<code>-?\d+)\s*\(pid:\s*(?P<pid>\d+)\)"
+)
+_OOM = ("CUDA out of memory", "OutOfMemoryError")
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """One failed rank as the launcher reported it."""
+
+    rank: int
+    exit_code: int
+    pid: int | None
+    root_cause: bool
+
+
+def launcher_failures(run_dir: Path) -> list[RankFailure]:
+    """The failed ranks in the launcher's log, the root cause first (empty when it reported none)."""
+    try:
+        text = (run_dir / ev.LAUNCHER_LOG).read_text(errors="replace")
+    except OSError:
+        return []
+    head, _, root = text.rpartition("Root Cause (first observed failure)")
+    found: list[RankFailure] = []
+    if root:
+        for m in _BLOCK.finditer(root):
+            found.append(RankFailure(int(m["rank"]), int(m["code"]), int(m["pid"]), True))
+            break
+    for m in _BLOCK.finditer(head if root else text):
+        found.append(RankFailure(int(m["rank"]), int(m["code"]), int(m["pid"]), False))
+    return found
+
+
+def signal_name(code: int) -> str:
+    """``-9`` -> ``SIGKILL``."""
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def rank_log_reason(run_dir: Path, rank: int) -> str | None:
+    """CUDA out of memory, else the last exception line of one rank's log."""
+    try:
+        lines = ev.rank_log(run_dir, rank).read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if any(marker in line for marker in _OOM):
+            return "out of GPU memory: " + line.strip()[:300]
+    for line in reversed(lines):
+        text = line.strip()
+        head = text.split(":", 1)[0]
+        if head.endswith(("Error", "Exception")) and " " not in head:
+            return text[:300]
+    return None
+
+
+def memory_was_short(rank: int, recent: list[Any]) -> bool:
+    """Whether the last readings suggest the kernel's OOM killer: the rank's RSS at least half of the
+    host's memory, or the host at 90 % of its memory or more (psutil samples)."""
+    rank_rss = next((s.mem_used for s in reversed(recent) if s.kind == "rank" and s.index == rank), None)
+    host = next((s for s in reversed(recent) if s.kind == "host"), None)
+    total = getattr(host, "mem_total", None)
+    if not total:
+        return False
+    if rank_rss and rank_rss >= 0.5 * total:
+        return True
+    used = getattr(host, "mem_used", None)
+    return bool(used and used >= 0.9 * total)
+
+
+def describe(run_dir: Path, vanished: list[tuple[int, int]] | None = None, recent: list[Any] | None = None,
+             trainer_error: str | None = None) -> str | None:
+    """The one-line reason a run failed, from what the launcher, the ranks and their logs say.
+
+    Args:
+        run_dir: the run folder.
+        vanished: ``(rank, pid)`` in the order the watcher saw them disappear.
+        recent: recent telemetry samples (for the OOM-killer note).
+        trainer_error: the message of the trainer's ``error`` event, if any.
+
+    Returns:
+        e.g. ``"rank 1 (pid 1234) was killed by SIGKILL"``, or None when nothing is known.
+    """
+    failures = launcher_failures(run_dir)
+    first = failures[0] if failures else None
+    if first is None and trainer_error:
+        return trainer_error  # the trainer caught it and said so: the best words there are
+    if first is None and vanished:
+        rank, pid = vanished[0]
+        reason = f"rank {rank} (pid {pid}) ended before the run did"
+        detail = rank_log_reason(run_dir, rank)
+        return f"{reason}: {detail}" if detail else reason
+    if first is None:
+        return None
+    who = f"rank {first.rank}" + (f" (pid {first.pid})" if first.pid else "")
+    if first.exit_code < 0:
+        reason = f"{who} was killed by {signal_name(first.exit_code)}"
+        if first.exit_code == -signal.SIGKILL:
+            detail = rank_log_reason(run_dir, first.rank)
+            if detail and detail.startswith("out of GPU memory"):
+                reason += f"; {detail}"
+            elif recent is not None and memory_was_short(first.rank, recent):
+                reason += " (the kernel's OOM killer, if memory was short: the last reading was near the limit)"
+        return reason
+    detail = rank_log_reason(run_dir, first.rank) or (trainer_error if first.rank == 0 else None)
+    reason = f"{who} exited with code {first.exit_code}"
+    return f"{reason}: {detail}" if detail else reason
+
+
+class RankWatch:
+    """Follows the rank processes named in ``RUN/ranks/*.pid`` (psutil; pid reuse guarded by the
+    process's start time) and reports those that disappear."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._procs: dict[int, Any] = {}
+        self.vanished: list[tuple[int, int]] = []
+        self.first_vanished_at: float | None = None
+
+    def poll(self) -> list[tuple[int, int]]:
+        """Ranks that disappeared since the last call, as ``(rank, pid)``."""
+        import psutil
+
+        for rank, pid in ev.read_rank_pids(self.run_dir).items():
+            if rank in self._procs or any(r == rank for r, _ in self.vanished):
+                continue
+            try:
+                self._procs[rank] = psutil.Process(pid)
+            except psutil.Error:
+                continue  # already gone before we saw it run; the launcher's report will say
+        gone: list[tuple[int, int]] = []
+        for rank, proc in list(self._procs.items()):
+            try:
+                alive = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+            except psutil.Error:
+                alive = False
+            if not alive:
+                gone.append((rank, proc.pid))
+                del self._procs[rank]
+        if gone and self.first_vanished_at is None:
+            self.first_vanished_at = time.time()
+        self.vanished.extend(gone)
+        return gone
+
+    def any_alive(self) -> bool:
+        """Whether a rank seen so far still runs."""
+        self.poll()
+        return bool(self._procs)

@@ -1,0 +1,183 @@
+"""Journal-first recording: what the orchestrator learns about a run goes to the run folder before
+the database, so that the store is a projection that :mod:`runner.watch.recover` can rebuild.
+
+Two files beside the trainer's ``events.jsonl``:
+
+    orchestrator.jsonl   the orchestrator's own events (launch, hang, rank_exit, exit, ...), one JSON
+                         object per line with ``seq`` (0, 1, ... within the run, across watchers: a
+                         watcher that re-attaches continues the numbering), ``type`` and ``time``
+    samples.jsonl        telemetry, appended in batches: one line per reading, ``{"k": "d"|"p", ...}``
+                         (``d`` a device sample, ``p`` a process's GPU memory) with the store's columns
+
+Both are appended with one ``write`` per batch, flushed, so a line is whole or absent. Readers skip
+a torn last line. Samples are re-ingested idempotently by time: a batch is written to the store in
+one transaction and readings arrive in time order, so "time greater than the newest stored" is exact.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO, Any
+
+from runner.spec.events import JournalReader
+
+ORCHESTRATOR_FILE = "orchestrator.jsonl"
+SAMPLES_FILE = "samples.jsonl"
+WATCHER_LOCK = "watcher.lock"
+
+DEVICE_FIELDS = ("time", "host", "kind", "index", "name", "util_pct", "mem_used", "mem_total", "power_w",
+                 "temp_c", "sm_clock_mhz", "pid", "source")
+PROCESS_FIELDS = ("time", "host", "gpu_index", "pid", "rank", "used_bytes", "source")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every whole record of a journal file (none when it does not exist)."""
+    return JournalReader(path).read_new()
+
+
+class OrchestratorJournal:
+    """Appends the orchestrator's events to ``orchestrator.jsonl``, continuing the file's ``seq``."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / ORCHESTRATOR_FILE
+        existing = read_jsonl(self.path)
+        self._seq = max((int(e.get("seq", -1)) for e in existing), default=-1) + 1
+        self._file: IO[str] = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+
+    def emit(self, type_: str, **payload: Any) -> dict[str, Any]:
+        """Append one event and return it (as it should then go to the store)."""
+        record = {"seq": self._seq, "type": type_, "time": time.time(), **payload}
+        self._seq += 1
+        self._file.write(json.dumps(record, separators=(",", ":"), default=str) + "\n")
+        self._file.flush()
+        return record
+
+    def close(self) -> None:
+        """Flush to disk and close."""
+        if self._file.closed:
+            return
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+
+
+def sample_lines(samples: Iterable[Any], procs: Iterable[Any]) -> str:
+    """The ``samples.jsonl`` text of one batch."""
+    lines = [json.dumps({"k": "d", **{f: getattr(s, f) for f in DEVICE_FIELDS}}, separators=(",", ":"))
+             for s in samples]
+    lines += [json.dumps({"k": "p", **{f: getattr(p, f) for f in PROCESS_FIELDS}}, separators=(",", ":"))
+              for p in procs]
+    return "".join(line + "\n" for line in lines)
+
+
+def append_samples(run_dir: Path, samples: list[Any], procs: list[Any]) -> None:
+    """Append one batch of readings to ``samples.jsonl`` (one write, flushed)."""
+    text = sample_lines(samples, procs)
+    if text:
+        with open(run_dir / SAMPLES_FILE, "a", encoding="utf-8") as fh:
+            fh.write(text)
+
+
+class _Row:
+    """A sample read back from ``samples.jsonl``: the attributes the store's ``add_samples`` reads."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)
+
+
+def read_samples(run_dir: Path) -> tuple[list[Any], list[Any]]:
+    """Device samples and process samples of ``samples.jsonl``, in file (= time) order."""
+    devices: list[Any] = []
+    procs: list[Any] = []
+    path = run_dir / SAMPLES_FILE
+    if not path.exists():
+        return devices, procs
+    with open(path, "rb") as fh:
+        for raw in fh:
+            if not raw.endswith(b"\n"):
+                break  # a torn last line: the watcher died while writing it
+            try:
+                record = json.loads(raw)
+            except json.JSONDecodeError:
+                continue
+            kind = record.pop("k", None)
+            if kind == "d":
+                devices.append(_Row({f: record.get(f) for f in DEVICE_FIELDS}))
+            elif kind == "p":
+                procs.append(_Row({f: record.get(f) for f in PROCESS_FIELDS}))
+    return devices, procs
+
+
+class WatcherLock:
+    """The watcher of a run holds an exclusive ``flock`` on ``RUN/watcher.lock`` for its whole life.
+
+    The kernel drops the lock when the process dies, however it dies (SIGKILL, OOM, reboot), so
+    "the lock can be taken" means "no process on this host is watching the run"; this is immune to
+    pid reuse. The file also names the holder (pid, host), for people.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / WATCHER_LOCK
+        self._fd: int | None = None
+
+    def acquire(self, wait_s: float = 0.0) -> bool:
+        """Take the lock, trying for up to ``wait_s`` seconds; False when another process holds it."""
+        deadline = time.monotonic() + wait_s
+        while not self._try_acquire():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _try_acquire(self) -> bool:
+        if self._fd is not None:
+            return True
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, f"{os.getpid()} {os.uname().nodename}\n".encode())
+        self._fd = fd
+        return True
+
+    @classmethod
+    def adopt(cls, run_dir: Path, fd: int) -> WatcherLock:
+        """The lock held through ``fd``, inherited from the process that handed the run over (a
+        ``flock`` belongs to the open file, so the hand-over leaves no moment without a holder)."""
+        lock = cls(run_dir)
+        os.set_inheritable(fd, False)
+        lock._fd = fd
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, f"{os.getpid()} {os.uname().nodename}\n".encode())
+        return lock
+
+    def fileno(self) -> int | None:
+        """The descriptor holding the lock (to hand it to a child with ``pass_fds``)."""
+        return self._fd
+
+    def release(self) -> None:
+        """Give the lock up (closing the file drops it)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def held_elsewhere(self) -> bool:
+        """Whether another process watches the run right now."""
+        if self._fd is not None:
+            return False
+        if not self.path.exists():
+            return False
+        if self.acquire():
+            self.release()
+            return False
+        return True

@@ -1,0 +1,466 @@
+"""Process control of runs, in one place: spawning, finding every process of a run, signalling,
+stopping gracefully with verification, killing.
+
+Why finding is not just "the launcher's process group": ``accelerate launch`` of several processes
+goes through torchrun, which starts each rank in a session of its own, so a signal to the launcher's
+group never reaches the ranks. The processes of a run are therefore found from the run itself:
+
+* the rank pids the ranks wrote (``RUN/ranks/{N}.pid``), kept only when the process still names the
+  run folder on its command line (a pid reused by another program is not ours);
+* the members of the launcher's process group (``runs.pgid``);
+* every descendant of those (dataloader workers, compile workers);
+* every process whose environment carries ``FTUI_RUN_DIR=RUN`` (set by :func:`spawn` and inherited by
+  everything below it, even after a reparenting to init).
+
+A graceful stop sends SIGTERM to the ranks only (the trainer's stop flag: every rank leaves the loop
+after the same step, saves and journals its ``end``); the launcher then exits on its own. It waits for
+the ranks, not for the launcher, up to a grace period, then SIGKILLs whatever of the run is left and
+checks that nothing is. A second request during the grace period kills at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+RUN_ENV = "FTUI_RUN_DIR"
+"""Environment variable naming the run folder in every process of a run."""
+
+DEFAULT_GRACE_S = 30.0
+"""Seconds the ranks get to finish their step, save and exit before SIGKILL."""
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""What stops ``ftui run`` (and the background orchestrator) gracefully: Ctrl-C, kill/timeout/docker
+stop/scheduler pre-emption, a closed terminal or ssh session."""
+
+KILL_SIGNAL = signal.SIGUSR1
+"""Sent by ``ftui stop --kill`` to a run's watcher: kill every process now, record ``failed``."""
+
+
+# ---------------------------------------------------------------------- spawning
+
+
+def spawn(argv: list[str], env: Mapping[str, str], cwd: Path, log: Path, run_dir: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start ``argv`` (never a shell) in a new session, stdout and stderr appended to ``log``.
+
+    Args:
+        argv: the command.
+        env: variables set on top of this process's environment.
+        cwd: working directory.
+        log: file the output is appended to.
+        run_dir: the run folder; when given, every process below carries ``FTUI_RUN_DIR`` so that
+            :func:`find_processes` finds it wherever it ends up in the process tree.
+
+    Returns:
+        The child, leader of its own session and process group (its pid is the pgid).
+    """
+    extra = {RUN_ENV: str(run_dir)} if run_dir is not None else {}
+    out = open(log, "ab")  # noqa: SIM115 (the child keeps its own descriptor)
+    try:
+        return subprocess.Popen(argv, env={**os.environ, **env, **extra}, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True)
+    finally:
+        out.close()
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to a process group; False when the group is gone."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group ``pgid`` is still there."""
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+# ---------------------------------------------------------------------- finding
+
+
+def rank_pids(run_dir: Path) -> dict[int, int]:
+    """Rank -> pid of each rank of the run that is alive and really this run's rank."""
+    from runner.spec import events as ev
+
+    return {rank: pid for rank, pid in ev.read_rank_pids(run_dir).items() if _names_run(pid, run_dir)}
+
+
+def find_processes(run_dir: Path, pgid: int | None = None) -> dict[int, str]:
+    """Every live process of the run on this host: pid -> how it was found (``rank N``,
+    ``launcher group``, ``child of P``, ``environment``). Zombies count as gone; this process and
+    its ancestors are never included."""
+    import psutil
+
+    found: dict[int, str] = {}
+    for rank, pid in rank_pids(run_dir).items():
+        found[pid] = f"rank {rank}"
+    mine = {os.getpid(), *(p.pid for p in _ancestors())}
+    want = str(run_dir)
+    for proc in psutil.process_iter(["pid"]):
+        pid = proc.info["pid"]
+        if pid in found or pid in mine:
+            continue
+        try:
+            if pgid is not None and os.getpgid(pid) == pgid:
+                found[pid] = "launcher group"
+            elif proc.environ().get(RUN_ENV) == want:
+                found[pid] = "environment"
+        except (psutil.Error, OSError):
+            continue
+    for pid in list(found):
+        try:
+            for child in psutil.Process(pid).children(recursive=True):
+                found.setdefault(child.pid, f"child of {pid}")
+        except psutil.Error:
+            continue
+    return {pid: how for pid, how in found.items() if pid not in mine and _alive(pid)}
+
+
+def _names_run(pid: int, run_dir: Path) -> bool:
+    """Whether ``pid`` is alive and belongs to the run (its command line names the run folder, or
+    its environment does): a pid file of a finished run may name a pid since reused."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        if str(run_dir) in " ".join(proc.cmdline()):
+            return True
+        return bool(proc.environ().get(RUN_ENV) == str(run_dir))
+    except (psutil.Error, OSError):
+        return False
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+def _ancestors() -> list[Any]:
+    import psutil
+
+    try:
+        return list(psutil.Process().parents())
+    except psutil.Error:
+        return []
+
+
+def signal_pids(pids: Iterable[int], sig: int) -> list[int]:
+    """Send ``sig`` to each pid; returns those it reached."""
+    reached = []
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+            reached.append(pid)
+        except (ProcessLookupError, PermissionError):
+            continue
+    return reached
+
+
+# ---------------------------------------------------------------------- stopping
+
+
+@dataclass
+class StopReport:
+    """What a stop did, and what it checked afterwards."""
+
+    graceful: bool
+    """True when every process of the run was gone within the grace period (nothing SIGKILLed)."""
+    killed: list[int] = field(default_factory=list)
+    """Pids SIGKILLed after the grace period (or at once, for a kill)."""
+    left: list[int] = field(default_factory=list)
+    """Pids of the run still alive after the stop: empty when verified."""
+    gpu_note: str = ""
+    """The GPU-memory check: which of the run's pids NVML still lists, or why it was skipped."""
+    seen: dict[int, str] = field(default_factory=dict)
+    """Every process of the run found while stopping, and how it was found."""
+
+    @property
+    def verified(self) -> bool:
+        """No process of the run is left (checked with psutil, not assumed)."""
+        return not self.left
+
+    def describe(self) -> str:
+        """One line for the user and the store."""
+        killed = ", ".join(f"pid {p} ({self.seen.get(p, 'found at kill')})" for p in self.killed)
+        how = "all processes exited within the grace period" if self.graceful else f"SIGKILLed {killed}"
+        check = "no process of the run left (psutil)" if self.verified else \
+            f"STILL ALIVE: pids {', '.join(map(str, self.left))}"
+        return f"{how}; {check}; {self.gpu_note}"
+
+
+def stop_run(
+    run_dir: Path,
+    pgid: int | None,
+    grace_s: float = DEFAULT_GRACE_S,
+    kill_now: threading.Event | None = None,
+    kill: bool = False,
+    while_waiting: Callable[[], None] | None = None,
+    poll_s: float = 0.2,
+) -> StopReport:
+    """Stop every process of a run and verify that none is left.
+
+    Graceful (``kill=False``): SIGTERM to each rank (once: the trainer exits at once on a second
+    signal), or to every process of the run when no rank has written its pid yet; then wait until no
+    process of the run is left, at most ``grace_s`` seconds (or until ``kill_now`` is set); then
+    SIGKILL whatever is left. ``kill=True`` SIGKILLs at once.
+
+    Args:
+        run_dir: the run folder (absolute, as recorded).
+        pgid: the launcher's process group (``runs.pgid``), if known.
+        grace_s: seconds the ranks get to finish their step, save and exit.
+        kill_now: set it to cut the grace period short (a second Ctrl-C).
+        kill: SIGKILL at once.
+        while_waiting: called on every poll (the orchestrator keeps reading the journal).
+        poll_s: seconds between checks.
+
+    Returns:
+        The report; ``report.verified`` is False only when a process survived SIGKILL (one stuck
+        in the kernel, or owned by another user).
+    """
+    seen = find_processes(run_dir, pgid)
+    report = StopReport(graceful=not kill, seen=dict(seen))
+    if not kill:
+        ranks = [pid for pid, how in seen.items() if how.startswith("rank ")]
+        signal_pids(ranks or list(seen), signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and not (kill_now is not None and kill_now.is_set()):
+            if while_waiting is not None:
+                while_waiting()
+            now = find_processes(run_dir, pgid)
+            report.seen.update(now)
+            if not now:
+                break
+            time.sleep(poll_s)
+    report.killed, report.left = kill_all(run_dir, pgid, known=report.seen)
+    if report.killed:
+        report.graceful = False
+    report.gpu_note = gpu_check(list(report.seen))
+    return report
+
+
+def kill_all(run_dir: Path, pgid: int | None, known: Mapping[int, str] | None = None,
+             settle_s: float = 5.0) -> tuple[list[int], list[int]]:
+    """SIGKILL every process of the run (found again, plus ``known`` ones still alive), then check.
+
+    Returns:
+        ``(killed, left)``: the pids SIGKILLed, and those still alive after ``settle_s`` seconds.
+    """
+    killed: list[int] = []
+    deadline = time.monotonic() + settle_s
+    while True:
+        targets = set(find_processes(run_dir, pgid)) | {p for p in (known or {}) if _alive(p) and _same_run(p, run_dir, pgid)}
+        if pgid is not None:
+            signal_group(pgid, signal.SIGKILL)
+        if not targets:
+            return killed, []
+        killed.extend(p for p in signal_pids(sorted(targets), signal.SIGKILL) if p not in killed)
+        if time.monotonic() >= deadline:
+            return killed, sorted(p for p in targets if _alive(p))
+        time.sleep(0.1)
+
+
+def _same_run(pid: int, run_dir: Path, pgid: int | None) -> bool:
+    """A pid seen earlier is still ours (not reused): it names the run, or is in the launcher group."""
+    if _names_run(pid, run_dir):
+        return True
+    try:
+        return pgid is not None and os.getpgid(pid) == pgid
+    except OSError:
+        return False
+
+
+def gpu_check(pids: list[int]) -> str:
+    """Which of ``pids`` NVML still lists with GPU memory, as a sentence; on a machine without
+    NVML the check is skipped and the sentence says so."""
+    from runner.hardware import NvmlBackend
+
+    backend = NvmlBackend()
+    try:
+        if not backend.available or backend.device_count() == 0:
+            return "GPU memory check skipped (no GPU visible through NVML)"
+        held = [r for r in backend.process_memory({}) if r.pid in set(pids)]
+        if not held:
+            return "no GPU memory held by the run's processes (NVML)"
+        return "GPU memory STILL HELD (NVML): " + ", ".join(f"pid {r.pid} on GPU {r.gpu_index}" for r in held)
+    finally:
+        backend.close()
+
+
+# ---------------------------------------------------------------------- stop requests
+
+
+class StopRequest:
+    """What a run's watcher was asked: stop gracefully (first SIGINT/SIGTERM/SIGHUP), stop now (a
+    second one: the grace period is cut short, the status is still ``stopped``), or kill
+    (SIGUSR1 from ``ftui stop --kill``: status ``failed``, "killed by user")."""
+
+    def __init__(self, stop: threading.Event | None = None) -> None:
+        self.stop = stop or threading.Event()
+        """Set on the first request: stop gracefully."""
+        self.now = threading.Event()
+        """Set on a second request, or a kill: SIGKILL what is left at once."""
+        self.kill = False
+        """A kill was asked for (status ``failed``, "killed by user")."""
+
+    def is_set(self) -> bool:
+        return self.stop.is_set()
+
+    def request(self, kill: bool = False) -> None:
+        """Ask for a stop (a second call escalates to a kill of what is left)."""
+        if kill:
+            self.kill = True
+            self.now.set()
+        elif self.stop.is_set():
+            self.now.set()
+        self.stop.set()
+
+    def install(self) -> Callable[[], None]:
+        """Route SIGINT, SIGTERM, SIGHUP (stop) and SIGUSR1 (kill) of this process here (main
+        thread only). Returns a function that puts the previous handlers back."""
+        previous = {sig: signal.getsignal(sig) for sig in (*STOP_SIGNALS, KILL_SIGNAL)}
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, lambda *_: self.request())
+        signal.signal(KILL_SIGNAL, lambda *_: self.request(kill=True))
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        return restore
+
+
+def watcher_alive(pid: int | None, create_time: float | None) -> bool:
+    """Whether the watcher recorded for a run (pid and process start time) is still that process
+    on this host (a pid reused by another program is not)."""
+    import psutil
+
+    if not pid:
+        return False
+    try:
+        proc = psutil.Process(int(pid))
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return create_time is None or abs(proc.create_time() - float(create_time)) < 0.5
+    except (psutil.Error, ValueError):
+        return False
+
+
+def watcher_identity() -> dict[str, Any]:
+    """What a watcher records about itself so that ``ftui stop`` can find it (and not a reused pid)."""
+    import socket
+
+    import psutil
+
+    return {"orchestrator_pid": os.getpid(), "orchestrator_create_time": psutil.Process().create_time(),
+            "orchestrator_host": socket.gethostname()}
+
+
+# ---------------------------------------------------------------------- ftui stop
+
+
+class StopRefused(Exception):
+    """The run cannot be stopped from here (unknown, not running, another host): one line."""
+
+
+@dataclass
+class StopResult:
+    """How ``ftui stop`` (or the TUI's stop) ended."""
+
+    run_id: int
+    status: str
+    """The run's status afterwards (``running`` when not waited for)."""
+    how: str
+    """One line: who stopped it and what was checked."""
+    report: StopReport | None = None
+    """When this process stopped the run itself (no watcher alive)."""
+
+
+def request_stop(store: Any, run_id: int, kill: bool = False, grace_s: float = DEFAULT_GRACE_S,
+                 wait: bool = True, poll_s: float = 0.25) -> StopResult:
+    """Stop a run started anywhere (``ftui run`` in another terminal, the TUI, node agents elsewhere).
+
+    A run on other machines (several nodes, a SLURM job, a watcher on another host) is asked through the
+    store (:func:`runner.nodes.agent.stop_through_store`): its node agents poll the request and stop their ranks.
+
+    When the run's watcher (the ``ftui run`` process or the background orchestrator) is alive it is
+    signalled (SIGTERM: graceful; SIGUSR1: kill) and it stops the run and records the status; this
+    waits for the status to change (after ``grace_s`` a second SIGTERM cuts the watcher's grace
+    short). When the watcher is gone (or does not answer), this process stops every process of the
+    run itself (:func:`stop_run`) and records the status: ``stopped``, or ``failed`` ("killed by
+    user") with ``kill``.
+
+    Args:
+        store: the :class:`store.Store`.
+        run_id: the run.
+        kill: SIGKILL at once instead of a graceful stop.
+        grace_s: seconds the ranks get before SIGKILL.
+        wait: wait for the status to change (False: signal the watcher and return; the TUI).
+        poll_s: seconds between reads of the store.
+
+    Raises:
+        StopRefused: no such run, or the run is not running.
+    """
+    import socket
+
+    run = store.get_run(run_id)
+    if run is None:
+        raise StopRefused(f"run {run_id}: no such run")
+    if run.status not in ("running", "created"):
+        raise StopRefused(f"run {run_id}: not running (status {run.status})")
+    here = socket.gethostname()
+    from runner.nodes.agent import is_remote, stop_through_store
+
+    if is_remote(run):  # several machines, a SLURM job, or another host: through the store's stop requests
+        status = stop_through_store(store, run_id, kill=kill, wait=wait, timeout_s=grace_s + 90.0,
+                                    by=f"stop on {here}")
+        return StopResult(run_id, status, "stop request written to the store; every node agent of the run polls "
+                                          "it and stops its ranks")
+    # TODO(store branch): read runs.watcher_pid / watcher_host and set stop_requested_at once merged.
+    pid = run.summary.get("orchestrator_pid")
+    if watcher_alive(pid, run.summary.get("orchestrator_create_time")):
+        os.kill(int(pid), KILL_SIGNAL if kill else signal.SIGTERM)
+        what = "kill" if kill else "graceful stop"
+        if not wait:
+            return StopResult(run_id, run.status, f"{what} asked of its watcher (pid {pid})")
+        escalated = False
+        started = time.monotonic()
+        while time.monotonic() - started < grace_s + 60.0:
+            now = store.get_run(run_id)
+            if now is None or now.status not in ("running", "created"):
+                status = "gone" if now is None else now.status
+                how = f"{what} done by its watcher (pid {pid}): " + str((now.summary if now else {}).get("stop", ""))
+                return StopResult(run_id, status, how)
+            if not escalated and time.monotonic() - started > grace_s + 2.0:
+                escalated = True  # the watcher's own grace may be longer than ours: ask it again (kill now)
+                signal_pids([int(pid)], signal.SIGTERM)
+            if not watcher_alive(pid, run.summary.get("orchestrator_create_time")):
+                break  # it died without recording: do it here
+            time.sleep(poll_s)
+    report = stop_run(Path(run.run_dir), run.pgid, grace_s=grace_s, kill=kill)
+    status, error = ("failed", "killed by user") if kill else ("stopped", None)
+    from store.store import utcnow
+
+    store.add_event(run_id, "stop", time.time(), {"graceful": report.graceful, "killed": report.killed,
+                                                  "left": report.left, "gpu": report.gpu_note, "by": "ftui stop"})
+    store.update_run(run_id, status=status, ended_at=utcnow(), error=error,
+                     summary={"stop": f"ftui stop (no watcher alive): {report.describe()}"})
+    return StopResult(run_id, status, f"stopped here (no watcher alive): {report.describe()}", report)
