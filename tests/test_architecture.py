@@ -241,3 +241,13 @@ def test_local_imports_of_the_project_say_what_they_defer() -> None:
     if unexplained:
         pytest.fail(f"{len(unexplained)} function-local import(s) of the project without "
                     f"'# deferred: <{'|'.join(DEFERRED_FOR)}>':\n" + "\n".join(sorted(unexplained)), pytrace=False)
+
+
+def test_the_graph_reader_sees_local_imports_skips_type_checking_and_finds_cycles() -> None:
+    tree = ast.parse("import a\nif TYPE_CHECKING:\n    import b\nelse:\n    import c\ndef f():\n    from d import e\n")
+    assert [(type(n).__name__, n.lineno, local) for n, local in _imports(tree)] == [
+        ("Import", 1, False), ("Import", 5, False), ("ImportFrom", 7, True)]
+    edges = [Edge("p", "p.m", "p/__init__.py", 1, False), Edge("p.m", "p", "p/m.py", 3, True),
+             Edge("p.m", "q", "p/m.py", 4, False)]
+    assert _components(edges) == [["p", "p.m"]]
+    assert _shortest_cycle("p", {"p", "p.m"}, edges) == edges[:2]
