@@ -104,7 +104,7 @@ def eval_cost() -> dict[str, Any]:
     from accelerate import Accelerator
     from transformers import LlamaForCausalLM
 
-    from runner.data.source import Blocks
+    from runner.data.blocks import Blocks
     from runner.rank import evaluate
     from runner.spec import builtin
 

@@ -40,7 +40,7 @@ def bare_loop(steps: int, warmup: int, threads: int) -> float:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from runner.data.source import load_blocks
+    from runner.data.blocks import load_blocks
     from runner.spec import builtin
     from runner.spec.paths import cache_dir
     from runner.spec.recipe import load_recipe

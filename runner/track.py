@@ -40,6 +40,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from runner.analysis.mfu import dims_from_config
+from runner.spec.events import EVENTS_FILE, METRIC_NAME_MAX, JournalWriter, metrics_event
+
 RUN_ENV = "FTUI_RUN_DIR"
 """Set by ftui in every process of a run (``runner.watch.procs.RUN_ENV``): the run folder."""
 
@@ -72,8 +75,6 @@ class _Tracker:
 
     def writer(self) -> Any:
         if self._writer is None:
-            from runner.spec.events import EVENTS_FILE, JournalWriter
-
             assert self.run_dir is not None
             self._writer = JournalWriter(self.run_dir / EVENTS_FILE)
         return self._writer
@@ -194,8 +195,6 @@ def start(
         payload["params"], payload["trainable_params"] = counts
     config = getattr(getattr(model, "module", model), "config", None)  # DDP wraps the model
     if config is not None and context_length:
-        from runner.analysis.mfu import dims_from_config
-
         payload["model_dims"] = dims_from_config(config, int(context_length))
     t.emit("start", **payload)
 
@@ -277,8 +276,6 @@ def _eval_name(name: str) -> str:
 def _named(step: int, values: Mapping[str, Any]) -> None:
     """One ``metrics`` event (``runner.spec.events.MetricsEvent``: the store's named metrics) at ``step``;
     a name the store cannot keep (empty, over 200 characters) is left out rather than failing the script."""
-    from runner.spec.events import METRIC_NAME_MAX, metrics_event
-
     keep = {str(k): _number(v) for k, v in values.items()
             if isinstance(k, str) and k.strip() and len(k) <= METRIC_NAME_MAX}
     if keep:

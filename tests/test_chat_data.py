@@ -14,7 +14,10 @@ from typing import Any
 import pytest
 
 from runner.data import chat, prepare
-from runner.data.source import DataError, check_data
+from runner.data.blocks import to_blocks
+from runner.data.cache import cache_key, cache_path
+from runner.data.check import check_data
+from runner.data.rows import DataError, read_rows
 from runner.spec import builtin
 from runner.spec.recipe import Recipe, parse_recipe
 
@@ -86,7 +89,7 @@ def test_prompt_completion_rows_mask_the_prompt(tokenizer: Any) -> None:
 def test_packing_keeps_masked_labels_aligned_and_drops_blocks_with_nothing_to_learn(tokenizer: Any) -> None:
     data = _recipe("x.jsonl", train_on="completions", context_length=16, pack=True).data
     encoded = chat.encode([TWO_TURNS] * 3, "chat", data.model_copy(update={"context_length": 256}), tokenizer)
-    blocks = prepare.to_blocks(encoded, "chat", data, tokenizer, for_eval=False)
+    blocks = to_blocks(encoded, "chat", data, tokenizer, for_eval=False)
     assert blocks.labels is not None and blocks.attention_mask is None
     stream = [t for ids in encoded.ids for t in ids]
     labels = [t for lab in encoded.labels for t in lab]
@@ -99,7 +102,7 @@ def test_packing_keeps_masked_labels_aligned_and_drops_blocks_with_nothing_to_le
         assert blocks.labels[kept].tolist() == block_labels
         kept += 1
     assert kept == blocks.input_ids.shape[0] and kept < len(stream) // 16
-    evaluation = prepare.to_blocks(encoded, "chat", data, tokenizer, for_eval=True)
+    evaluation = to_blocks(encoded, "chat", data, tokenizer, for_eval=True)
     assert evaluation.attention_mask is not None, "the eval set's last partial block is padded, not dropped"
     assert int(evaluation.attention_mask.sum()) == len(stream)
 
@@ -146,19 +149,19 @@ def test_cache_key_and_hit(tmp_path: Path, tokenizer: Any, monkeypatch: pytest.M
     first = prepare.load_data(data, tokenizer, 0)
     second = prepare.load_data(data, tokenizer, 0)
     assert (first.cached, second.cached) == (False, True)
-    assert prepare.cache_path(first.key).is_file() and first.key == second.key
+    assert cache_path(first.key).is_file() and first.key == second.key
     assert second.train.input_ids.equal(first.train.input_ids)
     assert second.train.labels is not None and first.train.labels is not None
     assert second.train.labels.equal(first.train.labels)
     assert second.eval is not None and first.eval is not None and second.eval.input_ids.equal(first.eval.input_ids)
     keys = {first.key}
     for change in ({"train_on": "all"}, {"context_length": 32}, {"pack": False}):
-        keys.add(prepare.cache_key(data.model_copy(update=change), tokenizer, 0))
-    keys.add(prepare.cache_key(data, tokenizer, 1))  # the eval split depends on the seed
+        keys.add(cache_key(data.model_copy(update=change), tokenizer, 0))
+    keys.add(cache_key(data, tokenizer, 1))  # the eval split depends on the seed
     _write(path, [TWO_TURNS] * 9)
-    keys.add(prepare.cache_key(data, tokenizer, 0))  # the source's content
+    keys.add(cache_key(data, tokenizer, 0))  # the source's content
     assert len(keys) == 6
-    assert prepare.cache_key(data.model_copy(update={"shuffle": False}), tokenizer, 0) in keys, "order is not tokenizing"
+    assert cache_key(data.model_copy(update={"shuffle": False}), tokenizer, 0) in keys, "order is not tokenizing"
 
 
 def test_hugging_face_datasets_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -170,14 +173,14 @@ def test_hugging_face_datasets_offline(tmp_path: Path, monkeypatch: pytest.Monke
     datasets.DatasetDict({"train": datasets.Dataset.from_list(rows),
                           "test": datasets.Dataset.from_list(rows[:2])}).save_to_disk(str(saved))
     data = _recipe(saved, split="test").data
-    assert prepare.read_rows(str(saved), data, "test")[0] == rows[:2]
+    assert read_rows(str(saved), data, "test")[0] == rows[:2]
     check_data(data)
     with pytest.raises(DataError, match=r"^data.split: .*saved has no split 'validation' \(splits: test, train\)$"):
         check_data(_recipe(saved, split="validation").data)
     folder = tmp_path / "local"
     (folder / "data").mkdir(parents=True)
     _write(folder / "data" / "train.jsonl", rows)
-    assert prepare.read_rows(str(folder), _recipe(folder).data, "train")[0] == rows
+    assert read_rows(str(folder), _recipe(folder).data, "train")[0] == rows
     # A script-free hub dataset in the local Hugging Face cache, by id, with no network.
     repo = tmp_path / "hf" / "hub" / "datasets--acme--qa"
     snapshot = repo / "snapshots" / ("0" * 40)
@@ -187,7 +190,7 @@ def test_hugging_face_datasets_offline(tmp_path: Path, monkeypatch: pytest.Monke
     (repo / "refs" / "main").write_text("0" * 40)
     recipe = _recipe("acme/qa")
     assert recipe.data.source == "acme/qa", "a hub id is not made a path"
-    assert prepare.read_rows("acme/qa", recipe.data, "train")[0] == rows[:3]
+    assert read_rows("acme/qa", recipe.data, "train")[0] == rows[:3]
     with pytest.raises(DataError, match=r"^data.source: dataset 'acme/missing' not found locally"):
         check_data(_recipe("acme/missing").data)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.data.source import DataError, read_texts
+from runner.data.rows import DataError, read_texts
 from runner.spec.recipe import parse_recipe
 
 ROWS = [{"prompt": "What is 2+2?", "response": "4"}, {"prompt": "Capital of France?", "response": "Paris"}]

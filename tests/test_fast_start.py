@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from runner.data import prepare
+from runner.data.cache import local_tokenizer_digest
 from runner.spec.recipe import parse_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,11 +79,11 @@ def test_the_tokenizer_files_make_the_key(tmp_path: Path) -> None:
     (folder / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0}}}')
     (folder / "config.json").write_text("{}")
     model = parse_recipe(f"[model]\nname = {json.dumps(str(folder))}\n").model
-    first = prepare.local_tokenizer_digest(model)
+    first = local_tokenizer_digest(model)
     assert first is not None and first.startswith("files:")
     (folder / "config.json").write_text('{"hidden_size": 8}')  # not a tokenizer file
-    assert prepare.local_tokenizer_digest(model) == first
+    assert local_tokenizer_digest(model) == first
     (folder / "tokenizer.json").write_text('{"model": {"vocab": {"b": 0}}}')
-    assert prepare.local_tokenizer_digest(model) != first
+    assert local_tokenizer_digest(model) != first
     hub = parse_recipe('[model]\nname = "org/some-model"\n').model
-    assert prepare.local_tokenizer_digest(hub) is None  # a hub tokenizer's digest needs it loaded
+    assert local_tokenizer_digest(hub) is None  # a hub tokenizer's digest needs it loaded

@@ -1,7 +1,8 @@
 """Hugging Face datasets as ``data.source``: a folder written by ``save_to_disk``, a local dataset folder
 (data files that ``datasets.load_dataset`` reads), or a script-free hub id (``org/name``, or ``hf:name``)
 resolved from the local cache only: nothing is downloaded (``HF_DATASETS_OFFLINE=1``,
-``HF_HUB_OFFLINE=1``). ``data.split`` and ``data.subset`` pick the split and configuration.
+``HF_HUB_OFFLINE=1``). ``data.split`` and ``data.subset`` pick the split and configuration. Which sources
+are datasets is :func:`runner.data.rows.is_dataset_source`.
 """
 
 from __future__ import annotations
@@ -18,22 +19,6 @@ DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt", ".arrow")
 
 class HFDataError(ValueError):
     """A dataset or split that cannot be read; one line naming it."""
-
-
-def is_dataset_source(source: str) -> bool:
-    """Whether ``source`` names a Hugging Face dataset (a folder, ``hf:name`` or an ``org/name`` id that is
-    not a local file) rather than a data file."""
-    if source.startswith(HUB_PREFIX):
-        return True
-    path = Path(source).expanduser()
-    if path.is_dir():
-        return True
-    if path.exists():
-        return False
-    from runner.data.source import SUFFIXES
-
-    parts = source.split("/")
-    return len(parts) == 2 and all(parts) and not source.startswith((".", "~")) and not source.lower().endswith(SUFFIXES)
 
 
 def _offline() -> Any:

@@ -1,5 +1,5 @@
 """Facts about this host that a command asks several times (is this a CPU run? how many GPUs?),
-detected once per process: each NVML start costs time, and ``ftui run`` asked 3-4 times."""
+detected once per process: each NVML start costs time, and one ``ftui run`` asks several times."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import functools
 import os
 import socket
 from dataclasses import dataclass
+
+from runner.hardware.nvml import NvmlBackend
 
 
 @dataclass(frozen=True)
@@ -30,8 +32,6 @@ class HostFacts:
 def detect() -> HostFacts:
     """Detect the facts now (one NVML start)."""
     import psutil
-
-    from runner.hardware import NvmlBackend
 
     backend = NvmlBackend()
     try:

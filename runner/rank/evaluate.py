@@ -17,7 +17,7 @@ import math
 from typing import Any
 
 from runner.data import chat
-from runner.data.source import Blocks
+from runner.data.blocks import Blocks
 
 
 def eval_loss(model: Any, blocks: Blocks, acc: Any, batch_size: int, input_device: Any) -> dict[str, float]:

@@ -248,7 +248,8 @@ class Trainer:
         return model
 
     def load_blocks(self) -> Any:
-        from runner.data.prepare import load_data, local_tokenizer_digest
+        from runner.data.cache import local_tokenizer_digest
+        from runner.data.prepare import load_data
 
         # The first rank tokenizes into the cache (or finds it there); the others then read its file.
         # The key is the pre-flight's: a local tokenizer's files, else the loaded tokenizer.

@@ -17,8 +17,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from runner.spec import strategies
+from runner.spec import layout, strategies, zero
 from runner.spec.builtin import BUILTIN_PREFIX, PYDOC_CORPUS, TINY_LLAMA
+from runner.spec.units import parse_bytes
 
 
 class RecipeError(ValueError):
@@ -217,8 +218,6 @@ class LaunchSection(_Section):
     @field_validator("strategy")
     @classmethod
     def _check_strategy(cls, value: str) -> str:
-        from runner.spec import strategies
-
         launchable = strategies.names(launchable=True)
         if value not in launchable:
             known = strategies.STRATEGIES.get(value)
@@ -230,8 +229,6 @@ class LaunchSection(_Section):
     @classmethod
     def _check_mem_cap(cls, value: str | None) -> str | None:
         if value is not None:
-            from runner.spec.units import parse_bytes
-
             parse_bytes(value)  # ValueError: reported as launch.mem_cap
         return value
 
@@ -261,16 +258,12 @@ class Recipe(_Section):
             raise ValueError(f"launch.gpus: {len(launch.gpus)} GPUs listed for nproc = {launch.nproc}")
         if launch.script_args and launch.script is None:
             raise ValueError("launch.script_args: script arguments without launch.script")
-        from runner.spec.layout import recipe_problem
-
-        layout = recipe_problem(self)  # pp / mp over processes / tp: runner/spec/layout.py
-        if layout:
-            raise ValueError(layout)
+        problem = layout.recipe_problem(self)  # pp / mp over processes / tp
+        if problem:
+            raise ValueError(problem)
         if self.method.type == "qlora" and launch.device == "cpu":
             raise ValueError("method.type: qlora needs a CUDA GPU (bitsandbytes 4-bit); launch.device is 'cpu'")
-        from runner.spec.zero import recipe_problem
-
-        problem = recipe_problem(self)
+        problem = zero.recipe_problem(self)  # the ZeRO stages' engine and offload
         if problem:
             raise ValueError(problem)
         return self

@@ -1,11 +1,8 @@
-"""Byte sizes: parsing what users type (``48GiB``, ``80GB``) and the constants. No imports from the project."""
+"""Byte sizes: parsing what users type (``48GiB``, ``80GB``). No imports from the project."""
 
 from __future__ import annotations
 
 import math
-
-GIB = 2**30
-MIB = 2**20
 
 
 def parse_bytes(text: str, allow_zero: bool = False) -> int:

@@ -8,7 +8,8 @@ the sweep's recipe before the first run.
 
 from __future__ import annotations
 
-from runner.data.source import DataError, check_data
+from runner.data.check import check_data
+from runner.data.rows import DataError
 from runner.spec.paths import FolderError, check_runs_dir
 from runner.spec.recipe import Recipe, RecipeError
 
@@ -18,7 +19,7 @@ class InputError(RecipeError):
 
 
 def check_inputs(recipe: Recipe) -> None:
-    """Check the recipe's data (read and parsed: :func:`runner.data.source.check_data`) and that run
+    """Check the recipe's data (read and parsed: :func:`runner.data.check.check_data`) and that run
     folders can be written (:func:`runner.spec.paths.check_runs_dir`).
 
     Raises:

@@ -68,7 +68,7 @@ class Outcome:
 
 def preflight(recipe: Recipe) -> list[str]:
     """Check what can be checked before launch; raise :class:`PreflightError`, return warnings."""
-    from runner.data.source import DataError, check_source
+    from runner.data.rows import DataError, check_source
 
     warnings: list[str] = []
     if recipe.launch.script is not None:  # a script run: the script owns its model and data
