@@ -194,7 +194,7 @@ def start(
         payload["params"], payload["trainable_params"] = counts
     config = getattr(getattr(model, "module", model), "config", None)  # DDP wraps the model
     if config is not None and context_length:
-        from runner.analysis.mfu import dims_from_config
+        from runner.spec.flops import dims_from_config
 
         payload["model_dims"] = dims_from_config(config, int(context_length))
     t.emit("start", **payload)

@@ -13,9 +13,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from runner.analysis.mfu import Peak, compute_mfu, flops_per_token, trustworthy
+from runner.analysis import cpu_peak
+from runner.analysis.mfu import Peak, compute_mfu, gpu_peak, run_dtype, trustworthy
 from runner.analysis.noise import batch_note, busy_note, host_other_util
 from runner.spec import strategies
+from runner.spec.flops import dims_from_config, flops_per_token
 from runner.spec.summary import busiest_peak
 from store import MetricPoint, NamedMetricPoint, RunInfo, SampleInfo, Store
 
@@ -245,8 +247,6 @@ def model_dims(recipe: Mapping[str, Any], run: RunInfo | None = None) -> dict[st
     run's summary (``model_dims``: no transformers import), else read from the recipe's model (builtin,
     or a local folder whose config transformers can read offline; ``config`` then holds it); None
     when unknown."""
-    from runner.analysis.mfu import dims_from_config
-
     stored = run.summary.get("model_dims") if run is not None else None
     if isinstance(stored, Mapping) and all(isinstance(stored.get(k), int) for k in ("layers", "heads", "head_dim", "seq_len")):
         return dict(stored)
@@ -361,7 +361,7 @@ def device_count(run: RunInfo) -> int:
 
 
 def stored_flops_per_token(run: RunInfo) -> float | None:
-    """FLOPs per token stored with the run at its start (:func:`runner.analysis.mfu.run_flops_per_token`), or None
+    """FLOPs per token stored with the run at its start (:func:`runner.spec.flops.run_flops_per_token`), or None
     (a run recorded before they were stored: compare then derives them from the model's dimensions)."""
     value = run.summary.get("flops_per_token")
     return float(value) if isinstance(value, (int, float)) and value > 0 else None
@@ -550,25 +550,23 @@ def default_peak(run: RunInfo, recipe: Mapping[str, Any], peak_tflops: float | N
     GPU; on CPU, for a run stored before peaks were, the cached (or measured now) matmul peak of this
     machine for the run's dtype and threads, flagged as measured at compare time.
     """
-    from runner.analysis import mfu
-
     if peak_tflops:
         return Peak(peak_tflops * 1e12, f"given (--peak-tflops {peak_tflops:g})")
     in_recipe = recipe.get("launch", {}).get("peak_tflops")
     if in_recipe:
         return Peak(float(in_recipe) * 1e12, f"given (recipe launch.peak_tflops {float(in_recipe):g})")
-    stored = mfu.Peak.from_json(run.summary.get("mfu_peak"))
+    stored = Peak.from_json(run.summary.get("mfu_peak"))
     if stored is not None:
         return stored
-    dtype = mfu.run_dtype(recipe.get("train", {}).get("precision", "fp32"))
+    dtype = run_dtype(recipe.get("train", {}).get("precision", "fp32"))
     gpu_names = [s.name for s in samples if s.kind == "gpu"]
     if run.device_type == "cuda" or gpu_names:
-        return mfu.gpu_peak(gpu_names[0], dtype) if gpu_names else None
+        return gpu_peak(gpu_names[0], dtype) if gpu_names else None
     if run.device_type != "cpu":
         return None
     import socket
 
-    peak = mfu.cpu_peak(run_threads(run), dtype)
+    peak = cpu_peak.cpu_peak(run_threads(run), dtype)
     note = "measured by compare, not stored with the run"
     here = socket.gethostname()
     if run.host and run.host != here:  # the benchmark runs where ``ftui compare`` runs
@@ -600,19 +598,17 @@ def remeasured_peak(run: RunInfo, peak: Peak, cache: Any = None) -> tuple[Peak |
     Returns:
         The new peak (None when it cannot be re-measured here) and one line saying what was done.
     """
-    from runner.analysis import mfu
-
     if peak.kind != "measured" or not peak.dtype or not peak.threads:
         return None, f"the {peak.kind} peak cannot be re-measured: check it (--peak-tflops)"
-    here = mfu.machine_fingerprint()
+    here = cpu_peak.machine_fingerprint()
     if peak.fingerprint != here.key:
         return None, (f"the peak was measured on another machine ({peak.machine or peak.fingerprint}), "
                       "it cannot be re-measured here")
-    newer = mfu.read_cache(cache).get(mfu.cache_key(here.key, peak.dtype, peak.threads))
+    newer = cpu_peak.read_cache(cache).get(cpu_peak.cache_key(here.key, peak.dtype, peak.threads))
     if newer is not None and (newer.measured_at or 0) > (peak.measured_at or 0):
         again = newer
     else:
-        again = mfu.cpu_peak(peak.threads, peak.dtype, cache, remeasure=True)
+        again = cpu_peak.cpu_peak(peak.threads, peak.dtype, cache, remeasure=True)
     return again, f"re-measured once ({peak.label()} gave MFU > 100%; now {again.label()})"
 
 
@@ -715,9 +711,7 @@ def _needs_samples(run: RunInfo, recipe: Mapping[str, Any], peak_tflops: float |
         return False
     if peak_tflops or recipe.get("launch", {}).get("peak_tflops"):
         return False
-    from runner.analysis import mfu
-
-    return mfu.Peak.from_json(run.summary.get("mfu_peak")) is None
+    return Peak.from_json(run.summary.get("mfu_peak")) is None
 
 
 def load_comparison(store: Store, run_ids: Sequence[int], baseline_id: int | None = None,

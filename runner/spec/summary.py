@@ -100,7 +100,7 @@ class RunSummary(TypedDict, total=False):
     threads: int
     """Torch intra-op threads of each rank (``torch.get_num_threads()`` at start)."""
     model_dims: dict[str, int] | None
-    """:func:`runner.analysis.mfu.dims_from_config` of the model trained: layers, heads, head_dim, seq_len,
+    """:func:`runner.spec.flops.dims_from_config` of the model trained: layers, heads, head_dim, seq_len,
     embedding_params (what MFU's FLOPs per token need)."""
     # the process that watches the run
     orchestrator_pid: int

@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from runner.analysis.mfu import run_flops_per_token
+from runner.spec.flops import run_flops_per_token
 from runner.spec import events as ev
 from runner.spec import strategies, zero
 from runner.spec.launch import LaunchSpec, build_launch
@@ -910,16 +910,16 @@ def _project_end(store: Store, watch: _Watch, status: str, exit_code: int | None
 
 
 def _mfu_peak(watch: _Watch, telemetry: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The peak FLOP/s of one device of the run (:func:`runner.analysis.mfu.peak_for_run`), stored with it so
+    """The peak FLOP/s of one device of the run (:func:`runner.analysis.cpu_peak.peak_for_run`), stored with it so
     that compare never benchmarks; None when unknown. Never fails a run."""
-    from runner.analysis import mfu
+    from runner.analysis import cpu_peak
 
     start = watch.start
     device_type = start.get("device_type") if start is not None else None
     threads = start.get("threads") if start is not None else None
     gpus = [d["name"] for d in ((telemetry or {}).get("devices") or {}).values() if d.get("kind") == "gpu"]
     try:
-        peak = mfu.peak_for_run(device_type, watch.prepared.recipe.train.precision, threads, gpus)
+        peak = cpu_peak.peak_for_run(device_type, watch.prepared.recipe.train.precision, threads, gpus)
     except Exception as exc:  # noqa: BLE001 (a peak is informative only)
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
     return peak.to_json() if peak is not None else None
