@@ -1,6 +1,7 @@
 """The ftui store: runs, per-step metrics, device samples and events in one SQL database."""
 
 from store.curves import Curve
+from store.engine import StoreError
 from store.store import (
     EventInfo,
     MetricPoint,
@@ -10,7 +11,6 @@ from store.store import (
     RunUpdate,
     SampleInfo,
     Store,
-    StoreError,
 )
 
 __all__ = ["Curve", "EventInfo", "MetricPoint", "NamedMetricPoint", "ProcessSampleInfo", "RunInfo", "RunUpdate", "SampleInfo",

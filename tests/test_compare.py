@@ -31,6 +31,7 @@ from runner.analysis.compare import (
     speedups,
 )
 from runner.spec import flops, strategies
+from runner.spec.summary import RunSummary
 from store import MetricPoint, RunInfo, SampleInfo
 from tui.render.compare import markdown, sources
 
@@ -264,7 +265,7 @@ def _run(id_: int, strategy: str, nproc: int, tps: float | None, status: str = "
                    run_dir="", pgid=None, created_at=now, started_at=now, ended_at=now, exit_code=0,
                    error=None if status == "completed" else "boom", total_steps=5, steps_done=5,
                    train_seconds=10.0, tokens_per_s=tps, final_loss=2.0, peak_mem_bytes=None, mean_util=50.0,
-                   summary={"world_size": nproc, **summary})
+                   summary=RunSummary.from_json({"world_size": nproc, **summary}))
 
 
 def test_speedups_against_the_baseline() -> None:
@@ -363,7 +364,7 @@ def test_cpu_peak_measured_by_compare_on_another_host_is_flagged(tmp_path: Path,
     assert "not on the run's host" not in same.source
     assert "not on the run's host gpu-box-7" in other.source and "--peak-tflops" in other.source
     # A run that stored its peak is read as it ran: no cache, no host question.
-    stored = replace(elsewhere, summary={**elsewhere.summary, "mfu_peak": replace(cached, flops=2e10).to_json()})
+    stored = replace(elsewhere, summary=replace(elsewhere.summary, mfu_peak=replace(cached, flops=2e10).to_json()))
     assert default_peak(stored, {}) == replace(cached, flops=2e10)
 
 

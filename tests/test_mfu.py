@@ -278,8 +278,8 @@ def test_bf16_runs_divide_by_the_bf16_peak(home: Path) -> None:
 
 
 def _tel(kind: str, means: list[float], threads: int | None) -> dict[str, Any]:
+    from runner.analysis.utilisation import summarise
     from runner.hardware import DeviceSample
-    from runner.watch.telemetry import summarise
 
     samples = [DeviceSample(time=float(t), host="h", kind=kind, index=i, name="x", util_pct=u, mem_used=1,
                             mem_total=2, power_w=None, temp_c=None, sm_clock_mhz=None, pid=None, source="psutil")
@@ -350,14 +350,13 @@ def test_cpu_util_is_normalised_by_threads_and_spread_shown(home: Path) -> None:
 
 
 def test_old_runs_without_threads_stay_in_cpu_percent_of_one_core() -> None:
-    from dataclasses import replace
-
     from test_compare import _run
 
     old = _run(1, "single", 1, 1000.0, telemetry={"whole": {"kind": "rank", "util_mean": 198.0, "devices": 1}})
     row = build_comparison([old], {}).rows[0]
     assert row.cpu_util == 198.0 and row.cpu_threads is None and "one core" in row.util_source
-    recorded = replace(old, summary={**old.summary, "threads": 2})
+    recorded = _run(1, "single", 1, 1000.0, threads=2,
+                    telemetry={"whole": {"kind": "rank", "util_mean": 198.0, "devices": 1}})
     assert build_comparison([recorded], {}).rows[0].cpu_util == 99.0
 
 

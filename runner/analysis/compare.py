@@ -18,7 +18,7 @@ from runner.analysis.mfu import Peak, compute_mfu, gpu_peak, run_dtype, trustwor
 from runner.analysis.noise import batch_note, busy_note, host_other_util
 from runner.spec import strategies
 from runner.spec.flops import dims_from_config, flops_per_token
-from runner.spec.summary import busiest_peak
+from runner.spec.summary import CPU_CORE_UNIT, GPU_UTIL_UNIT, busiest_peak, cpu_threads_unit
 from store import MetricPoint, NamedMetricPoint, RunInfo, SampleInfo, Store
 
 PeakResolver = Callable[[RunInfo, Mapping[str, Any]], Peak | None]
@@ -247,7 +247,7 @@ def model_dims(recipe: Mapping[str, Any], run: RunInfo | None = None) -> dict[st
     run's summary (``model_dims``: no transformers import), else read from the recipe's model (builtin,
     or a local folder whose config transformers can read offline; ``config`` then holds it); None
     when unknown."""
-    stored = run.summary.get("model_dims") if run is not None else None
+    stored = run.summary.model_dims if run is not None else None
     if isinstance(stored, Mapping) and all(isinstance(stored.get(k), int) for k in ("layers", "heads", "head_dim", "seq_len")):
         return dict(stored)
     model = recipe.get("model", {}).get("name", "")
@@ -272,8 +272,8 @@ def estimated_memory(run: RunInfo, recipe: Mapping[str, Any], dims: Mapping[str,
     (``summary["estimate"]["per_device_bytes"]["total"]``, made with the recipe's real dtypes), else
     :func:`runner.planner.estimate` of the stored recipe (through :func:`runner.planner.inputs_from_recipe`,
     so ``model.dtype`` and the LoRA settings count) for a model whose config is at hand."""
-    stored = run.summary.get("estimate")
-    if isinstance(stored, Mapping):
+    stored = run.summary.estimate
+    if stored is not None:
         per_device = stored.get("per_device_bytes")
         if isinstance(per_device, Mapping) and isinstance(per_device.get("total"), (int, float)):
             return int(per_device["total"]), "estimated at prepare time (runner.planner)"
@@ -296,7 +296,7 @@ def estimated_memory(run: RunInfo, recipe: Mapping[str, Any], dims: Mapping[str,
 
 @dataclass(frozen=True)
 class Utilisation:
-    """A run's utilisation as compare shows it (see :func:`runner.watch.telemetry.summarise`)."""
+    """A run's utilisation as compare shows it (see :func:`runner.analysis.utilisation.summarise`)."""
 
     cpu: float | None
     threads: int | None
@@ -309,26 +309,20 @@ class Utilisation:
 def utilisation(run: RunInfo) -> Utilisation:
     """The run's mean utilisation over its ranks (CPU % of each rank's threads) or GPUs (NVML busy %),
     with the lowest and highest device, from its stored telemetry summary (active window first)."""
-    from runner.watch.telemetry import CPU_CORE_UNIT, GPU_UTIL_UNIT, cpu_threads_unit
-
-    tel = run.summary.get("telemetry") or {}
-    overall = tel.get("active") or tel.get("whole") or {}
-    kind = overall.get("kind")
-    window = "active window" if tel.get("active") else "whole run"
-    mean, low, high = overall.get("util_mean"), overall.get("util_min"), overall.get("util_max")
-    if (overall.get("devices") or 0) < 2:  # a spread needs two devices
+    tel = run.summary.telemetry
+    overall = (tel["active"] or tel["whole"]) if tel is not None else None
+    if overall is None or tel is None:
+        return Utilisation(None, None, None, None, None, "-")
+    kind = overall["kind"]
+    window = "active window" if tel["active"] else "whole run"
+    mean, low, high = overall["util_mean"], overall["util_min"], overall["util_max"]
+    if (overall["devices"] or 0) < 2:  # a spread needs two devices
         low = high = None
     if kind == "gpu":
         return Utilisation(None, None, mean, low, high, f"{GPU_UTIL_UNIT}, mean over GPUs, {window}")
     if kind != "rank":
         return Utilisation(None, None, None, None, None, "-")
-    threads = overall.get("threads")
-    if "util_unit" not in overall:  # stored before threads were recorded: CPU% of one core, no spread
-        stored = run.summary.get("threads")
-        threads = int(stored) if isinstance(stored, int) and stored > 0 else None
-        if mean is not None and threads:
-            mean = mean / threads
-        low = high = None
+    threads = overall["threads"]
     unit = cpu_threads_unit(threads) if threads else CPU_CORE_UNIT
     return Utilisation(mean, threads, None, low, high, f"{unit}, mean over ranks, {window}")
 
@@ -339,7 +333,7 @@ def util_source(run: RunInfo) -> str:
 
 
 def _mem_measured(run: RunInfo) -> tuple[int | None, str]:
-    peak, source = busiest_peak(run.summary.get("ranks") or [])
+    peak, source = busiest_peak(run.summary.ranks)
     if peak is not None:
         return peak, f"{source}, busiest rank"
     return run.peak_mem_bytes, "stored peak"
@@ -348,8 +342,8 @@ def _mem_measured(run: RunInfo) -> tuple[int | None, str]:
 def device_count(run: RunInfo) -> int:
     """Devices a run computed on: the distinct GPUs of its ``device_map`` (model parallel: one process, several
     GPUs) when it has one on GPUs, else its world size (processes), at least 1."""
-    device_map = run.summary.get("device_map")
-    if isinstance(device_map, Mapping):
+    device_map = run.summary.device_map
+    if device_map is not None:
         gpus = set()
         for value in device_map.values():  # 0, "0", "cuda:1"; "cpu" and "disk" are not compute devices
             text = str(value).removeprefix("cuda:")
@@ -357,14 +351,14 @@ def device_count(run: RunInfo) -> int:
                 gpus.add(int(text))
         if gpus:
             return len(gpus)
-    return max(1, int(run.summary.get("world_size") or run.nproc or 1))
+    return max(1, int(run.summary.world_size or run.nproc or 1))
 
 
 def stored_flops_per_token(run: RunInfo) -> float | None:
     """FLOPs per token stored with the run at its start (:func:`runner.spec.flops.run_flops_per_token`), or None
-    (a run recorded before they were stored: compare then derives them from the model's dimensions)."""
-    value = run.summary.get("flops_per_token")
-    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+    (a run recorded without them: compare then derives them from the model's dimensions)."""
+    value = run.summary.flops_per_token
+    return float(value) if value is not None and value > 0 else None
 
 
 def _mfu_note(run: RunInfo, peak: Peak | None, peak_note: str | None, dims: Mapping[str, Any] | None) -> str | None:
@@ -377,7 +371,7 @@ def _mfu_note(run: RunInfo, peak: Peak | None, peak_note: str | None, dims: Mapp
         return None
     if dims is None:
         return f"model dimensions unknown (the config of {run.model} cannot be read offline)"
-    if not run.summary.get("params"):
+    if not run.summary.params:
         return "parameter count not stored by the trainer"
     return None
 
@@ -399,11 +393,11 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
     tps = run.tokens_per_s
     mfu = achieved = rejected = None
     peak_source = peak.source if peak else None
-    params = run.summary.get("params")
+    params = run.summary.params
     over_note = None
     fpt = stored_flops_per_token(run)
     if fpt is None and dims and params:
-        trainable = run.summary.get("trainable_params") if run.method != "full" else None
+        trainable = run.summary.trainable_params if run.method != "full" else None
         matmul_params = int(params) - int(dims.get("embedding_params", 0))
         fpt = flops_per_token(matmul_params, dims["layers"], dims["heads"], dims["head_dim"], dims["seq_len"], trainable)
     if tps and peak and fpt:
@@ -437,10 +431,10 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
         peak_label=peak.label() if peak else "-",
         mem_measured=mem, mem_measured_source=mem_source, mem_estimated=est, mem_estimated_source=est_source,
         final_loss=run.final_loss, best_loss=best_loss(metrics), status=run.status, reason=reason,
-        note=run.summary.get("sweep_note"), grid=grid or str(run.summary.get("sweep_grid") or ""),
+        note=run.summary.sweep_note, grid=grid or (run.summary.sweep_grid or ""),
         mfu_note=over_note or (None if mfu is not None else _mfu_note(run, peak, peak_note, dims)),
         mfu_rejected=rejected, script=bool(recipe.get("launch", {}).get("script")),
-        host_other_util=host_other_util(run.summary),
+        host_other_util=host_other_util(run.summary.telemetry),
     )
 
 
@@ -501,7 +495,7 @@ def build_comparison(
     last = {r.id: {p.name: p.value for p in named.get(r.id, [])} for r in runs}
     windows = {}
     for r in runs:  # the training window in the timeline's seconds, so device charts line up with the loss
-        window = (r.summary.get("telemetry") or {}).get("window")
+        window = r.summary.telemetry["window"] if r.summary.telemetry is not None else None
         compute = [s.time for s in (samples or {}).get(r.id, []) if s.kind in ("gpu", "rank")]
         if window and compute and all(isinstance(v, int | float) for v in window):
             gpu = any(s.kind == "gpu" for s in (samples or {}).get(r.id, []))
@@ -546,8 +540,8 @@ def default_peak(run: RunInfo, recipe: Mapping[str, Any], peak_tflops: float | N
     """The peak FLOP/s of one of the run's devices, in the dtype it trained in.
 
     In order: ``peak_tflops`` when given; the recipe's ``launch.peak_tflops``; the peak the run stored
-    when it ended (``summary["mfu_peak"]``: no benchmark, no torch import); the datasheet figure of its
-    GPU; on CPU, for a run stored before peaks were, the cached (or measured now) matmul peak of this
+    when it ended (``summary.mfu_peak``: no benchmark, no torch import); the datasheet figure of its
+    GPU; on CPU, for a run stored without its peak, the cached (or measured now) matmul peak of this
     machine for the run's dtype and threads, flagged as measured at compare time.
     """
     if peak_tflops:
@@ -555,7 +549,7 @@ def default_peak(run: RunInfo, recipe: Mapping[str, Any], peak_tflops: float | N
     in_recipe = recipe.get("launch", {}).get("peak_tflops")
     if in_recipe:
         return Peak(float(in_recipe) * 1e12, f"given (recipe launch.peak_tflops {float(in_recipe):g})")
-    stored = Peak.from_json(run.summary.get("mfu_peak"))
+    stored = Peak.from_json(run.summary.mfu_peak)
     if stored is not None:
         return stored
     dtype = run_dtype(recipe.get("train", {}).get("precision", "fp32"))
@@ -577,8 +571,8 @@ def default_peak(run: RunInfo, recipe: Mapping[str, Any], peak_tflops: float | N
 def run_threads(run: RunInfo) -> int:
     """Torch threads each rank of a CPU run used: recorded at start, else what the orchestrator gives
     (the physical cores shared out over the processes)."""
-    stored = run.summary.get("threads")
-    if isinstance(stored, int) and stored > 0:
+    stored = run.summary.threads
+    if stored is not None and stored > 0:
         return stored
     import os
 
@@ -635,8 +629,8 @@ def joined_metrics(store: Store, run: RunInfo, _depth: int = 0) -> list[MetricPo
     if parent is None:
         return own
     first_own = min((m.step for m in own), default=None)
-    resumed = run.summary.get("resumed_from")
-    upto = resumed.get("step") if isinstance(resumed, Mapping) else None
+    resumed = run.summary.resumed_from
+    upto = resumed.get("step") if resumed is not None else None
     if not isinstance(upto, int):
         upto = first_own - 1 if first_own is not None else None
     before = [m for m in joined_metrics(store, parent, _depth + 1) if upto is None or m.step <= upto]
@@ -696,11 +690,11 @@ def compare_named(store: Store, runs: Sequence[RunInfo],
 def _needs_dims(run: RunInfo) -> bool:
     """Whether compare must find the model's dimensions itself (which may import transformers): only for
     a run recorded without them whose MFU or memory estimate needs them."""
-    if isinstance(run.summary.get("model_dims"), Mapping):
+    if run.summary.model_dims is not None:
         return True  # stored: reading them costs nothing
-    estimate = run.summary.get("estimate")
-    no_estimate = not (isinstance(estimate, Mapping) and isinstance(estimate.get("per_device_bytes"), Mapping))
-    mfu_wanted = (run.status == "completed" and bool(run.tokens_per_s) and bool(run.summary.get("params"))
+    estimate = run.summary.estimate
+    no_estimate = not (estimate is not None and isinstance(estimate.get("per_device_bytes"), Mapping))
+    mfu_wanted = (run.status == "completed" and bool(run.tokens_per_s) and bool(run.summary.params)
                   and stored_flops_per_token(run) is None)
     return mfu_wanted or no_estimate
 
@@ -711,7 +705,7 @@ def _needs_samples(run: RunInfo, recipe: Mapping[str, Any], peak_tflops: float |
         return False
     if peak_tflops or recipe.get("launch", {}).get("peak_tflops"):
         return False
-    return Peak.from_json(run.summary.get("mfu_peak")) is None
+    return Peak.from_json(run.summary.mfu_peak) is None
 
 
 def load_comparison(store: Store, run_ids: Sequence[int], baseline_id: int | None = None,

@@ -20,9 +20,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from runner.spec.flops import run_flops_per_token
 from runner.spec import events as ev
 from runner.spec import strategies, zero
+from runner.spec.flops import run_flops_per_token
 from runner.spec.launch import LaunchSpec, build_launch
 from runner.spec.paths import runs_dir
 from runner.spec.recipe import Recipe, RecipeError
@@ -228,7 +228,7 @@ def run_uid(store: Store, run_id: int) -> str:
     from runner.spec.paths import new_run_uid
 
     run = store.get_run(run_id)
-    uid = getattr(run, "uid", None) or (run.summary or {}).get("uid") if run is not None else None
+    uid = getattr(run, "uid", None) or run.summary.uid if run is not None else None
     return str(uid) if uid else new_run_uid()
 def prepare_resume(store: Store, run_id: int, root: Path | None = None) -> Prepared:
     """Record a new run that continues run ``run_id`` from its newest complete checkpoint: the old
@@ -926,12 +926,12 @@ def _mfu_peak(watch: _Watch, telemetry: dict[str, Any] | None) -> dict[str, Any]
 
 
 def _telemetry_summary(store: Store, watch: _Watch) -> dict[str, Any] | None:
-    """Per-device and overall utilisation of the run (definitions: :func:`runner.watch.telemetry.summarise`);
+    """Per-device and overall utilisation of the run (definitions: :func:`runner.analysis.utilisation.summarise`);
     the active window runs from the start of the first step to the end of the last."""
     samples = store.samples(watch.run_id)
     if not samples:
         return None
-    from runner.watch.telemetry import summarise
+    from runner.analysis.utilisation import summarise
 
     window = None
     if watch.first_step_time is not None and watch.last_step_time is not None:
