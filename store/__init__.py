@@ -2,7 +2,7 @@
 
 from store.curves import Curve
 from store.engine import StoreError
-from store.store import (
+from store.records import (
     EventInfo,
     MetricPoint,
     NamedMetricPoint,
@@ -10,8 +10,8 @@ from store.store import (
     RunInfo,
     RunUpdate,
     SampleInfo,
-    Store,
 )
+from store.store import Store
 
 __all__ = ["Curve", "EventInfo", "MetricPoint", "NamedMetricPoint", "ProcessSampleInfo", "RunInfo", "RunUpdate", "SampleInfo",
            "Store", "StoreError"]

@@ -21,15 +21,8 @@ import pytest
 from conftest import QUICKSTART, ROOT, Ftui
 
 from runner.analysis import cpu_peak, mfu
-from runner.analysis.compare import (
-    build_comparison,
-    default_peak,
-    device_count,
-    flatten,
-    peak_note,
-    recipe_diff,
-    speedups,
-)
+from runner.analysis.compare import build_comparison, flatten, recipe_diff, speedups
+from runner.analysis.run_figures import default_peak, device_count, peak_note
 from runner.spec import flops, strategies
 from runner.spec.summary import RunSummary
 from store import MetricPoint, RunInfo, SampleInfo

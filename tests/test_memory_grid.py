@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from runner.analysis.compare import estimated_memory
+from runner.analysis.run_figures import estimated_memory
 from runner.planner import EstimateInput, estimate, shape_from_config
 from runner.service import memgrid
 from runner.spec.summary import RunSummary
