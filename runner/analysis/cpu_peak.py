@@ -154,7 +154,7 @@ def measure_cpu_peak(threads: int, dtype: str = "fp32", sizes: tuple[int, ...] =
     Returns:
         The rates of every repeat; ``.flops`` is the peak.
     """
-    import torch
+    import torch  # deferred: only a measurement needs it, and it is heavy
 
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     before = torch.get_num_threads()

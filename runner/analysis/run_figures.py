@@ -40,9 +40,8 @@ def model_dims(recipe: Mapping[str, Any], run: RunInfo | None = None) -> dict[st
         if model == "builtin:tiny-llama":
             cfg: Any = tiny_llama_config()
         else:
-            from transformers import (
-                AutoConfig,  # deferred: a heavy library, only for a run stored without its dimensions
-            )
+            # Deferred: a heavy library, needed only for a run stored without its dimensions.
+            from transformers import AutoConfig
 
             cfg = AutoConfig.from_pretrained(model, local_files_only=True)
     except Exception:  # noqa: BLE001 (no config here: MFU is shown as '-')

@@ -7,6 +7,7 @@ process RSS (getrusage/psutil) is shown as such, never as "measured memory".
 
 from __future__ import annotations
 
+import tomllib
 from typing import Any
 
 from rich.console import Group
@@ -15,6 +16,7 @@ from rich.text import Text
 
 from runner.analysis.mfu import Peak
 from runner.hardware.records import SOURCE_LABELS
+from runner.spec.strategies import STRATEGIES, recipe_global_batch
 from runner.spec.summary import RunSummary, model_state_bytes, rank_peak, rank_rss
 from store import MetricPoint, NamedMetricPoint, RunInfo
 from tui.render.plain import row as text_row
@@ -92,10 +94,6 @@ def runs_table(runs: list[RunInfo], width: int | None = None) -> Table:
 
 def global_batch_words(run: RunInfo) -> tuple[str, str] | None:
     """(``"8 rows"``, ``"micro-batch 4 x 2 processes x GA 1 (recipe)"``), or None for a recipe without one."""
-    import tomllib
-
-    from runner.spec.strategies import recipe_global_batch
-
     try:
         parsed = tomllib.loads(run.recipe_text or "")
     except tomllib.TOMLDecodeError:
@@ -108,8 +106,6 @@ def global_batch_words(run: RunInfo) -> tuple[str, str] | None:
     if rows is None:
         return None
     replicas = rows // (micro * ga)
-    from runner.spec.strategies import STRATEGIES
-
     row = STRATEGIES.get(run.strategy)
     # Tensor parallel: each group of tp_size processes trains one batch.
     unit = ("tensor-parallel group", "s") if row is not None and row.tensor_parallel else ("process", "es")
