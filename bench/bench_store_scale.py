@@ -79,7 +79,7 @@ def _summary_template() -> dict[str, Any]:
 def _add_run(store: Any, recipe: Any, name: str, steps: int, batch: int, status: str = "completed",
              named: int = 0) -> tuple[int, float]:
     """One run through the real write path; returns (run id, seconds spent ingesting step events)."""
-    from runner.analysis.mfu import run_flops_per_token
+    from runner.spec.flops import run_flops_per_token
     from store.store import utcnow
 
     summary = _summary_template()

@@ -40,8 +40,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from runner.analysis.mfu import dims_from_config
 from runner.spec.events import EVENTS_FILE, METRIC_NAME_MAX, JournalWriter, metrics_event
+from runner.spec.flops import dims_from_config
 
 RUN_ENV = "FTUI_RUN_DIR"
 """Set by ftui in every process of a run (``runner.watch.procs.RUN_ENV``): the run folder."""

@@ -1,7 +1,8 @@
 """The ftui store: runs, per-step metrics, device samples and events in one SQL database."""
 
 from store.curves import Curve
-from store.store import (
+from store.engine import StoreError
+from store.records import (
     EventInfo,
     MetricPoint,
     NamedMetricPoint,
@@ -9,9 +10,8 @@ from store.store import (
     RunInfo,
     RunUpdate,
     SampleInfo,
-    Store,
-    StoreError,
 )
+from store.store import Store
 
 __all__ = ["Curve", "EventInfo", "MetricPoint", "NamedMetricPoint", "ProcessSampleInfo", "RunInfo", "RunUpdate", "SampleInfo",
            "Store", "StoreError"]

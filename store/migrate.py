@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, Engine, inspect, text
 
+from store.engine import StoreError, describe_error, lock_timeout_from_env, open_engine, retry_locked
+
 if TYPE_CHECKING:  # Alembic is imported only to upgrade: it costs ~0.3 s, and most opens find the schema current
     from alembic.config import Config
     from alembic.script import ScriptDirectory
@@ -141,13 +143,20 @@ def upgrade(url: str) -> tuple[str | None, str]:
         equals after when there was nothing to do.
 
     Raises:
-        store.StoreError: One line naming the database (unreachable, not a database, newer than this code).
+        StoreError: One line naming the database (unreachable, not a database, newer than this code).
     """
-    from store.store import Store
-
-    store = Store(url)  # opening upgrades; it also refuses what it cannot use, in one line
-    store.close()
-    return store.schema_change or (HEAD, HEAD)
+    timeout = lock_timeout_from_env()
+    engine = open_engine(url, create=True, lock_timeout=timeout)
+    try:
+        return retry_locked(lambda: ensure_current(engine), url, timeout) or (HEAD, HEAD)
+    except SchemaError as exc:
+        raise StoreError(f"--db {url}: {exc}") from None
+    except StoreError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (any driver problem becomes one line)
+        raise StoreError(describe_error(url, exc)) from None
+    finally:
+        engine.dispose()
 
 
 def current(url: str) -> str | None:
@@ -158,8 +167,6 @@ def current(url: str) -> str | None:
     Raises:
         store.StoreError: No such database, or it cannot be reached or read (one line naming it).
     """
-    from store.store import StoreError, describe_error, open_engine
-
     engine = open_engine(url, create=False)
     try:
         with engine.connect() as conn:

@@ -272,7 +272,7 @@ class RunNode(Base):
     checkpoints: Mapped[list[int] | None] = mapped_column(JSON, default=None)
     """The checkpoint steps this node's folder holds complete (its manifest says so and every listed file is
     there with its size), oldest first; written by its agent as they turn complete, and again by
-    ``ftui resume`` from what is on the disk then. None: never recorded (a run before migration 0006)."""
+    ``ftui resume`` from what is on the disk then. None: never recorded (a row that migration 0006 gave the column)."""
 
 
 class StopRequestRow(Base):

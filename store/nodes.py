@@ -20,8 +20,9 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 
+from store.engine import StoreError
 from store.models import DeviceSampleRow, ProcessSampleRow, Run, RunNode, StopRequestRow
-from store.store import TERMINAL, Store, StoreError, utcnow
+from store.store import TERMINAL, Store, utcnow
 
 HEARTBEAT_STALE_S = 30.0
 """A node whose agent has not renewed its heartbeat for this long is taken for dead."""

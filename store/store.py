@@ -9,43 +9,34 @@ Every public call is one transaction. SQLite write transactions begin IMMEDIATE 
 write lock instead of failing when another writer committed after they read); a call that still finds
 the database locked (another client holding it past the 10 s busy timeout) is retried whole, with
 backoff, for up to ``lock_timeout`` seconds, so a slow ``sqlite3`` shell or backup never ends a run's
-supervision. Opening checks the database (see :func:`open_engine`) and upgrades its schema
+supervision. Opening checks the database (see :func:`store.engine.open_engine`) and upgrades its schema
 (:mod:`store.migrate`).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import math
-import os
 import socket
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, Concatenate, NoReturn, ParamSpec, TypedDict, TypeVar, Unpack, cast
+from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack, cast
 
 from sqlalchemy import (
-    Connection,
     Engine,
     Table,
     bindparam,
-    create_engine,
     delete,
-    event,
     func,
     insert,
-    make_url,
     select,
     update,
 )
-from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from runner.hardware.records import DeviceSample
+from runner.spec.summary import SCHEMA, RunSummary, upgrade
 from store.curves import (
     Curve,
     read_curves,
@@ -54,7 +45,15 @@ from store.curves import (
     write_named_rollups,
     write_rollups,
 )
+from store.engine import (
+    StoreError,
+    describe_error,
+    lock_timeout_from_env,
+    open_engine,
+    retry_locked,
+)
 from store.ids import new_uid
+from store.migrate import NoDatabase, SchemaError, ensure_current
 from store.models import (
     DeviceSampleRow,
     Event,
@@ -65,156 +64,22 @@ from store.models import (
     ProcessSampleRow,
     Run,
 )
+from store.records import (
+    RUN_UPDATE_KEYS,
+    EventInfo,
+    MetricPoint,
+    NamedMetricPoint,
+    ProcessSampleInfo,
+    RunInfo,
+    RunUpdate,
+    SampleInfo,
+)
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 TERMINAL = ("completed", "failed", "stopped")
 
-
-class StoreError(RuntimeError):
-    """A store problem phrased for the user: one line, ``--db URL: reason``."""
-
-
-LOCK_TIMEOUT_S = 120.0
-"""How long a store call waits out another client's lock before it gives up (``FTUI_DB_LOCK_TIMEOUT``)."""
-_BUSY_TIMEOUT_MS = 10_000
-"""SQLite's own wait per statement; the retry loop around each call covers the rest of the budget."""
-_LOCK_WORDS = ("database is locked", "database table is locked", "database is busy", "deadlock detected",
-               "could not serialize access")
-
-
-class RunUpdate(TypedDict, total=False):
-    """The columns of a run that :meth:`Store.update_run` may set (the recipe and identity are fixed)."""
-
-    name: str
-    sweep_id: str | None
-    status: str
-    distributed_type: str | None
-    device_type: str | None
-    host: str
-    run_dir: str
-    pgid: int | None
-    started_at: datetime | None
-    ended_at: datetime | None
-    exit_code: int | None
-    error: str | None
-    total_steps: int | None
-    steps_done: int | None
-    train_seconds: float | None
-    tokens_per_s: float | None
-    final_loss: float | None
-    peak_mem_bytes: int | None
-    mean_util: float | None
-    summary: dict[str, Any]
-    """Merged into the stored summary (keys given replace those keys), never replacing it whole."""
-    tags: list[str]
-    note: str
-    watcher_pid: int | None
-    watcher_host: str | None
-    stop_requested_at: datetime | None
-    nnodes: int | None
-    slurm_job_id: str | None
-
-
-RUN_UPDATE_KEYS = frozenset(RunUpdate.__annotations__)
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    id: int
-    uid: str
-    name: str
-    sweep_id: str | None
-    recipe_text: str
-    recipe_hash: str
-    recipe_source: str | None
-    strategy: str
-    nproc: int
-    method: str
-    model: str
-    status: str
-    distributed_type: str | None
-    device_type: str | None
-    host: str
-    run_dir: str
-    pgid: int | None
-    created_at: datetime
-    started_at: datetime | None
-    ended_at: datetime | None
-    exit_code: int | None
-    error: str | None
-    total_steps: int | None
-    steps_done: int | None
-    train_seconds: float | None
-    tokens_per_s: float | None
-    final_loss: float | None
-    peak_mem_bytes: int | None
-    mean_util: float | None
-    summary: dict[str, Any] = field(default_factory=dict)
-    tags: list[str] = field(default_factory=list)
-    note: str = ""
-    resumed_from: int | None = None
-    watcher_pid: int | None = None
-    watcher_host: str | None = None
-    stop_requested_at: datetime | None = None
-    run_key: str | None = None
-    """Multi-node runs: the key their node agents share (:mod:`store.nodes`)."""
-    nnodes: int | None = None
-    slurm_job_id: str | None = None
-
-
-@dataclass(frozen=True)
-class MetricPoint:
-    step: int
-    time: float
-    loss: float | None
-    lr: float | None
-    grad_norm: float | None
-    tokens: int | None
-    step_time: float | None
-    tokens_per_s: float | None
-
-
-@dataclass(frozen=True)
-class NamedMetricPoint:
-    """One named value of one step (``eval/loss`` at step 50); ``value`` None where it was not finite."""
-
-    step: int
-    name: str
-    value: float | None
-    time: float
-
-
-@dataclass(frozen=True)
-class SampleInfo(DeviceSample):
-    """A stored device reading: the probe's own record (one sample record in the project) plus its row id."""
-
-    id: int = 0
-    """Row id: increases with every write, so a reader can ask for what came after it."""
-    node: int | None = None
-    """The node of a multi-node run whose agent read it (``run_nodes.slot``); None on one machine."""
-
-
-@dataclass(frozen=True)
-class ProcessSampleInfo:
-    id: int
-    time: float
-    host: str
-    gpu_index: int
-    pid: int
-    rank: int | None
-    used_bytes: int | None
-    source: str
-
-
-@dataclass(frozen=True)
-class EventInfo:
-    source: str
-    seq: int
-    type: str
-    time: float
-    payload: dict[str, Any]
 
 
 def _table(model: type[Any]) -> Table:
@@ -230,17 +95,10 @@ def _frozen(cls: type[Any], row: Any) -> Any:
     return cls(**{f.name: getattr(row, f.name) for f in fields(cls)})
 
 
-def _lock_timeout() -> float:
-    text = os.environ.get("FTUI_DB_LOCK_TIMEOUT", "")
-    try:
-        return max(0.0, float(text)) if text else LOCK_TIMEOUT_S
-    except ValueError:
-        raise StoreError(f"FTUI_DB_LOCK_TIMEOUT: expected seconds, got {text!r}") from None
-
-
-def _is_lock_error(exc: OperationalError) -> bool:
-    message = str(exc.orig or exc).lower()
-    return any(word in message for word in _LOCK_WORDS)
+def _run_info(row: Run) -> RunInfo:
+    """The frozen record of a run row, its summary brought to the current shape and typed."""
+    values = {f.name: getattr(row, f.name) for f in fields(RunInfo)}
+    return RunInfo(**{**values, "summary": RunSummary.from_json(row.summary)})
 
 
 def _retrying(method: Callable[Concatenate[Store, _P], _R]) -> Callable[Concatenate[Store, _P], _R]:
@@ -272,10 +130,8 @@ class Store:
     """
 
     def __init__(self, url: str, *, create: bool = True, lock_timeout: float | None = None) -> None:
-        from store import migrate
-
         self.url = url
-        self.lock_timeout = _lock_timeout() if lock_timeout is None else lock_timeout
+        self.lock_timeout = lock_timeout_from_env() if lock_timeout is None else lock_timeout
         self.engine: Engine = open_engine(url, create=create, lock_timeout=self.lock_timeout)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
         # SQLite: a write transaction takes the write lock when it begins (BEGIN IMMEDIATE), so it waits in
@@ -285,11 +141,11 @@ class Store:
         self.schema_change: tuple[str | None, str] | None = None
         """(from, to) revisions when opening upgraded the database (from None: it was created)."""
         try:
-            self.schema_change = self._retrying_call(lambda: migrate.ensure_current(self.engine, create=create))
-        except migrate.NoDatabase:
+            self.schema_change = self._retrying_call(lambda: ensure_current(self.engine, create=create))
+        except NoDatabase:
             self.engine.dispose()
             raise StoreError(f"--db {url}: no such database (run something first, or check the path)") from None
-        except migrate.SchemaError as exc:
+        except SchemaError as exc:
             self.engine.dispose()
             raise StoreError(f"--db {url}: {exc}") from None
         except StoreError:
@@ -301,22 +157,7 @@ class Store:
 
     def _retrying_call(self, call: Callable[[], _R]) -> _R:
         """Run ``call`` (one whole transaction), again while the database is locked, up to the budget."""
-        deadline = time.monotonic() + self.lock_timeout
-        delay = 0.05
-        while True:
-            try:
-                return call()
-            except OperationalError as exc:
-                if not _is_lock_error(exc):
-                    raise
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise StoreError(
-                        f"--db {self.url}: database still locked by another program after "
-                        f"{self.lock_timeout:g} s (FTUI_DB_LOCK_TIMEOUT)"
-                    ) from None
-                time.sleep(min(delay, left))
-                delay = min(delay * 2, 1.0)
+        return retry_locked(call, self.url, self.lock_timeout)
 
     @contextmanager
     def _begin(self) -> Iterator[Session]:
@@ -373,7 +214,7 @@ class Store:
                 run_dir=run_dir,
                 created_at=utcnow(),
                 total_steps=total_steps,
-                summary=summary or {},
+                summary={**(summary or {}), "schema": SCHEMA},
                 tags=[],
                 note="",
             )
@@ -403,26 +244,26 @@ class Store:
             for key, value in columns.items():
                 setattr(run, key, value)
             if summary:
-                run.summary = {**(run.summary or {}), **summary}
+                run.summary = {**upgrade(run.summary or {}), **summary, "schema": SCHEMA}
 
     @_retrying
     def get_run(self, run_id: int) -> RunInfo | None:
         with self._begin() as s:
             run = s.get(Run, run_id)
-            return None if run is None else _frozen(RunInfo, run)
+            return None if run is None else _run_info(run)
 
     @_retrying
     def get_runs(self, run_ids: Sequence[int]) -> list[RunInfo]:
         """The runs with these ids that exist, in one query (compare reads tens of runs)."""
         with self._begin() as s:
-            return [_frozen(RunInfo, r) for r in s.scalars(select(Run).where(Run.id.in_(list(run_ids))))]
+            return [_run_info(r) for r in s.scalars(select(Run).where(Run.id.in_(list(run_ids))))]
 
     @_retrying
     def get_run_by_uid(self, uid: str) -> RunInfo | None:
         """The run whose globally unique ``uid`` this is (what names its folder)."""
         with self._begin() as s:
             run = s.scalars(select(Run).where(Run.uid == uid)).first()
-            return None if run is None else _frozen(RunInfo, run)
+            return None if run is None else _run_info(run)
 
     @_retrying
     def list_runs(self, status: str | None = None, sweep_id: str | None = None,
@@ -436,7 +277,7 @@ class Store:
                 query = query.where(Run.sweep_id == sweep_id)
             if limit is not None:
                 query = query.limit(limit)
-            return [_frozen(RunInfo, r) for r in s.scalars(query)]
+            return [_run_info(r) for r in s.scalars(query)]
 
     @_retrying
     def count_runs(self, status: str | None = None) -> int:
@@ -669,159 +510,3 @@ def _add_named(s: Session, run_id: int, events: Sequence[dict[str, Any]]) -> Non
                         [(step, name, value) for (step, name), (value, _) in values.items() if (step, name) in existing])
 
 
-def describe_error(url: str, exc: BaseException) -> str:
-    """``--db URL: reason`` in one line for a driver error met while opening or reading a database."""
-    reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    lower = reason.lower()
-    if "file is not a database" in lower:
-        reason = "not an SQLite database (file is not a database)"
-    elif "readonly database" in lower or "read-only" in lower:
-        reason = "read-only database (ftui needs to write to it, and SQLite to its -wal/-shm files beside it)"
-    elif "unable to open database file" in lower:
-        reason = "cannot open the database file (check the path, and that its folder is writable)"
-    # SQLAlchemy appends "(Background on this error at: ...)" on a line of its own: dropped above.
-    return f"--db {url}: {reason}"
-
-
-def open_engine(url: str, *, create: bool, lock_timeout: float = LOCK_TIMEOUT_S) -> Engine:
-    """An engine for ``url`` after checking what can be checked before connecting, then connecting once.
-
-    For SQLite: a missing file is created (mode 0600, missing folders 0700) only when ``create``;
-    a folder, a file that is not SQLite, a read-only file (when ``create``: a writing command) or an
-    unwritable folder is refused. Every refusal is one line ``--db URL: reason``.
-
-    Raises:
-        StoreError: The database cannot be used (see above), the URL is malformed, or the server refuses.
-    """
-    try:
-        parsed = make_url(url)
-    except Exception as exc:  # noqa: BLE001
-        raise StoreError(f"--db {url}: not a database URL ({exc})") from None
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        _check_sqlite_file(url, Path(parsed.database or ""), create=create)
-    try:
-        if parsed.get_backend_name() == "sqlite":
-            engine = create_engine(url)
-        else:
-            engine = create_engine(url, json_serializer=_strict_json)
-    except Exception as exc:  # noqa: BLE001 (a missing driver or a bad URL becomes one line)
-        raise StoreError(f"--db {url}: {exc}") from None
-    if engine.dialect.name == "sqlite":
-        busy_ms = int(min(_BUSY_TIMEOUT_MS, lock_timeout * 1000))
-        event.listen(engine, "connect", functools.partial(sqlite_pragmas, busy_ms=busy_ms))
-        event.listen(engine, "begin", _sqlite_begin)
-    return engine
-
-
-def _strict_json(value: Any) -> str:
-    """JSON for servers that hold strict JSON (PostgreSQL): NaN and infinities, which Python writes and
-    PostgreSQL refuses (a diverged loss, an empty run's final loss), become null."""
-    try:
-        return json.dumps(value, allow_nan=False)
-    except ValueError:
-        return json.dumps(_finite(value), allow_nan=False)
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
-def _is_sqlite(path: Path) -> bool:
-    """Whether ``path`` holds an SQLite database (an empty file counts: SQLite makes it one).
-
-    Asked through SQLite itself, never with ``open()``: closing any file descriptor of a database file
-    drops every POSIX lock this process holds on it (fcntl semantics), so a process that already has a
-    connection (the dashboard, which opens a second store to record a detached watcher) would lose its
-    locks, another process would take itself for the last connection and delete the -shm file, and every
-    later query here would fail with "disk I/O error". SQLite shares one descriptor per file within a
-    process and never closes it under a lock.
-    """
-    import sqlite3
-
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    except sqlite3.Error:
-        return True  # cannot open read-only here (e.g. no -shm access): let the real open say why
-    try:
-        conn.execute("PRAGMA schema_version").fetchone()
-        return True
-    except sqlite3.DatabaseError as exc:
-        return "not a database" not in str(exc)
-    finally:
-        conn.close()
-
-
-def _check_sqlite_file(url: str, path: Path, *, create: bool) -> None:
-    def refuse(reason: str) -> NoReturn:
-        raise StoreError(f"--db {url}: {reason}")
-
-    if path.is_dir():
-        refuse(f"{path} is a folder, not a database file")
-    if path.exists():
-        if not path.is_file():
-            refuse(f"{path} is not a regular file")
-        if not os.access(path, os.R_OK, effective_ids=True):
-            refuse(f"cannot read {path} (permission denied)")
-        if not _is_sqlite(path):
-            refuse(f"{path} is not an SQLite database")
-        if create and not os.access(path, os.W_OK, effective_ids=True):
-            refuse(f"{path} is read-only (ftui needs to write to it)")
-        if create and not os.access(path.parent, os.W_OK | os.X_OK, effective_ids=True):
-            refuse(f"folder {path.parent} is not writable (SQLite keeps its -wal and -shm files beside the database)")
-        return
-    if not create:
-        refuse("no such database (run something first, or check the path)")
-    _make_private_folders(url, path.parent)
-    if not os.access(path.parent, os.W_OK | os.X_OK, effective_ids=True):
-        refuse(f"cannot create {path}: folder {path.parent} is not writable")
-    try:
-        # An empty file is a valid empty SQLite database; creating it here sets its mode, and SQLite
-        # gives the -wal and -shm files the database file's mode.
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-    except FileExistsError:
-        pass  # another process created it meanwhile
-    except OSError as exc:
-        refuse(f"cannot create {path}: {exc.strerror}")
-
-
-def _make_private_folders(url: str, folder: Path) -> None:
-    """Create ``folder`` and its missing parents, mode 0700 (run records are the user's own)."""
-    missing: list[Path] = []
-    probe = folder
-    while not probe.exists():
-        missing.append(probe)
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if probe.exists() and not probe.is_dir():
-        raise StoreError(f"--db {url}: cannot create folder {folder}: {probe} is a file")
-    for each in reversed(missing):
-        try:
-            each.mkdir(mode=0o700)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise StoreError(f"--db {url}: cannot create folder {each}: {exc.strerror}") from None
-        os.chmod(each, 0o700)  # mkdir's mode is filtered by the umask
-
-
-def sqlite_pragmas(dbapi_connection: Any, _record: Any, busy_ms: int = _BUSY_TIMEOUT_MS) -> None:
-    """Per-connection SQLite settings: WAL, foreign keys, a busy wait; transactions begun by SQLAlchemy."""
-    # The driver's own implicit BEGIN would skip DDL and cannot be IMMEDIATE; _sqlite_begin emits it.
-    dbapi_connection.isolation_level = None
-    cursor = dbapi_connection.cursor()
-    cursor.execute(f"PRAGMA busy_timeout={int(busy_ms)}")
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.close()
-
-
-def _sqlite_begin(conn: Connection) -> None:
-    conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("ftui_write") else "BEGIN")

@@ -112,7 +112,7 @@ def test_ftui_resume_with_c10d_on_both_nodes_continues_with_the_losses(tmp_path:
         assert "node rank from c10d" in log
     new = next(r for r in store.list_runs() if r.id != old.id)
     assert (new.status, new.nnodes, new.resumed_from) == ("completed", 2, old.id), _logs(tmp_path, "resume")
-    assert new.summary["resumed_from"]["step"] == 4
+    assert new.summary.resumed_from["step"] == 4
     resumed = {m.step: m.loss for m in store.metrics(new.id)}
     assert list(resumed) == [5, 6]
     assert resumed == pytest.approx({s: uninterrupted[s] for s in (5, 6)}, abs=1e-6)

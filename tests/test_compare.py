@@ -20,17 +20,11 @@ from typing import Any
 import pytest
 from conftest import QUICKSTART, ROOT, Ftui
 
-from runner.analysis import mfu
-from runner.analysis.compare import (
-    build_comparison,
-    default_peak,
-    device_count,
-    flatten,
-    peak_note,
-    recipe_diff,
-    speedups,
-)
-from runner.spec import strategies
+from runner.analysis import cpu_peak, mfu
+from runner.analysis.compare import build_comparison, flatten, recipe_diff, speedups
+from runner.analysis.run_figures import default_peak, device_count, peak_note
+from runner.spec import flops, strategies
+from runner.spec.summary import RunSummary
 from store import MetricPoint, RunInfo, SampleInfo
 from tui.render.compare import markdown, sources
 
@@ -150,9 +144,9 @@ def test_every_format_has_one_plausible_row_per_strategy(cftui: Ftui, sweep: dic
             assert r["util_min"] <= r["cpu_util"] <= r["util_max"]
         # The peak was measured on this machine after the run and stored with it, in the run's dtype
         # and threads. On a shared host a peak can still come out low: then MFU is '-' with the reason.
-        assert r["peak_source"].startswith(mfu.CPU_PEAK_SOURCE) and r["peak_kind"] == "measured"
+        assert r["peak_source"].startswith(cpu_peak.CPU_PEAK_SOURCE) and r["peak_kind"] == "measured"
         assert (r["peak_dtype"], r["peak_threads"]) == ("fp32", threads)
-        assert r["peak_fingerprint"] == mfu.machine_fingerprint().key
+        assert r["peak_fingerprint"] == cpu_peak.machine_fingerprint().key
         assert "measured by compare" not in r["peak_source"]  # stored with the run when it ended
         assert (0 < r["mfu"] <= 1) if r["mfu"] is not None else "peak not trustworthy" in r["mfu_note"], r
         assert r["mem_measured"] > 50 * 2**20 and r["mem_estimated"] > 0
@@ -222,9 +216,9 @@ def test_html_report_renders_in_headless_chromium(cftui: Ftui, sweep: dict[str, 
 
 def test_flops_per_token_by_hand() -> None:
     # N = 1000, L = 2, H = 4, Q = 8, T = 16: 6*1000 + 12*2*4*8*16 = 6000 + 12288
-    assert mfu.flops_per_token(1000, 2, 4, 8, 16) == 18288
+    assert flops.flops_per_token(1000, 2, 4, 8, 16) == 18288
     # LoRA: 900 frozen, 100 trainable: 4*900 + 6*100 + 12288
-    assert mfu.flops_per_token(1000, 2, 4, 8, 16, trainable_params=100) == 3600 + 600 + 12288
+    assert flops.flops_per_token(1000, 2, 4, 8, 16, trainable_params=100) == 3600 + 600 + 12288
     m = mfu.compute_mfu(18288, tokens_per_s=1000, peak=mfu.Peak(1e8, "x"), devices=2)
     assert m.achieved_flops == 18_288_000 and m.mfu == pytest.approx(18_288_000 / 2e8)
 
@@ -264,7 +258,7 @@ def _run(id_: int, strategy: str, nproc: int, tps: float | None, status: str = "
                    run_dir="", pgid=None, created_at=now, started_at=now, ended_at=now, exit_code=0,
                    error=None if status == "completed" else "boom", total_steps=5, steps_done=5,
                    train_seconds=10.0, tokens_per_s=tps, final_loss=2.0, peak_mem_bytes=None, mean_util=50.0,
-                   summary={"world_size": nproc, **summary})
+                   summary=RunSummary.from_json({"world_size": nproc, **summary}))
 
 
 def test_speedups_against_the_baseline() -> None:
@@ -347,12 +341,12 @@ def test_cpu_peak_measured_by_compare_on_another_host_is_flagged(tmp_path: Path,
     import time
 
     monkeypatch.setenv("FTUI_HOME", str(tmp_path))
-    key = mfu.machine_fingerprint().key
-    cached = mfu.Peak(1e10, f"{mfu.CPU_PEAK_SOURCE}, cached", kind="measured", dtype="fp32", threads=1,
+    key = cpu_peak.machine_fingerprint().key
+    cached = mfu.Peak(1e10, f"{cpu_peak.CPU_PEAK_SOURCE}, cached", kind="measured", dtype="fp32", threads=1,
                       measured_at=time.time(), fingerprint=key)
     (tmp_path / "cache").mkdir()
-    (tmp_path / "cache" / mfu.PEAK_CACHE_FILE).write_text(json.dumps(
-        {"version": mfu.PEAK_CACHE_VERSION, "peaks": {mfu.cache_key(key, "fp32", 1): cached.to_json()}}))
+    (tmp_path / "cache" / cpu_peak.PEAK_CACHE_FILE).write_text(json.dumps(
+        {"version": cpu_peak.PEAK_CACHE_VERSION, "peaks": {cpu_peak.cache_key(key, "fp32", 1): cached.to_json()}}))
     here = _run(1, "single", 1, 1000.0, threads=1)
     here = replace(here, host=socket.gethostname())
     elsewhere = replace(here, host="gpu-box-7")
@@ -363,7 +357,7 @@ def test_cpu_peak_measured_by_compare_on_another_host_is_flagged(tmp_path: Path,
     assert "not on the run's host" not in same.source
     assert "not on the run's host gpu-box-7" in other.source and "--peak-tflops" in other.source
     # A run that stored its peak is read as it ran: no cache, no host question.
-    stored = replace(elsewhere, summary={**elsewhere.summary, "mfu_peak": replace(cached, flops=2e10).to_json()})
+    stored = replace(elsewhere, summary=replace(elsewhere.summary, mfu_peak=replace(cached, flops=2e10).to_json()))
     assert default_peak(stored, {}) == replace(cached, flops=2e10)
 
 
@@ -410,7 +404,7 @@ def test_show_names_the_thread_unit_the_spread_and_the_peak(cftui: Ftui, sweep: 
     assert summary["threads"] == 1 and summary["model_dims"]["layers"] == 6
     peak = summary["mfu_peak"]
     assert (peak["dtype"], peak["threads"], peak["kind"]) == ("fp32", 1, "measured") and peak["flops"] > 0
-    assert peak["fingerprint"] == mfu.machine_fingerprint().key and peak["measured_at"] > 0
+    assert peak["fingerprint"] == cpu_peak.machine_fingerprint().key and peak["measured_at"] > 0
 
 
 def test_memory_columns_are_the_measured_peak_and_the_stored_estimate() -> None:

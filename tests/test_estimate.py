@@ -330,6 +330,7 @@ def test_stored_activations_are_what_one_forward_saves(tiny_shape: ModelShape) -
     """``activations_stored`` is the saved-tensor figure (a detail); the parts are what is alive at the peak
     moment. LoRA under checkpointing peaks at the start of backward: the stored layer inputs plus the loss's
     three fp32 vocab-wide tensors, before the first layer is recomputed."""
+    from runner.spec.summary import RunSummary
     from tui.render.report import estimate_vs_measured
 
     inp = EstimateInput(tiny_shape, method="lora", precision="fp32", micro_batch=MICRO_BATCH, seq_len=SEQ,
@@ -347,13 +348,13 @@ def test_stored_activations_are_what_one_forward_saves(tiny_shape: ModelShape) -
     summary = {"estimate": {"per_device_bytes": breakdown_json(est)},
                "ranks": [{"activation_bytes": acts.stored, "param_bytes": 1, "grad_bytes": 1, "optimizer_bytes": 1,
                           "peak_tensor_bytes": est.total, "phase_peaks": dict(est.phases)}]}
-    rows = {kind: (e, m, err) for kind, e, m, err in estimate_vs_measured(summary)}
+    rows = {kind: (e, m, err) for kind, e, m, err in estimate_vs_measured(RunSummary.from_json(summary))}
     assert rows["saved activations"][0] == acts.stored and rows["saved activations"][2] == 0.0
     assert rows["peak"] == (est.total, est.total, 0.0)
     assert rows["backward peak"][2] == 0.0
     # An estimate stored before the phases existed has no phase rows, and is still compared.
     old = {"estimate": {"per_device_bytes": {"total": est.total, "activations": 1}}, "ranks": summary["ranks"]}
-    assert [k for k, *_ in estimate_vs_measured(old)] == ["peak"]
+    assert [k for k, *_ in estimate_vs_measured(RunSummary.from_json(old))] == ["peak"]
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from runner.analysis.compare import estimated_memory
+from runner.analysis.run_figures import estimated_memory
 from runner.planner import EstimateInput, estimate, shape_from_config
 from runner.service import memgrid
+from runner.spec.summary import RunSummary
 from tests.conftest import Ftui
 
 VOCAB = 4098
@@ -72,7 +73,7 @@ def test_ftui_estimate_says_approximate(ftui: Ftui, tmp_path: Path) -> None:
 
 
 def _run(summary: dict[str, Any], recipe_text: str = "", device_type: str = "cpu") -> Any:
-    return SimpleNamespace(id=1, summary=summary, recipe_text=recipe_text, device_type=device_type)
+    return SimpleNamespace(id=1, summary=RunSummary.from_json(summary), recipe_text=recipe_text, device_type=device_type)
 
 
 def test_compare_reads_the_stored_estimate() -> None:

@@ -23,8 +23,9 @@ from typing import Any
 import pytest
 from conftest import ROOT
 
-from runner.analysis import mfu
+from runner.analysis import cpu_peak, mfu
 from runner.analysis.compare import build_comparison, load_comparison
+from runner.spec import flops
 from store import Store
 from tui.render.compare import COLUMNS, markdown, to_csv, to_html, to_json
 
@@ -43,14 +44,14 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _cache_file(home: Path) -> Path:
-    return home / "cache" / mfu.PEAK_CACHE_FILE
+    return home / "cache" / cpu_peak.PEAK_CACHE_FILE
 
 
 def _write_peak(home: Path, flops: float, dtype: str = "fp32", threads: int = 1, age_s: float = 0.0,
                 fingerprint: str | None = None) -> mfu.Peak:
     """Put a peak in the cache file, as an earlier measurement would have left it."""
-    fp = fingerprint or mfu.machine_fingerprint().key
-    peak = mfu.Peak(flops, f"{mfu.CPU_PEAK_SOURCE}, written by the test", kind="measured", dtype=dtype,
+    fp = fingerprint or cpu_peak.machine_fingerprint().key
+    peak = mfu.Peak(flops, f"{cpu_peak.CPU_PEAK_SOURCE}, written by the test", kind="measured", dtype=dtype,
                     threads=threads, measured_at=time.time() - age_s, fingerprint=fp, machine="test", size=64)
     return _write_peak_obj(home, peak)
 
@@ -58,8 +59,8 @@ def _write_peak(home: Path, flops: float, dtype: str = "fp32", threads: int = 1,
 def _write_peak_obj(home: Path, peak: mfu.Peak) -> mfu.Peak:
     assert peak.fingerprint and peak.dtype and peak.threads
     path = _cache_file(home)
-    data = json.loads(path.read_text()) if path.exists() else {"version": mfu.PEAK_CACHE_VERSION, "peaks": {}}
-    data["peaks"][mfu.cache_key(peak.fingerprint, peak.dtype, peak.threads)] = peak.to_json()
+    data = json.loads(path.read_text()) if path.exists() else {"version": cpu_peak.PEAK_CACHE_VERSION, "peaks": {}}
+    data["peaks"][cpu_peak.cache_key(peak.fingerprint, peak.dtype, peak.threads)] = peak.to_json()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data))
     return peak
@@ -71,13 +72,13 @@ def _write_peak_obj(home: Path, peak: mfu.Peak) -> mfu.Peak:
 def test_fingerprint_reads_the_cpu_not_the_hostname() -> None:
     cpuinfo = ("processor\t: 0\nmodel name\t: AMD EPYC 9B14\ncpu family\t: 25\nmodel\t\t: 17\nstepping\t: 1\n"
                "flags\t\t: fpu sse avx avx2 fma avx512f avx512_bf16 amx_tile\n\nprocessor\t: 1\nmodel name\t: other\n")
-    fp = mfu.machine_fingerprint(cpuinfo)
+    fp = cpu_peak.machine_fingerprint(cpuinfo)
     assert fp.cpu_model == "AMD EPYC 9B14 (25/17/1)"  # the first processor's fields
     assert fp.isa == ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile")
     assert fp.torch == __import__("importlib.metadata").metadata.version("torch")
-    without_bf16 = mfu.machine_fingerprint(cpuinfo.replace(" avx512_bf16", ""))
+    without_bf16 = cpu_peak.machine_fingerprint(cpuinfo.replace(" avx512_bf16", ""))
     assert without_bf16.key != fp.key  # another ISA is another peak
-    assert mfu.machine_fingerprint(cpuinfo).key == fp.key  # stable
+    assert cpu_peak.machine_fingerprint(cpuinfo).key == fp.key  # stable
     import socket
 
     assert socket.gethostname() not in json.dumps(fp.__dict__)
@@ -85,7 +86,7 @@ def test_fingerprint_reads_the_cpu_not_the_hostname() -> None:
 
 
 def test_a_measured_peak_is_the_best_of_its_repeats() -> None:
-    m = mfu.measure_cpu_peak(1, "fp32", sizes=(64, 128, 256), repeats=4)
+    m = cpu_peak.measure_cpu_peak(1, "fp32", sizes=(64, 128, 256), repeats=4)
     assert set(m.rates) <= {64, 128, 256} and 64 in m.rates
     assert all(len(r) == 4 and all(v > 0 for v in r) for r in m.rates.values())
     assert m.flops == max(max(r) for r in m.rates.values())  # the best repeat of the best size
@@ -96,63 +97,63 @@ def test_a_measured_peak_is_the_best_of_its_repeats() -> None:
 def test_cache_is_keyed_by_fingerprint_dtype_and_threads(home: Path) -> None:
     # Another machine's entry (same hostname, as on every VM here) is never used.
     _write_peak(home, 1.0, "fp32", 1, fingerprint="another-machine")
-    peak = mfu.cpu_peak(1, "fp32", **SMALL)
+    peak = cpu_peak.cpu_peak(1, "fp32", **SMALL)
     assert peak.flops > 1e6 and peak.kind == "measured"
-    assert peak.fingerprint == mfu.machine_fingerprint().key and peak.dtype == "fp32" and peak.threads == 1
+    assert peak.fingerprint == cpu_peak.machine_fingerprint().key and peak.dtype == "fp32" and peak.threads == 1
     assert peak.measured_at is not None and abs(peak.measured_at - time.time()) < 60
     assert peak.size in SMALL["sizes"] and peak.spread is not None and peak.machine
     # Both entries are in the file now, under their own keys.
     keys = set(json.loads(_cache_file(home).read_text())["peaks"])
-    assert keys == {mfu.cache_key("another-machine", "fp32", 1), mfu.cache_key(peak.fingerprint, "fp32", 1)}
+    assert keys == {cpu_peak.cache_key("another-machine", "fp32", 1), cpu_peak.cache_key(peak.fingerprint, "fp32", 1)}
     # A fresh entry of this machine is read back, not measured again; other dtypes and threads are separate.
-    assert mfu.cpu_peak(1, "fp32", **SMALL) == peak
+    assert cpu_peak.cpu_peak(1, "fp32", **SMALL) == peak
     _write_peak(home, 7e9, "bf16", 1)
     _write_peak(home, 9e9, "fp32", 2)
-    assert mfu.cpu_peak(1, "bf16", **SMALL).flops == 7e9
-    assert mfu.cpu_peak(2, "fp32", **SMALL).flops == 9e9
-    assert mfu.cpu_peak(1, "fp32", **SMALL) == peak
+    assert cpu_peak.cpu_peak(1, "bf16", **SMALL).flops == 7e9
+    assert cpu_peak.cpu_peak(2, "fp32", **SMALL).flops == 9e9
+    assert cpu_peak.cpu_peak(1, "fp32", **SMALL) == peak
 
 
 def test_a_stale_peak_is_measured_again(home: Path) -> None:
-    old = _write_peak(home, 1.0, "fp32", 1, age_s=mfu.PEAK_MAX_AGE_S + 60)
-    assert mfu.cached_cpu_peak(1, "fp32") is None
-    again = mfu.cpu_peak(1, "fp32", **SMALL)
+    old = _write_peak(home, 1.0, "fp32", 1, age_s=cpu_peak.PEAK_MAX_AGE_S + 60)
+    assert cpu_peak.cached_cpu_peak(1, "fp32") is None
+    again = cpu_peak.cpu_peak(1, "fp32", **SMALL)
     assert again.flops > 1e6 and again.measured_at is not None and old.measured_at is not None
-    assert again.measured_at > old.measured_at + mfu.PEAK_MAX_AGE_S
+    assert again.measured_at > old.measured_at + cpu_peak.PEAK_MAX_AGE_S
     # A young one is kept; remeasure forces a measurement all the same.
     young = _write_peak(home, 2.0, "fp32", 1, age_s=60)
-    assert mfu.cpu_peak(1, "fp32", **SMALL) == young
-    assert mfu.cpu_peak(1, "fp32", remeasure=True, **SMALL).flops > 1e6
+    assert cpu_peak.cpu_peak(1, "fp32", **SMALL) == young
+    assert cpu_peak.cpu_peak(1, "fp32", remeasure=True, **SMALL).flops > 1e6
     # Measured on a busy host (load above the cores): kept an hour, not a week.
     busy = replace(_write_peak(home, 3.0, "fp32", 1, age_s=120), load=float(os.cpu_count() or 1) + 5)
     _write_peak_obj(home, busy)
-    assert mfu.cpu_peak(1, "fp32", **SMALL) == busy and "busy host" in busy.label()
-    _write_peak_obj(home, replace(busy, measured_at=time.time() - mfu.PEAK_BUSY_MAX_AGE_S - 60))
-    assert mfu.cpu_peak(1, "fp32", **SMALL).flops > 1e6
+    assert cpu_peak.cpu_peak(1, "fp32", **SMALL) == busy and "busy host" in busy.label()
+    _write_peak_obj(home, replace(busy, measured_at=time.time() - cpu_peak.PEAK_BUSY_MAX_AGE_S - 60))
+    assert cpu_peak.cpu_peak(1, "fp32", **SMALL).flops > 1e6
 
 
 def test_a_damaged_cache_is_measured_over(home: Path) -> None:
     _cache_file(home).parent.mkdir(parents=True)
     _cache_file(home).write_text("{not json")
-    assert mfu.read_cache() == {}
-    assert mfu.cpu_peak(1, "fp32", **SMALL).flops > 1e6
+    assert cpu_peak.read_cache() == {}
+    assert cpu_peak.cpu_peak(1, "fp32", **SMALL).flops > 1e6
     with pytest.raises(ValueError, match="dtype 'int8'"):
-        mfu.cpu_peak(1, "int8")
+        cpu_peak.cpu_peak(1, "int8")
 
 
 def test_the_run_peak_follows_its_precision(home: Path) -> None:
     _write_peak(home, 3e10, "fp32", 2)
     _write_peak(home, 8e10, "bf16", 2)
-    bf16 = mfu.peak_for_run("cpu", "bf16", 2)
-    fp32 = mfu.peak_for_run("cpu", "fp32", 2)
+    bf16 = cpu_peak.peak_for_run("cpu", "bf16", 2)
+    fp32 = cpu_peak.peak_for_run("cpu", "fp32", 2)
     assert bf16 is not None and bf16.flops == 8e10 and bf16.dtype == "bf16"
     assert fp32 is not None and fp32.flops == 3e10 and fp32.dtype == "fp32"
-    h100 = mfu.peak_for_run("cuda", "bf16", None, ["NVIDIA H100 80GB HBM3"])
+    h100 = cpu_peak.peak_for_run("cuda", "bf16", None, ["NVIDIA H100 80GB HBM3"])
     assert h100 is not None and h100.flops == 989.4e12 and h100.kind == "datasheet" and h100.dtype == "bf16"
-    fp16 = mfu.peak_for_run("cuda", "fp16", None, ["NVIDIA A100-SXM4-80GB"])
+    fp16 = cpu_peak.peak_for_run("cuda", "fp16", None, ["NVIDIA A100-SXM4-80GB"])
     assert fp16 is not None and fp16.flops == 312e12 and fp16.dtype == "fp16"
-    assert mfu.peak_for_run("cuda", "bf16", None, []) is None
-    assert mfu.peak_for_run("cpu", "fp32", None) is None  # threads unknown: no guess
+    assert cpu_peak.peak_for_run("cuda", "bf16", None, []) is None
+    assert cpu_peak.peak_for_run("cpu", "fp32", None) is None  # threads unknown: no guess
     assert mfu.Peak.from_json(bf16.to_json()) == bf16
     assert mfu.Peak.from_json({"error": "x"}) is None and mfu.Peak.from_json(None) is None
 
@@ -187,9 +188,9 @@ def test_flops_per_token_matches_torch_flop_counter(method: str) -> None:
     with FlopCounterMode(display=False) as counter:
         model(input_ids=x, labels=x).loss.backward()
     counted = counter.get_total_flops() / (batch * seq)
-    dims = mfu.dims_from_config(cfg, seq)
+    dims = flops.dims_from_config(cfg, seq)
     assert dims is not None and dims["embedding_params"] == cfg.vocab_size * cfg.hidden_size  # untied
-    formula = mfu.flops_per_token(params - dims["embedding_params"], dims["layers"], dims["heads"], dims["head_dim"],
+    formula = flops.flops_per_token(params - dims["embedding_params"], dims["layers"], dims["heads"], dims["head_dim"],
                                   seq, trainable if method == "lora" else None)
     attention = 12 * dims["layers"] * dims["heads"] * dims["head_dim"] * seq
     assert formula - attention == pytest.approx(counted, rel=0.002 if method == "full" else 0.02)
@@ -218,7 +219,7 @@ def _stored_run(store: Store, *, precision: str = "fp32", tps: float = 1000.0, t
 
 
 def _fpt() -> float:
-    return mfu.flops_per_token(PARAMS - TINY_DIMS["embedding_params"], 6, 6, 64, 256, TRAINABLE)
+    return flops.flops_per_token(PARAMS - TINY_DIMS["embedding_params"], 6, 6, 64, 256, TRAINABLE)
 
 
 def test_mfu_over_100_is_remeasured_once_then_shown(home: Path) -> None:
@@ -230,7 +231,7 @@ def test_mfu_over_100_is_remeasured_once_then_shown(home: Path) -> None:
     row = load_comparison(store, [rid]).rows[0]
     assert row.mfu is not None and 0 < row.mfu < 1 and row.mfu_rejected is None
     assert row.peak_flops is not None and row.peak_flops > 1e6 and "re-measured once" in (row.peak_source or "")
-    fresh = mfu.read_cache()[mfu.cache_key(mfu.machine_fingerprint().key, "fp32", 1)]
+    fresh = cpu_peak.read_cache()[cpu_peak.cache_key(cpu_peak.machine_fingerprint().key, "fp32", 1)]
     assert fresh.flops == row.peak_flops and fresh.measured_at and bad.measured_at and fresh.measured_at > bad.measured_at
     # The next compare uses that re-measurement (newer than the run's peak): no second benchmark.
     again = load_comparison(store, [rid]).rows[0]
@@ -246,7 +247,7 @@ def test_mfu_still_over_100_after_remeasuring_is_never_printed(home: Path) -> No
     assert row.mfu is None and row.mfu_rejected is not None and row.mfu_rejected > 1
     assert row.mfu_note is not None and row.mfu_note.startswith("MFU > 100%") and "peak not trustworthy" in row.mfu_note
     assert "re-measured once" in row.mfu_note
-    fresh = mfu.read_cache()[mfu.cache_key(mfu.machine_fingerprint().key, "fp32", 1)]
+    fresh = cpu_peak.read_cache()[cpu_peak.cache_key(cpu_peak.machine_fingerprint().key, "fp32", 1)]
     assert fresh.measured_at and bad.measured_at and fresh.measured_at > bad.measured_at  # it was re-measured
     rejected = f"{row.mfu_rejected * 100:,.0f}"  # kept in the data (mfu_rejected), never in a table or a line
     for text in (markdown(cmp), to_html(cmp)):
@@ -277,8 +278,8 @@ def test_bf16_runs_divide_by_the_bf16_peak(home: Path) -> None:
 
 
 def _tel(kind: str, means: list[float], threads: int | None) -> dict[str, Any]:
+    from runner.analysis.utilisation import summarise
     from runner.hardware import DeviceSample
-    from runner.watch.telemetry import summarise
 
     samples = [DeviceSample(time=float(t), host="h", kind=kind, index=i, name="x", util_pct=u, mem_used=1,
                             mem_total=2, power_w=None, temp_c=None, sm_clock_mhz=None, pid=None, source="psutil")
@@ -349,14 +350,13 @@ def test_cpu_util_is_normalised_by_threads_and_spread_shown(home: Path) -> None:
 
 
 def test_old_runs_without_threads_stay_in_cpu_percent_of_one_core() -> None:
-    from dataclasses import replace
-
     from test_compare import _run
 
     old = _run(1, "single", 1, 1000.0, telemetry={"whole": {"kind": "rank", "util_mean": 198.0, "devices": 1}})
     row = build_comparison([old], {}).rows[0]
     assert row.cpu_util == 198.0 and row.cpu_threads is None and "one core" in row.util_source
-    recorded = replace(old, summary={**old.summary, "threads": 2})
+    recorded = _run(1, "single", 1, 1000.0, threads=2,
+                    telemetry={"whole": {"kind": "rank", "util_mean": 198.0, "devices": 1}})
     assert build_comparison([recorded], {}).rows[0].cpu_util == 99.0
 
 

@@ -209,7 +209,7 @@ def test_ftui_resume_on_both_nodes_continues_a_two_node_run_with_its_losses(tmp_
         assert "warning: step 6 is not complete on node 1" in log and "resuming from step 4" in log, log[-3000:]
     new = next(r for r in store.list_runs() if r.id != old.id)
     assert (new.status, new.nnodes, new.resumed_from) == ("completed", 2, old.id)
-    assert new.summary["resumed_from"]["step"] == 4
+    assert new.summary.resumed_from["step"] == 4
     resumed = {m.step: m.loss for m in store.metrics(new.id)}
     assert list(resumed) == [5, 6]
     assert resumed == pytest.approx({s: uninterrupted[s] for s in (5, 6)}, abs=1e-6)

@@ -38,7 +38,7 @@ def test_a_different_global_batch_is_never_called_faster() -> None:
 
 def test_a_busy_host_is_said() -> None:
     # A real quickstart run on this shared machine: the host at 99.9% of its 2 cores, the rank at 53.7% of one.
-    assert host_other_util(REAL) == pytest.approx(99.93 - 53.74 / 2, abs=0.1)
+    assert host_other_util(REAL["telemetry"]) == pytest.approx(99.93 - 53.74 / 2, abs=0.1)
     busy = _run(1, "single", 1, 1000.0, telemetry=REAL["telemetry"])
     quiet_tel = json.loads(json.dumps(REAL["telemetry"]))
     quiet_tel["devices"]["host:-1"]["active"]["util_mean"] = 30.0

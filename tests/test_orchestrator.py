@@ -119,6 +119,6 @@ def test_each_rank_gets_its_own_gpu_memory_peak(tmp_path: Path) -> None:
     prepared = _prepared(store, tmp_path, _rank(start, steps=4, linger_s=1.0))
     outcome = orchestrator.execute(store, prepared, probe=Probe(nvml=NvmlBackend(lib=nvml)), sample_interval_s=0.2)
     assert outcome.status == "completed", outcome.error
-    telemetry = store.get_run(outcome.run_id).summary["telemetry"]  # type: ignore[union-attr]
+    telemetry = store.get_run(outcome.run_id).summary.telemetry  # type: ignore[union-attr]
     assert telemetry["rank_gpu_mem_peak"] == {"0": 3 * GIB}, "pid 1 is not the run's: not counted"
     assert telemetry["whole"]["kind"] == "gpu" and telemetry["whole"]["util_peak"] == 90.0

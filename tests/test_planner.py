@@ -22,6 +22,7 @@ from runner.planner import (
     shape_from_config,
 )
 from runner.spec.recipe import load_recipe
+from runner.spec.summary import RunSummary
 from tests.conftest import QUICKSTART, ROOT, Ftui
 from tui.render.report import estimate_vs_measured
 
@@ -177,7 +178,7 @@ def _check_against_measured(name: str, run: dict[str, Any]) -> list[str]:
     summary = run["summary"]
     est = summary["estimate"]
     assert "per_device_bytes" in est, est
-    rows = {kind: (e, m, err) for kind, e, m, err in estimate_vs_measured(summary)}
+    rows = {kind: (e, m, err) for kind, e, m, err in estimate_vs_measured(RunSummary.from_json(summary))}
     assert all(rows[k][1] for k in ("peak", "forward peak", "backward peak", "optimizer-step peak", *STATES_ROWS)), rows
     assert all(r.get("memory_source") == "live tensors (TorchDispatchMode)" for r in summary["ranks"])
     states_est = sum(rows[k][0] for k in STATES_ROWS)

@@ -159,7 +159,7 @@ def test_a_submitted_job_runs_to_its_end_and_its_run_completes_then_a_resume_job
     assert done is not None
     output = "".join(p.read_text()[-3000:] for p in tmp_path.glob("ftui-*.out"))
     assert (done.status, done.resumed_from) == ("completed", run.id), f"{done.status} {done.error}\n{output}"
-    assert done.summary["resumed_from"]["step"] == 4, done.summary
+    assert done.summary.resumed_from["step"] == 4, done.summary
     resumed = {m.step: m.loss for m in store.metrics(new.id)}
     assert list(resumed) == [5, 6]
     assert resumed == pytest.approx({s: uninterrupted[s] for s in (5, 6)}, abs=1e-6)

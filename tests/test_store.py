@@ -103,7 +103,7 @@ def test_update_merges_summary_and_delete_cascades(db_url: str) -> None:
     store.update_run(run_id, status="running", summary={"a": 1})
     store.update_run(run_id, summary={"b": 2})
     run = store.get_run(run_id)
-    assert run is not None and run.status == "running" and run.summary == {"a": 1, "b": 2}
+    assert run is not None and run.status == "running" and run.summary.extra == {"a": 1, "b": 2}
     store.ingest(run_id, [{"seq": 0, "type": "step", "time": 1.0, "step": 1, "loss": 1.0}])
     store.add_samples(run_id, [_Sample(time=1.0)], [_Proc(time=1.0)])
     assert store.delete_run(run_id)
@@ -179,15 +179,15 @@ def test_non_finite_numbers_are_stored(db_url: str) -> None:
     metric, = store.metrics(run_id)
     event, = store.events(run_id)
     run = store.get_run(run_id)
-    assert run is not None and metric.grad_norm == float("inf") and run.summary["ranks"] == [{"x": 1.0}]
+    assert run is not None and metric.grad_norm == float("inf") and run.summary.ranks == [{"x": 1.0}]
     if db_url.startswith("sqlite"):
         # SQLite stores a NaN REAL as NULL; its JSON is text, which keeps Python's NaN.
         assert metric.loss is None and run.final_loss is None
-        assert math.isnan(event.payload["loss"]) and math.isnan(run.summary["final_loss"])
+        assert math.isnan(event.payload["loss"]) and math.isnan(run.summary.final_loss)
     else:
         assert metric.loss is not None and math.isnan(metric.loss)
         assert run.final_loss is not None and math.isnan(run.final_loss)
-        assert event.payload["loss"] is None and run.summary["final_loss"] is None
+        assert event.payload["loss"] is None and run.summary.final_loss is None
 
 
 def test_a_read_open_of_an_empty_database_is_refused(db_url: str) -> None:

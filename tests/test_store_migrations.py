@@ -127,7 +127,7 @@ def test_an_old_database_is_stamped_upgraded_and_keeps_every_row(db_url: str) ->
     assert [r.name for r in runs] == ["second", "first"]
     assert len({r.uid for r in runs}) == 2 and all(len(r.uid) == 26 for r in runs), "each old run got its own uid"
     for run in runs:
-        assert (run.summary, run.tags, run.note, run.peak_mem_bytes) == ({"estimate": {"gib": 1.5}}, ["keep"],
+        assert (run.summary.to_json(), run.tags, run.note, run.peak_mem_bytes) == ({"estimate": {"gib": 1.5}}, ["keep"],
                                                                           "a note", 1000)
         assert run.resumed_from is None and run.watcher_pid is None and run.stop_requested_at is None
         assert [m.step for m in store.metrics(run.id)] == [1, 2, 3], "no cascade from rebuilding runs"

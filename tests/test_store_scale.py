@@ -25,7 +25,7 @@ import sqlalchemy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runner.analysis.mfu import run_flops_per_token
+from runner.spec.flops import run_flops_per_token
 from store import Store, migrate
 from store.rollup import BLOCK_COLUMNS, SPANS, downsample_points, rollup_named, rollup_rows
 from store.store import utcnow

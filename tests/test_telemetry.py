@@ -11,8 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from runner.analysis.utilisation import summarise
 from runner.hardware import DeviceSample, FakeNvml, NvmlBackend, Probe, ProcessGpuMemory
-from runner.watch.telemetry import CPU_CORE_UNIT, GPU_UTIL_UNIT, HangDetector, Sampler, summarise
+from runner.spec.summary import CPU_CORE_UNIT, GPU_UTIL_UNIT
+from runner.watch.telemetry import HangDetector, Sampler
 
 
 @pytest.fixture

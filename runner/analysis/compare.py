@@ -2,24 +2,37 @@
 
 :func:`build_comparison` is pure (stored runs and their metrics in, a :class:`Comparison` out);
 :func:`load_comparison` reads the store and resolves MFU peaks (which may run a short CPU benchmark).
-Rendering lives in ``tui/render/compare.py``.
+The figures of each run come from :mod:`runner.analysis.run_figures`; rendering lives in
+``tui/render/compare.py``.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import tomllib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
-from runner.analysis.mfu import Peak, compute_mfu, flops_per_token, trustworthy
+from runner.analysis.mfu import Peak, compute_mfu, trustworthy
 from runner.analysis.noise import batch_note, busy_note, host_other_util
+from runner.analysis.run_figures import (
+    default_peak,
+    device_count,
+    estimated_memory,
+    mem_measured,
+    model_dims,
+    peak_note,
+    remeasured_peak,
+    stored_flops_per_token,
+    utilisation,
+)
 from runner.spec import strategies
-from runner.spec.summary import busiest_peak
+from runner.spec.flops import flops_per_token
 from store import MetricPoint, NamedMetricPoint, RunInfo, SampleInfo, Store
-
-PeakResolver = Callable[[RunInfo, Mapping[str, Any]], Peak | None]
+from store.rollup import downsample_points
 
 
 @dataclass(frozen=True)
@@ -194,8 +207,6 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def recipe_diff(recipe_texts: Sequence[str]) -> dict[str, list[str]]:
     """The recipe fields whose values differ between runs, as dotted keys; ``-`` where a recipe lacks
     the key. Keys in sorted order; values rendered as JSON-like text."""
-    import json
-
     flats = []
     for text in recipe_texts:
         try:
@@ -240,133 +251,6 @@ def _recipe(run: RunInfo) -> dict[str, Any]:
         return {}
 
 
-def model_dims(recipe: Mapping[str, Any], run: RunInfo | None = None) -> dict[str, Any] | None:
-    """Layers, heads, head size and context length of a run's model: stored by the trainer in the
-    run's summary (``model_dims``: no transformers import), else read from the recipe's model (builtin,
-    or a local folder whose config transformers can read offline; ``config`` then holds it); None
-    when unknown."""
-    from runner.analysis.mfu import dims_from_config
-
-    stored = run.summary.get("model_dims") if run is not None else None
-    if isinstance(stored, Mapping) and all(isinstance(stored.get(k), int) for k in ("layers", "heads", "head_dim", "seq_len")):
-        return dict(stored)
-    model = recipe.get("model", {}).get("name", "")
-    seq = int(recipe.get("data", {}).get("context_length", 0) or 0)
-    try:
-        if model == "builtin:tiny-llama":
-            from runner.spec.builtin import tiny_llama_config
-
-            cfg: Any = tiny_llama_config()
-        else:
-            from transformers import AutoConfig
-
-            cfg = AutoConfig.from_pretrained(model, local_files_only=True)
-    except Exception:  # noqa: BLE001 (no config here: MFU is shown as '-')
-        return None
-    dims = dims_from_config(cfg, seq)
-    return None if dims is None else {**dims, "config": cfg}
-
-
-def estimated_memory(run: RunInfo, recipe: Mapping[str, Any], dims: Mapping[str, Any] | None) -> tuple[int | None, str]:
-    """Per-device peak bytes predicted for the run: the estimate stored at prepare time
-    (``summary["estimate"]["per_device_bytes"]["total"]``, made with the recipe's real dtypes), else
-    :func:`runner.planner.estimate` of the stored recipe (through :func:`runner.planner.inputs_from_recipe`,
-    so ``model.dtype`` and the LoRA settings count) for a model whose config is at hand."""
-    stored = run.summary.get("estimate")
-    if isinstance(stored, Mapping):
-        per_device = stored.get("per_device_bytes")
-        if isinstance(per_device, Mapping) and isinstance(per_device.get("total"), (int, float)):
-            return int(per_device["total"]), "estimated at prepare time (runner.planner)"
-    if dims is None or "config" not in dims or not run.recipe_text:  # dims stored by the trainer carry no config
-        return None, "-"
-    try:
-        from dataclasses import replace
-
-        from runner.planner import estimate, inputs_from_recipe, shape_from_config
-        from runner.spec.recipe import parse_recipe
-
-        parsed = parse_recipe(run.recipe_text, source=f"run {run.id}")
-        inp = inputs_from_recipe(parsed, shape=shape_from_config(dims["config"]))
-        if run.device_type == "cpu":
-            inp = replace(inp, device="cpu")
-        return estimate(inp).total, "estimated from the stored recipe (runner.planner)"
-    except Exception:  # noqa: BLE001 (an estimate we cannot make is a '-')
-        return None, "-"
-
-
-@dataclass(frozen=True)
-class Utilisation:
-    """A run's utilisation as compare shows it (see :func:`runner.watch.telemetry.summarise`)."""
-
-    cpu: float | None
-    threads: int | None
-    gpu: float | None
-    low: float | None
-    high: float | None
-    source: str
-
-
-def utilisation(run: RunInfo) -> Utilisation:
-    """The run's mean utilisation over its ranks (CPU % of each rank's threads) or GPUs (NVML busy %),
-    with the lowest and highest device, from its stored telemetry summary (active window first)."""
-    from runner.watch.telemetry import CPU_CORE_UNIT, GPU_UTIL_UNIT, cpu_threads_unit
-
-    tel = run.summary.get("telemetry") or {}
-    overall = tel.get("active") or tel.get("whole") or {}
-    kind = overall.get("kind")
-    window = "active window" if tel.get("active") else "whole run"
-    mean, low, high = overall.get("util_mean"), overall.get("util_min"), overall.get("util_max")
-    if (overall.get("devices") or 0) < 2:  # a spread needs two devices
-        low = high = None
-    if kind == "gpu":
-        return Utilisation(None, None, mean, low, high, f"{GPU_UTIL_UNIT}, mean over GPUs, {window}")
-    if kind != "rank":
-        return Utilisation(None, None, None, None, None, "-")
-    threads = overall.get("threads")
-    if "util_unit" not in overall:  # stored before threads were recorded: CPU% of one core, no spread
-        stored = run.summary.get("threads")
-        threads = int(stored) if isinstance(stored, int) and stored > 0 else None
-        if mean is not None and threads:
-            mean = mean / threads
-        low = high = None
-    unit = cpu_threads_unit(threads) if threads else CPU_CORE_UNIT
-    return Utilisation(mean, threads, None, low, high, f"{unit}, mean over ranks, {window}")
-
-
-def util_source(run: RunInfo) -> str:
-    """Where the run's utilisation figure comes from, and its unit."""
-    return utilisation(run).source
-
-
-def _mem_measured(run: RunInfo) -> tuple[int | None, str]:
-    peak, source = busiest_peak(run.summary.get("ranks") or [])
-    if peak is not None:
-        return peak, f"{source}, busiest rank"
-    return run.peak_mem_bytes, "stored peak"
-
-
-def device_count(run: RunInfo) -> int:
-    """Devices a run computed on: the distinct GPUs of its ``device_map`` (model parallel: one process, several
-    GPUs) when it has one on GPUs, else its world size (processes), at least 1."""
-    device_map = run.summary.get("device_map")
-    if isinstance(device_map, Mapping):
-        gpus = set()
-        for value in device_map.values():  # 0, "0", "cuda:1"; "cpu" and "disk" are not compute devices
-            text = str(value).removeprefix("cuda:")
-            if text.isdigit():
-                gpus.add(int(text))
-        if gpus:
-            return len(gpus)
-    return max(1, int(run.summary.get("world_size") or run.nproc or 1))
-
-
-def stored_flops_per_token(run: RunInfo) -> float | None:
-    """FLOPs per token stored with the run at its start (:func:`runner.analysis.mfu.run_flops_per_token`), or None
-    (a run recorded before they were stored: compare then derives them from the model's dimensions)."""
-    value = run.summary.get("flops_per_token")
-    return float(value) if isinstance(value, (int, float)) and value > 0 else None
-
-
 def _mfu_note(run: RunInfo, peak: Peak | None, peak_note: str | None, dims: Mapping[str, Any] | None) -> str | None:
     """Why a completed run with a throughput has no MFU."""
     if run.status != "completed" or not run.tokens_per_s:
@@ -377,7 +261,7 @@ def _mfu_note(run: RunInfo, peak: Peak | None, peak_note: str | None, dims: Mapp
         return None
     if dims is None:
         return f"model dimensions unknown (the config of {run.model} cannot be read offline)"
-    if not run.summary.get("params"):
+    if not run.summary.params:
         return "parameter count not stored by the trainer"
     return None
 
@@ -399,11 +283,11 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
     tps = run.tokens_per_s
     mfu = achieved = rejected = None
     peak_source = peak.source if peak else None
-    params = run.summary.get("params")
+    params = run.summary.params
     over_note = None
     fpt = stored_flops_per_token(run)
     if fpt is None and dims and params:
-        trainable = run.summary.get("trainable_params") if run.method != "full" else None
+        trainable = run.summary.trainable_params if run.method != "full" else None
         matmul_params = int(params) - int(dims.get("embedding_params", 0))
         fpt = flops_per_token(matmul_params, dims["layers"], dims["heads"], dims["head_dim"], dims["seq_len"], trainable)
     if tps and peak and fpt:
@@ -418,10 +302,8 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
     util = utilisation(run)
     measured_at = None
     if peak and peak.measured_at:
-        from datetime import UTC, datetime
-
         measured_at = datetime.fromtimestamp(peak.measured_at, UTC).isoformat(timespec="seconds")
-    mem, mem_source = _mem_measured(run)
+    mem, mem_source = mem_measured(run)
     est, est_source = estimated_memory(run, recipe, dims)
     reason = run.error if run.status != "completed" else None
     return RunRow(
@@ -437,10 +319,10 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
         peak_label=peak.label() if peak else "-",
         mem_measured=mem, mem_measured_source=mem_source, mem_estimated=est, mem_estimated_source=est_source,
         final_loss=run.final_loss, best_loss=best_loss(metrics), status=run.status, reason=reason,
-        note=run.summary.get("sweep_note"), grid=grid or str(run.summary.get("sweep_grid") or ""),
+        note=run.summary.sweep_note, grid=grid or (run.summary.sweep_grid or ""),
         mfu_note=over_note or (None if mfu is not None else _mfu_note(run, peak, peak_note, dims)),
         mfu_rejected=rejected, script=bool(recipe.get("launch", {}).get("script")),
-        host_other_util=host_other_util(run.summary),
+        host_other_util=host_other_util(run.summary.telemetry),
     )
 
 
@@ -487,7 +369,7 @@ def build_comparison(
         baseline_id = next((r.run_id for r in rows if r.tokens_per_s), rows[0].run_id if rows else None)
     index = next((i for i, r in enumerate(rows) if r.run_id == baseline_id), 0)
     ratios = speedups([r.tokens_per_s for r in rows], index)
-    rows = [_with(r, speedup=s) for r, s in zip(rows, ratios, strict=True)]
+    rows = [replace(r, speedup=s) for r, s in zip(rows, ratios, strict=True)]
     done = [r for r in rows if r.status == "completed" and r.tokens_per_s]
     fastest = max(done, key=lambda r: r.tokens_per_s or 0.0).run_id if done else None
     curves = {r.id: [(m.step, m.loss) for m in metrics.get(r.id, []) if m.loss is not None] for r in runs}
@@ -495,13 +377,13 @@ def build_comparison(
     named = named or {}
     eval_curves = {r.id: [(p.step, p.value) for p in named.get(r.id, [])
                           if p.name == EVAL_LOSS and p.value is not None] for r in runs}
-    rows = [_with(r, final_eval_loss=eval_curves[r.run_id][-1][1] if eval_curves.get(r.run_id) else None,
+    rows = [replace(r, final_eval_loss=eval_curves[r.run_id][-1][1] if eval_curves.get(r.run_id) else None,
                   best_eval_loss=min(v for _, v in eval_curves[r.run_id]) if eval_curves.get(r.run_id) else None)
             for r in rows]
     last = {r.id: {p.name: p.value for p in named.get(r.id, [])} for r in runs}
     windows = {}
     for r in runs:  # the training window in the timeline's seconds, so device charts line up with the loss
-        window = (r.summary.get("telemetry") or {}).get("window")
+        window = r.summary.telemetry["window"] if r.summary.telemetry is not None else None
         compute = [s.time for s in (samples or {}).get(r.id, []) if s.kind in ("gpu", "rank")]
         if window and compute and all(isinstance(v, int | float) for v in window):
             gpu = any(s.kind == "gpu" for s in (samples or {}).get(r.id, []))
@@ -521,10 +403,6 @@ def build_comparison(
                       named={k: v for k, v in last.items() if v}, samples=dict(eval_samples or {}))
 
 
-def _with(row: RunRow, **changes: Any) -> RunRow:
-    return replace(row, **changes)
-
-
 def timeline(samples: Sequence[SampleInfo]) -> dict[str, list[tuple[float, float | None, int | None]]]:
     """Per compute device (GPUs, else ranks), (seconds since the first sample, util %, memory bytes)."""
     gpu = any(s.kind == "gpu" for s in samples)
@@ -541,93 +419,6 @@ def timeline(samples: Sequence[SampleInfo]) -> dict[str, list[tuple[float, float
 # ---------------------------------------------------------------------- from the store
 
 
-def default_peak(run: RunInfo, recipe: Mapping[str, Any], peak_tflops: float | None = None,
-                 samples: Sequence[SampleInfo] = ()) -> Peak | None:
-    """The peak FLOP/s of one of the run's devices, in the dtype it trained in.
-
-    In order: ``peak_tflops`` when given; the recipe's ``launch.peak_tflops``; the peak the run stored
-    when it ended (``summary["mfu_peak"]``: no benchmark, no torch import); the datasheet figure of its
-    GPU; on CPU, for a run stored before peaks were, the cached (or measured now) matmul peak of this
-    machine for the run's dtype and threads, flagged as measured at compare time.
-    """
-    from runner.analysis import mfu
-
-    if peak_tflops:
-        return Peak(peak_tflops * 1e12, f"given (--peak-tflops {peak_tflops:g})")
-    in_recipe = recipe.get("launch", {}).get("peak_tflops")
-    if in_recipe:
-        return Peak(float(in_recipe) * 1e12, f"given (recipe launch.peak_tflops {float(in_recipe):g})")
-    stored = mfu.Peak.from_json(run.summary.get("mfu_peak"))
-    if stored is not None:
-        return stored
-    dtype = mfu.run_dtype(recipe.get("train", {}).get("precision", "fp32"))
-    gpu_names = [s.name for s in samples if s.kind == "gpu"]
-    if run.device_type == "cuda" or gpu_names:
-        return mfu.gpu_peak(gpu_names[0], dtype) if gpu_names else None
-    if run.device_type != "cpu":
-        return None
-    import socket
-
-    peak = mfu.cpu_peak(run_threads(run), dtype)
-    note = "measured by compare, not stored with the run"
-    here = socket.gethostname()
-    if run.host and run.host != here:  # the benchmark runs where ``ftui compare`` runs
-        note += f"; on {here}, not on the run's host {run.host}: give --peak-tflops for that host"
-    return replace(peak, source=f"{peak.source} ({note})")
-
-
-def run_threads(run: RunInfo) -> int:
-    """Torch threads each rank of a CPU run used: recorded at start, else what the orchestrator gives
-    (the physical cores shared out over the processes)."""
-    stored = run.summary.get("threads")
-    if isinstance(stored, int) and stored > 0:
-        return stored
-    import os
-
-    import psutil
-
-    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    return max(1, cores // max(1, run.nproc))
-
-
-def remeasured_peak(run: RunInfo, peak: Peak, cache: Any = None) -> tuple[Peak | None, str]:
-    """Measure once more the CPU peak that gave a run an MFU above 100%.
-
-    Only a measured peak of this very machine (same fingerprint) can be measured again here; a cache
-    entry newer than ``peak`` is the re-measurement already made (by an earlier compare), so a bad
-    run costs one benchmark, not one per compare.
-
-    Returns:
-        The new peak (None when it cannot be re-measured here) and one line saying what was done.
-    """
-    from runner.analysis import mfu
-
-    if peak.kind != "measured" or not peak.dtype or not peak.threads:
-        return None, f"the {peak.kind} peak cannot be re-measured: check it (--peak-tflops)"
-    here = mfu.machine_fingerprint()
-    if peak.fingerprint != here.key:
-        return None, (f"the peak was measured on another machine ({peak.machine or peak.fingerprint}), "
-                      "it cannot be re-measured here")
-    newer = mfu.read_cache(cache).get(mfu.cache_key(here.key, peak.dtype, peak.threads))
-    if newer is not None and (newer.measured_at or 0) > (peak.measured_at or 0):
-        again = newer
-    else:
-        again = mfu.cpu_peak(peak.threads, peak.dtype, cache, remeasure=True)
-    return again, f"re-measured once ({peak.label()} gave MFU > 100%; now {again.label()})"
-
-
-def peak_note(run: RunInfo, recipe: Mapping[str, Any], samples: Sequence[SampleInfo] = ()) -> str:
-    """Why :func:`default_peak` found no peak for a run: names the GPU and suggests ``--peak-tflops``."""
-    precision = recipe.get("train", {}).get("precision", "fp32")
-    gpu_names = sorted({s.name for s in samples if s.kind == "gpu" and s.name})
-    if gpu_names:
-        return (f"no datasheet peak for {', '.join(gpu_names)} in {precision} (runner.analysis.mfu.PEAK_TFLOPS); "
-                "give --peak-tflops")
-    if run.device_type == "cuda":
-        return "GPU model unknown (no NVML samples stored for the run); give --peak-tflops"
-    return f"no peak FLOP/s known for device type {run.device_type or '?'}; give --peak-tflops"
-
-
 def joined_metrics(store: Store, run: RunInfo, _depth: int = 0) -> list[MetricPoint]:
     """A run's per-step metrics, joined to its parent's when it was resumed from a checkpoint: the parent's
     steps up to the checkpoint's step (recursively, for a chain of resumes), then the run's own steps
@@ -639,8 +430,8 @@ def joined_metrics(store: Store, run: RunInfo, _depth: int = 0) -> list[MetricPo
     if parent is None:
         return own
     first_own = min((m.step for m in own), default=None)
-    resumed = run.summary.get("resumed_from")
-    upto = resumed.get("step") if isinstance(resumed, Mapping) else None
+    resumed = run.summary.resumed_from
+    upto = resumed.get("step") if resumed is not None else None
     if not isinstance(upto, int):
         upto = first_own - 1 if first_own is not None else None
     before = [m for m in joined_metrics(store, parent, _depth + 1) if upto is None or m.step <= upto]
@@ -662,8 +453,6 @@ def compare_metrics(store: Store, runs: Sequence[RunInfo], points: int = CURVE_P
     resumed run's curve is joined to its parent's (:func:`joined_metrics`) and thinned here. Only
     ``step`` and ``loss`` are set in the points.
     """
-    from store.rollup import downsample_points
-
     plain = [r.id for r in runs if r.resumed_from is None]
     curves = store.curves(plain, "loss", points) if plain else {}
     out: dict[int, list[MetricPoint]] = {}
@@ -700,11 +489,11 @@ def compare_named(store: Store, runs: Sequence[RunInfo],
 def _needs_dims(run: RunInfo) -> bool:
     """Whether compare must find the model's dimensions itself (which may import transformers): only for
     a run recorded without them whose MFU or memory estimate needs them."""
-    if isinstance(run.summary.get("model_dims"), Mapping):
+    if run.summary.model_dims is not None:
         return True  # stored: reading them costs nothing
-    estimate = run.summary.get("estimate")
-    no_estimate = not (isinstance(estimate, Mapping) and isinstance(estimate.get("per_device_bytes"), Mapping))
-    mfu_wanted = (run.status == "completed" and bool(run.tokens_per_s) and bool(run.summary.get("params"))
+    estimate = run.summary.estimate
+    no_estimate = not (estimate is not None and isinstance(estimate.get("per_device_bytes"), Mapping))
+    mfu_wanted = (run.status == "completed" and bool(run.tokens_per_s) and bool(run.summary.params)
                   and stored_flops_per_token(run) is None)
     return mfu_wanted or no_estimate
 
@@ -715,9 +504,7 @@ def _needs_samples(run: RunInfo, recipe: Mapping[str, Any], peak_tflops: float |
         return False
     if peak_tflops or recipe.get("launch", {}).get("peak_tflops"):
         return False
-    from runner.analysis import mfu
-
-    return mfu.Peak.from_json(run.summary.get("mfu_peak")) is None
+    return Peak.from_json(run.summary.mfu_peak) is None
 
 
 def load_comparison(store: Store, run_ids: Sequence[int], baseline_id: int | None = None,

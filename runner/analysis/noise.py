@@ -6,8 +6,8 @@ to its rows and sentences; they are facts from the stored summary, never a guess
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Any
+
+from runner.spec.summary import TelemetrySummary
 
 BUSY_OTHER_PCT = 20.0
 """Host CPU % (of all cores) used by other work, beyond the run's own ranks, above which a run's speed
@@ -19,28 +19,30 @@ def _cores(name: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def host_other_util(summary: Mapping[str, Any]) -> float | None:
+def host_other_util(telemetry: TelemetrySummary | None) -> float | None:
     """Host CPU % of all cores spent on other work while the run trained (its active window).
 
     The telemetry's host row (psutil, all cores) minus the run's ranks (psutil, % of one core each,
     divided by the host's cores). None without a host row, or on a GPU run, whose ranks mostly wait.
 
     Args:
-        summary: the run's stored summary (``telemetry`` from :func:`runner.watch.telemetry.summarise`).
+        telemetry: the run's stored utilisation (``summary.telemetry``, from
+            :func:`runner.analysis.utilisation.summarise`).
     """
-    devices = ((summary.get("telemetry") or {}).get("devices") or {})
-    host = next((d for d in devices.values() if d.get("kind") == "host"), None)
-    if host is None or any(d.get("kind") == "gpu" for d in devices.values()):
+    devices = telemetry["devices"] if telemetry is not None else {}
+    host = next((d for d in devices.values() if d["kind"] == "host"), None)
+    if host is None or any(d["kind"] == "gpu" for d in devices.values()):
         return None
-    cores = _cores(str(host.get("name", "")))
-    stats = host.get("active") or host.get("whole") or {}
-    if not cores or stats.get("util_mean") is None:
+    cores = _cores(str(host["name"]))
+    stats = host["active"] or host["whole"]
+    if not cores or stats["util_mean"] is None:
         return None
-    span = "active" if host.get("active") else "whole"
+    span = "active" if host["active"] else "whole"
     ranks = 0.0
     for d in devices.values():
-        if d.get("kind") == "rank":
-            ranks += float((d.get(span) or {}).get("util_mean") or 0.0)
+        stat = d["active"] if span == "active" else d["whole"]
+        if d["kind"] == "rank" and stat is not None:
+            ranks += float(stat["util_mean"] or 0.0)
     return max(0.0, float(stats["util_mean"]) - ranks / cores)
 
 

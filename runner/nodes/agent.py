@@ -209,7 +209,7 @@ def stop_through_store(store: Store, run_id: int, kill: bool = False, wait: bool
     """
     run = store.get_run(run_id)
     if run is None:
-        from store.store import StoreError
+        from store import StoreError
 
         raise StoreError(f"run {run_id}: no such run")
     if run.slurm_job_id:

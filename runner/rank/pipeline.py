@@ -109,7 +109,7 @@ def run(trainer: Trainer) -> str:
     trainer.rss_baseline = memtrack.current_rss()
     trainer.emit(ev.PhaseEvent(type="phase", phase="loading_model", detail=f"{recipe.model.name}, {recipe.method.type}"))
     model = trainer.load_model()
-    from runner.analysis.mfu import dims_from_config
+    from runner.spec.flops import dims_from_config
 
     dims = dims_from_config(model.config, int(blocks.shape[1]))
     device = acc.device

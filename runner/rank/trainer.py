@@ -300,7 +300,7 @@ class Trainer:
         self.rss_baseline = memtrack.current_rss()
         self.emit(ev.PhaseEvent(type="phase", phase="loading_model", detail=f"{recipe.model.name}, {recipe.method.type}"))
         model = self.load_model()
-        from runner.analysis.mfu import dims_from_config
+        from runner.spec.flops import dims_from_config
 
         dims = dims_from_config(model.config, int(blocks.shape[1]))  # for MFU, so compare reads no config
         trainable = [p for p in model.parameters() if p.requires_grad]

@@ -131,7 +131,7 @@ class StartEvent(TypedDict):
     threads: int
     """``torch.get_num_threads()`` of the rank: divides its CPU% and picks the CPU peak for MFU."""
     model_dims: dict[str, int] | None
-    """:func:`runner.analysis.mfu.dims_from_config`: what FLOPs per token need, so compare reads no model config."""
+    """:func:`runner.spec.flops.dims_from_config`: what FLOPs per token need, so compare reads no model config."""
     fsdp_version: int | None
     params: int
     trainable_params: int

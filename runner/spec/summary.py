@@ -1,15 +1,19 @@
 """A run's summary: the typed record the orchestrator writes into ``runs.summary`` and every view reads.
 
-The summary is a JSON column, so its keys are the contract between the writer (runner/watch/orchestrator.py,
-runner/service/sweep.py) and the readers (runner/analysis/compare.py, tui/render/report.py, the Textual screens). They are
-declared here once, with the rules that derive figures from them (one function per rule: the busiest
-rank's peak memory, a rank's model-state bytes), so no reader re-implements them.
+The summary is a JSON column written in pieces (the store merges them). Its keys are declared here once, as
+the attributes of :class:`RunSummary`, the record the store hands out; nested parts keep their JSON shape as
+TypedDicts (:class:`RankFigures`, :class:`EstimateSummary`, :class:`TelemetrySummary`). The stored JSON carries
+its shape's version (``schema``, :data:`SCHEMA`); :func:`upgrade` brings an older shape up to date, once, where
+the store reads it, so no reader handles old shapes. The rules that derive figures from the record (the
+busiest rank's peak memory, a rank's model-state bytes) are one function each here, so no reader
+re-implements them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, TypedDict
+from dataclasses import dataclass, field, fields
+from typing import Any, NotRequired, TypedDict
 
 
 class PhasePeaks(TypedDict, total=False):
@@ -57,7 +61,6 @@ class RankFigures(TypedDict, total=False):
     source: str
 
 
-
 class EstimateSummary(TypedDict, total=False):
     """The planner's estimate for one device of the run, made at prepare time."""
 
@@ -76,61 +79,246 @@ class EstimateSummary(TypedDict, total=False):
     error: str
 
 
-class RunSummary(TypedDict, total=False):
-    """Every key a run's summary may hold. Written in pieces (the store merges them)."""
+class DeviceStats(TypedDict):
+    """Figures of one device over one span (see :func:`runner.analysis.utilisation.summarise`)."""
+
+    n: int
+    util_mean: float | None
+    util_peak: float | None
+    mem_peak: int | None
+    power_mean_w: float | None
+
+
+class DeviceSummary(TypedDict):
+    """One device over the whole run and over the active window."""
+
+    kind: str
+    index: int
+    name: str
+    source: str
+    threads: int | None
+    """Torch threads of the rank (rank devices, when known): its CPU% of one core over this is its
+    CPU % of its threads."""
+    whole: DeviceStats
+    active: DeviceStats | None
+
+
+class OverallStats(TypedDict):
+    """The run as one figure per column of the comparison table."""
+
+    kind: str | None
+    devices: int
+    util_mean: float | None
+    util_peak: float | None
+    util_min: float | None
+    """The lowest device's ``util_mean`` (same unit as ``util_mean``): with ``util_max``, the spread over
+    ranks or GPUs that the mean hides (FSDP1 LoRA keeps all adapter state on rank 0)."""
+    util_max: float | None
+    util_unit: str
+    """What ``util_*`` measure: :data:`GPU_UTIL_UNIT`, ``CPU % of its N threads (psutil)``, or
+    :data:`CPU_CORE_UNIT` when the ranks' threads are unknown."""
+    threads: int | None
+    """Torch threads of each rank (CPU runs), the divisor of the rank figures."""
+    power_mean_w: float | None
+    power_total_w: float | None
+    mem_peak: int | None
+
+
+class TelemetrySummary(TypedDict):
+    """A run's utilisation (:func:`runner.analysis.utilisation.summarise`), as stored in its summary."""
+
+    devices: dict[str, DeviceSummary]
+    whole: OverallStats
+    active: OverallStats | None
+    window: tuple[float, float] | list[float] | None
+    """The active window (first step, last step), wall clock; a list once stored as JSON."""
+    rank_gpu_mem_peak: NotRequired[dict[str, int]]
+    """GPU memory peak of each rank's own processes (NVML), added by the orchestrator."""
+
+
+GPU_UTIL_UNIT = "GPU busy % (NVML: time a kernel ran, not FLOPs)"
+CPU_CORE_UNIT = "CPU % of one core (psutil)"
+
+
+def cpu_threads_unit(threads: int) -> str:
+    """``CPU % of its 2 threads (psutil)``: a rank's CPU% of one core over its torch threads."""
+    return f"CPU % of its {threads} thread{'s' if threads != 1 else ''} (psutil)"
+
+
+SCHEMA = 2
+"""The version of the summary's shape, stored in it as ``schema`` (a summary without it is version 1).
+
+Version 2: the telemetry's overall figures of a CPU run are in CPU % of each rank's threads and say their
+unit (``util_unit``, ``threads``); version 1 held them in CPU % of one core, without a unit.
+"""
+
+
+def upgrade(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored summary in the shape of :data:`SCHEMA`, whatever version wrote it (``schema`` left out).
+
+    Args:
+        data: The JSON object of ``runs.summary``.
+
+    Returns:
+        A new dict; ``data`` is not changed.
+    """
+    out = {k: v for k, v in data.items() if k != "schema"}
+    version = data.get("schema") or 1
+    if version < 2:
+        out = _upgrade_1_to_2(out)
+    return out
+
+
+def _upgrade_1_to_2(data: dict[str, Any]) -> dict[str, Any]:
+    """Every key of the telemetry's records present (version 1 wrote some only when known), and CPU
+    utilisation per thread: the overall figures of a CPU run (CPU % of one core, no spread stored)
+    divided by the ranks' threads when the start event gave them."""
+    telemetry = data.get("telemetry")
+    if not isinstance(telemetry, dict):
+        return data
+    stored = data.get("threads")
+    threads = stored if isinstance(stored, int) and stored > 0 else None
+    upgraded: dict[str, Any] = {"devices": {}, "whole": None, "active": None, "window": None, **telemetry}
+    upgraded["devices"] = {key: _full(DeviceSummary, {**device, "whole": _full(DeviceStats, device.get("whole")),
+                                                      "active": _full(DeviceStats, device.get("active"))})
+                           for key, device in (upgraded["devices"] or {}).items() if isinstance(device, dict)}
+    for span in ("whole", "active"):
+        overall = upgraded[span]
+        if not isinstance(overall, dict) or "util_unit" in overall:
+            continue
+        overall = _full(OverallStats, overall)
+        if overall["kind"] == "gpu":
+            overall["util_unit"] = GPU_UTIL_UNIT
+        elif overall["kind"] == "rank":
+            mean = overall["util_mean"]
+            overall |= {"util_min": None, "util_max": None, "threads": threads,
+                        "util_mean": mean / threads if mean is not None and threads else mean,
+                        "util_unit": cpu_threads_unit(threads) if threads else CPU_CORE_UNIT}
+        else:
+            overall["util_unit"] = "-"
+        upgraded[span] = overall
+    return {**data, "telemetry": upgraded}
+
+
+def _full(record: type, value: Any) -> Any:
+    """``value`` (a JSON object of the TypedDict ``record``) with every key of the record, None where absent
+    (``n`` and ``devices``, counts: 0); a value that is not an object stays as it is."""
+    if not isinstance(value, dict):
+        return value
+    counts = {"n": 0, "devices": 0}
+    return {**{key: counts.get(key) for key in record.__annotations__}, **value}
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """Every figure a run's summary may hold (None, or empty, until written).
+
+    Built by the store from the stored JSON (:meth:`from_json`); writers hand the store a dict of these
+    attributes' names (:meth:`store.Store.update_run`), which it merges into the stored one.
+    """
 
     # at prepare time
-    estimate: EstimateSummary
+    uid: str | None = None
+    estimate: EstimateSummary | None = None
     # from the trainer's start event
-    params: int
-    trainable_params: int
-    local_param_numel: int
-    world_size: int
-    tokens_per_step: int
-    mixed_precision: str
-    engine: str
-    sharding: dict[str, Any]
+    params: int | None = None
+    trainable_params: int | None = None
+    local_param_numel: int | None = None
+    world_size: int | None = None
+    tokens_per_step: int | None = None
+    mixed_precision: str | None = None
+    engine: str | None = None
+    sharding: dict[str, Any] | None = None
     """What the trainer found in effect (:func:`runner.spec.zero.in_effect`): engine, stage, offload, how."""
-    precision: dict[str, Any]
+    parallel: dict[str, Any] | None = None
+    """Pipeline or tensor parallel layout the trainer ran (the start event's ``parallel``)."""
+    precision: dict[str, Any] | None = None
     """The trainer's ``precision`` event: dtypes of params, compute, optimizer state, master (measured)."""
-    loss_scale_drops: int
+    loss_scale_drops: int | None = None
     """fp16: how many times the dynamic loss scale dropped (``loss_scale`` events)."""
-    device_map: dict[str, Any] | None
-    pids: list[int]
-    threads: int
+    device_map: dict[str, Any] | None = None
+    pids: list[int] | None = None
+    threads: int | None = None
     """Torch intra-op threads of each rank (``torch.get_num_threads()`` at start)."""
-    model_dims: dict[str, int] | None
-    """:func:`runner.analysis.mfu.dims_from_config` of the model trained: layers, heads, head_dim, seq_len,
+    model_dims: dict[str, int] | None = None
+    """:func:`runner.spec.flops.dims_from_config` of the model trained: layers, heads, head_dim, seq_len,
     embedding_params (what MFU's FLOPs per token need)."""
+    flops_per_token: float | None = None
+    """:func:`runner.spec.flops.run_flops_per_token` of the run, so compare reads no model config."""
     # the process that watches the run
-    orchestrator_pid: int
+    orchestrator_pid: int | None = None
+    orchestrator_create_time: float | None = None
+    orchestrator_host: str | None = None
+    stop: str | None = None
+    """How a stop was carried out (``ftui stop``, a cancelled SLURM job)."""
     # from the trainer's end event, at the end
-    train_seconds: float | None
-    tokens_per_s: float | None
-    final_loss: float | None
-    tokens: int | None
-    steps: int | None
-    ranks: list[RankFigures]
-    saved: str | None
-    skipped: int | None
+    train_seconds: float | None = None
+    tokens_per_s: float | None = None
+    final_loss: float | None = None
+    tokens: int | None = None
+    steps: int | None = None
+    ranks: list[RankFigures] = field(default_factory=list)
+    saved: str | None = None
+    skipped: int | None = None
     """Optimizer steps dropped for a non-finite loss or gradient norm (``train.on_nan = "skip"``)."""
-    checkpoint: str | None
+    checkpoint: str | None = None
     """The newest complete checkpoint the run wrote (``runner.spec.checkpoint``), or None."""
-    first_step_time: float | None
-    last_step_time: float | None
-    telemetry: dict[str, Any]
-    """runner.watch.telemetry.summarise's result, plus ``rank_gpu_mem_peak``."""
-    mfu_peak: dict[str, Any] | None
-    """The peak FLOP/s of one device that the run's MFU is measured against (:meth:`runner.analysis.mfu.Peak.to_json`:
-    flops, source, kind, dtype, threads, measured_at, fingerprint, machine, size, spread, load), taken after
-    the run on the machine that ran it; ``{"error": ...}`` when it could not be had."""
+    first_step_time: float | None = None
+    last_step_time: float | None = None
+    telemetry: TelemetrySummary | None = None
+    mfu_peak: dict[str, Any] | None = None
+    """The peak FLOP/s of one device that the run's MFU is measured against
+    (:meth:`runner.analysis.mfu.Peak.to_json`), taken after the run on the machine that ran it;
+    ``{"error": ...}`` when it could not be had."""
     # a resumed run (``ftui resume``): the run and checkpoint it continues
-    resumed_from: dict[str, Any]
+    resumed_from: dict[str, Any] | None = None
     # sweeps and the batch-size finder
-    refused: bool
-    sweep_note: str
-    sweep_grid: str
-    find_batch: dict[str, Any]
+    refused: bool | None = None
+    sweep_note: str | None = None
+    sweep_grid: str | None = None
+    find_batch: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Keys this version does not declare (a newer version's, a user's own), kept as stored."""
+    stored_keys: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+    """The declared keys the stored JSON holds (so :meth:`to_json` gives back what was stored)."""
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> RunSummary:
+        """The record of a stored summary (any version: :func:`upgrade` brings it up to date).
+
+        A declared key whose stored value is not of its JSON type (a list where an object belongs) is
+        kept in :attr:`extra`, like an undeclared one, so every attribute holds its declared type.
+        """
+        current = upgrade(data or {})
+        known: dict[str, Any] = {k: v for k, v in current.items()
+                 if k in DECLARED and (v is None or isinstance(v, _JSON_TYPES[k]))}
+        # A null stored where the record holds a list (an end event without ranks) reads as the empty list.
+        values = {k: v for k, v in known.items() if not (v is None and k == "ranks")}
+        return cls(**values, extra={k: v for k, v in current.items() if k not in known},
+                   stored_keys=frozenset(known))
+
+    def to_json(self) -> dict[str, Any]:
+        """The summary as stored (without ``schema``): the keys it was read from, then any set since."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name in self.stored_keys or (f.name in DECLARED and getattr(self, f.name) != _default(f))}
+        return {**out, **self.extra}
+
+
+def _default(f: Any) -> Any:
+    return f.default_factory() if callable(f.default_factory) else f.default
+
+
+def _json_types(annotation: str) -> tuple[type, ...]:
+    """The JSON value types an attribute's annotation (a string: postponed evaluation) admits."""
+    head = annotation.split("|")[0].split("[")[0].strip()
+    if head in ("dict", "EstimateSummary", "TelemetrySummary"):
+        return (dict,)
+    return {"list": (list,), "int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}[head]
+
+
+DECLARED = frozenset(f.name for f in fields(RunSummary)) - {"extra", "stored_keys"}
+"""The keys a summary declares (the attributes of :class:`RunSummary`)."""
+_JSON_TYPES = {f.name: _json_types(str(f.type)) for f in fields(RunSummary) if f.name in DECLARED}
 
 
 MEASURED_CUDA = "measured: CUDA allocator peak"
@@ -171,8 +359,8 @@ def model_state_bytes(rank: Mapping[str, Any]) -> int:
 
 def trained_bytes(rank: Mapping[str, Any]) -> int | None:
     """What a rank needed for training, as the batch-size finder compares it with its budget: the measured
-    peak (:func:`rank_peak`); for a summary written before that existed, model states plus the saved
-    activations of one forward (None when neither was measured)."""
+    peak (:func:`rank_peak`); for a rank that measured no peak, model states plus the saved activations of
+    one forward (None when neither was measured)."""
     peak, _ = rank_peak(rank)
     if peak is not None:
         return peak

@@ -20,9 +20,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from runner.analysis.mfu import run_flops_per_token
 from runner.spec import events as ev
 from runner.spec import strategies, zero
+from runner.spec.flops import run_flops_per_token
 from runner.spec.launch import LaunchSpec, build_launch
 from runner.spec.paths import runs_dir
 from runner.spec.recipe import Recipe, RecipeError
@@ -228,7 +228,7 @@ def run_uid(store: Store, run_id: int) -> str:
     from runner.spec.paths import new_run_uid
 
     run = store.get_run(run_id)
-    uid = getattr(run, "uid", None) or (run.summary or {}).get("uid") if run is not None else None
+    uid = getattr(run, "uid", None) or run.summary.uid if run is not None else None
     return str(uid) if uid else new_run_uid()
 def prepare_resume(store: Store, run_id: int, root: Path | None = None) -> Prepared:
     """Record a new run that continues run ``run_id`` from its newest complete checkpoint: the old
@@ -910,28 +910,28 @@ def _project_end(store: Store, watch: _Watch, status: str, exit_code: int | None
 
 
 def _mfu_peak(watch: _Watch, telemetry: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The peak FLOP/s of one device of the run (:func:`runner.analysis.mfu.peak_for_run`), stored with it so
+    """The peak FLOP/s of one device of the run (:func:`runner.analysis.cpu_peak.peak_for_run`), stored with it so
     that compare never benchmarks; None when unknown. Never fails a run."""
-    from runner.analysis import mfu
+    from runner.analysis import cpu_peak
 
     start = watch.start
     device_type = start.get("device_type") if start is not None else None
     threads = start.get("threads") if start is not None else None
     gpus = [d["name"] for d in ((telemetry or {}).get("devices") or {}).values() if d.get("kind") == "gpu"]
     try:
-        peak = mfu.peak_for_run(device_type, watch.prepared.recipe.train.precision, threads, gpus)
+        peak = cpu_peak.peak_for_run(device_type, watch.prepared.recipe.train.precision, threads, gpus)
     except Exception as exc:  # noqa: BLE001 (a peak is informative only)
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
     return peak.to_json() if peak is not None else None
 
 
 def _telemetry_summary(store: Store, watch: _Watch) -> dict[str, Any] | None:
-    """Per-device and overall utilisation of the run (definitions: :func:`runner.watch.telemetry.summarise`);
+    """Per-device and overall utilisation of the run (definitions: :func:`runner.analysis.utilisation.summarise`);
     the active window runs from the start of the first step to the end of the last."""
     samples = store.samples(watch.run_id)
     if not samples:
         return None
-    from runner.watch.telemetry import summarise
+    from runner.analysis.utilisation import summarise
 
     window = None
     if watch.first_step_time is not None and watch.last_step_time is not None:

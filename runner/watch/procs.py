@@ -435,8 +435,8 @@ def request_stop(store: Any, run_id: int, kill: bool = False, grace_s: float = D
         return StopResult(run_id, status, "stop request written to the store; every node agent of the run polls "
                                           "it and stops its ranks")
     # TODO(store branch): read runs.watcher_pid / watcher_host and set stop_requested_at once merged.
-    pid = run.summary.get("orchestrator_pid")
-    if watcher_alive(pid, run.summary.get("orchestrator_create_time")):
+    pid = run.summary.orchestrator_pid
+    if watcher_alive(pid, run.summary.orchestrator_create_time):
         os.kill(int(pid), KILL_SIGNAL if kill else signal.SIGTERM)
         what = "kill" if kill else "graceful stop"
         if not wait:
@@ -447,12 +447,12 @@ def request_stop(store: Any, run_id: int, kill: bool = False, grace_s: float = D
             now = store.get_run(run_id)
             if now is None or now.status not in ("running", "created"):
                 status = "gone" if now is None else now.status
-                how = f"{what} done by its watcher (pid {pid}): " + str((now.summary if now else {}).get("stop", ""))
+                how = f"{what} done by its watcher (pid {pid}): " + ((now.summary.stop or "") if now else "")
                 return StopResult(run_id, status, how)
             if not escalated and time.monotonic() - started > grace_s + 2.0:
                 escalated = True  # the watcher's own grace may be longer than ours: ask it again (kill now)
                 signal_pids([int(pid)], signal.SIGTERM)
-            if not watcher_alive(pid, run.summary.get("orchestrator_create_time")):
+            if not watcher_alive(pid, run.summary.orchestrator_create_time):
                 break  # it died without recording: do it here
             time.sleep(poll_s)
     report = stop_run(Path(run.run_dir), run.pgid, grace_s=grace_s, kill=kill)

@@ -53,7 +53,7 @@ class Recovered:
 
 def watcher_host(run: Any) -> str:
     """The host whose processes watch (and run) ``run``."""
-    return str(getattr(run, "watcher_host", None) or (run.summary or {}).get("orchestrator_host") or run.host)
+    return str(getattr(run, "watcher_host", None) or run.summary.orchestrator_host or run.host)
 
 
 def candidates(store: Store) -> list[Any]:

@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from textual.message import Message
 
-from store import RunInfo
-from store.store import MetricPoint
+from store import MetricPoint, RunInfo
 
 if TYPE_CHECKING:  # the comparison module is imported with the Compare screen, not at start
     from runner.analysis.compare import Comparison

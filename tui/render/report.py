@@ -7,14 +7,17 @@ process RSS (getrusage/psutil) is shown as such, never as "measured memory".
 
 from __future__ import annotations
 
+import tomllib
 from typing import Any
 
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from runner.analysis.mfu import Peak
 from runner.hardware.records import SOURCE_LABELS
-from runner.spec.summary import model_state_bytes, rank_peak, rank_rss
+from runner.spec.strategies import STRATEGIES, recipe_global_batch
+from runner.spec.summary import RunSummary, model_state_bytes, rank_peak, rank_rss
 from store import MetricPoint, NamedMetricPoint, RunInfo
 from tui.render.plain import row as text_row
 from tui.render.words import distributed_words
@@ -91,10 +94,6 @@ def runs_table(runs: list[RunInfo], width: int | None = None) -> Table:
 
 def global_batch_words(run: RunInfo) -> tuple[str, str] | None:
     """(``"8 rows"``, ``"micro-batch 4 x 2 processes x GA 1 (recipe)"``), or None for a recipe without one."""
-    import tomllib
-
-    from runner.spec.strategies import recipe_global_batch
-
     try:
         parsed = tomllib.loads(run.recipe_text or "")
     except tomllib.TOMLDecodeError:
@@ -107,8 +106,6 @@ def global_batch_words(run: RunInfo) -> tuple[str, str] | None:
     if rows is None:
         return None
     replicas = rows // (micro * ga)
-    from runner.spec.strategies import STRATEGIES
-
     row = STRATEGIES.get(run.strategy)
     # Tensor parallel: each group of tp_size processes trains one batch.
     unit = ("tensor-parallel group", "s") if row is not None and row.tensor_parallel else ("process", "es")
@@ -136,7 +133,7 @@ def run_summary_table(run: RunInfo | None) -> Table:
     table.add_row("training time", fmt_seconds(run.train_seconds), "measured (first to last step)")
     table.add_row("tokens/s", _num(run.tokens_per_s, ",.0f"), "measured")
     table.add_row("final loss", _num(run.final_loss, ".4f"), "measured (mean over ranks)")
-    ranks = run.summary.get("ranks") or []
+    ranks = run.summary.ranks
     # One rank: the memory table (estimate_table) shows its peak and phases; printing them here too was
     # the same figure twice under two names.
     peaks_elsewhere = len(ranks) == 1 and bool(estimate_vs_measured(run.summary))
@@ -144,10 +141,11 @@ def run_summary_table(run: RunInfo | None) -> Table:
         peak, src = rank_peak(rank)
         if not peaks_elsewhere:
             table.add_row(f"rank {rank['rank']} peak memory", fmt_bytes(peak), src)
-        phases = rank.get("phase_peaks") or {}
+        phases = rank.get("phase_peaks")
         if phases and not peaks_elsewhere:
             table.add_row(f"rank {rank['rank']} peak fwd/bwd/opt",
-                          " / ".join(fmt_bytes(phases.get(k)) for k in ("forward", "backward", "optimizer")),
+                          " / ".join(fmt_bytes(v) for v in (phases.get("forward"), phases.get("backward"),
+                                                            phases.get("optimizer"))),
                           f"{src}, per phase of the first {rank.get('measured_steps', 1)} step(s)")
         states = model_state_bytes(rank)
         table.add_row(f"rank {rank['rank']} model states", fmt_bytes(states), "measured (tensor bytes)")
@@ -156,46 +154,44 @@ def run_summary_table(run: RunInfo | None) -> Table:
             table.add_row(f"rank {rank['rank']} peak RSS", fmt_bytes(rss), "getrusage: whole process, not training memory")
             if baseline:
                 table.add_row(f"rank {rank['rank']} RSS before the model", fmt_bytes(baseline), "psutil (the runtime)")
-    approximate = (run.summary.get("estimate") or {}).get("approximate")
+    approximate = (run.summary.estimate or {}).get("approximate")
     if approximate:
         table.add_row(*text_row("estimate", "approximate", str(approximate)))
-    telemetry = run.summary.get("telemetry") or {}
-    for key, dev in (telemetry.get("devices") or {}).items():
+    telemetry = run.summary.telemetry
+    for key, dev in (telemetry["devices"] if telemetry is not None else {}).items():
         if dev["kind"] == "host":
             continue
-        stats = dev.get("active") or dev["whole"]
-        span = "active" if dev.get("active") else "whole run"
+        stats = dev["active"] or dev["whole"]
+        span = "active" if dev["active"] else "whole run"
         unit = "% GPU busy" if dev["kind"] == "gpu" else "% of a core"
-        threads = dev.get("threads")
-        if dev["kind"] == "rank" and threads and stats.get("util_mean") is not None:
+        threads = dev["threads"]
+        if dev["kind"] == "rank" and threads and stats["util_mean"] is not None:
             unit += f" ({stats['util_mean'] / threads:.0f}% of {threads} thread{'s' if threads != 1 else ''})"
         table.add_row(*text_row(
             f"{key} util mean/peak",
-            f"{_num(stats.get('util_mean'), '.0f')}/{_num(stats.get('util_peak'), '.0f')}{unit}",
+            f"{_num(stats['util_mean'], '.0f')}/{_num(stats['util_peak'], '.0f')}{unit}",
             f"{SOURCE_LABELS.get(dev['source'], dev['source'])}, {span}, {stats['n']} samples",
         ))
         # a rank's psutil memory is its RSS: named so, not another "peak memory"
         table.add_row(*text_row(f"{key} {'RSS' if dev['kind'] == 'rank' else 'memory'} peak",
-                                fmt_bytes(stats.get("mem_peak")), SOURCE_LABELS.get(dev["source"], dev["source"])))
-    for rank, peak in (telemetry.get("rank_gpu_mem_peak") or {}).items():
-        table.add_row(f"rank {rank} GPU memory peak", fmt_bytes(peak), "NVML (the rank's own processes)")
-    overall = telemetry.get("active") or telemetry.get("whole")
-    if overall and overall.get("util_mean") is not None:
-        span = "active window" if telemetry.get("active") else "whole run"
-        unit = overall.get("util_unit") or ("GPU busy %" if overall.get("kind") == "gpu" else "CPU % of one core")
+                                fmt_bytes(stats["mem_peak"]), SOURCE_LABELS.get(dev["source"], dev["source"])))
+    for rank_id, gpu_mem in (telemetry.get("rank_gpu_mem_peak") or {} if telemetry is not None else {}).items():
+        table.add_row(f"rank {rank_id} GPU memory peak", fmt_bytes(gpu_mem), "NVML (the rank's own processes)")
+    overall = (telemetry["active"] or telemetry["whole"]) if telemetry is not None else None
+    if telemetry is not None and overall and overall["util_mean"] is not None:
+        span = "active window" if telemetry["active"] else "whole run"
+        unit = overall["util_unit"]
         table.add_row(*text_row("mean/peak device util",
-                                f"{overall['util_mean']:.0f}/{_num(overall.get('util_peak'), '.0f')}%",
+                                f"{overall['util_mean']:.0f}/{_num(overall['util_peak'], '.0f')}%",
                                 f"{unit}, {overall['devices']} {overall['kind']}{'s' if overall['devices'] != 1 else ''}, "
                                 f"{span.removesuffix(' window')}"))
-        low, high = overall.get("util_min"), overall.get("util_max")
-        if overall.get("devices", 0) > 1 and low is not None and high is not None:
+        low, high = overall["util_min"], overall["util_max"]
+        if overall["devices"] > 1 and low is not None and high is not None:
             table.add_row(*text_row("util min-max over devices", f"{low:.0f}-{high:.0f}%",
                                     f"{unit}: the lowest and highest device's mean, {span}"))
-    peak = run.summary.get("mfu_peak")
-    if isinstance(peak, dict) and peak.get("flops"):
-        from runner.analysis.mfu import Peak
-
-        stored = Peak.from_json(peak)
+    mfu_peak = run.summary.mfu_peak
+    if mfu_peak is not None and mfu_peak.get("flops"):
+        stored = Peak.from_json(mfu_peak)
         if stored is not None:
             # the source's first clause (its details, the CPU's ISA flags, are in `ftui compare`'s notes)
             table.add_row(*text_row("MFU peak/device", stored.label(), stored.source.split(", ")[0]))
@@ -204,26 +200,26 @@ def run_summary_table(run: RunInfo | None) -> Table:
     return table
 
 
-def zero_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
+def zero_rows(summary: RunSummary) -> list[tuple[str, str, str]]:
     """(figure, value, source) rows for what the trainer found in effect: the engine and sharding (ZeRO
     runs and every strategy since) and the precision of the live tensors."""
     rows: list[tuple[str, str, str]] = []
-    sharding = summary.get("sharding")
-    if isinstance(sharding, dict):
+    sharding = summary.sharding
+    if sharding is not None:
         value = str(sharding.get("how") or sharding.get("engine") or "-")
         if sharding.get("offload") not in (None, "none"):
             value += f", offload {sharding['offload']}"
         rows.append(("engine / sharding", value, "trainer (in effect: read from the prepared model and optimizer)"))
-    precision = summary.get("precision")
-    if isinstance(precision, dict):
+    precision = summary.precision
+    if precision is not None:
         parts = [("params", "params"), ("frozen", "frozen_params"), ("compute", "compute"),
                  ("optimizer state", "optimizer_state"), ("master", "master")]
         value = " · ".join(f"{label} {precision.get(key) or 'none'}" for label, key in parts
                            if key != "frozen_params" or precision.get(key))
         rows.append(("precision", value, "measured (dtypes of rank 0's live tensors)"))
-    if summary.get("loss_scale_drops"):
-        rows.append(("fp16 loss-scale drops", str(summary["loss_scale_drops"]), "trainer (loss_scale events)"))
-    host = ((summary.get("estimate") or {}).get("per_device_bytes") or {}).get("host_bytes")
+    if summary.loss_scale_drops:
+        rows.append(("fp16 loss-scale drops", str(summary.loss_scale_drops), "trainer (loss_scale events)"))
+    host = ((summary.estimate or {}).get("per_device_bytes") or {}).get("host_bytes")
     if host:
         rows.append(("offloaded to host", fmt_bytes(host), "estimated (per rank: host memory, not the device's)"))
     return rows
@@ -252,21 +248,20 @@ def _dig(mapping: Any, dotted: str) -> Any:
     return mapping
 
 
-def estimate_vs_measured(summary: dict[str, Any]) -> list[tuple[str, int, float | None, float | None]]:
+def estimate_vs_measured(summary: RunSummary) -> list[tuple[str, int, float | None, float | None]]:
     """(kind, estimated bytes per device, measured bytes, error in percent) for each figure both sides
     have: the peak and each phase's peak against the independent measurement (runner/rank/memtrack.py: the
     CUDA allocator's peak on GPU, the live-tensor peak on CPU; busiest rank), the model states against their
     exact tensor bytes (mean over ranks), and the saved activations of one forward (a detail). Empty when the
-    run has no estimate; a row is left out when the estimate lacks its key (estimates stored by older
-    versions)."""
-    per_device = (summary.get("estimate") or {}).get("per_device_bytes")
+    run has no estimate; a row is left out when the estimate lacks its key (an estimate of fewer parts)."""
+    per_device = (summary.estimate or {}).get("per_device_bytes")
     if not per_device:
         return []
-    ranks = summary.get("ranks") or []
+    ranks = summary.ranks
     out: list[tuple[str, int, float | None, float | None]] = []
     for kind, key_est, key_meas, how, _ in ESTIMATE_KINDS:
         est = next((v for k in key_est.split("|") if (v := _dig(per_device, k)) is not None), None)
-        if est is None:  # an estimate stored by an older version lacks the key
+        if est is None:
             continue
         # The measured bytes count a rank's tensors wherever they live: the estimate's offloaded (host) part
         # of the same kind is added (a ZeRO offload; on a CPU-only machine both are host memory).
@@ -285,11 +280,11 @@ def estimate_vs_measured(summary: dict[str, Any]) -> list[tuple[str, int, float 
     return out
 
 
-def estimate_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
+def estimate_rows(summary: RunSummary) -> list[tuple[str, str, str]]:
     rows = []
-    n = len(summary.get("ranks") or [])
+    n = len(summary.ranks)
     notes = {kind: note for kind, _, _, _, note in ESTIMATE_KINDS}
-    peak_source = next((rank_peak(r)[1] for r in summary.get("ranks") or [] if rank_peak(r)[0] is not None),
+    peak_source = next((rank_peak(r)[1] for r in summary.ranks if rank_peak(r)[0] is not None),
                        "not measured")
     for kind, est, measured, err in estimate_vs_measured(summary):
         value = f"{fmt_bytes(est)} est. / {fmt_bytes(measured)} meas."
@@ -297,20 +292,20 @@ def estimate_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
         note = f"estimated (runner.planner) vs {what} ({notes[kind]}"
         note += f", {n} ranks)" if n > 1 and "busiest" not in notes[kind] else ")"
         rows.append((f"{kind} per device", value + ("" if err is None else f" ({err:+.1f}%)"), note))
-    approximate = (summary.get("estimate") or {}).get("approximate")
+    approximate = (summary.estimate or {}).get("approximate")
     if approximate:
         rows.append(("estimate", "approximate", str(approximate)))
     return rows
 
 
-def estimate_table(summary: dict[str, Any]) -> Group | None:
+def estimate_table(summary: RunSummary) -> Group | None:
     """Memory per device, estimated against measured: one row per figure (peak, each phase's peak, model
     states, saved activations), the error in percent; None when the run stored no estimate."""
     compared = estimate_vs_measured(summary)
     if not compared:
         return None
-    n = len(summary.get("ranks") or [])
-    peak_source = next((rank_peak(r)[1] for r in summary.get("ranks") or [] if rank_peak(r)[0] is not None),
+    n = len(summary.ranks)
+    peak_source = next((rank_peak(r)[1] for r in summary.ranks if rank_peak(r)[0] is not None),
                        "not measured")
     notes = {kind: note for kind, _, _, _, note in ESTIMATE_KINDS}
     table = Table(title="memory per device: estimated vs measured")
@@ -389,7 +384,7 @@ def run_to_json(run: RunInfo, metrics: list[MetricPoint] | None = None,
         "total_steps": run.total_steps,
         "steps_done": run.steps_done,
         "summary": {
-            **run.summary,
+            **run.summary.to_json(),
             "train_seconds": run.train_seconds,
             "tokens_per_s": run.tokens_per_s,
             "final_loss": run.final_loss,

@@ -14,8 +14,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 from textual.worker import get_current_worker
 
-from store import RunInfo, Store
-from store.store import MetricPoint
+from store import MetricPoint, RunInfo, Store
 from tui.app.messages import CompareRuns, LaunchFailed, Notice, OpenRun, RunLaunched, RunsLoaded
 from tui.app.screens.data import launch_run, resume_run, run_duration
 from tui.app.screens.modals import ConfirmScreen, PromptScreen
