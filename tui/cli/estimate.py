@@ -205,11 +205,11 @@ def _probe(args: argparse.Namespace) -> int:
     if args.recipe is None:
         return fail("estimate --probe: needs a recipe file")
     from runner.spec.recipe import RecipeError, load_recipe
-    from runner.watch import orchestrator
+    from runner.watch.preflight import preflight
 
     try:
         recipe = load_recipe(args.recipe)
-        orchestrator.preflight(recipe)
+        preflight(recipe)
     except RecipeError as exc:
         return fail(f"{args.recipe}: {exc}")
     return run_finder(args, recipe, args.mem_cap, str(args.recipe))
@@ -220,8 +220,9 @@ def run_finder(args: argparse.Namespace, recipe: Any, mem_cap: str | None, sourc
     from rich.console import Console
     from rich.table import Table
 
+    from runner.service.batch import find_batch_size
     from runner.spec.units import parse_bytes
-    from runner.watch import orchestrator
+    from runner.watch.host import runs_on_cpu
     from tui.render.report import fmt_bytes
 
     con = Console(highlight=False, stderr=getattr(args, "format", "text") == "json")
@@ -234,7 +235,7 @@ def run_finder(args: argparse.Namespace, recipe: Any, mem_cap: str | None, sourc
     elif recipe.launch.mem_cap:
         cap = parse_bytes(recipe.launch.mem_cap)  # validated with the recipe
         origin = "recipe (launch.mem_cap)"
-    elif not orchestrator.runs_on_cpu(recipe) and _nvml_gpus():
+    elif not runs_on_cpu(recipe) and _nvml_gpus():
         cap = min(_nvml_gpus())
         origin = "NVML (GPU memory)"
     else:
@@ -249,7 +250,7 @@ def run_finder(args: argparse.Namespace, recipe: Any, mem_cap: str | None, sourc
         con.print(f"  batch {t.batch_size:>3}: run {t.run_id}, measured {fmt_bytes(t.measured_bytes)} per rank"
                   f" → {verdict}", markup=False)
 
-    result = orchestrator.find_batch_size(store, recipe, cap, source=source, on_trial=show)
+    result = find_batch_size(store, recipe, cap, source=source, on_trial=show)
     if getattr(args, "format", "text") == "json":
         print(json.dumps(result, indent=2))
     else:

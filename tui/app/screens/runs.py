@@ -17,13 +17,13 @@ from textual.worker import get_current_worker
 from store import RunInfo, Store
 from store.store import MetricPoint
 from tui.app.messages import CompareRuns, LaunchFailed, Notice, OpenRun, RunLaunched, RunsLoaded
-from tui.app.screens.data import launch_run, resume_run, run_duration
+from tui.app.poll import run_duration
 from tui.app.screens.modals import ConfirmScreen, PromptScreen
 from tui.render.report import STATUS_STYLE, fmt_seconds
 from tui.render.words import distributed_words
 
 if TYPE_CHECKING:
-    from tui.app import FtuiApp
+    from tui.app.app import FtuiApp
 
 COLUMNS = ("sel", "id", "name", "status", "step", "loss", "tokens/s", "duration", "strategy", "mode", "method",
            "tags · note", "started", "util")
@@ -352,10 +352,13 @@ class RunsScreen(Screen[None]):
 
     @work(thread=True, group="launch")
     def resume(self, run: RunInfo) -> None:
+        from runner.service import (
+            launch,  # (pydantic, the planner, the store's writers: not before the first paint)
+        )
         from runner.spec.recipe import RecipeError
 
         try:
-            run_id = resume_run(self.ftui.store, run.id, self.ftui.fake_gpus)
+            run_id = launch.resume_detached(self.ftui.store, run.id, self.ftui.fake_gpus)
         except (RecipeError, OSError) as exc:
             self.post_message(LaunchFailed(str(exc)))
             return
@@ -363,12 +366,16 @@ class RunsScreen(Screen[None]):
 
     @work(thread=True, group="launch")
     def rerun(self, run: RunInfo) -> None:
+        from runner.service import (
+            launch,  # (pydantic, the planner, the store's writers: not before the first paint)
+        )
         from runner.spec.recipe import RecipeError, parse_recipe
 
         try:
             recipe = parse_recipe(run.recipe_text, source=f"run {run.id}")
-            run_id, warnings = launch_run(self.ftui.store, recipe, run.recipe_source, self.ftui.fake_gpus)
+            launched = launch.launch_detached(self.ftui.store, launch.LaunchRequest(recipe, run.recipe_source),
+                                              self.ftui.fake_gpus)
         except (RecipeError, OSError) as exc:
             self.post_message(LaunchFailed(str(exc)))
             return
-        self.post_message(RunLaunched(run_id, warnings))
+        self.post_message(RunLaunched(launched.run_id, launched.warnings))
