@@ -24,7 +24,6 @@ they start. Running it twice changes nothing the second time.
 from __future__ import annotations
 
 import socket
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,15 +158,3 @@ def recover_all(store: Store, attach: bool = True, fake_gpus: int = 0) -> list[R
         except Exception as exc:  # noqa: BLE001 (one bad run must not stop ftui from starting)
             done.append(Recovered(run.id, "error", run.status, f"{type(exc).__name__}: {exc}"[:300]))
     return done
-
-
-def wait_watched(store: Store, run_id: int, timeout_s: float = 600.0) -> str:
-    """Wait until a run leaves ``created``/``running``; its status (tests, scripts)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        run = store.get_run(run_id)
-        if run is not None and run.status not in ("created", "running"):
-            return str(run.status)
-        time.sleep(0.5)
-    return "running"
-

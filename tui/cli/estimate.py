@@ -91,44 +91,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
               + (f" ({', '.join(shape_flags)} {'needs' if len(shape_flags) == 1 else 'need'} --params)"
                  if shape_flags else ""))
     notes: list[str] = []
-    recipe = None
-    if args.params is not None:
-        try:
-            shape = E.shape_from_params(args.params, layers=args.layers, hidden=args.hidden, heads=args.heads,
-                                        kv_heads=args.kv_heads, intermediate=args.intermediate, vocab=args.vocab)
-        except ValueError as exc:
-            return fail(f"--params: {exc}")
-        notes.append(f"model: {args.params:.3g} parameters, Llama-like shape ({shape.layers} layers, hidden "
-                     f"{shape.hidden}, {shape.heads} heads, {shape.kv_heads} kv heads, intermediate "
-                     f"{shape.intermediate}, vocabulary {shape.vocab}; sizes not given are approximate)")
-        inp = E.EstimateInput(shape, method=args.method or "full", precision=args.precision or "bf16",
-                              lora_r=args.lora_r or 8)
-    elif args.model is not None:
-        try:
-            source = E.resolve_model_shape(args.model)
-        except ValueError as exc:
-            return fail(f"--model: {exc}")
-        notes.append(f"model: {source.note}")
-        inp = E.EstimateInput(source.shape, method=args.method or "full", precision=args.precision or "bf16",
-                              lora_r=args.lora_r or 8)
-    else:
-        from runner.spec.recipe import RecipeError, load_recipe
-
-        try:
-            recipe = load_recipe(args.recipe)
-            source = E.resolve_model_shape(recipe.model.name)
-        except (RecipeError, ValueError, OSError) as exc:
-            return fail(str(exc) if str(exc).startswith(str(args.recipe)) else f"{args.recipe}: {exc}")
-        notes.append(f"model: {source.note}")
-        inp = E.inputs_from_recipe(recipe, shape=source.shape)
-        if args.method and args.method != inp.method:
-            inp = replace(inp, method=args.method, param_dtype=E.recipe_param_dtype(
-                recipe.model.dtype, args.method, args.precision or inp.precision))
-        if args.precision:
-            inp = replace(inp, precision=args.precision, param_dtype=E.recipe_param_dtype(
-                recipe.model.dtype, inp.method, args.precision))
-        if args.lora_r is not None:
-            inp = replace(inp, lora_r=args.lora_r)
+    inp, recipe = _model_input(args, notes)
     if (warning := _approximate_note(inp.shape)) is not None:
         notes.insert(0, warning)
     if args.micro_batch is not None:
@@ -176,6 +139,54 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         return 0
     _print_text(report, inp, gpu_mem, n_gpus, notes)
     return 0
+
+
+def _model_input(args: argparse.Namespace, notes: list[str]) -> tuple[Any, Any]:
+    """The estimate's input from ``--params``, ``--model`` or the recipe (with its flags), and the recipe
+    (None without one); what it assumed goes to ``notes``."""
+    from dataclasses import replace
+
+    from runner import planner as E
+
+    recipe = None
+    if args.params is not None:
+        try:
+            shape = E.shape_from_params(args.params, layers=args.layers, hidden=args.hidden, heads=args.heads,
+                                        kv_heads=args.kv_heads, intermediate=args.intermediate, vocab=args.vocab)
+        except ValueError as exc:
+            return fail(f"--params: {exc}")
+        notes.append(f"model: {args.params:.3g} parameters, Llama-like shape ({shape.layers} layers, hidden "
+                     f"{shape.hidden}, {shape.heads} heads, {shape.kv_heads} kv heads, intermediate "
+                     f"{shape.intermediate}, vocabulary {shape.vocab}; sizes not given are approximate)")
+        inp = E.EstimateInput(shape, method=args.method or "full", precision=args.precision or "bf16",
+                              lora_r=args.lora_r or 8)
+    elif args.model is not None:
+        try:
+            source = E.resolve_model_shape(args.model)
+        except ValueError as exc:
+            return fail(f"--model: {exc}")
+        notes.append(f"model: {source.note}")
+        inp = E.EstimateInput(source.shape, method=args.method or "full", precision=args.precision or "bf16",
+                              lora_r=args.lora_r or 8)
+    else:
+        from runner.spec.recipe import RecipeError, load_recipe
+
+        try:
+            recipe = load_recipe(args.recipe)
+            source = E.resolve_model_shape(recipe.model.name)
+        except (RecipeError, ValueError, OSError) as exc:
+            return fail(str(exc) if str(exc).startswith(str(args.recipe)) else f"{args.recipe}: {exc}")
+        notes.append(f"model: {source.note}")
+        inp = E.inputs_from_recipe(recipe, shape=source.shape)
+        if args.method and args.method != inp.method:
+            inp = replace(inp, method=args.method, param_dtype=E.recipe_param_dtype(
+                recipe.model.dtype, args.method, args.precision or inp.precision))
+        if args.precision:
+            inp = replace(inp, precision=args.precision, param_dtype=E.recipe_param_dtype(
+                recipe.model.dtype, inp.method, args.precision))
+        if args.lora_r is not None:
+            inp = replace(inp, lora_r=args.lora_r)
+    return inp, recipe
 
 
 def _approximate_note(shape: Any) -> str | None:

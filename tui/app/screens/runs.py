@@ -352,9 +352,8 @@ class RunsScreen(Screen[None]):
 
     @work(thread=True, group="launch")
     def resume(self, run: RunInfo) -> None:
-        from runner.service import (
-            launch,  # (pydantic, the planner, the store's writers: not before the first paint)
-        )
+        # Deferred: pydantic, the planner and the store's writers are not needed before the first paint.
+        from runner.service import launch
         from runner.spec.recipe import RecipeError
 
         try:
@@ -366,9 +365,8 @@ class RunsScreen(Screen[None]):
 
     @work(thread=True, group="launch")
     def rerun(self, run: RunInfo) -> None:
-        from runner.service import (
-            launch,  # (pydantic, the planner, the store's writers: not before the first paint)
-        )
+        # Deferred: pydantic, the planner and the store's writers are not needed before the first paint.
+        from runner.service import launch
         from runner.spec.recipe import RecipeError, parse_recipe
 
         try:
