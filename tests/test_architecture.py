@@ -58,7 +58,7 @@ def test_the_cli_imports_neither_textual_nor_torch() -> None:
 
 
 def test_the_core_imports_no_front_end() -> None:
-    loaded = _modules_after("import runner.watch.orchestrator, runner.analysis.compare, runner.service.sweep, runner.hardware, store")
+    loaded = _modules_after("import runner.watch.follow, runner.service.launch, runner.analysis.compare, runner.service.sweep, runner.hardware, store")
     assert not {m for m in loaded if m.split(".")[0] in ("textual", "rich", "tui")}
 
 

@@ -22,7 +22,7 @@ def test_help_and_runs_do_not_import_torch_or_textual(ftui: Ftui) -> None:
 
 
 def test_core_never_imports_the_tui() -> None:
-    code = "import sys, runner.watch.orchestrator, runner.spec.recipe, store; sys.exit('textual' in sys.modules or 'tui' in sys.modules)"
+    code = "import sys, runner.watch.follow, runner.service.launch, runner.spec.recipe, store; sys.exit('textual' in sys.modules or 'tui' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 

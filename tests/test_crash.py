@@ -23,7 +23,9 @@ from runner.spec import events as ev
 from runner.spec.launch import LaunchSpec
 from runner.spec.paths import RunFolderError, claim_run_folder, slug
 from runner.spec.recipe import load_recipe, parse_recipe
-from runner.watch import crash, orchestrator
+from runner.watch import crash
+from runner.watch.follow import WatchOptions, execute
+from runner.watch.prepare import Prepared, prepare
 from store import Store
 from tests.conftest import QUICKSTART, ROOT, Ftui
 
@@ -101,8 +103,8 @@ def test_a_folder_that_holds_a_run_is_refused(tmp_path: Path) -> None:
 def test_two_stores_sharing_a_data_folder_get_different_run_folders(tmp_path: Path) -> None:
     recipe = load_recipe(QUICKSTART)
     root = tmp_path / "runs"
-    first = orchestrator.prepare(Store(f"sqlite:///{tmp_path / 'a.db'}"), recipe, root=root)
-    second = orchestrator.prepare(Store(f"sqlite:///{tmp_path / 'b.db'}"), recipe, root=root)
+    first = prepare(Store(f"sqlite:///{tmp_path / 'a.db'}"), recipe, root=root)
+    second = prepare(Store(f"sqlite:///{tmp_path / 'b.db'}"), recipe, root=root)
     assert first.run_id == second.run_id == 1, "both stores number their first run 1"
     assert first.run_dir != second.run_dir
     for prepared in (first, second):
@@ -135,12 +137,12 @@ SLOW_RANK = textwrap.dedent(
 )
 
 
-def _prepared(store: Store, tmp_path: Path, code: str) -> orchestrator.Prepared:
+def _prepared(store: Store, tmp_path: Path, code: str) -> Prepared:
     recipe = parse_recipe("")
     run_id = store.create_run(name="child", recipe_text=recipe.to_toml(), recipe_hash=recipe.digest(),
                               strategy="single", nproc=1, method="lora", model="m", run_dir=str(tmp_path))
     spec = LaunchSpec(argv=[sys.executable, "-c", code, str(tmp_path)], env={}, accelerate_config=None)
-    return orchestrator.Prepared(run_id=run_id, run_dir=tmp_path, spec=spec, recipe=recipe)
+    return Prepared(run_id=run_id, run_dir=tmp_path, spec=spec, recipe=recipe)
 
 
 def test_a_watcher_that_fails_while_watching_reaps_the_run_and_records_why(tmp_path: Path) -> None:
@@ -151,7 +153,7 @@ def test_a_watcher_that_fails_while_watching_reaps_the_run_and_records_why(tmp_p
         if event["type"] == "step" and event["step"] >= 3:
             raise RuntimeError("a progress bar fell over")
 
-    outcome = orchestrator.execute(store, prepared, on_event=broken, sample_interval_s=0.25)
+    outcome = execute(store, prepared, WatchOptions(sample_interval_s=0.25), on_event=broken)
     run = store.get_run(outcome.run_id)
     assert run is not None and run.status == "failed"
     assert run.error == "watcher error: RuntimeError: a progress bar fell over"
@@ -187,7 +189,7 @@ def test_a_hang_that_lasts_is_stopped_and_failed(tmp_path: Path) -> None:
     store = Store(f"sqlite:///{tmp_path / 'ftui.db'}")
     prepared = _prepared(store, tmp_path, HUNG_RANK)
     started = time.monotonic()
-    outcome = orchestrator.execute(store, prepared, sample_interval_s=0.25, hang_after_s=2.0)
+    outcome = execute(store, prepared, WatchOptions(sample_interval_s=0.25, hang_after_s=2.0))
     took = time.monotonic() - started
     assert outcome.status == "failed"
     assert outcome.error is not None and outcome.error.startswith("hang: no step for ")
@@ -301,7 +303,7 @@ def test_a_database_locked_for_a_while_loses_nothing_and_does_not_end_the_run(tm
 
     locker = threading.Thread(target=lock_the_database)
     locker.start()
-    outcome = orchestrator.execute(store, prepared, sample_interval_s=0.25)
+    outcome = execute(store, prepared, WatchOptions(sample_interval_s=0.25))
     locker.join()
     assert held.is_set()
     assert outcome.status == "completed", outcome.error

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from runner.rank import memtrack
+from runner.service.batch import trial_bytes
 from runner.spec.summary import MEASURED_LIVE, busiest_peak, rank_peak, rank_rss, trained_bytes
-from runner.watch.orchestrator import trial_bytes
 
 F32 = 4
 

@@ -119,7 +119,7 @@ def _run_with_eval(store: Store, losses: list[float], evals: dict[int, float]) -
 
 def test_monitor_feed_compare_and_report_show_eval(tmp_path: Path) -> None:
     from runner.analysis.compare import load_comparison
-    from tui.app.screens.data import MonitorFeed
+    from tui.app.poll import MonitorFeed
     from tui.app.screens.monitor import named_text
     from tui.render.compare import markdown, rich_table, to_html
 

@@ -332,7 +332,7 @@ def _remote_run(store: Store) -> int:
 
 
 def test_the_monitor_shows_a_run_on_other_machines_from_the_store_alone(db_url: str) -> None:
-    from tui.app.screens.data import MonitorFeed
+    from tui.app.poll import MonitorFeed
 
     store = Store(db_url)
     run_id = _remote_run(store)
@@ -348,7 +348,7 @@ def test_the_monitor_shows_a_run_on_other_machines_from_the_store_alone(db_url: 
 
 
 def test_stop_of_a_run_on_other_machines_goes_through_the_store(db_url: str) -> None:
-    from runner.watch.procs import request_stop
+    from runner.service.stop import request_stop
 
     store = Store(db_url)
     run_id = _remote_run(store)

@@ -14,7 +14,8 @@ import pytest
 from runner.hardware import GIB, FakeGpu, FakeNvml, NvmlBackend, Probe
 from runner.spec.launch import LaunchSpec
 from runner.spec.recipe import parse_recipe
-from runner.watch import orchestrator
+from runner.watch.follow import WatchOptions, execute
+from runner.watch.prepare import Prepared
 from store import Store
 
 HANGING_RANK = textwrap.dedent(
@@ -35,12 +36,12 @@ HANGING_RANK = textwrap.dedent(
 )
 
 
-def _prepared(store: Store, tmp_path: Path, code: str, recipe_text: str = "") -> orchestrator.Prepared:
+def _prepared(store: Store, tmp_path: Path, code: str, recipe_text: str = "") -> Prepared:
     recipe = parse_recipe(recipe_text)
     run_id = store.create_run(name="child", recipe_text=recipe.to_toml(), recipe_hash=recipe.digest(),
                               strategy="single", nproc=1, method="lora", model="m", run_dir=str(tmp_path))
     spec = LaunchSpec(argv=[sys.executable, "-c", code, str(tmp_path)], env={}, accelerate_config=None)
-    return orchestrator.Prepared(run_id=run_id, run_dir=tmp_path, spec=spec, recipe=recipe)
+    return Prepared(run_id=run_id, run_dir=tmp_path, spec=spec, recipe=recipe)
 
 
 @pytest.mark.slow
@@ -48,7 +49,7 @@ def test_an_idle_rank_without_steps_is_flagged_as_a_hang(tmp_path: Path) -> None
     store = Store(f"sqlite:///{tmp_path / 'ftui.db'}")
     prepared = _prepared(store, tmp_path, HANGING_RANK)
     seen: list[dict] = []
-    outcome = orchestrator.execute(store, prepared, on_event=seen.append, sample_interval_s=0.25, hang_after_s=3.0)
+    outcome = execute(store, prepared, WatchOptions(sample_interval_s=0.25, hang_after_s=3.0), on_event=seen.append)
     hangs = store.events(outcome.run_id, "hang")
     assert len(hangs) == 1, "flagged once per episode"
     assert hangs[0].payload["idle"] == ["rank:0"]
@@ -62,7 +63,7 @@ def test_an_idle_rank_without_steps_is_flagged_as_a_hang(tmp_path: Path) -> None
 def test_a_launch_that_dies_at_once_is_failed_with_its_reason(tmp_path: Path) -> None:
     store = Store(f"sqlite:///{tmp_path / 'ftui.db'}")
     prepared = _prepared(store, tmp_path, "raise SystemExit('ValueError: no such model')")
-    outcome = orchestrator.execute(store, prepared, sample_interval_s=0.25)
+    outcome = execute(store, prepared, WatchOptions(sample_interval_s=0.25))
     run = store.get_run(outcome.run_id)
     assert run is not None and run.status == "failed" and run.exit_code == 1
     assert run.error == "launcher.log: ValueError: no such model"
@@ -98,7 +99,7 @@ def test_a_launch_that_became_another_strategy_is_stopped_and_failed(tmp_path: P
     start = {"type": "start", "distributed_type": "MULTI_CPU", "world_size": 2, "total_steps": 100}
     prepared = _prepared(store, tmp_path, _rank(start, steps=0, linger_s=60),
                          recipe_text='[launch]\nstrategy = "fsdp"\nnproc = 2\n')
-    outcome = orchestrator.execute(store, prepared, sample_interval_s=0)
+    outcome = execute(store, prepared, WatchOptions(sample_interval_s=0))
     run = store.get_run(outcome.run_id)
     assert run is not None and run.status == "failed" and run.distributed_type == "MULTI_CPU"
     assert run.error is not None and run.error.startswith("launch.strategy: asked for fsdp (FSDP)")
@@ -117,7 +118,7 @@ def test_each_rank_gets_its_own_gpu_memory_peak(tmp_path: Path) -> None:
     nvml = FakeNvml([FakeGpu(util=50.0, mem_used=10 * GIB), FakeGpu(util=90.0, mem_used=20 * GIB, processes=on_gpu1)])
     start = {"type": "start", "distributed_type": "NO", "world_size": 1, "total_steps": 4}
     prepared = _prepared(store, tmp_path, _rank(start, steps=4, linger_s=1.0))
-    outcome = orchestrator.execute(store, prepared, probe=Probe(nvml=NvmlBackend(lib=nvml)), sample_interval_s=0.2)
+    outcome = execute(store, prepared, WatchOptions(probe=Probe(nvml=NvmlBackend(lib=nvml)), sample_interval_s=0.2))
     assert outcome.status == "completed", outcome.error
     telemetry = store.get_run(outcome.run_id).summary.telemetry  # type: ignore[union-attr]
     assert telemetry["rank_gpu_mem_peak"] == {"0": 3 * GIB}, "pid 1 is not the run's: not counted"

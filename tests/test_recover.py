@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from runner.service.recover import recover_all
 from runner.spec import events as ev
 from runner.spec.recipe import load_recipe
-from runner.watch import journal, orchestrator
-from runner.watch.recover import recover_all
+from runner.watch import journal
+from runner.watch.detached import start_detached
+from runner.watch.prepare import load_prepared, prepare
 from store import Store
 from tests.conftest import QUICKSTART, ROOT, Ftui
 
@@ -46,11 +48,11 @@ def _detached_fake_run(tmp_path: Path, steps: int) -> tuple[Store, int, Path, su
     """A run prepared for real whose launch is a fake rank, followed by a detached watcher (the TUI's way)."""
     db = f"sqlite:///{tmp_path / 'ftui.db'}"
     store = Store(db)
-    prepared = orchestrator.prepare(store, load_recipe(QUICKSTART), root=tmp_path / "runs")
+    prepared = prepare(store, load_recipe(QUICKSTART), root=tmp_path / "runs")
     (prepared.run_dir / ev.LAUNCH_FILE).write_text(json.dumps(
         {"argv": [sys.executable, "-c", FAKE_RANK, str(prepared.run_dir), str(steps)], "env": {},
          "accelerate_config": None}))
-    watcher = orchestrator.start_detached(db, orchestrator.load_prepared(prepared.run_id or 0, prepared.run_dir))
+    watcher = start_detached(db, load_prepared(prepared.run_id or 0, prepared.run_dir))
     assert prepared.run_id is not None
     return store, prepared.run_id, prepared.run_dir, watcher
 
@@ -104,7 +106,7 @@ def test_a_run_whose_watcher_died_and_that_then_finished_is_completed_once(tmp_p
     _assert_store_equals_journal(store, run_id, run_dir)
     before = (len(store.events(run_id)), len(store.metrics(run_id)), len(store.samples(run_id)))
     assert recover_all(store) == []
-    from runner.watch.recover import recover_run
+    from runner.service.recover import recover_run
 
     recover_run(store, store.get_run(run_id))  # forced once more on a finished run: still no duplicate
     assert (len(store.events(run_id)), len(store.metrics(run_id)), len(store.samples(run_id))) == before

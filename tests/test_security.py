@@ -11,7 +11,7 @@ import pytest
 
 from runner.spec.paths import check_runs_dir, make_private_dir
 from runner.spec.recipe import parse_recipe
-from runner.watch.inputs import input_warnings
+from runner.watch.preflight import input_warnings
 from tui.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -43,7 +43,7 @@ def test_every_run_journals_its_phases_before_the_start_event(strategy_runs: dic
 
 def test_the_monitor_says_the_trainers_phase_before_step_one(tmp_path: Path) -> None:
     from store import Store
-    from tui.app.screens.data import MonitorFeed
+    from tui.app.poll import MonitorFeed
 
     store = Store(f"sqlite:///{tmp_path / 'ftui.db'}")
     run_id = store.create_run(name="q", recipe_text="", recipe_hash="", strategy="single", nproc=1,

@@ -238,7 +238,9 @@ def test_host_facts_are_detected_once_per_command(monkeypatch: pytest.MonkeyPatc
     """"Is this a CPU run?" was asked 3-4 times per ``ftui run``, each time starting NVML afresh."""
     from runner.hardware import hostfacts
     from runner.spec.recipe import parse_recipe
-    from runner.watch import orchestrator
+    from runner.watch.estimate import estimate_summary
+    from runner.watch.host import cpu_threads, cuda_device_count
+    from runner.watch.preflight import preflight
 
     calls: list[hostfacts.HostFacts] = []
     real = hostfacts.detect
@@ -250,10 +252,10 @@ def test_host_facts_are_detected_once_per_command(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(hostfacts, "detect", counting)
     hostfacts.current.cache_clear()
     recipe = parse_recipe("")
-    orchestrator.preflight(recipe)
-    orchestrator.cpu_threads(recipe)
-    orchestrator.cuda_device_count()
-    orchestrator.estimate_summary(recipe)
+    preflight(recipe)
+    cpu_threads(recipe)
+    cuda_device_count()
+    estimate_summary(recipe)
     assert len(calls) == 1
     facts = calls[0]
     assert facts.has_cuda == (facts.visible_gpus > 0) and facts.cpu_cores >= 1

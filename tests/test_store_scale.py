@@ -193,7 +193,7 @@ def _statements(store: Store) -> list[str]:
 
 def test_compare_and_the_monitor_read_named_metrics_from_their_summaries(tmp_path: Path) -> None:
     from runner.analysis.compare import CURVE_POINTS, load_comparison
-    from tui.app.screens.data import LONG_RUN_STEPS, MonitorFeed
+    from tui.app.poll import LONG_RUN_STEPS, MonitorFeed
 
     store = Store(f"sqlite:///{tmp_path / 'ftui.db'}")
     steps = LONG_RUN_STEPS * 3  # 1,200 evals, 6,000 train/a values: both past CURVE_POINTS
@@ -349,7 +349,7 @@ def test_a_run_recorded_without_stored_figures_still_compares(many: dict[str, An
 
 
 def test_the_monitor_opens_a_long_run_from_the_summaries_and_follows_it(tmp_path: Path) -> None:
-    from tui.app.screens.data import LONG_RUN_STEPS, MonitorFeed
+    from tui.app.poll import LONG_RUN_STEPS, MonitorFeed
 
     store = Store(f"sqlite:///{tmp_path / 'ftui.db'}")
     steps = LONG_RUN_STEPS * 3

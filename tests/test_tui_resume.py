@@ -11,7 +11,7 @@ from textual.message import Message
 from store import Store
 from tui.app import make_app
 from tui.app.messages import LaunchFailed
-from tui.app.screens.data import MonitorFeed
+from tui.app.poll import MonitorFeed
 from tui.app.screens.runs import RunsScreen
 
 ROOT = Path(__file__).resolve().parent.parent

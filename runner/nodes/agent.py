@@ -3,7 +3,7 @@
 Each machine runs one agent. It joins the run's row in the shared store (:func:`store.nodes.join_run`,
 by the run key every node derives alike), writes its own run folder, starts this machine's ranks
 through ``accelerate launch`` (the rendezvous of :mod:`runner.spec.rendezvous`) and follows them with the
-one-machine watcher (:func:`runner.watch.orchestrator.follow`), which calls back here to
+one-machine watcher (:func:`runner.watch.follow.follow`), which calls back here to
 
 - renew the node's heartbeat and record which global ranks (and node rank) landed here;
 - poll the store's stop requests (``ftui stop``, the TUI, another node's Ctrl-C), so a stop asked on any
@@ -18,7 +18,6 @@ writes the run's figures (metrics, summary). No agent assumes another's processe
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -27,11 +26,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runner.nodes import slurm
 from runner.spec import events as ev
+from runner.spec.checkpoint import complete_checkpoints, step_of
+from runner.spec.paths import RunFolderError, claim_run_folder, runs_dir
 from runner.spec.recipe import Recipe
 from runner.spec.rendezvous import NodeSpec
-from store import Store
+from runner.watch.estimate import estimate_summary
+from runner.watch.identity import record_watcher, watcher_host
+from runner.watch.preflight import PreflightError
+from runner.watch.prepare import Prepared, run_uid, write_launch
+from runner.watch.procs import StopRequest
+from store import Store, StoreError
 from store import nodes as store_nodes
+from store.store import utcnow
 
 HEARTBEAT_S = 2.0
 """How often an agent renews its heartbeat and reads stop requests."""
@@ -64,7 +72,7 @@ class NodeAgent:
         """The event source of this agent's journal in the store (each node's seq ids are its own)."""
         return "orchestrator" if self.slot == 0 else f"orchestrator:{self.slot}"
 
-    def tick(self, request: Any, run_dir: Path) -> None:
+    def tick(self, request: StopRequest, run_dir: Path) -> None:
         """Called by the watcher's loop: heartbeat, ranks, stop requests both ways. Never raises (a store
         down for a moment must not end a run)."""
         now = time.monotonic()
@@ -97,8 +105,6 @@ class NodeAgent:
         """Record the steps whose checkpoint this machine's folder holds complete, when they changed (the
         manifest of a new one turned complete, or pruning removed one): :mod:`runner.nodes.resume` reads
         them to pick the step every node can resume from."""
-        from runner.spec.checkpoint import complete_checkpoints, step_of
-
         steps = [s for p in complete_checkpoints(run_dir) if (s := step_of(p)) is not None]
         if steps != self._checkpoints:
             store_nodes.record_checkpoints(self.store, self.run_id, self.slot, steps)
@@ -115,7 +121,7 @@ class NodeAgent:
             except Exception:  # noqa: BLE001 (the node's end matters more than the record)
                 pass
         store_nodes.update_node(self.store, self.run_id, self.slot, status=status, error=error,
-                                exit_code=exit_code, ended_at=_utcnow(),
+                                exit_code=exit_code, ended_at=utcnow(),
                                 fault_at=self.fault_at if status == "failed" else None)
         deadline = time.monotonic() + wait_s
         while True:
@@ -127,7 +133,7 @@ class NodeAgent:
 
 def prepare_node(store: Store, recipe: Recipe, spec: NodeSpec, source: str | None = None,
                  root: Path | None = None, resumed_from: int | None = None,
-                 choose: Callable[[NodeAgent], Recipe] | None = None) -> Any:
+                 choose: Callable[[NodeAgent], Recipe] | None = None) -> Prepared:
     """Join (or create) the run of ``spec.run_key`` and write this node's run folder; start nothing.
 
     ``resumed_from``: the run this one continues; ``choose``: called once joined, before the folder is
@@ -135,15 +141,11 @@ def prepare_node(store: Store, recipe: Recipe, spec: NodeSpec, source: str | Non
     :mod:`runner.nodes.resume`); a PreflightError from it ends this node failed with that reason.
 
     Returns:
-        A :class:`runner.watch.orchestrator.Prepared` whose ``node`` is this machine's :class:`NodeAgent`.
+        The prepared run, with this machine's :class:`NodeAgent`.
 
     Raises:
-        runner.watch.orchestrator.PreflightError: the key's run already has all its nodes, or the folder
-            cannot be written (one line).
+        PreflightError: the key's run already has all its nodes, or the folder cannot be written (one line).
     """
-    from runner.spec.paths import RunFolderError, claim_run_folder, runs_dir
-    from runner.watch import orchestrator as orch
-
     create = {"name": recipe.name, "recipe_text": recipe.to_toml(), "recipe_hash": recipe.digest(),
               "recipe_source": source, "strategy": recipe.launch.strategy,
               "nproc": recipe.launch.nproc * spec.nnodes, "method": recipe.method.type,
@@ -151,50 +153,36 @@ def prepare_node(store: Store, recipe: Recipe, spec: NodeSpec, source: str | Non
     try:
         joined = store_nodes.join_run(store, spec.run_key, spec.nnodes, create, pid=os.getpid())
     except store_nodes.JoinRefused as exc:
-        raise orch.PreflightError(str(exc)) from None
+        raise PreflightError(str(exc)) from None
     agent = NodeAgent(store, joined.run_id, joined.slot, spec, joined.created, recipe.launch.nproc)
     if choose is not None:
         try:
             recipe = choose(agent)
-        except orch.PreflightError as exc:  # (every node refuses alike: the last one settles the run)
+        except PreflightError as exc:  # (every node refuses alike: the last one settles the run)
             agent.finish("failed", str(exc), None, wait_s=10.0)
             raise
-    uid = orch.run_uid(store, joined.run_id)
+    uid = run_uid(store, joined.run_id)
     try:  # each machine writes its own folder (no shared filesystem assumed); the slot tells them apart
         run_dir = claim_run_folder(root or runs_dir(), f"{uid}-n{joined.slot}", recipe.name)
     except (RunFolderError, OSError) as exc:
         agent.finish("failed", str(exc), None, wait_s=0)
-        raise orch.PreflightError(str(exc)) from None
-    from runner.spec.launch import build_launch
-
-    launch = build_launch(recipe, run_dir, port=spec.main_port, cpu_threads=orch.cpu_threads(recipe),
-                               nodes=spec)
-    for name, text in launch.files.items():
-        (run_dir / name).write_text(text)
-    (run_dir / ev.LAUNCH_FILE).write_text(json.dumps(launch.to_json(), indent=2) + "\n")
+        raise PreflightError(str(exc)) from None
+    launch = write_launch(recipe, run_dir, spec.main_port, spec)
     store_nodes.update_node(store, joined.run_id, joined.slot, run_dir=str(run_dir))
     agent.run_dir = run_dir
     if joined.created:
-        orch.record_watcher(store, joined.run_id)
+        record_watcher(store, joined.run_id)
         store.update_run(joined.run_id, run_dir=str(run_dir),
-                            summary={"uid": uid, "estimate": orch.estimate_summary(recipe),
+                            summary={"uid": uid, "estimate": estimate_summary(recipe),
                                      "nodes": {"nnodes": spec.nnodes, "backend": spec.backend,
                                                "main": f"{spec.main_addr}:{spec.main_port}",
                                                "run_key": spec.run_key}})
-    return orch.Prepared(run_id=joined.run_id, run_dir=run_dir, spec=launch, recipe=recipe, node=agent)
-
-
-def _utcnow() -> Any:
-    from store.store import utcnow
-
-    return utcnow()
+    return Prepared(run_id=joined.run_id, run_dir=run_dir, spec=launch, recipe=recipe, node=agent)
 
 
 def is_remote(run: Any) -> bool:
     """Whether ``run`` is followed by agents the store alone reaches: several machines, a SLURM job, or a
     watcher on another host."""
-    from runner.watch.recover import watcher_host
-
     return bool((getattr(run, "nnodes", None) or 1) > 1 or getattr(run, "slurm_job_id", None)
                 or watcher_host(run) != socket.gethostname())
 
@@ -209,18 +197,14 @@ def stop_through_store(store: Store, run_id: int, kill: bool = False, wait: bool
     """
     run = store.get_run(run_id)
     if run is None:
-        from store import StoreError
-
         raise StoreError(f"run {run_id}: no such run")
     if run.slurm_job_id:
-        from runner.nodes import slurm
-
         try:  # SIGTERM to every node agent of the job: the ranks finish their step and checkpoint
             slurm.cancel(run.slurm_job_id, kill=kill)
         except slurm.SlurmError:
             pass  # not on a SLURM host: the store's request below still reaches the agents
         if run.status == "created" and not store_nodes.nodes(store, run_id):  # still queued: no agent to ask
-            store.update_run(run_id, status="stopped" if not kill else "failed", ended_at=_utcnow(),
+            store.update_run(run_id, status="stopped" if not kill else "failed", ended_at=utcnow(),
                              error="killed by user" if kill else None,
                              summary={"stop": f"SLURM job {run.slurm_job_id} cancelled before it started"})
             return "stopped" if not kill else "failed"

@@ -7,7 +7,7 @@ node rank is a flag). Here the choice moves to where the node rank is known:
 
 1. Before joining, each agent checks that **every** old node's run folder is readable from this machine
    (a shared filesystem, the normal case on a SLURM cluster; loopback nodes share one disk) and checks
-   each of them for complete checkpoints (:func:`runner.nodes.resume.node_steps`: manifest, files and
+   each of them for complete checkpoints (:func:`runner.nodes.steps.node_steps`: manifest, files and
    sizes, that old node's ranks' parts), recording what it found in the old run's ``run_nodes`` rows. A
    folder not readable here: one line, exit 2, naming the nodes.
 2. It joins the new run and waits for every node; every node then picks the newest step every old node
@@ -26,11 +26,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runner.nodes.resume import _describe, _refuse, copy_dcp_parts, node_steps, wait_for_nodes
+from runner.nodes.agent import NodeAgent, prepare_node
+from runner.nodes.steps import copy_dcp_parts, describe_nodes, node_steps, refuse, wait_for_nodes
 from runner.rank.resume_map import write_map
 from runner.spec.checkpoint import checkpoint_dir
 from runner.spec.recipe import Recipe
 from runner.spec.rendezvous import NodesError, node_spec
+from runner.watch.preflight import preflight
+from runner.watch.prepare import Prepared
 from store import Store
 from store import nodes as store_nodes
 
@@ -48,21 +51,18 @@ def unreadable(folders: dict[int, tuple[str, str]]) -> list[str]:
 
 def prepare_c10d_resume(store: Store, old: Any, recipe: Recipe, rdzv_endpoint: str, run_key: str | None,
                         root: Path | None = None, wait_s: float = 600.0,
-                        warn: Callable[[str], None] | None = None) -> Any:
+                        warn: Callable[[str], None] | None = None) -> Prepared:
     """This machine's part of a new multi-node run continuing run ``old`` under a c10d rendezvous (see the
     module's text).
 
     Returns:
-        A :class:`runner.watch.orchestrator.Prepared` whose run folder holds the node-rank map; started by the
-        caller as ``ftui run --nnodes`` is.
+        The prepared run, whose run folder holds the node-rank map; started by the caller as
+        ``ftui run --nnodes`` is.
 
     Raises:
-        runner.watch.orchestrator.PreflightError: one line: bad flags, an old node that never started or whose
+        runner.watch.preflight.PreflightError: one line: bad flags, an old node that never started or whose
             folder is not readable here, or no step every node holds complete.
     """
-    from runner.nodes.agent import NodeAgent, prepare_node
-    from runner.watch import orchestrator as orch
-
     run_id = old.id
     key = run_key
     if key is None and os.environ.get("SLURM_JOB_ID"):
@@ -70,16 +70,16 @@ def prepare_c10d_resume(store: Store, old: Any, recipe: Recipe, rdzv_endpoint: s
     try:
         spec = node_spec(old.nnodes or 1, None, None, None, rdzv_endpoint, key, recipe.name)
     except NodesError as exc:
-        raise _refuse(str(exc)) from None
+        raise refuse(str(exc)) from None
     olds = store_nodes.nodes(store, run_id)
     unknown = [n for n in olds if n.node_rank is None]
     if unknown or len(olds) != (old.nnodes or 1):
-        raise _refuse(f"run {run_id}: node #{unknown[0].slot if unknown else len(olds)} never started its ranks: "
+        raise refuse(f"run {run_id}: node #{unknown[0].slot if unknown else len(olds)} never started its ranks: "
                       "it holds no checkpoint to resume from")
     by_rank = {n.node_rank: n for n in olds if n.node_rank is not None}
     missing = unreadable({k: (n.host, n.run_dir) for k, n in by_rank.items()})
     if missing:
-        raise _refuse(f"--rdzv-endpoint: a c10d resume needs the old run's folders on a shared filesystem (c10d "
+        raise refuse(f"--rdzv-endpoint: a c10d resume needs the old run's folders on a shared filesystem (c10d "
                       "gives each node its node rank only at the rendezvous, and that node then loads the old "
                       f"folder of the same node rank); not readable here: {'; '.join(missing)}")
     nproc = recipe.launch.nproc
@@ -95,7 +95,7 @@ def prepare_c10d_resume(store: Store, old: Any, recipe: Recipe, rdzv_endpoint: s
                                               "main_port": None, "rdzv_endpoint": rdzv_endpoint})
     recipe = recipe.model_copy(update={"launch": launch,
                                        "train": recipe.train.model_copy(update={"resume_from": None})})
-    orch.preflight(recipe)
+    preflight(recipe)
     chosen: dict[str, Any] = {}
 
     def choose(agent: NodeAgent) -> Recipe:
@@ -105,7 +105,7 @@ def prepare_c10d_resume(store: Store, old: Any, recipe: Recipe, rdzv_endpoint: s
         step = store_nodes.common_checkpoint(recorded)
         if step is None:
             why = [f"node {k}: {r[max(r)]}" for k, r in sorted(reasons.items()) if r]
-            raise _refuse(f"run {run_id}: no checkpoint step is complete on every node ({_describe(recorded)})"
+            raise refuse(f"run {run_id}: no checkpoint step is complete on every node ({describe_nodes(recorded)})"
                           + (f"; {'; '.join(why)}" if why else ""))
         newest = max(s for n in recorded for s in (n.checkpoints or []))
         if step < newest and warn is not None:
@@ -128,7 +128,7 @@ def prepare_c10d_resume(store: Store, old: Any, recipe: Recipe, rdzv_endpoint: s
     prepared = prepare_node(store, recipe, spec, source=f"resume of run {run_id}", root=root, resumed_from=run_id,
                             choose=choose)
     write_map(prepared.run_dir, chosen["step"], chosen["paths"])
-    if prepared.node.created:
+    if prepared.node is not None and prepared.node.created and prepared.run_id is not None:
         store.update_run(prepared.run_id, summary={"resumed_from": {"run_id": run_id, "checkpoint": chosen["paths"][0],
                                                                     "step": chosen["step"], "rendezvous": "c10d"}})
     return prepared

@@ -64,6 +64,6 @@ def inputs_from_recipe(
         microbatches=layout.microbatches(recipe),
         pp_schedule=launch.pp_schedule,
         tp_size=layout.tp_size(recipe),
-        # "auto" is decided at launch (runner.watch.orchestrator.runs_on_cpu corrects it for a run's stored estimate).
+        # "auto" is decided at launch (runner.watch.host.runs_on_cpu corrects it for a run's stored estimate).
         device="cpu" if launch.device == "cpu" else "cuda",
     )

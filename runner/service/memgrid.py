@@ -11,9 +11,18 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from runner.planner import estimate, inputs_from_recipe, resolve_model_shape
+from runner.spec import builtin
+from runner.spec import events as ev
+from runner.spec.paths import cache_dir
+from runner.spec.recipe import parse_recipe
+from runner.spec.summary import busiest_peak
+from runner.watch.follow import execute
+from runner.watch.prepare import prepare
 
 ARCHS: tuple[str, ...] = ("llama", "mistral", "qwen2", "gemma", "phi3", "phi", "gpt2")
 """Architectures with a tiny config here (``tiny_config``)."""
@@ -60,9 +69,6 @@ def model_folder(arch: str, root: Path) -> Path:
     """A local model folder of the tiny ``arch`` (seeded random weights, the builtin tokenizer), made once."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from runner.spec import builtin
-    from runner.spec.paths import cache_dir
 
     folder = root / f"tiny-{arch}"
     if (folder / "config.json").is_file():
@@ -116,7 +122,6 @@ def point_from_label(label: str) -> GridPoint:
 
 def recipe_for(point: GridPoint, folder: Path | str) -> Any:
     """The recipe of a grid point: two steps, no save, the builtin corpus at the point's sequence length."""
-    from runner.spec.recipe import parse_recipe
 
     targets = json.dumps(LORA_TARGETS.get(point.arch, ["q_proj", "v_proj"]))
     text = f"""
@@ -151,9 +156,6 @@ device = "cpu"
 
 def estimate_for(recipe: Any) -> Any:
     """The planner's estimate for one device of the recipe (what ``ftui run`` stores), and its shape note."""
-    from dataclasses import replace
-
-    from runner.planner import estimate, inputs_from_recipe, resolve_model_shape
 
     source = resolve_model_shape(recipe.model.name, allow_network=False)
     inp = replace(inputs_from_recipe(recipe, shape=source.shape), device="cpu")
@@ -164,8 +166,7 @@ def measure_in_process(recipe: Any, run_dir: Path) -> list[dict[str, Any]]:
     """Run the real trainer in this process (one rank) and return its ``ranks`` figures."""
     from accelerate.state import AcceleratorState
 
-    from runner.rank.trainer import Trainer
-    from runner.spec import events as ev
+    from runner.rank.trainer import Trainer  # (imports torch: deferred)
 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / ev.RECIPE_FILE).write_text(recipe.to_toml())
@@ -186,7 +187,6 @@ def measure_in_process(recipe: Any, run_dir: Path) -> list[dict[str, Any]]:
 def measure_launched(store: Any, recipe: Any, root: Path | None = None) -> tuple[str, list[dict[str, Any]]]:
     """Run the recipe as ``ftui run`` does (``accelerate launch``, real processes); (status, ranks). ``root``:
     the folder of the run folders (default: the ftui data folder's)."""
-    from runner.watch.orchestrator import execute, prepare
 
     outcome = execute(store, prepare(store, recipe, source="memgrid", root=root))
     return outcome.status, list(outcome.summary.get("ranks") or [])
@@ -194,7 +194,6 @@ def measure_launched(store: Any, recipe: Any, root: Path | None = None) -> tuple
 
 def compare(point: GridPoint, ranks: list[dict[str, Any]], breakdown: Any) -> dict[str, Any]:
     """One row of the grid's table: estimated vs measured peak (busiest rank), error in percent."""
-    from runner.spec.summary import busiest_peak
 
     measured, source = busiest_peak(ranks)
     est = int(breakdown.total - breakdown.reserve)

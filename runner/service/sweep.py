@@ -23,6 +23,9 @@ from typing import Any
 
 from runner.spec import strategies as table
 from runner.spec.recipe import Recipe, RecipeError, dump_toml, load_recipe
+from runner.watch.follow import Stop, WatchOptions, execute
+from runner.watch.preflight import preflight
+from runner.watch.prepare import prepare
 from store import Store
 
 
@@ -41,6 +44,8 @@ class SweepItem:
 
 @dataclass(frozen=True)
 class SweepResult:
+    """How one run of a sweep ended."""
+
     run_id: int
     status: str
     reason: str | None
@@ -96,6 +101,7 @@ def plan(recipe_path: Path, strategies: Sequence[str], nproc: int | None, sets: 
 
 
 def new_sweep_id() -> str:
+    """A sweep id: the time and a few random hex digits."""
     return f"sweep-{datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
 
 
@@ -107,16 +113,16 @@ def run_sweep(
     on_start: Callable[[SweepItem, int], None] | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
     on_done: Callable[[SweepItem, SweepResult], None] | None = None,
-    execute_kwargs: dict[str, Any] | None = None,
+    options: WatchOptions | None = None,
+    stop: Stop | None = None,
 ) -> tuple[str, list[SweepResult]]:
-    """Run the items one after another, each stored under ``sweep_id``.
+    """Run the items one after another, each stored under ``sweep_id``; ``stop`` (Ctrl-C) stops the
+    running run and ends the sweep.
 
     Returns:
         The sweep id and one result per item that was reached (a run stopped by the user ends the
         sweep early).
     """
-    from runner.watch import orchestrator
-
     sweep_id = sweep_id or new_sweep_id()
     results: list[SweepResult] = []
     for item in items:
@@ -126,7 +132,7 @@ def run_sweep(
             if not row.launchable:  # the table's own sentence, not the validator's list of choices
                 raise RecipeError(row.not_launchable or f"ftui run cannot launch {item.strategy}")
             recipe: Recipe = load_recipe(recipe_path, item.overrides)
-            warnings = orchestrator.preflight(recipe)
+            warnings = preflight(recipe)
         except RecipeError as exc:
             run_id = _refused(store, recipe_path, item, sweep_id, f"refused before launch: {exc}")
             result = SweepResult(run_id, "failed", f"refused before launch: {exc}")
@@ -134,19 +140,18 @@ def run_sweep(
             if on_done:
                 on_done(item, result)
             continue
-        prepared = orchestrator.prepare(store, recipe, source=str(recipe_path), sweep_id=sweep_id)
+        prepared = prepare(store, recipe, source=str(recipe_path), sweep_id=sweep_id)
         assert prepared.run_id is not None
         if warnings:  # e.g. "mp on a CPU-only machine: ... the single-process run"
             extra["sweep_note"] = "; ".join([item.note, *warnings])
         store.update_run(prepared.run_id, summary=extra)
         if on_start:
             on_start(item, prepared.run_id)
-        outcome = orchestrator.execute(store, prepared, on_event=on_event, **(execute_kwargs or {}))
+        outcome = execute(store, prepared, options, on_event=on_event, stop=stop)
         result = SweepResult(outcome.run_id, outcome.status, outcome.error)
         results.append(result)
         if on_done:
             on_done(item, result)
-        stop = (execute_kwargs or {}).get("stop")
         if outcome.status == "stopped" or (stop is not None and stop.is_set()):
             break  # the user stopped the run (or killed it): the sweep ends with it
     return sweep_id, results

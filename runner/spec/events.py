@@ -8,7 +8,7 @@ A run folder holds everything needed to understand, re-ingest or resume a run wi
     events.jsonl         the journal: one JSON object per line, written by rank 0 only
     orchestrator.jsonl   the orchestrator's own events, journaled before the store (runner.watch.journal)
     samples.jsonl        telemetry samples, appended per batch (runner.watch.journal)
-    watcher.lock         flock-ed by the process watching the run (runner.watch.recover)
+    watcher.lock         flock-ed by the process watching the run (runner.service.recover)
     launcher.log         stdout/stderr of ``accelerate launch`` itself
     logs/rank{N}.log     stdout/stderr of each rank
     ranks/{N}.pid        the pid of each rank, written as the rank starts

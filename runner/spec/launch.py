@@ -1,6 +1,6 @@
 """A launch is data: the argv, environment and accelerate config of a run, built by pure functions.
 
-Nothing here spawns or writes; :mod:`runner.watch.orchestrator` does (in one place). Tests compare the
+Nothing here spawns or writes; :mod:`runner.watch.procs` does (in one place). Tests compare the
 result by list equality, like accelerate's own tests of ``prepare_*_cmd_env``.
 """
 

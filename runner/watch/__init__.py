@@ -1,2 +1,3 @@
-"""The watcher of one run on this machine: pre-flight, recording, spawning the process group, following its
-journal into the store, telemetry and hang detection, crash reasons, the end status and recovery."""
+"""The watcher of one run on this machine: pre-flight, preparing (record and run folder), spawning the
+process group, following its journal into the store, telemetry and hang detection, crash reasons, the
+end status, and the background watcher process."""

@@ -1,5 +1,5 @@
 """Journal-first recording: what the orchestrator learns about a run goes to the run folder before
-the database, so that the store is a projection that :mod:`runner.watch.recover` can rebuild.
+the database, so that the store is a projection that :mod:`runner.service.recover` can rebuild.
 
 Two files beside the trainer's ``events.jsonl``:
 

@@ -1,16 +1,37 @@
-"""The one pre-flight of every launch, for ``ftui run`` and the TUI's Launch alike.
+"""The one pre-flight of every launch, for ``ftui run``, ``ftui sweep`` and the TUI's Launch alike.
 
-:func:`runner.watch.orchestrator.preflight` refuses what cannot run (it calls
-:func:`runner.watch.inputs.check_inputs`); this adds the warnings a person should see before a launch:
-the recipe's inputs (:func:`runner.watch.inputs.input_warnings`) and busy or too-small GPUs.
+What cannot run is refused before anything is recorded, so that bad input is one line and exit 2 with
+nothing stored, instead of a ``failed`` row seconds after launch: the data (read and parsed), the run
+folders, the model folder, the accelerate config, what the host can run (CPU or GPU, the process
+count of the strategy), the checkpoint to resume from. Warnings are what a person should see before a
+launch: the recipe's inputs and busy or too-small GPUs.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-from runner.spec import strategies
-from runner.spec.recipe import Recipe
+from runner.data.check import check_data
+from runner.data.prepare import prefill
+from runner.data.rows import DataError, check_source
+from runner.hardware import check_gpus_free, visible_mapping
+from runner.planner import DEFAULT_RESERVE, parse_bytes
+from runner.spec import strategies, zero
+from runner.spec.checkpoint import CheckpointError, check_resume
+from runner.spec.paths import FolderError, check_runs_dir
+from runner.spec.recipe import Recipe, RecipeError
+from runner.spec.script import check_script
+from runner.watch.estimate import estimate_summary
+from runner.watch.host import probe_for, runs_on_cpu
+
+
+class PreflightError(RecipeError):
+    """A problem found before launch; one line naming the field or file."""
+
+
+class InputError(RecipeError):
+    """A recipe's data or folders are unusable; one line naming the field or file."""
 
 
 def launch_checks(recipe: Recipe, fake_gpus: int = 0) -> list[str]:
@@ -24,14 +45,107 @@ def launch_checks(recipe: Recipe, fake_gpus: int = 0) -> list[str]:
         Warnings, one line each (empty when nothing is worth saying).
 
     Raises:
-        runner.watch.orchestrator.PreflightError: the run cannot start (a RecipeError naming the field).
-        runner.watch.inputs.InputError: its data or folders are unusable.
+        PreflightError: the run cannot start (a RecipeError naming the field).
+        InputError: its data or folders are unusable.
     """
-    from runner.watch import orchestrator
-    from runner.watch.inputs import input_warnings
-
-    warnings = orchestrator.preflight(recipe)
+    warnings = preflight(recipe)
     return warnings + input_warnings(recipe) + gpu_warnings(recipe, fake_gpus)
+
+
+def preflight(recipe: Recipe) -> list[str]:
+    """Check what can be checked before launch; raise :class:`PreflightError`, return warnings."""
+    if recipe.launch.script is not None:  # a script run: the script owns its model and data
+        return _script_preflight(recipe)
+    warnings: list[str] = []
+    check_inputs(recipe)
+    try:
+        check_source(recipe.data.source)
+    except DataError as exc:
+        raise PreflightError(str(exc)) from None
+    name = recipe.model.name
+    if not name.startswith("builtin:") and (name.startswith(("/", ".", "~")) or os.sep in name and Path(name).exists()):
+        folder = Path(name).expanduser()
+        if not (folder / "config.json").is_file():
+            raise PreflightError(f"model.name: {name}: not a model folder (no config.json)")
+    config = recipe.launch.accelerate_config
+    if config is not None and not Path(config).expanduser().is_file():
+        raise PreflightError(f"launch.accelerate_config: {config}: no such file")
+    on_cpu = runs_on_cpu(recipe)
+    if recipe.method.type == "qlora" and on_cpu:
+        raise PreflightError("method.type: qlora needs a CUDA GPU (bitsandbytes 4-bit); none is visible here")
+    if recipe.train.precision == "fp16" and on_cpu:
+        raise PreflightError("train.precision: fp16 needs a GPU; use bf16 or fp32 on CPU")
+    strategy = strategies.resolve(recipe.launch.strategy, recipe.launch.engine)
+    missing = zero.engine_missing(strategy.engine)
+    if missing:
+        raise PreflightError(missing)
+    problem = strategy.nproc_problem(recipe.launch.nproc * (recipe.launch.nnodes or 1), on_cpu=on_cpu)
+    if problem:
+        raise PreflightError(f"launch.nproc: {problem}")
+    if on_cpu and strategy.layer_split and recipe.launch.nproc == 1:
+        warnings.append("mp on a CPU-only machine: one device, so this is the single-process run")
+    if recipe.train.resume_from is not None:
+        _check_resume(recipe)
+    return warnings
+
+
+def _check_resume(recipe: Recipe) -> None:
+    """The checkpoint of ``train.resume_from`` fits this run and leaves steps to train."""
+    assert recipe.train.resume_from is not None
+    try:
+        step = check_resume(recipe.train.resume_from, recipe.launch.nproc, recipe.launch.strategy)["step"]
+    except CheckpointError as exc:
+        raise PreflightError(str(exc)) from None
+    if recipe.train.max_steps and step >= recipe.train.max_steps:
+        raise PreflightError(f"train.resume_from: the checkpoint is at step {step} and train.max_steps is "
+                             f"{recipe.train.max_steps}: nothing left to train")
+
+
+def _script_preflight(recipe: Recipe) -> list[str]:
+    """:func:`preflight` of a script run (``runner.spec.script``): the script file, run folders, processes."""
+    check_script(recipe)
+    try:
+        check_runs_dir()
+    except FolderError as exc:
+        raise PreflightError(f"run folders: {exc}") from None
+    on_cpu = runs_on_cpu(recipe)
+    if recipe.train.precision == "fp16" and on_cpu:
+        raise PreflightError("train.precision: fp16 needs a GPU; use bf16 or fp32 on CPU")
+    problem = strategies.get(recipe.launch.strategy).nproc_problem(recipe.launch.nproc, on_cpu=on_cpu)
+    if problem:
+        raise PreflightError(f"launch.nproc: {problem}")
+    return []
+
+
+def check_inputs(recipe: Recipe) -> None:
+    """Check the recipe's data (read and parsed: :func:`runner.data.check.check_data`) and that run
+    folders can be written (:func:`runner.spec.paths.check_runs_dir`). ``ftui sweep`` calls it once for
+    the sweep's recipe before the first run.
+
+    Raises:
+        InputError: one line naming the field, file or folder.
+    """
+    try:
+        check_data(recipe.data)
+        # Chat, completion and eval data are tokenized here, every row checked, into the cache the ranks
+        # read (runner/data/prepare.py): a bad row anywhere is one line before anything is recorded.
+        prefill(recipe)
+    except DataError as exc:
+        field = str(exc).split(":", 1)[0] if str(exc).startswith("data.") else "data.source"
+        raise InputError(str(exc), field=field, problem=str(exc)) from None
+    try:
+        check_runs_dir()
+    except FolderError as exc:
+        raise InputError(f"run folders: {exc}") from None
+
+
+def input_warnings(recipe: Recipe) -> list[str]:
+    """What the user should know before launch about the recipe's inputs (one line each)."""
+    warnings = []
+    if recipe.model.trust_remote_code:
+        warnings.append(f"model.trust_remote_code = true: {recipe.model.name}'s own Python code from the model "
+                        "folder or the hub will run in every rank")
+    return warnings
 
 
 def gpu_warnings(recipe: Recipe, fake_gpus: int = 0) -> list[str]:
@@ -45,17 +159,12 @@ def gpu_warnings(recipe: Recipe, fake_gpus: int = 0) -> list[str]:
     Returns:
         One line each; empty on a CPU run or a machine without GPUs.
     """
-    from runner.hardware import check_gpus_free, visible_mapping
-    from runner.watch.orchestrator import estimate_summary, probe_for
-
     probe = probe_for(fake_gpus)
     count = probe.nvml.device_count()
     if count == 0 or recipe.launch.device == "cpu":
         return []
     need = estimate_summary(recipe).get("per_device_bytes", {}).get("total")
     if need is not None:  # plus what ftui estimate reserves per GPU (CUDA context, NCCL, allocator slack)
-        from runner.planner import DEFAULT_RESERVE, parse_bytes
-
         need += parse_bytes(DEFAULT_RESERVE)
     visible = (",".join(map(str, recipe.launch.gpus)) if recipe.launch.gpus is not None
                else os.environ.get("CUDA_VISIBLE_DEVICES"))

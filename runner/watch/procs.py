@@ -30,6 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from runner.hardware import NvmlBackend
+from runner.spec import events as ev
+
 RUN_ENV = "FTUI_RUN_DIR"
 """Environment variable naming the run folder in every process of a run."""
 
@@ -79,22 +84,11 @@ def signal_group(pgid: int, sig: int) -> bool:
         return False
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether any process of the group ``pgid`` is still there."""
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
 # ---------------------------------------------------------------------- finding
 
 
 def rank_pids(run_dir: Path) -> dict[int, int]:
     """Rank -> pid of each rank of the run that is alive and really this run's rank."""
-    from runner.spec import events as ev
-
     return {rank: pid for rank, pid in ev.read_rank_pids(run_dir).items() if _names_run(pid, run_dir)}
 
 
@@ -102,8 +96,6 @@ def find_processes(run_dir: Path, pgid: int | None = None) -> dict[int, str]:
     """Every live process of the run on this host: pid -> how it was found (``rank N``,
     ``launcher group``, ``child of P``, ``environment``). Zombies count as gone; this process and
     its ancestors are never included."""
-    import psutil
-
     found: dict[int, str] = {}
     for rank, pid in rank_pids(run_dir).items():
         found[pid] = f"rank {rank}"
@@ -132,8 +124,6 @@ def find_processes(run_dir: Path, pgid: int | None = None) -> dict[int, str]:
 def _names_run(pid: int, run_dir: Path) -> bool:
     """Whether ``pid`` is alive and belongs to the run (its command line names the run folder, or
     its environment does): a pid file of a finished run may name a pid since reused."""
-    import psutil
-
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
@@ -146,8 +136,6 @@ def _names_run(pid: int, run_dir: Path) -> bool:
 
 
 def _alive(pid: int) -> bool:
-    import psutil
-
     try:
         return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
@@ -155,8 +143,6 @@ def _alive(pid: int) -> bool:
 
 
 def _ancestors() -> list[Any]:
-    import psutil
-
     try:
         return list(psutil.Process().parents())
     except psutil.Error:
@@ -291,8 +277,6 @@ def _same_run(pid: int, run_dir: Path, pgid: int | None) -> bool:
 def gpu_check(pids: list[int]) -> str:
     """Which of ``pids`` NVML still lists with GPU memory, as a sentence; on a machine without
     NVML the check is skipped and the sentence says so."""
-    from runner.hardware import NvmlBackend
-
     backend = NvmlBackend()
     try:
         if not backend.available or backend.device_count() == 0:
@@ -346,121 +330,3 @@ class StopRequest:
                 signal.signal(sig, handler)
 
         return restore
-
-
-def watcher_alive(pid: int | None, create_time: float | None) -> bool:
-    """Whether the watcher recorded for a run (pid and process start time) is still that process
-    on this host (a pid reused by another program is not)."""
-    import psutil
-
-    if not pid:
-        return False
-    try:
-        proc = psutil.Process(int(pid))
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return create_time is None or abs(proc.create_time() - float(create_time)) < 0.5
-    except (psutil.Error, ValueError):
-        return False
-
-
-def watcher_identity() -> dict[str, Any]:
-    """What a watcher records about itself so that ``ftui stop`` can find it (and not a reused pid)."""
-    import socket
-
-    import psutil
-
-    return {"orchestrator_pid": os.getpid(), "orchestrator_create_time": psutil.Process().create_time(),
-            "orchestrator_host": socket.gethostname()}
-
-
-# ---------------------------------------------------------------------- ftui stop
-
-
-class StopRefused(Exception):
-    """The run cannot be stopped from here (unknown, not running, another host): one line."""
-
-
-@dataclass
-class StopResult:
-    """How ``ftui stop`` (or the TUI's stop) ended."""
-
-    run_id: int
-    status: str
-    """The run's status afterwards (``running`` when not waited for)."""
-    how: str
-    """One line: who stopped it and what was checked."""
-    report: StopReport | None = None
-    """When this process stopped the run itself (no watcher alive)."""
-
-
-def request_stop(store: Any, run_id: int, kill: bool = False, grace_s: float = DEFAULT_GRACE_S,
-                 wait: bool = True, poll_s: float = 0.25) -> StopResult:
-    """Stop a run started anywhere (``ftui run`` in another terminal, the TUI, node agents elsewhere).
-
-    A run on other machines (several nodes, a SLURM job, a watcher on another host) is asked through the
-    store (:func:`runner.nodes.agent.stop_through_store`): its node agents poll the request and stop their ranks.
-
-    When the run's watcher (the ``ftui run`` process or the background orchestrator) is alive it is
-    signalled (SIGTERM: graceful; SIGUSR1: kill) and it stops the run and records the status; this
-    waits for the status to change (after ``grace_s`` a second SIGTERM cuts the watcher's grace
-    short). When the watcher is gone (or does not answer), this process stops every process of the
-    run itself (:func:`stop_run`) and records the status: ``stopped``, or ``failed`` ("killed by
-    user") with ``kill``.
-
-    Args:
-        store: the :class:`store.Store`.
-        run_id: the run.
-        kill: SIGKILL at once instead of a graceful stop.
-        grace_s: seconds the ranks get before SIGKILL.
-        wait: wait for the status to change (False: signal the watcher and return; the TUI).
-        poll_s: seconds between reads of the store.
-
-    Raises:
-        StopRefused: no such run, or the run is not running.
-    """
-    import socket
-
-    run = store.get_run(run_id)
-    if run is None:
-        raise StopRefused(f"run {run_id}: no such run")
-    if run.status not in ("running", "created"):
-        raise StopRefused(f"run {run_id}: not running (status {run.status})")
-    here = socket.gethostname()
-    from runner.nodes.agent import is_remote, stop_through_store
-
-    if is_remote(run):  # several machines, a SLURM job, or another host: through the store's stop requests
-        status = stop_through_store(store, run_id, kill=kill, wait=wait, timeout_s=grace_s + 90.0,
-                                    by=f"stop on {here}")
-        return StopResult(run_id, status, "stop request written to the store; every node agent of the run polls "
-                                          "it and stops its ranks")
-    # TODO(store branch): read runs.watcher_pid / watcher_host and set stop_requested_at once merged.
-    pid = run.summary.orchestrator_pid
-    if watcher_alive(pid, run.summary.orchestrator_create_time):
-        os.kill(int(pid), KILL_SIGNAL if kill else signal.SIGTERM)
-        what = "kill" if kill else "graceful stop"
-        if not wait:
-            return StopResult(run_id, run.status, f"{what} asked of its watcher (pid {pid})")
-        escalated = False
-        started = time.monotonic()
-        while time.monotonic() - started < grace_s + 60.0:
-            now = store.get_run(run_id)
-            if now is None or now.status not in ("running", "created"):
-                status = "gone" if now is None else now.status
-                how = f"{what} done by its watcher (pid {pid}): " + ((now.summary.stop or "") if now else "")
-                return StopResult(run_id, status, how)
-            if not escalated and time.monotonic() - started > grace_s + 2.0:
-                escalated = True  # the watcher's own grace may be longer than ours: ask it again (kill now)
-                signal_pids([int(pid)], signal.SIGTERM)
-            if not watcher_alive(pid, run.summary.orchestrator_create_time):
-                break  # it died without recording: do it here
-            time.sleep(poll_s)
-    report = stop_run(Path(run.run_dir), run.pgid, grace_s=grace_s, kill=kill)
-    status, error = ("failed", "killed by user") if kill else ("stopped", None)
-    from store.store import utcnow
-
-    store.add_event(run_id, "stop", time.time(), {"graceful": report.graceful, "killed": report.killed,
-                                                  "left": report.left, "gpu": report.gpu_note, "by": "ftui stop"})
-    store.update_run(run_id, status=status, ended_at=utcnow(), error=error,
-                     summary={"stop": f"ftui stop (no watcher alive): {report.describe()}"})
-    return StopResult(run_id, status, f"stopped here (no watcher alive): {report.describe()}", report)

@@ -207,10 +207,10 @@ class FtuiApp(App[int]):
 @lru_cache(maxsize=32)
 def _cpu_threads(nproc: int, device: str) -> int | None:
     from runner.spec.recipe import Recipe
-    from runner.watch import orchestrator
+    from runner.watch.host import cpu_threads
 
     strategy = "single" if nproc == 1 else "fsdp"
-    return orchestrator.cpu_threads(Recipe.model_validate({"launch": {"nproc": nproc, "device": device,
+    return cpu_threads(Recipe.model_validate({"launch": {"nproc": nproc, "device": device,
                                                                      "strategy": strategy}}))
 
 
@@ -225,7 +225,7 @@ def dashboard(db_url: str | None = None, fake_gpus: int = 0, notify_on_end: bool
     from runner.spec.paths import default_db_url
 
     def probe() -> Any:
-        from runner.watch.orchestrator import probe_for
+        from runner.watch.host import probe_for
 
         return probe_for(fake_gpus)
 

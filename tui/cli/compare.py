@@ -131,8 +131,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from runner.analysis.compare import load_comparison
     from runner.service import sweep as sw
     from runner.spec.recipe import RecipeError, load_recipe
-    from runner.watch.inputs import check_inputs
-    from runner.watch.orchestrator import cuda_device_count
+    from runner.watch.host import cuda_device_count
+    from runner.watch.preflight import check_inputs
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     if not strategies:
@@ -173,7 +173,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     restore = stop.install()  # Ctrl-C/SIGTERM/SIGHUP stop the current run as in ftui run, and end the sweep
     try:
         _, results = sw.run_sweep(store, args.recipe, items, sweep_id=sweep_id, on_start=on_start, on_done=on_done,
-                                  on_event=live.on_event, execute_kwargs={"stop": stop})
+                                  on_event=live.on_event, stop=stop)
     finally:
         live.end()
         restore()

@@ -91,44 +91,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
               + (f" ({', '.join(shape_flags)} {'needs' if len(shape_flags) == 1 else 'need'} --params)"
                  if shape_flags else ""))
     notes: list[str] = []
-    recipe = None
-    if args.params is not None:
-        try:
-            shape = E.shape_from_params(args.params, layers=args.layers, hidden=args.hidden, heads=args.heads,
-                                        kv_heads=args.kv_heads, intermediate=args.intermediate, vocab=args.vocab)
-        except ValueError as exc:
-            return fail(f"--params: {exc}")
-        notes.append(f"model: {args.params:.3g} parameters, Llama-like shape ({shape.layers} layers, hidden "
-                     f"{shape.hidden}, {shape.heads} heads, {shape.kv_heads} kv heads, intermediate "
-                     f"{shape.intermediate}, vocabulary {shape.vocab}; sizes not given are approximate)")
-        inp = E.EstimateInput(shape, method=args.method or "full", precision=args.precision or "bf16",
-                              lora_r=args.lora_r or 8)
-    elif args.model is not None:
-        try:
-            source = E.resolve_model_shape(args.model)
-        except ValueError as exc:
-            return fail(f"--model: {exc}")
-        notes.append(f"model: {source.note}")
-        inp = E.EstimateInput(source.shape, method=args.method or "full", precision=args.precision or "bf16",
-                              lora_r=args.lora_r or 8)
-    else:
-        from runner.spec.recipe import RecipeError, load_recipe
-
-        try:
-            recipe = load_recipe(args.recipe)
-            source = E.resolve_model_shape(recipe.model.name)
-        except (RecipeError, ValueError, OSError) as exc:
-            return fail(str(exc) if str(exc).startswith(str(args.recipe)) else f"{args.recipe}: {exc}")
-        notes.append(f"model: {source.note}")
-        inp = E.inputs_from_recipe(recipe, shape=source.shape)
-        if args.method and args.method != inp.method:
-            inp = replace(inp, method=args.method, param_dtype=E.recipe_param_dtype(
-                recipe.model.dtype, args.method, args.precision or inp.precision))
-        if args.precision:
-            inp = replace(inp, precision=args.precision, param_dtype=E.recipe_param_dtype(
-                recipe.model.dtype, inp.method, args.precision))
-        if args.lora_r is not None:
-            inp = replace(inp, lora_r=args.lora_r)
+    inp, recipe = _model_input(args, notes)
     if (warning := _approximate_note(inp.shape)) is not None:
         notes.insert(0, warning)
     if args.micro_batch is not None:
@@ -178,6 +141,54 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_input(args: argparse.Namespace, notes: list[str]) -> tuple[Any, Any]:
+    """The estimate's input from ``--params``, ``--model`` or the recipe (with its flags), and the recipe
+    (None without one); what it assumed goes to ``notes``."""
+    from dataclasses import replace
+
+    from runner import planner as E
+
+    recipe = None
+    if args.params is not None:
+        try:
+            shape = E.shape_from_params(args.params, layers=args.layers, hidden=args.hidden, heads=args.heads,
+                                        kv_heads=args.kv_heads, intermediate=args.intermediate, vocab=args.vocab)
+        except ValueError as exc:
+            return fail(f"--params: {exc}")
+        notes.append(f"model: {args.params:.3g} parameters, Llama-like shape ({shape.layers} layers, hidden "
+                     f"{shape.hidden}, {shape.heads} heads, {shape.kv_heads} kv heads, intermediate "
+                     f"{shape.intermediate}, vocabulary {shape.vocab}; sizes not given are approximate)")
+        inp = E.EstimateInput(shape, method=args.method or "full", precision=args.precision or "bf16",
+                              lora_r=args.lora_r or 8)
+    elif args.model is not None:
+        try:
+            source = E.resolve_model_shape(args.model)
+        except ValueError as exc:
+            return fail(f"--model: {exc}")
+        notes.append(f"model: {source.note}")
+        inp = E.EstimateInput(source.shape, method=args.method or "full", precision=args.precision or "bf16",
+                              lora_r=args.lora_r or 8)
+    else:
+        from runner.spec.recipe import RecipeError, load_recipe
+
+        try:
+            recipe = load_recipe(args.recipe)
+            source = E.resolve_model_shape(recipe.model.name)
+        except (RecipeError, ValueError, OSError) as exc:
+            return fail(str(exc) if str(exc).startswith(str(args.recipe)) else f"{args.recipe}: {exc}")
+        notes.append(f"model: {source.note}")
+        inp = E.inputs_from_recipe(recipe, shape=source.shape)
+        if args.method and args.method != inp.method:
+            inp = replace(inp, method=args.method, param_dtype=E.recipe_param_dtype(
+                recipe.model.dtype, args.method, args.precision or inp.precision))
+        if args.precision:
+            inp = replace(inp, precision=args.precision, param_dtype=E.recipe_param_dtype(
+                recipe.model.dtype, inp.method, args.precision))
+        if args.lora_r is not None:
+            inp = replace(inp, lora_r=args.lora_r)
+    return inp, recipe
+
+
 def _approximate_note(shape: Any) -> str | None:
     """The warning an estimate of a model the formulas do not model carries (never silently Llama)."""
     return f"APPROXIMATE: {shape.approximate}" if shape.approximate else None
@@ -205,11 +216,11 @@ def _probe(args: argparse.Namespace) -> int:
     if args.recipe is None:
         return fail("estimate --probe: needs a recipe file")
     from runner.spec.recipe import RecipeError, load_recipe
-    from runner.watch import orchestrator
+    from runner.watch.preflight import preflight
 
     try:
         recipe = load_recipe(args.recipe)
-        orchestrator.preflight(recipe)
+        preflight(recipe)
     except RecipeError as exc:
         return fail(f"{args.recipe}: {exc}")
     return run_finder(args, recipe, args.mem_cap, str(args.recipe))
@@ -220,8 +231,9 @@ def run_finder(args: argparse.Namespace, recipe: Any, mem_cap: str | None, sourc
     from rich.console import Console
     from rich.table import Table
 
+    from runner.service.batch import find_batch_size
     from runner.spec.units import parse_bytes
-    from runner.watch import orchestrator
+    from runner.watch.host import runs_on_cpu
     from tui.render.report import fmt_bytes
 
     con = Console(highlight=False, stderr=getattr(args, "format", "text") == "json")
@@ -234,7 +246,7 @@ def run_finder(args: argparse.Namespace, recipe: Any, mem_cap: str | None, sourc
     elif recipe.launch.mem_cap:
         cap = parse_bytes(recipe.launch.mem_cap)  # validated with the recipe
         origin = "recipe (launch.mem_cap)"
-    elif not orchestrator.runs_on_cpu(recipe) and _nvml_gpus():
+    elif not runs_on_cpu(recipe) and _nvml_gpus():
         cap = min(_nvml_gpus())
         origin = "NVML (GPU memory)"
     else:
@@ -249,7 +261,7 @@ def run_finder(args: argparse.Namespace, recipe: Any, mem_cap: str | None, sourc
         con.print(f"  batch {t.batch_size:>3}: run {t.run_id}, measured {fmt_bytes(t.measured_bytes)} per rank"
                   f" → {verdict}", markup=False)
 
-    result = orchestrator.find_batch_size(store, recipe, cap, source=source, on_trial=show)
+    result = find_batch_size(store, recipe, cap, source=source, on_trial=show)
     if getattr(args, "format", "text") == "json":
         print(json.dumps(result, indent=2))
     else:

@@ -30,7 +30,7 @@ def _seconds(text: str) -> float:
 def cmd_gpus(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from runner.watch.orchestrator import probe_for
+    from runner.watch.host import probe_for
 
     probe = probe_for(getattr(args, "fake_gpus", 0))
     console = Console(highlight=False)

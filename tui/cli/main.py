@@ -81,7 +81,7 @@ def _open_app(args: argparse.Namespace) -> int:
     from tui.cli.common import console, open_store
     from tui.cli.recover import recover_quietly
 
-    try:  # runs whose watcher died (runner.watch.recover); the app says itself what is wrong with the store
+    try:  # runs whose watcher died (runner.service.recover); the app says itself what is wrong with the store
         recover_quietly(open_store(args, create=True), console(stderr=True))
     except UsageError:
         pass

@@ -52,13 +52,15 @@ def prepare_resume(args: argparse.Namespace, store: Any, out: Any) -> Any:
     one line."""
     from rich.text import Text
 
-    from runner.nodes.resume import prepare_node_resume
+    from runner.service import launch
 
     def warn(text: str) -> None:
         out.print(Text.assemble(("warning:", "yellow"), f" {text}"), soft_wrap=True)
 
-    prepared = prepare_node_resume(store, args.run_id, args.nnodes, args.node_rank, args.main_addr, args.main_port,
-                                   args.rdzv_endpoint, args.run_key, warn=warn)
+    request = launch.NodeResumeRequest(args.run_id, args.nnodes, args.node_rank, args.main_addr, args.main_port,
+                                       args.rdzv_endpoint, args.run_key)
+    prepared = launch.resume_node(store, request, warn=warn)
+    assert prepared.node is not None
     spec = prepared.node.spec
     rank = "from c10d" if spec.node_rank is None else spec.node_rank
     out.print(f"node #{prepared.node.slot} of {spec.nnodes} (node rank {rank}, rendezvous at "

@@ -1,4 +1,4 @@
-"""``ftui recover``: give runs whose watcher died a true status, or a new watcher (``runner.watch.recover``)."""
+"""``ftui recover``: give runs whose watcher died a true status, or a new watcher (``runner.service.recover``)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    from runner.watch.recover import recover_all
+    from runner.service.recover import recover_all
 
     store = open_store(args, create=False)
     done = recover_all(store, attach=not args.no_attach, fake_gpus=getattr(args, "fake_gpus", 0))
@@ -47,7 +47,7 @@ def recovered_lines(done: list[Any], prefix: str = "") -> list[Any]:
 
 def recover_quietly(store: Any, out: Any = None) -> None:
     """The check every ``ftui`` and ``ftui run`` runs as it starts; prints a line per run it changed."""
-    from runner.watch.recover import recover_all
+    from runner.service.recover import recover_all
 
     try:
         done = [r for r in recover_all(store) if r.action in ("finished", "attached", "error")]

@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
 from runner.spec import strategies
 from tui.cli.common import ExitCode, UsageError, console, db_option, open_store, seconds_at_least
+
+if TYPE_CHECKING:
+    from runner.watch.follow import WatchOptions
 
 
 def add_parser(sub: Any) -> None:
@@ -96,7 +99,7 @@ def load_run_recipe(args: argparse.Namespace) -> Any:
             elif nproc is None:
                 base = _load(args, [o for o in overrides if not o.startswith("launch.")])
                 if base.launch.nproc == 1:
-                    from runner.watch.orchestrator import cuda_device_count
+                    from runner.watch.host import cuda_device_count
 
                     nproc = max(2, cuda_device_count())
         if nproc is not None:
@@ -137,16 +140,15 @@ def _load(args: argparse.Namespace, overrides: list[str]) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from runner.service import launch
     from runner.spec.recipe import RecipeError
-    from runner.watch import orchestrator
-    from runner.watch.preflight import launch_checks
     from tui.cli import nodes
 
     recipe = load_run_recipe(args)
     node_spec = nodes.spec_for(args, recipe)  # several machines: this one's rendezvous
     source = str(args.recipe) if args.recipe is not None else str(recipe.launch.script)
     try:
-        warnings = launch_checks(recipe, args.fake_gpus)  # the same pre-flight as the TUI's Launch
+        warnings = launch.check(recipe, args.fake_gpus)  # the same pre-flight as the TUI's Launch
     except RecipeError as exc:
         raise UsageError(f"{args.recipe}: {exc}" if args.recipe is not None else str(exc)) from None
     out = console(stderr=args.format == "json")
@@ -156,8 +158,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         from tui.cli.estimate import run_finder
 
         return run_finder(args, recipe, args.mem_cap, source)
+    request = launch.LaunchRequest(recipe, source, node_spec)
     if args.dry_run:
-        prepared = orchestrator.prepare(None, recipe, source=source, nodes=node_spec)
+        prepared = launch.dry_run(request)
         if args.format == "json":
             print(json.dumps(prepared.spec.to_json(), indent=2))
         else:
@@ -174,17 +177,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     store = open_store(args, create=True)
     from tui.cli.recover import recover_quietly
 
-    recover_quietly(store, out)  # runs whose watcher died (runner.watch.recover): cheap when there are none
+    recover_quietly(store, out)  # runs whose watcher died (runner.service.recover): cheap when there are none
     try:
-        if node_spec is not None:
-            from runner.nodes.agent import prepare_node
-
-            prepared = prepare_node(store, recipe, node_spec, source=source)
+        prepared = launch.record(store, request)
+        if prepared.node is not None and node_spec is not None:
             out.print(f"node #{prepared.node.slot} of {node_spec.nnodes} ({node_spec.backend} rendezvous at "
                       f"{node_spec.main_addr}:{node_spec.main_port}, run key {node_spec.run_key}); the progress "
                       "shows on the node that gets rank 0", markup=False, soft_wrap=True)
-        else:
-            prepared = orchestrator.prepare(store, recipe, source=source)
     except RecipeError as exc:
         raise UsageError(str(exc)) from None
     return follow(args, store, prepared, out)
@@ -192,8 +191,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     """``ftui resume ID``: a new run continuing run ID from its newest complete checkpoint."""
+    from runner.service import launch
     from runner.spec.recipe import RecipeError
-    from runner.watch import orchestrator
     from tui.cli import nodes
 
     store = open_store(args, create=False)
@@ -202,7 +201,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         if nodes.given(args):
             prepared = nodes.prepare_resume(args, store, out)
         else:
-            prepared = orchestrator.prepare_resume(store, args.run_id)
+            prepared = launch.resume(store, args.run_id)
     except RecipeError as exc:
         raise UsageError(str(exc)) from None
     out.print(f"resuming run {args.run_id} from {prepared.recipe.train.resume_from}", markup=False, highlight=False,
@@ -210,24 +209,28 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return follow(args, store, prepared, out)
 
 
+def watch_options(args: argparse.Namespace) -> WatchOptions:
+    """How ``ftui run`` and ``ftui resume`` watch a run, from their flags."""
+    from runner.watch.follow import WatchOptions
+
+    return WatchOptions(sample_interval_s=args.sample_interval, hang_after_s=args.hang_after, grace_s=args.grace,
+                        fake_gpus=args.fake_gpus)
+
+
 def follow(args: argparse.Namespace, store: Any, prepared: Any, out: Any) -> int:
     """Run a prepared run with live progress, print its summary; the exit code of ``ftui run``."""
-    from runner.watch import orchestrator
+    from runner.service import launch
+    from runner.watch.procs import StopRequest
     from tui.cli.progress import RunProgress
 
     recipe = prepared.recipe
     out.print(Text.assemble("run ", (str(prepared.run_id), "bold"),
                             f" · {recipe.launch.strategy} × {recipe.launch.nproc} · {prepared.run_dir}"))
-    from runner.watch.procs import StopRequest
-
     stop = StopRequest()
     restore = stop.install()  # Ctrl-C, SIGTERM, SIGHUP: graceful stop, recorded; a second one: kill now
     try:
         with RunProgress(out) as progress:
-            outcome = orchestrator.execute(store, prepared, on_event=progress.on_event,
-                                           probe=orchestrator.probe_for(args.fake_gpus), stop=stop,
-                                           sample_interval_s=args.sample_interval, hang_after_s=args.hang_after,
-                                           grace_s=args.grace)
+            outcome = launch.run(store, prepared, watch_options(args), on_event=progress.on_event, stop=stop)
     finally:
         restore()
     run = store.get_run(outcome.run_id)

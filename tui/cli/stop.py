@@ -1,6 +1,6 @@
 """``ftui stop ID [--kill]``: stop a run started anywhere on this host (``ftui run`` in another
 terminal, or the dashboard), gracefully or at once, and say what was checked; a run on other machines
-(several nodes, a SLURM job) through the store's stop requests (:func:`runner.watch.procs.request_stop`)."""
+(several nodes, a SLURM job) through the store's stop requests (:func:`runner.service.stop.request_stop`)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from runner.watch.procs import StopRefused, request_stop
+    from runner.service.stop import StopRefused, request_stop
 
     store = open_store(args, create=False)  # stops a recorded run: a missing --db is a typo
     try:

@@ -21,7 +21,7 @@ from tui.render.compare import columns, sample_rows, sources, summary_lines
 from tui.render.report import STATUS_STYLE
 
 if TYPE_CHECKING:
-    from tui.app import FtuiApp
+    from tui.app.app import FtuiApp
 
 NARROW = {
     "strategy": "strategy", "devices": "dev", "tokens/s": "tokens/s", "MFU": "MFU",

@@ -22,14 +22,14 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 from textual.worker import get_current_worker
 
+from runner.service import launch
 from runner.spec import strategies
 from runner.spec.recipe import Recipe, RecipeError, parse_recipe
 from tui.app.messages import EstimateReady, LaunchFailed, PreviewReady, RunLaunched
-from tui.app.screens.data import launch_run
 from tui.app.screens.modals import ConfirmScreen, PromptScreen
 
 if TYPE_CHECKING:
-    from tui.app import FtuiApp
+    from tui.app.app import FtuiApp
 
 PLACEHOLDER_RUN_DIR = Path("<run-dir>")
 ESTIMATE_DEBOUNCE_S = 0.25
@@ -427,8 +427,8 @@ class ComposeScreen(Screen[None]):
     @work(thread=True, group="launch")
     def launch(self, recipe: Recipe, source: str) -> None:
         try:
-            run_id, warnings = launch_run(self.ftui.store, recipe, source, self.ftui.fake_gpus)
+            launched = launch.launch_detached(self.ftui.store, launch.LaunchRequest(recipe, source), self.ftui.fake_gpus)
         except (RecipeError, OSError) as exc:
             self.post_message(LaunchFailed(str(exc)))
             return
-        self.post_message(RunLaunched(run_id, warnings))
+        self.post_message(RunLaunched(launched.run_id, launched.warnings))

@@ -26,7 +26,7 @@ from tui.app.widgets.plot import bar, level_style
 from tui.render.report import fmt_bytes
 
 if TYPE_CHECKING:
-    from tui.app import FtuiApp
+    from tui.app.app import FtuiApp
 
 OTHERS = 6
 """How many of the busiest processes outside ftui runs are listed on a CPU-only machine."""
@@ -187,7 +187,7 @@ class DevicesScreen(Screen[None]):
         worker = get_current_worker()
         probe = self.ftui.probe
         if probe is None:
-            from runner.watch.orchestrator import probe_for
+            from runner.watch.host import probe_for
 
             probe = probe_for(self.ftui.fake_gpus)
         feed = DevicesFeed(self.ftui.store, probe)

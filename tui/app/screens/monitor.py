@@ -17,14 +17,14 @@ from textual.widgets import DataTable, Footer, Header, Static
 from textual.worker import get_current_worker
 
 from tui.app.messages import MonitorSnapshot, MonitorUpdate, Notice
-from tui.app.screens.data import MonitorFeed, fmt_elapsed
+from tui.app.poll import MonitorFeed, fmt_elapsed
 from tui.app.screens.modals import ConfirmScreen
 from tui.app.widgets.plot import Curves, LinePlot, bar, level_style, spark
 from tui.render.report import STATUS_STYLE, fmt_bytes, fmt_seconds
 from tui.render.words import distributed_words
 
 if TYPE_CHECKING:
-    from tui.app import FtuiApp
+    from tui.app.app import FtuiApp
 
 SPARK = 12
 BAR = 10
@@ -36,7 +36,7 @@ Monitor's CPU (BENCHMARKS.md); the loss, progress and curves follow every poll."
 
 class MonitorScreen(Screen[None]):
     """Watch one run; stop it (graceful: the ranks finish their step and save) or kill it (SIGKILL,
-    confirmed); both through :func:`runner.watch.procs.request_stop`."""
+    confirmed); both through :func:`runner.service.stop.request_stop`."""
 
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),
@@ -289,11 +289,11 @@ class MonitorScreen(Screen[None]):
 
     @work(thread=True, group="signal")
     def _signal(self, kill: bool, what: str) -> None:
-        """Ask the run to stop (:func:`runner.watch.procs.request_stop`) in a thread; report with a Notice.
+        """Ask the run to stop (:func:`runner.service.stop.request_stop`) in a thread; report with a Notice.
 
         A watcher alive on this host (the background orchestrator, or an ``ftui run``) is signalled and
         records the status itself; without one, every process of the run is stopped and checked here."""
-        from runner.watch.procs import StopRefused, request_stop
+        from runner.service.stop import StopRefused, request_stop
 
         try:
             result = request_stop(self.ftui.store, self.run_id, kill=kill, wait=False)

@@ -16,13 +16,13 @@ from textual.worker import get_current_worker
 
 from store import MetricPoint, RunInfo, Store
 from tui.app.messages import CompareRuns, LaunchFailed, Notice, OpenRun, RunLaunched, RunsLoaded
-from tui.app.screens.data import launch_run, resume_run, run_duration
+from tui.app.poll import run_duration
 from tui.app.screens.modals import ConfirmScreen, PromptScreen
 from tui.render.report import STATUS_STYLE, fmt_seconds
 from tui.render.words import distributed_words
 
 if TYPE_CHECKING:
-    from tui.app import FtuiApp
+    from tui.app.app import FtuiApp
 
 COLUMNS = ("sel", "id", "name", "status", "step", "loss", "tokens/s", "duration", "strategy", "mode", "method",
            "tags · note", "started", "util")
@@ -351,10 +351,12 @@ class RunsScreen(Screen[None]):
 
     @work(thread=True, group="launch")
     def resume(self, run: RunInfo) -> None:
+        # Deferred: pydantic, the planner and the store's writers are not needed before the first paint.
+        from runner.service import launch
         from runner.spec.recipe import RecipeError
 
         try:
-            run_id = resume_run(self.ftui.store, run.id, self.ftui.fake_gpus)
+            run_id = launch.resume_detached(self.ftui.store, run.id, self.ftui.fake_gpus)
         except (RecipeError, OSError) as exc:
             self.post_message(LaunchFailed(str(exc)))
             return
@@ -362,12 +364,15 @@ class RunsScreen(Screen[None]):
 
     @work(thread=True, group="launch")
     def rerun(self, run: RunInfo) -> None:
+        # Deferred: pydantic, the planner and the store's writers are not needed before the first paint.
+        from runner.service import launch
         from runner.spec.recipe import RecipeError, parse_recipe
 
         try:
             recipe = parse_recipe(run.recipe_text, source=f"run {run.id}")
-            run_id, warnings = launch_run(self.ftui.store, recipe, run.recipe_source, self.ftui.fake_gpus)
+            launched = launch.launch_detached(self.ftui.store, launch.LaunchRequest(recipe, run.recipe_source),
+                                              self.ftui.fake_gpus)
         except (RecipeError, OSError) as exc:
             self.post_message(LaunchFailed(str(exc)))
             return
-        self.post_message(RunLaunched(run_id, warnings))
+        self.post_message(RunLaunched(launched.run_id, launched.warnings))

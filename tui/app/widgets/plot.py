@@ -7,7 +7,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 from textual_plotext import PlotextPlot
 
-from tui.app.screens.data import downsample
+from tui.app.poll import downsample
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 COLORS = ["cyan", "magenta", "yellow", "green", "red", "blue", "white"]

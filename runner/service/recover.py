@@ -1,4 +1,4 @@
-"""Recovery: runs whose watcher died (``ftui run`` or the TUI's background orchestrator SIGKILLed,
+"""Recovery: runs whose watcher died (``ftui run`` or the TUI's background watcher SIGKILLed,
 a reboot) get a true status, or a new watcher, from what their run folder and processes say.
 
 The rule (README, "Reliability"):
@@ -11,7 +11,7 @@ The rule (README, "Reliability"):
   ``orchestrator.jsonl`` by ``seq``, ``samples.jsonl`` by time.
 * Then: the orchestrator journal has an ``exit`` event -> that status (the watcher died between
   its journal and the store). Else the ranks (the launcher's group or a rank pid) still run ->
-  a new watcher re-attaches (``python -m runner.watch.orchestrator --attach PGID``, detached) and
+  a new watcher re-attaches (``python -m runner.watch.detached --attach PGID``) and
   follows the run to its end. Else the trainer journal has an ``end`` event -> its status. Else
   -> ``failed``, "watcher and ranks gone; last step N" (plus what the launcher log says).
 * A ``created`` run with no ``launch`` event is ``failed`` ("never started") once it is older than
@@ -24,17 +24,20 @@ they start. Running it twice changes nothing the second time.
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
-import time
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from runner.spec import events as ev
 from runner.watch import journal
+from runner.watch.crash import RankWatch, describe
+from runner.watch.detached import spawn_watcher
+from runner.watch.finish import project_end
+from runner.watch.identity import leader_alive, watcher_host
+from runner.watch.prepare import load_prepared
+from runner.watch.stream import Recorder, RunStream
 from store import Store
+from store.store import utcnow
 
 NEVER_STARTED_AFTER_S = 120.0
 
@@ -49,11 +52,6 @@ class Recovered:
     already), ``skipped`` (too young, or another host's)."""
     status: str
     detail: str = ""
-
-
-def watcher_host(run: Any) -> str:
-    """The host whose processes watch (and run) ``run``."""
-    return str(getattr(run, "watcher_host", None) or run.summary.orchestrator_host or run.host)
 
 
 def candidates(store: Store) -> list[Any]:
@@ -85,13 +83,10 @@ def reingest(store: Store, run_id: int, run_dir: Path) -> dict[str, int]:
 
 def recover_run(store: Store, run: Any, attach: bool = True, fake_gpus: int = 0) -> Recovered:
     """Apply the rule of this module to one run (see the module docstring)."""
-    from runner.watch import orchestrator as orch
-    from runner.watch.crash import RankWatch
-
     run_dir = Path(run.run_dir)
     if not run_dir.is_dir():
         gone = f"run folder {run_dir} is gone; the watcher is gone too"
-        store.update_run(run.id, status="failed", error=gone, ended_at=_utcnow())
+        store.update_run(run.id, status="failed", error=gone, ended_at=utcnow())
         return Recovered(run.id, "finished", "failed", gone)
     lock = journal.WatcherLock(run_dir)
     if not lock.acquire():
@@ -101,80 +96,57 @@ def recover_run(store: Store, run: Any, attach: bool = True, fake_gpus: int = 0)
         orch_events = journal.read_jsonl(run_dir / journal.ORCHESTRATOR_FILE)
         exits = [e for e in orch_events if e["type"] == "exit"]
         launches = [e for e in orch_events if e["type"] == "launch"]
-        prepared = orch.load_prepared(run.id, run_dir) if (run_dir / ev.LAUNCH_FILE).exists() else None
+        prepared = load_prepared(run.id, run_dir) if (run_dir / ev.LAUNCH_FILE).exists() else None
         if prepared is None:
-            store.update_run(run.id, status="failed", error=f"{run_dir / ev.LAUNCH_FILE}: missing", ended_at=_utcnow())
+            store.update_run(run.id, status="failed", error=f"{run_dir / ev.LAUNCH_FILE}: missing", ended_at=utcnow())
             return Recovered(run.id, "finished", "failed", "launch.json missing")
-        watch = orch._Watch(store, prepared, None)
-        watch.poll()
-        watch.flush()
+        stream = RunStream(store, prepared, None)
+        stream.poll()
+        stream.flush()
         if exits:  # the watcher journaled the end and died before the store had it
             last = exits[-1]
-            outcome = orch._project_end(store, watch, last["status"], last.get("exit_code"), last.get("error"))
+            outcome = project_end(store, stream, last["status"], last.get("exit_code"), last.get("error"))
             return Recovered(run.id, "finished", outcome.status, outcome.error or "")
         pgid = int(launches[-1]["pgid"]) if launches else (run.pgid or None)
         if not launches and pgid is None:
-            age = (_utcnow() - run.created_at).total_seconds()
+            age = (utcnow() - run.created_at).total_seconds()
             if age < NEVER_STARTED_AFTER_S:
                 return Recovered(run.id, "skipped", run.status, f"created {age:.0f} s ago, may be about to launch")
-            recorder = orch._Recorder(store, run.id, run_dir)
+            recorder = Recorder(store, run.id, run_dir)
             never = "never started: the process that prepared it ended before the launch"
             recorder.emit("exit", exit_code=None, status="failed", error=never)
-            recorder.journal.close()
-            orch._project_end(store, watch, "failed", None, never)
+            recorder.close()
+            project_end(store, stream, "failed", None, never)
             return Recovered(run.id, "finished", "failed", never)
-        alive = (pgid is not None and orch._leader_alive(pgid)) or RankWatch(run_dir).any_alive()
-        if alive and watch.end is None and attach and pgid is not None:
+        alive = (pgid is not None and leader_alive(pgid)) or RankWatch(run_dir).any_alive()
+        if alive and stream.end is None and attach and pgid is not None:
             # The new watcher inherits the locked file: no moment without a holder, so a second
             # recover running now cannot start a second watcher.
             child = spawn_watcher(store.url, run.id, pgid, run_dir, fake_gpus, lock_fd=lock.fileno())
             return Recovered(run.id, "attached", "running", f"watcher pid {child.pid} follows process group {pgid}")
-        if alive and watch.end is None:
+        if alive and stream.end is None:
             return Recovered(run.id, "skipped", run.status, "ranks still run; not attaching (--no-attach)")
-        recorder = orch._Recorder(store, run.id, run_dir)
+        recorder = Recorder(store, run.id, run_dir)
         status: str
         error: str | None
         try:
-            if watch.end is not None and watch.end.get("status") in ("completed", "stopped"):
-                status, error = str(watch.end.get("status")), None
-            elif watch.end is not None:
-                status, error = "failed", watch.error or f"the trainer ended {watch.end.get('status')}"
+            if stream.end is not None and stream.end.get("status") in ("completed", "stopped"):
+                status, error = str(stream.end.get("status")), None
+            elif stream.end is not None:
+                status, error = "failed", stream.error or f"the trainer ended {stream.end.get('status')}"
             else:
-                from runner.watch.crash import describe
-
                 status = "failed"
-                error = f"watcher and ranks gone; last step {watch.last_step if watch.last_step is not None else 0}"
-                cause = describe(run_dir, None, None, watch.error)
+                error = f"watcher and ranks gone; last step {stream.last_step if stream.last_step is not None else 0}"
+                cause = describe(run_dir, None, None, stream.error)
                 if cause:
                     error += f" ({cause})"
             recorder.emit("exit", exit_code=None, status=status, error=error, recovered=True)
         finally:
-            recorder.journal.close()
-        orch._project_end(store, watch, status, None, error)
+            recorder.close()
+        project_end(store, stream, status, None, error)
         return Recovered(run.id, "finished", status, error or "")
     finally:
         lock.release()
-
-
-def spawn_watcher(db_url: str, run_id: int, pgid: int, run_dir: Path, fake_gpus: int = 0,
-                  lock_fd: int | None = None) -> subprocess.Popen[bytes]:
-    """A detached watcher that re-attaches to a running run (``python -m runner.watch.orchestrator --attach``);
-    ``lock_fd``, the caller's hold on ``watcher.lock``, is handed to it."""
-    from runner.watch.orchestrator import record_watcher
-
-    argv = [sys.executable, "-m", "runner.watch.orchestrator", "--db", db_url, "--run-id", str(run_id),
-            "--attach", str(pgid), "--fake-gpus", str(fake_gpus)]
-    if lock_fd is not None:
-        argv += ["--lock-fd", str(lock_fd)]
-    log = open(run_dir / "orchestrator.log", "ab")  # noqa: SIM115 (the child keeps it)
-    try:
-        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                 cwd=run_dir, start_new_session=True,
-                                 pass_fds=(lock_fd,) if lock_fd is not None else ())
-    finally:
-        log.close()
-    record_watcher(Store(db_url), run_id, child.pid)
-    return child
 
 
 def recover_all(store: Store, attach: bool = True, fake_gpus: int = 0) -> list[Recovered]:
@@ -186,20 +158,3 @@ def recover_all(store: Store, attach: bool = True, fake_gpus: int = 0) -> list[R
         except Exception as exc:  # noqa: BLE001 (one bad run must not stop ftui from starting)
             done.append(Recovered(run.id, "error", run.status, f"{type(exc).__name__}: {exc}"[:300]))
     return done
-
-
-def wait_watched(store: Store, run_id: int, timeout_s: float = 600.0) -> str:
-    """Wait until a run leaves ``created``/``running``; its status (tests, scripts)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        run = store.get_run(run_id)
-        if run is not None and run.status not in ("created", "running"):
-            return str(run.status)
-        time.sleep(0.5)
-    return "running"
-
-
-def _utcnow() -> datetime:
-    from store.store import utcnow
-
-    return utcnow()

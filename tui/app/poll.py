@@ -1,4 +1,4 @@
-"""Reading the store for the screens (in worker threads) and starting runs.
+"""Reading the store for the screens, in worker threads.
 
 The store is the only source: a run may belong to another process or machine, and re-attaching
 after a restart is just reading the store again. The monitor feed reads incrementally (rows newer
@@ -7,7 +7,6 @@ than the last it saw) so that an 8-GPU run sampled at 2 Hz stays cheap to watch.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable
 from datetime import datetime
@@ -316,41 +315,6 @@ def run_duration(run: RunInfo, now: Clock = utcnow) -> float | None:
         return None
     end = run.ended_at or now()
     return float((end - run.started_at).total_seconds())
-
-
-def launch_run(store: Store, recipe: Any, source: str | None, fake_gpus: int) -> tuple[int, list[str]]:
-    """Pre-flight (the same as ``ftui run``: :func:`runner.watch.preflight.launch_checks`), then record,
-    prepare and start a run detached (it outlives the TUI). Returns the run id and the pre-flight's
-    warnings; a refusal raises (a RecipeError naming the field). Blocking: call from a worker."""
-    from runner.watch import orchestrator
-    from runner.watch.preflight import launch_checks
-
-    warnings = launch_checks(recipe, fake_gpus)
-    prepared = orchestrator.prepare(store, recipe, source=source)
-    orchestrator.start_detached(store.url, prepared, fake_gpus=fake_gpus)
-    assert prepared.run_id is not None
-    run_id = prepared.run_id
-    # Wait (briefly) until the detached orchestrator has recorded the process group, so that the
-    # monitor can stop the run straight away.
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        run = store.get_run(prepared.run_id)
-        if run is not None and run.pgid:
-            break
-        time.sleep(0.1)
-    return run_id, warnings
-
-
-def resume_run(store: Store, run_id: int, fake_gpus: int) -> int:
-    """``ftui resume`` from the app: a new run continuing ``run_id`` from its newest complete checkpoint
-    (:func:`runner.watch.orchestrator.prepare_resume`, the CLI's path), started detached. Returns the new run's
-    id; no checkpoint or a bad recipe raises a one-line RecipeError. Blocking: call from a worker."""
-    from runner.watch import orchestrator
-
-    prepared = orchestrator.prepare_resume(store, run_id)
-    orchestrator.start_detached(store.url, prepared, fake_gpus=fake_gpus)
-    assert prepared.run_id is not None
-    return prepared.run_id
 
 
 def _short(gpu_name: str) -> str:

@@ -1,0 +1,43 @@
+"""The planner's memory estimate of one device of a run (``runner.planner``), as stored in the run's
+summary at prepare time so that ``ftui show`` can set it against the measured bytes, and as the
+pre-flight compares it with the free memory of the GPUs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from runner.planner import breakdown_json, estimate, inputs_from_recipe, resolve_model_shape
+from runner.spec import strategies
+from runner.spec.recipe import Recipe
+from runner.spec.script import described
+from runner.watch.host import runs_on_cpu
+
+
+def estimate_summary(recipe: Recipe) -> dict[str, Any]:
+    """The estimate of one device of this run. Never fails a run: a model whose shape cannot be had
+    offline gets ``{"error": ...}``."""
+    if "model" not in described(recipe):
+        return {"error": "not reported: the script run's recipe has no model section"}
+    try:
+        source = resolve_model_shape(recipe.model.name, allow_network=False)
+        inp = inputs_from_recipe(recipe, shape=source.shape)
+        if runs_on_cpu(recipe):
+            inp = replace(inp, device="cpu")
+            if strategies.get(inp.strategy).layer_split and recipe.launch.nproc == 1:
+                inp = replace(inp, n_devices=1)  # one device on CPU: mp is the single-process run
+        breakdown = estimate(inp)
+        return {
+            "per_device_bytes": breakdown_json(breakdown),
+            "strategy": inp.strategy,
+            "n_devices": inp.n_devices,
+            "micro_batch": inp.micro_batch,
+            "seq_len": inp.seq_len,
+            "model": source.note,
+            "precision": inp.precision,
+            "param_dtype": inp.param_dtype or "auto",
+            "device": inp.device,
+            **({"approximate": breakdown.approximate} if breakdown.approximate else {}),
+        }
+    except Exception as exc:  # noqa: BLE001 (an estimate is informative only)
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}

@@ -1,0 +1,302 @@
+"""Watching a run: start a prepared run (:func:`execute`) or take over one whose watcher died
+(:func:`attach`), and follow it to its end (:func:`follow`).
+
+The run's process group is spawned here and nowhere else (:func:`runner.watch.procs.spawn`: argv lists,
+never a shell, in a new session so that the launcher and every rank can be signalled together).
+Whatever goes wrong while watching, every process of the run is stopped and reaped and a true status
+and reason are recorded: the journal first, then the store.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from runner.hardware import Probe
+from runner.spec import events as ev
+from runner.watch import procs
+from runner.watch.crash import RankWatch, describe
+from runner.watch.finish import Ending, Outcome, finish
+from runner.watch.host import probe_for
+from runner.watch.identity import leader_alive, record_watcher
+from runner.watch.journal import WatcherLock
+from runner.watch.preflight import PreflightError
+from runner.watch.prepare import Prepared
+from runner.watch.sampling import RunTelemetry
+from runner.watch.stream import EventCallback, Recorder, RunStream, quietly
+from store import Store
+from store.store import utcnow
+
+FAULT_GRACE_S = 60.0
+"""A rank that vanished with no step and no end event since, while the launcher lives on: the group
+is stopped after this long (torch elastic normally tears it down within a second or two)."""
+
+Stop = threading.Event | procs.StopRequest
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    """How a run is watched; the same for ``ftui run``, ``ftui resume``, sweeps, the background watcher."""
+
+    sample_interval_s: float = 0.5
+    """Seconds between telemetry readings; 0 turns telemetry off."""
+    hang_after_s: float = 300.0
+    """Flag a hang when no step came for this long and a device is idle; stop the run (failed,
+    "hang: ...") when it is still hung ``hang_after_s`` after the flag."""
+    grace_s: float = procs.DEFAULT_GRACE_S
+    """After a stop request, seconds the ranks get to finish their step, save and exit before whatever
+    is left of the run is SIGKILLed (then checked: none left)."""
+    fake_gpus: int = 0
+    """Scripted GPUs of the demo mode (0: the real NVML), for the default probe."""
+    probe: Probe | None = None
+    """The telemetry probe; default: :func:`runner.watch.host.probe_for` of ``fake_gpus``."""
+    poll_s: float = 0.25
+    """How often the journal is read."""
+
+    def make_probe(self) -> Probe:
+        return self.probe if self.probe is not None else probe_for(self.fake_gpus)
+
+
+class Launcher:
+    """The launch being followed: ftui's own child (its exit code is known), or, for a watcher that
+    re-attached after the first one died, a process group of which only the pids are known."""
+
+    def __init__(self, pgid: int, proc: subprocess.Popen[bytes] | None = None) -> None:
+        self.pgid = pgid
+        self.proc = proc
+
+    def poll(self) -> int | None:
+        if self.proc is not None:
+            return self.proc.poll()
+        return None if leader_alive(self.pgid) else -1
+
+    def wait(self) -> int | None:
+        """The exit code; None when it is not ours to know (a re-attached watcher)."""
+        if self.proc is not None:
+            try:
+                return self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # only when SIGKILL did not take (stop report: left)
+                self.proc.kill()
+                return self.proc.wait()
+        deadline = time.monotonic() + 30
+        while leader_alive(self.pgid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return None
+
+
+class Stopper:
+    """Stops a run in a thread (:func:`runner.watch.procs.stop_run`) while the watcher keeps reading
+    its journal, so that the ranks' last steps and ``end`` events are recorded."""
+
+    def __init__(self, run_dir: Any, pgid: int, request: procs.StopRequest) -> None:
+        self.run_dir = run_dir
+        self.pgid = pgid
+        self.request = request
+        self.thread: threading.Thread | None = None
+        self.report: procs.StopReport | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.thread is not None
+
+    @property
+    def done(self) -> bool:
+        return self.thread is not None and not self.thread.is_alive()
+
+    def start(self, grace_s: float, kill: bool = False) -> None:
+        def run() -> None:
+            self.report = procs.stop_run(self.run_dir, self.pgid, grace_s=grace_s, kill_now=self.request.now,
+                                         kill=kill)
+
+        self.thread = threading.Thread(target=run, name="ftui-stop", daemon=True)
+        self.thread.start()
+
+
+def execute(store: Store, prepared: Prepared, options: WatchOptions | None = None,
+            on_event: EventCallback | None = None, stop: Stop | None = None) -> Outcome:
+    """Start a prepared run and follow it to the end, writing everything to the run folder and then
+    to the store.
+
+    Args:
+        store: the store (the run's only writer: samples from the telemetry thread are queued and
+            written here, in batches).
+        prepared: from :func:`runner.watch.prepare.prepare`.
+        options: how the run is watched.
+        on_event: called with every journal event as it arrives (progress bars), and with the
+            watcher's own ``hang`` and ``rank_exit`` events.
+        stop: set it (or :meth:`runner.watch.procs.StopRequest.request`) to stop the run gracefully: what
+            Ctrl-C, SIGTERM and SIGHUP do for ``ftui run``. A second request kills what is left at
+            once; a kill request records ``failed`` ("killed by user").
+
+    Returns:
+        The outcome; the run's row holds the same status, exit code, error and summary.
+
+    Raises:
+        PreflightError: another process watches the run.
+    """
+    assert prepared.run_id is not None, "a dry run cannot be executed"
+    run_id = prepared.run_id
+    lock = WatcherLock(prepared.run_dir)
+    if not lock.acquire(wait_s=5.0):  # a recover check elsewhere may hold it for a moment
+        raise PreflightError(f"run {run_id}: another process watches {prepared.run_dir}")
+    recorder = Recorder(store, run_id, prepared.run_dir,
+                        source=prepared.node.source if prepared.node is not None else "orchestrator")
+    proc = procs.spawn(prepared.spec.argv, prepared.spec.env, prepared.run_dir, prepared.run_dir / ev.LAUNCHER_LOG,
+                       run_dir=prepared.run_dir)
+    pgid = proc.pid  # start_new_session: the launcher leads its own group (the ranks may not: procs)
+    launched = time.time()
+    recorder.emit("launch", argv=prepared.spec.argv, pgid=pgid, watcher_pid=os.getpid())
+    record_watcher(store, run_id, status="running", started_at=utcnow(), pgid=pgid)
+    return follow(store, prepared, Launcher(pgid, proc), recorder, lock, options, on_event=on_event, stop=stop,
+                  launched=launched)
+
+
+def attach(store: Store, prepared: Prepared, pgid: int, options: WatchOptions | None = None,
+           stop: Stop | None = None, lock_fd: int | None = None) -> Outcome:
+    """Follow a run whose watcher died while its ranks train on: re-read its journals from the start
+    (idempotent ingest), then watch it to the end like :func:`execute` (see :mod:`runner.service.recover`).
+
+    Raises:
+        PreflightError: another process already watches the run.
+    """
+    assert prepared.run_id is not None
+    lock = WatcherLock.adopt(prepared.run_dir, lock_fd) if lock_fd is not None else WatcherLock(prepared.run_dir)
+    if not lock.acquire():
+        raise PreflightError(f"run {prepared.run_id}: another process watches {prepared.run_dir}")
+    recorder = Recorder(store, prepared.run_id, prepared.run_dir)
+    recorder.emit("attach", pgid=pgid, watcher_pid=os.getpid())
+    record_watcher(store, prepared.run_id)
+    return follow(store, prepared, Launcher(pgid), recorder, lock, options, stop=stop, launched=time.time())
+
+
+class _Watch:
+    """The state of one :func:`follow`: what it reads, samples, stops, and why it forced an end."""
+
+    def __init__(self, store: Store, prepared: Prepared, launcher: Launcher, recorder: Recorder,
+                 options: WatchOptions, on_event: EventCallback | None, stop: Stop | None) -> None:
+        self.prepared = prepared
+        self.launcher = launcher
+        self.recorder = recorder
+        self.options = options
+        self.on_event = on_event
+        self.request = stop if isinstance(stop, procs.StopRequest) else procs.StopRequest(stop)
+        self.stream = RunStream(store, prepared, on_event)
+        self.telemetry: RunTelemetry | None = None
+        self.ranks = RankWatch(prepared.run_dir)
+        self.stopper = Stopper(prepared.run_dir, launcher.pgid, self.request)
+        self.forced_error: str | None = None
+
+    def step(self) -> bool:
+        """One round of the watch; True when the run is over."""
+        assert self.telemetry is not None
+        stream, stopper, recorder, request = self.stream, self.stopper, self.recorder, self.request
+        stream.poll()
+        self.telemetry.poll(stream, recorder)
+        if stream.mismatch and not stopper.started:
+            stopper.start(grace_s=5.0)
+        if request.is_set() and not stopper.started:
+            stopper.start(grace_s=self.options.grace_s, kill=request.kill)
+            recorder.emit("stop_requested", kill=request.kill, grace_s=self.options.grace_s)
+        for rank, pid in self.ranks.poll():
+            # (not one we ended; a node without rank 0 sees no end event: its launcher's exit says)
+            if stream.end is None and not stopper.started and (self.prepared.node is None or stream.start):
+                event = recorder.emit("rank_exit", rank=rank, pid=pid)
+                if self.on_event is not None:
+                    self.on_event(event)
+        vanished_at = self.ranks.first_vanished_at
+        if (vanished_at is not None and stream.end is None and not stopper.started
+                and time.time() - vanished_at >= FAULT_GRACE_S and (stream.last_step_time or 0.0) < vanished_at):
+            self.forced_error = describe(self.prepared.run_dir, self.ranks.vanished, list(self.telemetry.recent),
+                                         stream.error)
+            stopper.start(grace_s=5.0)
+        if not stopper.started and self.telemetry.hang_stop(stream):
+            self.forced_error = self.telemetry.hang_reason
+            recorder.emit("hang_stop", reason=self.forced_error)
+            procs.signal_group(self.launcher.pgid, signal.SIGCONT)  # a stopped (SIGSTOP) rank cannot take SIGTERM
+            stopper.start(grace_s=10.0)
+        if self.prepared.node is not None:  # several machines: heartbeat, stop requests both ways
+            self.prepared.node.tick(request, self.prepared.run_dir)
+        if stopper.started:
+            return stopper.done
+        return self.launcher.poll() is not None
+
+    def fault(self, exc: BaseException) -> None:
+        """The watcher itself failed: journal it, stop the run and wait for the stop."""
+        self.forced_error = f"watcher error: {type(exc).__name__}: {exc}"[:500]
+        quietly(self.recorder.emit, "watcher_error", message=self.forced_error)
+        if not self.stopper.started:
+            self.stopper.start(grace_s=5.0)
+        if self.stopper.thread is not None:
+            self.stopper.thread.join(timeout=60)
+
+    def reap(self) -> int | None:
+        """Wait for the launcher and every process of the run; kill what is left. The exit code."""
+        self.stream.on_event = None  # the caller's callbacks may be what failed; the rest is bookkeeping
+        exit_code: int | None = quietly(self.launcher.wait)
+        run_dir, pgid = self.prepared.run_dir, self.launcher.pgid
+        if not self.stopper.started:
+            # The launcher can exit before its ranks: wait for every process of the run (ranks
+            # included, in sessions of their own), then kill and check whatever is left.
+            deadline = time.monotonic() + 20.0
+            while procs.find_processes(run_dir, pgid) and time.monotonic() < deadline:
+                quietly(self.stream.poll)
+                time.sleep(self.options.poll_s)
+            quietly(procs.kill_all, run_dir, pgid)
+        if self.telemetry is not None:
+            quietly(self.telemetry.close)
+        quietly(self.stream.poll)
+        quietly(self.stream.flush)
+        return exit_code
+
+    def record_end(self, store: Store, exit_code: int | None) -> Outcome:
+        """Journal the stop (if any) and record the run's end."""
+        report = self.stopper.report
+        if report is not None:
+            quietly(self.recorder.emit, "stop", graceful=report.graceful, killed=report.killed, left=report.left,
+                    gpu=report.gpu_note, processes={str(k): v for k, v in report.seen.items()})
+        if self.prepared.node is not None:
+            self.prepared.node.fault_at = self.ranks.first_vanished_at or time.time()
+        request = self.request
+        ending = Ending(exit_code, stopped_by_user=request.is_set() and not request.kill,
+                        killed_by_user=request.kill, forced_error=self.forced_error, vanished=self.ranks.vanished,
+                        recent=list(self.telemetry.recent) if self.telemetry is not None else [])
+        outcome = finish(store, self.stream, ending, self.recorder)
+        if report is not None:
+            outcome.stop_report = report.describe()
+            quietly(store.update_run, self.stream.run_id, summary={"stop": outcome.stop_report})
+        return outcome
+
+
+def follow(store: Store, prepared: Prepared, launcher: Launcher, recorder: Recorder, lock: WatcherLock,
+           options: WatchOptions | None = None, on_event: EventCallback | None = None, stop: Stop | None = None,
+           launched: float | None = None) -> Outcome:
+    """Watch a started run to its end. Whatever goes wrong while watching (an exception in a
+    callback, the database), the ``finally`` below stops and reaps every process of the run, writes
+    what was read, and records a true status and reason: journal first, then the store."""
+    options = options or WatchOptions()
+    watch = _Watch(store, prepared, launcher, recorder, options, on_event, stop)
+    try:
+        watch.telemetry = RunTelemetry(store, prepared, options.make_probe() if options.sample_interval_s > 0 else None,
+                                       options.sample_interval_s, options.hang_after_s, launched or time.time())
+        while True:
+            try:
+                if watch.step():
+                    break
+                time.sleep(options.poll_s)
+            except KeyboardInterrupt:  # a caller without handlers (procs.StopRequest.install) in the main thread
+                watch.request.request()
+    except BaseException as exc:  # noqa: BLE001 (any fault of the watcher: reap and record it below)
+        watch.fault(exc)
+    finally:
+        exit_code = watch.reap()
+        try:
+            outcome = watch.record_end(store, exit_code)
+        finally:
+            recorder.close()
+            lock.release()
+    return outcome

@@ -1,0 +1,44 @@
+"""Facts of this host a launch depends on: CPU or GPU, how many GPUs, threads per rank, a free port,
+and the telemetry probe. Detected once per command (:func:`runner.hardware.hostfacts.current`), through
+NVML, never torch, so that ``ftui run`` starts fast."""
+
+from __future__ import annotations
+
+import socket
+
+from runner.hardware import Probe
+from runner.hardware.hostfacts import current
+from runner.spec.recipe import Recipe
+
+
+def cuda_device_count() -> int:
+    """GPUs the trainer will see (NVML)."""
+    return current().visible_gpus
+
+
+def runs_on_cpu(recipe: Recipe) -> bool:
+    """Whether the ranks will train on CPU (no CUDA device visible, or the recipe asks for CPU)."""
+    if recipe.launch.device == "cpu":
+        return True
+    if recipe.launch.device == "cuda":
+        return False
+    return cuda_device_count() == 0
+
+
+def cpu_threads(recipe: Recipe) -> int | None:
+    """Threads per rank on CPU: the physical cores shared out (accelerate defaults to 1)."""
+    if not runs_on_cpu(recipe):
+        return None
+    return max(1, current().cpu_cores // recipe.launch.nproc)
+
+
+def free_port() -> int:
+    """A TCP port free right now on this host, for the rendezvous of one run."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def probe_for(fake_gpus: int = 0) -> Probe:
+    """The telemetry probe: real NVML + psutil, or ``fake_gpus`` scripted GPUs (demo mode)."""
+    return Probe.fake(fake_gpus) if fake_gpus else Probe()

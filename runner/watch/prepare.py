@@ -1,0 +1,172 @@
+"""Preparing a run: record it in the store, claim and write its run folder (recipe, accelerate config,
+``launch.json``); start nothing. Also a resume (a new run continuing an old one from its newest
+complete checkpoint) and a prepared run read back from its folder (the background watcher, recover).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from runner.spec import events as ev
+from runner.spec.checkpoint import checkpoints_root, latest_complete, read_manifest
+from runner.spec.launch import LaunchSpec, build_launch
+from runner.spec.paths import RunFolderError, claim_run_folder, new_run_uid, runs_dir
+from runner.spec.recipe import Recipe, load_recipe
+from runner.spec.rendezvous import NodeSpec
+from runner.spec.script import store_method, store_model
+from runner.watch.estimate import estimate_summary
+from runner.watch.host import cpu_threads, free_port
+from runner.watch.identity import record_watcher
+from runner.watch.preflight import PreflightError, preflight
+from runner.watch.procs import StopRequest
+from store import Store
+from store.nodes import Settled
+from store.store import utcnow
+
+
+class NodePart(Protocol):
+    """This machine's part of a run on several machines, as the watcher calls it
+    (:class:`runner.nodes.agent.NodeAgent`)."""
+
+    slot: int
+    created: bool
+    spec: NodeSpec
+    fault_at: float | None
+
+    @property
+    def source(self) -> str:
+        """The event source of this node's journal in the store."""
+
+    def tick(self, request: StopRequest, run_dir: Path) -> None:
+        """Heartbeat, ranks, stop requests both ways; never raises."""
+
+    def finish(self, status: str, error: str | None, exit_code: int | None) -> Settled | None:
+        """Record this node's end; the run's end once every node ended (None: another node settles it)."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A run that is recorded and has its folder written, but is not started."""
+
+    run_id: int | None
+    run_dir: Path
+    spec: LaunchSpec
+    recipe: Recipe
+    node: NodePart | None = None
+    """This machine's part when the run spans several machines, else None."""
+
+
+def prepare(
+    store: Store | None,
+    recipe: Recipe,
+    source: str | None = None,
+    sweep_id: str | None = None,
+    root: Path | None = None,
+    resumed_from: int | None = None,
+    nodes: NodeSpec | None = None,
+) -> Prepared:
+    """Record the run (unless ``store`` is None: a dry run) and write its folder; start nothing.
+
+    Args:
+        store: where the run is recorded; None: a dry run.
+        recipe: the validated recipe.
+        source: where the recipe came from (a file), as stored.
+        sweep_id: the sweep the run belongs to.
+        root: the folder of run folders (default: the data folder's).
+        resumed_from: the run this one continues (:func:`prepare_resume`).
+        nodes: the rendezvous of a dry run of one machine of several (a real one goes through
+            :func:`runner.nodes.agent.prepare_node`).
+
+    Raises:
+        PreflightError: the run folder cannot be claimed (the run is recorded failed).
+    """
+    root = root or runs_dir()
+    run_id: int | None = None
+    # The folder is named by a globally unique id, never by the store's integer id: two stores
+    # sharing one data folder would otherwise write into the same folder.
+    if store is not None:
+        run_id = store.create_run(
+            name=recipe.name,
+            recipe_text=recipe.to_toml(),
+            recipe_hash=recipe.digest(),
+            recipe_source=source,
+            strategy=recipe.launch.strategy,
+            nproc=recipe.launch.nproc,
+            method=store_method(recipe),
+            model=store_model(recipe),
+            run_dir="",
+            sweep_id=sweep_id,
+            resumed_from=resumed_from,
+        )
+        record_watcher(store, run_id)  # the preparing process, until a watcher takes over
+        uid = run_uid(store, run_id)
+    else:
+        uid = f"dry-run-{new_run_uid()}"
+    try:
+        run_dir = claim_run_folder(root, uid, recipe.name)
+    except (RunFolderError, OSError) as exc:
+        if store is not None and run_id is not None:
+            store.update_run(run_id, status="failed", error=str(exc), ended_at=utcnow())
+        raise PreflightError(str(exc)) from None
+    port = nodes.main_port if nodes is not None else free_port()
+    spec = write_launch(recipe, run_dir, port, nodes)
+    if store is not None and run_id is not None:
+        store.update_run(run_id, run_dir=str(run_dir), summary={"uid": uid, "estimate": estimate_summary(recipe)})
+    return Prepared(run_id=run_id, run_dir=run_dir, spec=spec, recipe=recipe)
+
+
+def write_launch(recipe: Recipe, run_dir: Path, port: int, nodes: NodeSpec | None) -> LaunchSpec:
+    """Build the launch of ``recipe`` and write its files and ``launch.json`` into ``run_dir``."""
+    spec = build_launch(recipe, run_dir, port=port, cpu_threads=cpu_threads(recipe), nodes=nodes)
+    for name, text in spec.files.items():
+        (run_dir / name).write_text(text)
+    (run_dir / ev.LAUNCH_FILE).write_text(json.dumps(spec.to_json(), indent=2) + "\n")
+    return spec
+
+
+def run_uid(store: Store, run_id: int) -> str:
+    """The run's globally unique id: the store's ``runs.uid`` where the schema has it, else a new one
+    (kept in the summary). The one place that knows which."""
+    run = store.get_run(run_id)
+    uid = getattr(run, "uid", None) or run.summary.uid if run is not None else None
+    return str(uid) if uid else new_run_uid()
+
+
+def prepare_resume(store: Store, run_id: int, root: Path | None = None) -> Prepared:
+    """Record a new run that continues run ``run_id`` from its newest complete checkpoint: the old
+    run's recipe (same strategy and process count) with ``train.resume_from`` set. Starts nothing.
+
+    Raises:
+        PreflightError: one line: no such run, no complete checkpoint, or a recipe that no longer loads.
+    """
+    old = store.get_run(run_id)
+    if old is None:
+        raise PreflightError(f"run {run_id}: no such run in {store.url}")
+    if (old.nnodes or 1) > 1:  # each machine holds its own part of each checkpoint (docs/multi-node.md)
+        raise PreflightError(f"run {run_id}: ran on {old.nnodes} machines; on each of them run `ftui resume "
+                             f"{run_id} --node-rank K --main-addr ADDR` (docs/multi-node.md)")
+    run_dir = Path(old.run_dir) if old.run_dir else None
+    checkpoint = latest_complete(run_dir) if run_dir is not None else None
+    if run_dir is None or checkpoint is None:
+        where = checkpoints_root(run_dir) if run_dir is not None else "its run folder"
+        raise PreflightError(f"run {run_id}: no complete checkpoint in {where} (train.save_every, or a "
+                             "graceful stop, writes one)")
+    recipe = load_recipe(run_dir / ev.RECIPE_FILE)
+    recipe = recipe.model_copy(update={"train": recipe.train.model_copy(update={"resume_from": str(checkpoint)})})
+    preflight(recipe)
+    prepared = prepare(store, recipe, source=f"resume of run {run_id}", root=root, resumed_from=run_id)
+    assert prepared.run_id is not None
+    step = (read_manifest(checkpoint) or {}).get("step")
+    resumed: dict[str, Any] = {"run_id": run_id, "checkpoint": str(checkpoint), "step": step}
+    store.update_run(prepared.run_id, summary={"resumed_from": resumed})
+    return prepared
+
+
+def load_prepared(run_id: int, run_dir: Path) -> Prepared:
+    """A prepared run read back from its folder (recipe.toml and launch.json)."""
+    launch = json.loads((run_dir / ev.LAUNCH_FILE).read_text())
+    spec = LaunchSpec(argv=launch["argv"], env=launch["env"], accelerate_config=launch["accelerate_config"])
+    return Prepared(run_id=run_id, run_dir=run_dir, spec=spec, recipe=load_recipe(run_dir / ev.RECIPE_FILE))

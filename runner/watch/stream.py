@@ -1,0 +1,154 @@
+"""Journal to store: the trainer's ``events.jsonl`` streamed into the store in batches
+(:class:`RunStream`, which also keeps what the watcher decides on: start, steps, end, errors), and
+the watcher's own events written journal first (:class:`Recorder`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from runner.spec import events as ev
+from runner.spec import strategies
+from runner.spec.flops import run_flops_per_token
+from runner.watch.journal import OrchestratorJournal
+from runner.watch.prepare import Prepared
+from store import Store
+
+EventCallback = Callable[[dict[str, Any]], None]
+
+
+def quietly(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn``; an exception is swallowed (the end of a watch must run to its end)."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+class RunStream:
+    """Streams one run's journal into the store in batches and tracks its state."""
+
+    FLUSH_S = 0.5
+
+    def __init__(self, store: Store, prepared: Prepared, on_event: EventCallback | None) -> None:
+        assert prepared.run_id is not None
+        self.store = store
+        self.run_id = prepared.run_id
+        self.prepared = prepared
+        self.on_event = on_event
+        self.reader = ev.JournalReader(prepared.run_dir / ev.EVENTS_FILE)
+        self.pending: list[dict[str, Any]] = []
+        self.last_flush = time.monotonic()
+        self.start: ev.StartEvent | None = None
+        self.end: ev.EndEvent | None = None
+        self.error: str | None = None
+        self.mismatch: str | None = None
+        self.first_step_time: float | None = None
+        self.last_step_time: float | None = None
+        self.last_step: int | None = None
+        self.store_error: str | None = None
+        self.loss_scale_drops = 0
+
+    def poll(self) -> None:
+        """Read what the journal has new, note it, pass it on and write it when a batch is due."""
+        fresh = self.reader.read_new()
+        self.pending.extend(fresh)  # before any callback runs: a callback that raises loses nothing
+        for raw in fresh:
+            self._note(raw)
+        if self.on_event is not None:
+            for raw in fresh:
+                self.on_event(raw)
+        urgent = any(e["type"] not in ("step", "metrics") for e in self.pending)  # both batched
+        if self.pending and (urgent or time.monotonic() - self.last_flush >= self.FLUSH_S):
+            self.flush()
+
+    def _note(self, raw: dict[str, Any]) -> None:
+        event = ev.typed(raw)
+        if event is None:
+            return
+        if event["type"] == "start":
+            self.start = event
+            self._on_start(event)
+        elif event["type"] == "step":
+            self.first_step_time = self.first_step_time or float(raw["time"]) - (event.get("step_time") or 0.0)
+            self.last_step_time = float(raw["time"])
+            self.last_step = event.get("step")
+        elif event["type"] == "end":
+            self.end = event
+        elif event["type"] == "error":
+            self.error = event.get("message")
+        elif event["type"] == "precision":
+            self._update_summary({"precision": {k: v for k, v in event.items() if k != "type"}})
+        elif event["type"] == "loss_scale":
+            self.loss_scale_drops += 1
+            self._update_summary({"loss_scale_drops": self.loss_scale_drops})
+
+    def flush(self) -> None:
+        """Write the pending events. The events are in the journal already: a store that fails (locked,
+        gone for a moment) must not end a 30-hour run, so they stay pending for the next flush (ingest
+        skips by seq, so a batch must not be skipped over: the pending list keeps the order)."""
+        self.last_flush = time.monotonic()
+        try:
+            self.store.ingest(self.run_id, self.pending)
+        except Exception as exc:  # noqa: BLE001
+            self.store_error = f"{type(exc).__name__}: {exc}"[:300]
+            return
+        self.pending = []
+        self.store_error = None
+
+    def _update_summary(self, summary: dict[str, Any]) -> None:
+        try:  # a figure for the summary; the journal has the event whatever the store does now
+            self.store.update_run(self.run_id, summary=summary)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _on_start(self, event: ev.StartEvent) -> None:
+        launch = self.prepared.recipe.launch
+        strategy = strategies.resolve(launch.strategy, launch.engine)
+        in_effect = event.get("distributed_type")
+        self.store.update_run(
+            self.run_id,
+            distributed_type=in_effect,
+            device_type=event.get("device_type"),
+            total_steps=event.get("total_steps"),
+            summary={"params": event.get("params"), "trainable_params": event.get("trainable_params"),
+                     "local_param_numel": event.get("local_param_numel"), "world_size": event.get("world_size"),
+                     "tokens_per_step": event.get("tokens_per_step"), "mixed_precision": event.get("mixed_precision"),
+                     "device_map": event.get("device_map"), "pids": event.get("pids"),
+                     "threads": event.get("threads"), "model_dims": event.get("model_dims"),
+                     # Stored so that compare computes MFU without reading a model config (no transformers).
+                     "flops_per_token": run_flops_per_token(self.prepared.recipe.method.type, event.get("params"),
+                                                            event.get("trainable_params"), event.get("model_dims")),
+                     **({"engine": event["engine"]} if "engine" in event else {}),
+                     **({"sharding": event["sharding"]} if "sharding" in event else {}),
+                     **({"parallel": event["parallel"]} if "parallel" in event else {})},
+        )
+        if in_effect is not None and in_effect not in strategy.expect:  # None: a script did not say
+            self.mismatch = (
+                f"launch.strategy: asked for {strategy.name} ({' or '.join(sorted(strategy.expect))}) but "
+                f"accelerate ran {in_effect}; the run was stopped"
+            )
+
+
+class Recorder:
+    """The watcher's events: to ``RUN/orchestrator.jsonl`` first, then to the store."""
+
+    def __init__(self, store: Store, run_id: int, run_dir: Path, source: str = "orchestrator") -> None:
+        self.store = store
+        self.run_id = run_id
+        self.source = source  # each node of a multi-node run numbers its own events
+        self.journal = OrchestratorJournal(run_dir)
+
+    def emit(self, type_: str, **payload: Any) -> dict[str, Any]:
+        """Journal one event, then offer it to the store; the journaled record."""
+        record = self.journal.emit(type_, **payload)
+        try:
+            self.store.ingest(self.run_id, [record], source=self.source)
+        except Exception:  # noqa: BLE001 (the journal has it; recover re-ingests it)
+            pass
+        return record
+
+    def close(self) -> None:
+        self.journal.close()
