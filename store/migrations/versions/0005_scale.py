@@ -10,8 +10,10 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from store.rollup import BLOCK_COLUMNS, ROLLUP_METRICS, rollup_rows
+
 revision = "0005"
-down_revision = "0004"  # written against "0002"; rechained after merging data (0003) and main (0004)
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 
@@ -40,8 +42,6 @@ def upgrade() -> None:
 
 def _backfill() -> None:
     """Summarise the metrics already stored, one run at a time (the rows themselves are untouched)."""
-    from store.rollup import BLOCK_COLUMNS, ROLLUP_METRICS, rollup_rows
-
     bind = op.get_bind()
     meta = sa.MetaData()
     metrics = sa.Table("metrics", meta, autoload_with=bind)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from store.rollup import BLOCK_COLUMNS, rollup_named
+
 revision = "0007"
 down_revision = "0006"  # written against "0005"; rechained after merging main (0006)
 branch_labels = None
@@ -43,8 +45,6 @@ def upgrade() -> None:
 
 def _backfill() -> None:
     """Summarise the named metrics already stored, one run at a time (the rows themselves are untouched)."""
-    from store.rollup import BLOCK_COLUMNS, rollup_named
-
     bind = op.get_bind()
     meta = sa.MetaData()
     named = sa.Table("named_metrics", meta, autoload_with=bind)
