@@ -48,14 +48,14 @@ def main(argv: list[str] | None = None) -> None:
     import traceback
 
     from runner import track
-    from runner.rank.trainer import _redirect_output
+    from runner.rank.trainer import redirect_output
     from runner.spec import events as ev
     from runner.watch.procs import RUN_ENV
 
     run_dir, cwd, script, args = parse(sys.argv[1:] if argv is None else argv)
     rank = int(os.environ.get("RANK", "0"))
     os.environ[RUN_ENV] = str(run_dir)
-    _redirect_output(ev.rank_log(run_dir, rank))
+    redirect_output(ev.rank_log(run_dir, rank))
     import faulthandler
 
     faulthandler.enable()  # a segfault in a native library leaves its Python stack in the rank log

@@ -90,7 +90,7 @@ class RunSummary(TypedDict, total=False):
     mixed_precision: str
     engine: str
     sharding: dict[str, Any]
-    """What the trainer found in effect (:func:`runner.spec.zero.in_effect`): engine, stage, offload, how."""
+    """What the trainer found in effect (:func:`runner.rank.sharding.in_effect`): engine, stage, offload, how."""
     precision: dict[str, Any]
     """The trainer's ``precision`` event: dtypes of params, compute, optimizer state, master (measured)."""
     loss_scale_drops: int
