@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runner.rank.context import Setup, StopFlag
+from runner.rank.rank_log import redirect_output
 from runner.rank.resume_map import recipe_for_node
 from runner.spec import events as ev
 from runner.spec import layout, strategies
@@ -63,19 +64,6 @@ def main(argv: list[str] | None = None) -> None:
     # Two-rank gloo runs abort at interpreter exit ~5% of the time ("terminate called without an
     # active exception"); skipping interpreter teardown avoided it in 20/20 runs (docs/cpu-facts.md).
     os._exit(code)
-
-
-def redirect_output(log: Path) -> None:
-    """Send this process's stdout and stderr (file descriptors 1 and 2 too) to ``log``."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
 
 class Trainer:
