@@ -42,8 +42,8 @@ def recipe_problem(recipe: Recipe) -> str | None:
             return f"launch.offload: only the ZeRO stages offload (launch.strategy is {row.name!r})"
         return (f"launch.offload: {row.name} on the {engine.name} engine takes "
                 f"{strategies.choices_text(offloads)}, got {launch.offload!r}"
-                + (" (FSDP offloads parameters with their optimizer state)" if engine.name == "torch" else ""))
-    if resolved.engine == "deepspeed" and recipe.train.on_nan == "skip":
+                + (" (FSDP offloads parameters with their optimizer state)" if engine.offloads_grads else ""))
+    if resolved.accelerate_type == "DEEPSPEED" and recipe.train.on_nan == "skip":
         return "train.on_nan: 'skip' is not supported on the deepspeed engine (its step owns the update); use 'stop'"
     if not checkpoints_supported(resolved):
         if recipe.train.save_every:
