@@ -37,8 +37,8 @@ def test_trust_remote_code_is_off_unless_the_recipe_says_so(capsys: pytest.Captu
     out = capsys.readouterr().out
     warning = out.splitlines()[0]
     assert warning.startswith("warning: model.trust_remote_code = true"), out
-    # The trainer passes the recipe's flag to transformers, never a constant.
-    trainer = (ROOT / "runner" / "rank" / "trainer.py").read_text()
+    # The rank passes the recipe's flag to transformers, never a constant.
+    trainer = (ROOT / "runner" / "rank" / "model_load.py").read_text()
     assert "trust_remote_code=True" not in trainer and "trust_remote_code=model" in trainer
 
 

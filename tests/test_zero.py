@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from conftest import QUICKSTART, ROOT, Ftui
 
-from runner.spec import strategies, zero
+from runner.spec import deepspeed_config, strategies
 from runner.spec.recipe import RecipeError, load_recipe
 from runner.spec.summary import model_state_bytes
 
@@ -136,7 +136,7 @@ def test_zero3_saves_the_whole_adapter(zero_runs: dict[str, Any]) -> None:
 @pytest.mark.slow
 def test_the_deepspeed_config_is_kept_in_the_run_folder(zero_runs: dict[str, Any]) -> None:
     run = zero_runs[_key("zero3", "deepspeed", "optimizer+params")]
-    config = json.loads((Path(run["run_dir"]) / zero.DEEPSPEED_FILE).read_text())
+    config = json.loads((Path(run["run_dir"]) / deepspeed_config.DEEPSPEED_FILE).read_text())
     assert config["zero_optimization"]["stage"] == 3
     assert config["zero_optimization"]["offload_param"]["device"] == "cpu"
     assert config["gradient_clipping"] == 1.0 and config["train_micro_batch_size_per_gpu"] == 2
@@ -190,8 +190,8 @@ def test_the_launch_names_the_engine_s_config(tmp_path: Path) -> None:
     spec = build_launch(recipe(), tmp_path, port=29500, cpu_threads=1)
     config = accelerate_config(recipe(), 29500, run_dir=tmp_path)
     assert config["distributed_type"] == "DEEPSPEED" and "mixed_precision" not in config
-    assert config["deepspeed_config"]["deepspeed_config_file"] == str(tmp_path / zero.DEEPSPEED_FILE)
-    written = json.loads(spec.files[zero.DEEPSPEED_FILE])
+    assert config["deepspeed_config"]["deepspeed_config_file"] == str(tmp_path / deepspeed_config.DEEPSPEED_FILE)
+    written = json.loads(spec.files[deepspeed_config.DEEPSPEED_FILE])
     assert written["zero_optimization"]["stage"] == 2 and "offload_optimizer" not in written["zero_optimization"]
     assert written["gradient_clipping"] == 1.0 and written["train_batch_size"] == 4 * 2
 

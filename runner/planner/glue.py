@@ -15,7 +15,7 @@ from runner.spec import layout, strategies
 
 
 def recipe_param_dtype(model_dtype: str, method: str, precision: str) -> Precision:
-    """The dtype the trainer stores the weights in (``runner.rank.trainer._load_dtype`` without torch)."""
+    """The dtype the trainer stores the weights in (``runner.rank.model_load.load_dtype`` without torch)."""
     if model_dtype != "auto":
         return model_dtype  # type: ignore[return-value]
     if method in ("lora", "qlora") and precision != "fp32":

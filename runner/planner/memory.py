@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 from runner.planner.shapes import ModelShape, _targeted, lora_trainable_params
 from runner.spec import strategies
+from runner.spec.deepspeed_config import ZERO3_PERSISTENCE_THRESHOLD
 
 Method = Literal["full", "lora", "qlora"]
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -378,13 +379,11 @@ def _zero3_persistent(inp: EstimateInput, w: int, tw: int) -> float:
     """Bytes DeepSpeed ZeRO-3 keeps gathered on every rank beside the partitions: each parameter under its
     persistence threshold (``stage3_param_persistence_threshold``, 1e5 elements: norms, small projections,
     LoRA matrices)."""
-    from runner.spec.zero import ZERO3_PERSISTENCE_THRESHOLD as limit
-
     sh = inp.shape
     small = sum(s.in_features * s.out_features * s.count for s in sh.linears.values()
-                if s.in_features * s.out_features < limit) * w
+                if s.in_features * s.out_features < ZERO3_PERSISTENCE_THRESHOLD) * w
     norms = (2 * sh.layers + 1) * sh.hidden * (2 if sh.norm == "layer" else 1)
-    small += norms * w if sh.hidden < limit else 0
+    small += norms * w if sh.hidden < ZERO3_PERSISTENCE_THRESHOLD else 0
     if inp.method != "full":
         small += sum(inp.lora_r * (s.in_features + s.out_features) * s.count
                      for s in _targeted(sh, inp.lora_targets).values()) * tw
@@ -410,10 +409,9 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
     row = strategies.get(inp.strategy)
     # An engine the row does not take (a zero2/torch recipe estimated under ddp) means the row's own.
     table_row = row.with_engine(inp.engine if inp.engine in row.engine_names() else "auto")
-    deepspeed = table_row.engine == "deepspeed"
+    deepspeed = table_row.accelerate_type == "DEEPSPEED"
     engine_row = table_row.engine_row()
     stage = engine_row.stage if engine_row is not None else None
-    torch_zero = engine_row is not None and engine_row.name == "torch"
     if deepspeed and e == 2:  # DeepSpeed's bf16/fp16 modes hold 16-bit weights and an fp32 master
         w = 2
 
@@ -469,7 +467,7 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
     head_grads = float(sh.vocab * sh.hidden * tw) if inp.method == "full" else 0.0
 
     shards = table_row.shards
-    if torch_zero and stage == 2:
+    if table_row.keeps_gathered:
         # FSDP2 with reshard_after_forward=False shards the weights at rest like ZeRO-3; it keeps them
         # unsharded from the forward to the backward (counted in buffers below).
         shards = shards | {"params"}
@@ -511,7 +509,7 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
     if "grads" in shards:
         grads = grads / n
         head_grads = head_grads / n
-        if table_row.name == "fsdp" and inp.fsdp_version == 1 and inp.method != "full":
+        if table_row.takes_fsdp_version and inp.fsdp_version == 1 and inp.method != "full":
             # FSDP1's gradient is flat per unit: it covers the frozen parameters of every unit that holds an
             # adapter (the decoder layers), not only the adapters.
             grads = float((sh.layers * sh.layer_params + train) * tw / n)
@@ -527,7 +525,7 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
         # being computed is gathered beside it (measured: docs/memory-model.md).
         root_gathered = float(max(0, sh.total_params - sh.layers * sh.layer_params) * gather_e)
         gathered = root_gathered + 1.0 * sh.layer_params * gather_e
-        if torch_zero and stage == 2:  # every layer stays gathered from its forward to its backward
+        if table_row.keeps_gathered:  # every layer stays gathered from its forward to its backward
             gathered = root_gathered + float(sh.layers * sh.layer_params * gather_e)
         if inp.method == "full" or train:
             # A layer's unsharded gradient before its reduce-scatter (FSDP1: the flat gradient).
@@ -536,7 +534,7 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
     # DDP allocates its gradient buckets when it wraps the model. ftui's trainer makes the gradients views
     # into them (gradient_as_bucket_view), so they are the gradients and live through the whole step;
     # without that, the buckets are a second copy.
-    ddp = table_row.name == "ddp" or (torch_zero and stage == 1)  # ZeRO-1 with torch is DDP's replica
+    ddp = table_row.wraps_in_ddp  # ZeRO-1 with torch too: DDP's replica
     persistent_grads = grads if ddp else 0.0
     buckets = grads if ddp and not inp.grad_bucket_view else 0.0
 
@@ -547,7 +545,7 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
     if inp.offload_params:
         offloaded["params"] = round(params)
         params = 0.0
-        if torch_zero:  # FSDP's CPUOffloadPolicy keeps the sharded gradients on the host too
+        if table_row.offloads_grads:  # FSDP's CPUOffloadPolicy keeps the sharded gradients on the host too
             offloaded["grads"] = round(grads)
             grads = persistent_grads = 0.0
 

@@ -9,9 +9,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from runner.spec import builtin
+
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
-
 
 
 @dataclass(frozen=True)
@@ -407,8 +408,6 @@ def resolve_model_shape(name: str, allow_network: bool = True) -> ModelSource:
     Raises:
         ValueError: one line when the shape cannot be had.
     """
-    from runner.spec import builtin
-
     if name == builtin.TINY_LLAMA:
         s = builtin.TINY_LLAMA_SHAPE
         shape = llama_shape(

@@ -1,7 +1,7 @@
 """Peak memory of one training step, measured independently of the planner, per phase.
 
 Two meters with one interface (``phase(name)`` around forward, backward and the optimizer step, then
-``result()``), used by runner/rank/trainer.py on the first optimizer steps only (normal steps pay nothing):
+``result()``), used by runner/rank/loop.py on the first optimizer steps only (normal steps pay nothing):
 
 * :class:`CudaPeaks` (GPU): the CUDA caching allocator's own accounting. ``torch.cuda.reset_peak_memory_stats``
   at the start of each phase, ``max_memory_allocated`` / ``max_memory_reserved`` at its end

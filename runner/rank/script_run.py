@@ -18,9 +18,17 @@ script that reports nothing still gets its status, logs, samples and duration.
 
 from __future__ import annotations
 
+import atexit
+import faulthandler
 import os
+import runpy
 import sys
+import traceback
 from pathlib import Path
+
+from runner import track
+from runner.rank.rank_log import redirect_output
+from runner.spec import events as ev
 
 
 def parse(argv: list[str]) -> tuple[Path, Path, str, list[str]]:
@@ -44,20 +52,10 @@ def parse(argv: list[str]) -> tuple[Path, Path, str, list[str]]:
 
 def main(argv: list[str] | None = None) -> None:
     """Run one rank of a script run; exits with the script's exit code."""
-    import runpy
-    import traceback
-
-    from runner import track
-    from runner.rank.trainer import _redirect_output
-    from runner.spec import events as ev
-    from runner.watch.procs import RUN_ENV
-
     run_dir, cwd, script, args = parse(sys.argv[1:] if argv is None else argv)
     rank = int(os.environ.get("RANK", "0"))
-    os.environ[RUN_ENV] = str(run_dir)
-    _redirect_output(ev.rank_log(run_dir, rank))
-    import faulthandler
-
+    os.environ[track.RUN_ENV] = str(run_dir)
+    redirect_output(ev.rank_log(run_dir, rank))
     faulthandler.enable()  # a segfault in a native library leaves its Python stack in the rank log
     pid_file = ev.rank_pid_file(run_dir, rank)
     pid_file.parent.mkdir(parents=True, exist_ok=True)
@@ -79,8 +77,6 @@ def main(argv: list[str] | None = None) -> None:
         track.error(f"{type(exc).__name__}: {exc}".strip())
         code = 1
     track.finish("completed" if code == 0 else "failed")
-    import atexit
-
     atexit._run_exitfuncs()  # the script's own exit handlers (loggers, trackers) still run
     sys.stdout.flush()
     sys.stderr.flush()

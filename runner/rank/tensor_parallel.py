@@ -22,9 +22,12 @@ all-reduce per tensor, as DDP would. Done by hand because accelerate's ``Paralle
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from runner.rank.pipeline import Engine, causal_lm
+from runner.rank.engines.split import SplitModel, causal_lm
+
+if TYPE_CHECKING:
+    from runner.spec.recipe import Recipe
 
 COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROW = ("o_proj", "down_proj")
@@ -52,7 +55,7 @@ def layer_plan(layer: Any) -> dict[str, str]:
     return plan
 
 
-def build(model: Any, recipe: Any, device: Any, world: int, rank: int, replicas: int = 1) -> Engine:
+def build(model: Any, recipe: Recipe, device: Any, world: int, rank: int, replicas: int = 1) -> SplitModel:
     """Apply the tensor-parallel plans over groups of ``world / replicas`` processes; the engine trains the
     whole model, each group (a data parallel replica) on its own rows."""
     import torch
@@ -136,6 +139,6 @@ def build(model: Any, recipe: Any, device: Any, world: int, rank: int, replicas:
     split = sorted({path.split(".")[1] for path in plan})
     info = {"kind": "tensor_parallel", "tp_size": tp, "data_parallel": replicas, "split": split,
             "library": f"torch.distributed.tensor.parallel (torch {torch.__version__})"}
-    return Engine(module=model, kind="TENSOR_PARALLEL", micro_step=micro_step, owns_loss=tp_rank == 0,
-                  grad_sq=grad_sq, trainable=trainable, info=info, device_map=None, phase="backward",
-                  replicas=replicas, replica=replica, sync_grads=sync_grads if replicas > 1 else None)
+    return SplitModel(module=model, kind="TENSOR_PARALLEL", micro_step=micro_step, owns_loss=tp_rank == 0,
+                      grad_sq=grad_sq, trainable=trainable, info=info, device_map=None, phase="backward",
+                      sync_grads=sync_grads if replicas > 1 else None, foreach=False)

@@ -149,7 +149,7 @@ class StartEvent(TypedDict):
     engine: NotRequired[str]
     """What implements the strategy (``runner.spec.strategies``: accelerate, deepspeed, torch)."""
     sharding: NotRequired[dict[str, Any]]
-    """:func:`runner.spec.zero.in_effect`: engine, ZeRO stage, offload and what it is, read from the prepared
+    """:func:`runner.rank.sharding.in_effect`: engine, ZeRO stage, offload and what it is, read from the prepared
     model and optimizer of rank 0 (a mismatch with the strategy asked for fails the run before this)."""
     data: NotRequired[dict[str, Any]]
     """The data step (:meth:`runner.data.prepare.DataSet.info`): format, cache key, cached, seconds, eval rows."""
@@ -249,7 +249,7 @@ class EndEvent(TypedDict):
 
 class PrecisionEvent(TypedDict):
     """The precision rank 0 really trained in, read from its live tensors after the first optimizer step
-    (:func:`runner.spec.zero.precision_in_effect`)."""
+    (:func:`runner.rank.sharding.precision_in_effect`)."""
 
     type: Literal["precision"]
     step: int

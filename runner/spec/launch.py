@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runner.spec import deepspeed_config, strategies
 from runner.spec import events as ev
-from runner.spec import strategies, zero
 from runner.spec.recipe import Recipe
 from runner.spec.rendezvous import NodeSpec, accelerate_fields
 
@@ -77,7 +77,7 @@ def accelerate_config(recipe: Recipe, port: int, nodes: NodeSpec | None = None,
     engine = strategy.engine_row()  # the ZeRO stages: which engine, which stage
     fsdp_version = launch.fsdp_version if engine is None else 2  # torch's ZeRO-2/3 are FSDP2
     if strategy.accelerate_type == "DEEPSPEED":
-        config["deepspeed_config"] = {"deepspeed_config_file": str(run_dir / zero.DEEPSPEED_FILE),
+        config["deepspeed_config"] = {"deepspeed_config_file": str(run_dir / deepspeed_config.DEEPSPEED_FILE),
                                       "zero3_init_flag": False}
         del config["mixed_precision"]  # the DeepSpeed file says it; accelerate refuses it said twice
     if strategy.accelerate_type == "FSDP":
@@ -144,7 +144,8 @@ def build_launch(
     if strategies.resolve(launch.strategy, launch.engine).accelerate_type == "DEEPSPEED":
         # Kept in the run folder beside accelerate.yaml, which names it (also with the recipe's own config).
         on_cpu = launch.device == "cpu" or cpu_threads is not None
-        files[zero.DEEPSPEED_FILE] = json.dumps(zero.deepspeed_config(recipe, on_cpu), indent=2) + "\n"
+        ds_config = deepspeed_config.deepspeed_config(recipe, on_cpu)
+        files[deepspeed_config.DEEPSPEED_FILE] = json.dumps(ds_config, indent=2) + "\n"
     # Several processes on one machine: accelerate launch through runner/rank/loopback_launch.py, which binds
     # torchrun's rendezvous store to the loopback address (its server would otherwise listen on every
     # interface). One process has no store.

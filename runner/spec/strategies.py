@@ -37,6 +37,17 @@ class Engine:
     """The ``launch.offload`` values it implements."""
     stage: int | None = None
     """The ZeRO stage (DeepSpeed's ``zero_optimization.stage``; for torch, the stage it stands for)."""
+    checkpoints: bool = False
+    """Whether the trainer's checkpoints (accelerate ``save_state``) hold everything of its run."""
+    wraps_in_ddp: bool = False
+    """The model is wrapped in ``DistributedDataParallel`` (a replica per process, gradient buckets)."""
+    zero_redundancy_optimizer: bool = False
+    """torch's ``ZeroRedundancyOptimizer`` shards the optimizer state (accelerate prepares the model alone)."""
+    keeps_gathered: bool = False
+    """FSDP2 ``reshard_after_forward=False``: weights sharded at rest, each layer gathered from its forward
+    to its backward."""
+    offloads_grads: bool = False
+    """Offload moves the sharded gradients to the host with the parameters (FSDP's ``CPUOffloadPolicy``)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +89,21 @@ class Strategy:
     stage works at a time); None: ``launch.microbatches``."""
     tensor_parallel: bool = False
     """Each process holds a slice of every sharded weight matrix (:mod:`runner.rank.tensor_parallel`)."""
+    loads_over_devices: bool = False
+    """The model loads spread over the visible GPUs (``device_map="auto"``), its inputs on the first one."""
+    takes_fsdp_version: bool = False
+    """``launch.fsdp_version`` picks FSDP1 or FSDP2 (the torch ZeRO stages are FSDP2 always)."""
+    checkpoints: bool = True
+    """Whether the trainer's checkpoints (accelerate ``save_state``) hold everything of its run (the ZeRO
+    rows: as their engine says)."""
+    wraps_in_ddp: bool = False
+    """See :attr:`Engine.wraps_in_ddp` (the ZeRO rows: as their engine says)."""
+    zero_redundancy_optimizer: bool = False
+    """See :attr:`Engine.zero_redundancy_optimizer`."""
+    keeps_gathered: bool = False
+    """See :attr:`Engine.keeps_gathered`."""
+    offloads_grads: bool = False
+    """See :attr:`Engine.offloads_grads`."""
 
     def engine_names(self) -> tuple[str, ...]:
         """The ``launch.engine`` values this strategy takes (``auto`` picks the first)."""
@@ -93,7 +119,10 @@ class Strategy:
         chosen = self.engines[0] if engine == "auto" else next((e for e in self.engines if e.name == engine), None)
         if chosen is None:
             raise KeyError(f"strategy {self.name!r} runs on {choices_text(self.engine_names())}, not {engine!r}")
-        return replace(self, engine=chosen.name, accelerate_type=chosen.accelerate_type, expect=chosen.expect)
+        return replace(self, engine=chosen.name, accelerate_type=chosen.accelerate_type, expect=chosen.expect,
+                       checkpoints=chosen.checkpoints, wraps_in_ddp=chosen.wraps_in_ddp,
+                       zero_redundancy_optimizer=chosen.zero_redundancy_optimizer,
+                       keeps_gathered=chosen.keeps_gathered, offloads_grads=chosen.offloads_grads)
 
     def engine_row(self, engine: str | None = None) -> Engine | None:
         """The :class:`Engine` that runs this row (as resolved by :meth:`with_engine`), or that runs it under
@@ -152,13 +181,15 @@ def _zero_engines(stage: int) -> tuple[Engine, ...]:
     deepspeed = Engine("deepspeed", "DEEPSPEED", frozenset({"DEEPSPEED"}), f"DeepSpeed ZeRO stage {stage}",
                        offloads=OFFLOADS if stage == 3 else ("none", "optimizer"), stage=stage)
     if stage == 1:
-        torch = Engine("torch", "MULTI_GPU", _DDP_TYPES, "DDP + ZeroRedundancyOptimizer", stage=1)
+        torch = Engine("torch", "MULTI_GPU", _DDP_TYPES, "DDP + ZeroRedundancyOptimizer", stage=1,
+                       wraps_in_ddp=True, zero_redundancy_optimizer=True, offloads_grads=True)
     else:
         # FSDP2 offloads parameters, gradients and optimizer state together (CPUOffloadPolicy): no
         # optimizer-only offload there.
         torch = Engine("torch", "FSDP", frozenset({"FSDP"}),
                        "FSDP2 fully_shard(reshard_after_forward=False)" if stage == 2 else "FSDP2 fully_shard",
-                       offloads=("none", "optimizer+params"), stage=stage)
+                       offloads=("none", "optimizer+params"), stage=stage, checkpoints=True,
+                       keeps_gathered=stage == 2, offloads_grads=True)
     return deepspeed, torch
 
 STRATEGIES: dict[str, Strategy] = {
@@ -195,6 +226,8 @@ STRATEGIES: dict[str, Strategy] = {
             default_nproc=1,
             pipeline_from=2,
             microbatches=1,
+            loads_over_devices=True,
+            checkpoints=False,
         ),
         Strategy(
             name="pp",
@@ -210,6 +243,7 @@ STRATEGIES: dict[str, Strategy] = {
             max_procs=None,
             min_procs_cpu=2,
             pipeline_from=2,
+            checkpoints=False,
         ),
         Strategy(
             name="ddp",
@@ -223,6 +257,7 @@ STRATEGIES: dict[str, Strategy] = {
             min_procs=2,
             max_procs=None,
             min_procs_cpu=2,
+            wraps_in_ddp=True,
         ),
         Strategy(
             name="fsdp",
@@ -236,6 +271,7 @@ STRATEGIES: dict[str, Strategy] = {
             min_procs=1,
             max_procs=None,
             min_procs_cpu=2,
+            takes_fsdp_version=True,
         ),
         Strategy(
             name="tp",
@@ -252,6 +288,7 @@ STRATEGIES: dict[str, Strategy] = {
             max_procs=None,
             min_procs_cpu=2,
             tensor_parallel=True,
+            checkpoints=False,
         ),
         Strategy(
             name="zero1",
@@ -265,6 +302,7 @@ STRATEGIES: dict[str, Strategy] = {
             min_procs=1,
             max_procs=None,
             min_procs_cpu=2,
+            checkpoints=False,
             engines=_zero_engines(1),
         ),
         Strategy(
@@ -279,6 +317,7 @@ STRATEGIES: dict[str, Strategy] = {
             min_procs=1,
             max_procs=None,
             min_procs_cpu=2,
+            checkpoints=False,
             engines=_zero_engines(2),
         ),
         Strategy(
@@ -293,6 +332,7 @@ STRATEGIES: dict[str, Strategy] = {
             min_procs=1,
             max_procs=None,
             min_procs_cpu=2,
+            checkpoints=False,
             engines=_zero_engines(3),
         ),
     )

@@ -229,7 +229,7 @@ class RunSummary:
     mixed_precision: str | None = None
     engine: str | None = None
     sharding: dict[str, Any] | None = None
-    """What the trainer found in effect (:func:`runner.spec.zero.in_effect`): engine, stage, offload, how."""
+    """What the trainer found in effect (:func:`runner.rank.sharding.in_effect`): engine, stage, offload, how."""
     parallel: dict[str, Any] | None = None
     """Pipeline or tensor parallel layout the trainer ran (the start event's ``parallel``)."""
     precision: dict[str, Any] | None = None

@@ -1,0 +1,70 @@
+"""The DeepSpeed config of a ZeRO run on the ``deepspeed`` engine (pure: no torch, no deepspeed import).
+
+Modelled on the seed's ZeRO-2 and ZeRO-3-offload configs. What makes it run on a CPU-only machine
+(docs/zero.md): explicit per-device batches and gradient clipping (accelerate fills ``"auto"`` clipping with
+1.0), and the trainer's own torch AdamW handed to DeepSpeed (no cpu_adam JIT build;
+``zero_force_ds_cpu_optimizer: false`` lets it run with offload).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from runner.spec import strategies
+
+if TYPE_CHECKING:
+    from runner.spec.recipe import Recipe
+
+DEEPSPEED_FILE = "deepspeed.json"
+"""The generated DeepSpeed config, in the run folder."""
+ZERO3_PERSISTENCE_THRESHOLD = 100_000
+"""ZeRO-3 keeps parameters of fewer elements than this gathered on every rank (DeepSpeed's default, written
+into the config so that the planner and the run agree)."""
+
+
+def deepspeed_config(recipe: Recipe, on_cpu: bool) -> dict[str, Any]:
+    """The DeepSpeed config of a ZeRO run (written to ``RUN/deepspeed.json``).
+
+    Every value is explicit: accelerate's ``"auto"`` fill-ins need a prepared dataloader (the trainer owns
+    its data order) and set gradient clipping to 1.0 whatever the recipe says.
+    """
+    launch, train = recipe.launch, recipe.train
+    row = strategies.resolve(launch.strategy, launch.engine).engine_row()
+    assert row is not None and row.stage is not None
+    # The seed's 2e8-element buckets on GPU; on CPU a tenth (an fp32 bucket of 2e8 is 800 MB of host memory,
+    # more than the whole tiny model's training).
+    bucket = 200_000_000 if not on_cpu else 20_000_000
+    zero: dict[str, Any] = {
+        "stage": row.stage,
+        # The seed's ZeRO-2 settings: bucketed, overlapped reduce-scatter into contiguous gradients.
+        "allgather_partitions": True,
+        "allgather_bucket_size": bucket,
+        "reduce_scatter": True,
+        "reduce_bucket_size": bucket,
+        "overlap_comm": not on_cpu,  # overlapping needs a side stream; gloo on CPU has none
+        "contiguous_gradients": True,
+    }
+    if launch.offload in ("optimizer", "optimizer+params"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": not on_cpu}
+    if launch.offload == "optimizer+params":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": not on_cpu}
+    if row.stage == 3:
+        zero["stage3_param_persistence_threshold"] = ZERO3_PERSISTENCE_THRESHOLD
+        zero["stage3_gather_16bit_weights_on_model_save"] = True  # the saved adapter/model: gathered on rank 0
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": train.batch_size,
+        "gradient_accumulation_steps": train.grad_accum,
+        "train_batch_size": train.batch_size * train.grad_accum * launch.nproc,
+        "gradient_clipping": train.max_grad_norm,
+        "zero_optimization": zero,
+        "bf16": {"enabled": train.precision == "bf16"},
+        # The seed's dynamic loss scaling: start at 2**16, halve on overflow, grow after 1000 good steps.
+        "fp16": {"enabled": train.precision == "fp16", "loss_scale": 0, "initial_scale_power": 16,
+                 "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1},
+        # The trainer hands DeepSpeed torch's AdamW (the same update as the other strategies, and no
+        # cpu_adam JIT build); DeepSpeed refuses a client optimizer with offload unless told.
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    return config
