@@ -166,7 +166,7 @@ def measure_in_process(recipe: Any, run_dir: Path) -> list[dict[str, Any]]:
     """Run the real trainer in this process (one rank) and return its ``ranks`` figures."""
     from accelerate.state import AcceleratorState
 
-    from runner.rank.trainer import Trainer  # deferred: torch (the trainer imports it at its top)
+    from runner.rank.run import Trainer  # deferred: torch (imported at the top of runner.rank.run)
 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / ev.RECIPE_FILE).write_text(recipe.to_toml())
