@@ -76,9 +76,12 @@ def test_comments_cite_only_documents_in_the_project() -> None:
 # ---------------------------------------------------------------------- the import graph
 
 PACKAGES = ("runner", "store", "tui")
-DEFERRED_FOR = ("torch", "transformers", "accelerate", "deepspeed", "peft", "datasets", "textual")
+DEFERRED_FOR = ("torch", "transformers", "accelerate", "deepspeed", "peft", "datasets", "textual", "pydantic",
+                "plotext")
 """What a function-local import of the project's own modules may defer: a heavy library it pulls in, or the
-Textual app. Its comment names one: ``# deferred: torch``."""
+Textual app. Its comment names one: ``# deferred: torch``. ``pydantic`` (the recipe models, 0.2-0.45 s with
+what imports them) and ``plotext`` (the dashboard's plots) are deferred by the Textual app so that its first
+paint, the Runs screen, waits for neither (docs/architecture.md, "What the dashboard's first paint costs")."""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from runner.spec.recipe import RecipeError, load_recipe, parse_recipe
 from store import Store
-from tui.cli.main import COMMANDS, main
+from tui.cli.main import main
+from tui.cli.parser import COMMANDS
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "recipes" / "quickstart.toml"

@@ -21,6 +21,29 @@ def test_help_and_runs_do_not_import_torch_or_textual(ftui: Ftui) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_every_handler_the_parser_names_exists() -> None:
+    """A command names its handler as "module:function" (tui/cli/parser.py); a typo there would show
+    only when the command runs, so each one is resolved here, and its module is one of COMMANDS."""
+    import argparse
+
+    from tui.cli.main import handler
+    from tui.cli.parser import COMMANDS, DASHBOARD, build_parser
+
+    def commands(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+        found = []
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for command in action.choices.values():
+                    found += [command, *commands(command)]
+        return found
+
+    references = {command.get_default("handler") for command in commands(build_parser())}
+    assert None not in references
+    assert {reference.partition(":")[0] for reference in references} == set(COMMANDS)
+    for reference in references | {DASHBOARD}:
+        assert callable(handler(reference)), reference
+
+
 def test_core_never_imports_the_tui() -> None:
     code = "import sys, runner.watch.follow, runner.service.launch, runner.spec.recipe, store; sys.exit('textual' in sys.modules or 'tui' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0

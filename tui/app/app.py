@@ -14,17 +14,20 @@ from textual.binding import Binding
 from textual.markup import escape
 from textual.screen import Screen
 
+from runner.spec.paths import default_db_url
 from store import RunInfo, Store, StoreError
 from store.store import utcnow
 from tui.app.messages import CompareRuns, LaunchFailed, Notice, OpenRun, RunLaunched
+from tui.app.screens.modals import KeysScreen
 from tui.app.screens.runs import RunsScreen
+from tui.notify import ENDED, desktop
 
 # The Runs screen is the first paint: the other screens (and what they import: pydantic recipes, plots,
 # the comparison) are imported when first opened (BENCHMARKS.md, "Store at scale").
 
 
 def _compose_screen() -> Screen[Any]:
-    from tui.app.screens.compose import ComposeScreen
+    from tui.app.screens.compose import ComposeScreen  # deferred: pydantic (the recipe models, 0.45 s)
 
     return ComposeScreen()
 
@@ -114,7 +117,7 @@ class FtuiApp(App[int]):
         yield from super().get_system_commands(screen)
         yield SystemCommand("Runs", "Every run in the store", lambda: self.switch_mode("runs"))
         yield SystemCommand("Compose", "Build, validate and launch a recipe", lambda: self.switch_mode("compose"))
-        from tui.app.screens.compose import FIELDS, ComposeScreen
+        from tui.app.screens.compose import FIELDS, ComposeScreen  # deferred: pydantic
 
         if isinstance(screen, ComposeScreen):
             for field in FIELDS:
@@ -127,8 +130,6 @@ class FtuiApp(App[int]):
 
     def action_keys(self) -> None:
         """``?``: the keys of the screen in front, then the app's (from the bindings themselves)."""
-        from tui.app.screens.modals import KeysScreen
-
         if isinstance(self.screen, KeysScreen):
             return
         keys: list[tuple[str, str]] = []
@@ -145,6 +146,7 @@ class FtuiApp(App[int]):
         self.push_screen(KeysScreen(f"Keys: {title}", keys))
 
     def action_devices(self) -> None:
+        # deferred: plotext (the bars' library), and pydantic through the probe
         from tui.app.screens.devices import DevicesScreen
 
         if not isinstance(self.screen, DevicesScreen):
@@ -157,8 +159,6 @@ class FtuiApp(App[int]):
     def runs_polled(self, runs: list[RunInfo]) -> list[RunInfo]:
         """Called with every poll of the store: the runs seen running before that have ended since are
         announced (when the setting is on). Returns them."""
-        from tui.notify import ENDED, desktop
-
         ended = [r for r in runs if r.status in ENDED and self._statuses.get(r.id) in ("created", "running")]
         self._statuses = {r.id: r.status for r in runs}
         if not self.notify_on_end:
@@ -174,7 +174,7 @@ class FtuiApp(App[int]):
     # ------------------------------------------------------------------ messages from screens
 
     def open_run(self, run_id: int) -> None:
-        from tui.app.screens.monitor import MonitorScreen
+        from tui.app.screens.monitor import MonitorScreen  # deferred: plotext (the curves, 0.08 s)
 
         self.push_screen(MonitorScreen(run_id))
 
@@ -194,7 +194,7 @@ class FtuiApp(App[int]):
         self.notify(message.text, severity=message.severity, markup=False)  # type: ignore[arg-type]
 
     def on_compare_runs(self, message: CompareRuns) -> None:
-        from tui.app.screens.compare import CompareScreen
+        from tui.app.screens.compare import CompareScreen  # deferred: pydantic (and plotext)
 
         self.push_screen(CompareScreen(message.run_ids))
 
@@ -206,8 +206,8 @@ class FtuiApp(App[int]):
 
 @lru_cache(maxsize=32)
 def _cpu_threads(nproc: int, device: str) -> int | None:
-    from runner.spec.recipe import Recipe
-    from runner.watch.host import cpu_threads
+    from runner.spec.recipe import Recipe  # deferred: pydantic (Compose asks, after the first paint)
+    from runner.watch.host import cpu_threads  # deferred: pydantic
 
     strategy = "single" if nproc == 1 else "fsdp"
     return cpu_threads(Recipe.model_validate({"launch": {"nproc": nproc, "device": device,
@@ -222,10 +222,8 @@ def make_app(store: Store | Callable[[], Store], probe: Any = None, fake_gpus: i
 def dashboard(db_url: str | None = None, fake_gpus: int = 0, notify_on_end: bool = False) -> FtuiApp:
     """What ``ftui`` runs: nothing is opened, probed or imported beyond the Runs screen's needs before the
     first paint (the store and the probe open on first use, from workers; bench/bench_tui.py times this)."""
-    from runner.spec.paths import default_db_url
-
     def probe() -> Any:
-        from runner.watch.host import probe_for
+        from runner.watch.host import probe_for  # deferred: pydantic (the probe opens on first use)
 
         return probe_for(fake_gpus)
 

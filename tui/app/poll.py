@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from runner.hardware.records import SOURCE_LABELS
+from runner.spec.events import phase_words
 from store import RunInfo, Store
+from store.nodes import nodes, samples_per_node
 from store.rollup import downsample_points
 from store.store import utcnow
 from tui.app.messages import DeviceView, MonitorSnapshot, RankView
@@ -99,7 +101,7 @@ class MonitorFeed:
         run = self.store.get_run(self.run_id)
         if self._last_step == -1 and run is not None and run.resumed_from is not None:
             # A resumed run's curve starts with its parent's, up to the checkpoint (as compare shows it).
-            from runner.analysis.compare import joined_metrics
+            from runner.analysis.compare import joined_metrics  # deferred: pydantic
 
             fresh = joined_metrics(self.store, run)
         elif self._last_step == -1 and run is not None and (run.steps_done or 0) > LONG_RUN_STEPS:
@@ -133,7 +135,7 @@ class MonitorFeed:
         summarised_evals = self._evals_unread and any(name.startswith("eval/") for name in self.named)
         self._evals_unread = False
         if summarised_evals or any(p.name.startswith("eval/") for p in fresh_named):
-            from runner.analysis.compare import last_samples
+            from runner.analysis.compare import last_samples  # deferred: pydantic
 
             events = self.store.events(self.run_id, "eval_samples")
             if events:
@@ -264,8 +266,6 @@ class MonitorFeed:
 
     def nodes_line(self, run: Any) -> str:
         """A run on several machines: each node's host, status, last report and samples, from the store."""
-        from store.nodes import nodes, samples_per_node
-
         counts = samples_per_node(self.store, run.id)
         parts = []
         for n in nodes(self.store, run.id):
@@ -282,8 +282,6 @@ class MonitorFeed:
         events = self.store.events(self.run_id)
         trainer = [e for e in events if e.source == "trainer"]
         if trainer and trainer[-1].type == "phase":  # the trainer says what it does (runner.spec.events.PhaseEvent)
-            from runner.spec.events import phase_words
-
             return f"starting: {phase_words(trainer[-1].payload)} ({fmt_elapsed(elapsed)})"
         last = events[-1].type if events else "none yet"
         return f"starting: no step yet ({fmt_elapsed(elapsed)}) · last journal event: {last}"

@@ -4,60 +4,21 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
-from runner.spec.strategies import names as table_names
-from tui.cli.common import (
-    ExitCode,
-    UsageError,
-    db_option,
-    one_line_errors,
-    open_store,
-    positive_float,
-    positive_int,
-)
+from rich.console import Console
+from rich.text import Text
 
-FORMATS = ["text", "md", "csv", "json", "html"]
-def add_parser(sub: Any) -> None:
-    cmp = sub.add_parser("compare", help="compare runs side by side (or a sweep)",
-                         description="Compare runs: throughput, utilisation, MFU, memory, loss, recipe diff.")
-    one_line_errors(cmp)
-    cmp.add_argument("run_ids", type=int, nargs="*", metavar="RUN_ID")
-    cmp.add_argument("--sweep", metavar="SWEEP_ID", help="compare the runs of a sweep")
-    cmp.add_argument("--baseline", type=int, metavar="ID", help="speed-ups against this run (default: the first)")
-    _common(cmp)
-    db_option(cmp)
-    cmp.set_defaults(handler=cmd_compare)
-
-    sweep = sub.add_parser("sweep", help="run one recipe under several strategies and compare",
-                           description="Run a recipe under each strategy one after another (and over a grid of "
-                                       "field values), stored under one sweep id, then compare. For data-parallel "
-                                       "strategies with N processes the micro-batch is divided by N when it "
-                                       "divides evenly (pp, mp and tp keep it: their processes share one "
-                                       "batch), so that every run trains the same global batch.")
-    one_line_errors(sweep)
-    sweep.add_argument("recipe", type=Path)
-    sweep.add_argument("--strategies", default=",".join(table_names()),
-                       help="comma-separated (default: every strategy of runner/spec/strategies.py; one that "
-                            "cannot run here is a row with its reason)")
-    sweep.add_argument("--nproc", type=positive_int,
-                       help="processes for the multi-process strategies (default: GPUs visible, at least 2)")
-    sweep.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                       help="override a recipe field for every run (repeatable)")
-    sweep.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2",
-                       help="sweep a field over values too (repeatable: the product)")
-    sweep.add_argument("--repeat", type=positive_int, default=1, metavar="N",
-                       help="run each strategy N times and report medians and spread (min-max)")
-    _common(sweep)
-    db_option(sweep)
-    sweep.set_defaults(handler=cmd_sweep)
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--format", choices=FORMATS, default="text")
-    p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write the comparison here (html: default compare.html)")
-    p.add_argument("--plot", action="store_true", help="draw the loss curves in the terminal")
-    p.add_argument("--peak-tflops", type=positive_float, metavar="T", help="peak TFLOP/s per device for MFU (overrides the table)")
+from runner.analysis.compare import Comparison, load_comparison, sweep_run_ids
+from runner.analysis.repeats import by_strategy, verdict
+from runner.service import sweep as sw
+from runner.spec.recipe import RecipeError, load_recipe
+from runner.watch.host import cuda_device_count
+from runner.watch.preflight import check_inputs
+from runner.watch.procs import StopRequest
+from tui.cli.common import open_store
+from tui.cli.exits import ExitCode, UsageError
+from tui.cli.progress import SweepProgress
+from tui.render import compare as rep
 
 
 def _output(args: argparse.Namespace) -> Path | None:
@@ -73,11 +34,7 @@ def _output(args: argparse.Namespace) -> Path | None:
     return out
 
 
-def _emit(args: argparse.Namespace, cmp: Any) -> None:
-    from rich.console import Console
-
-    from tui.render import compare as rep
-
+def _emit(args: argparse.Namespace, cmp: Comparison) -> None:
     console = Console(highlight=False)
     out = _output(args)
     try:
@@ -101,8 +58,6 @@ def _emit(args: argparse.Namespace, cmp: Any) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from runner.analysis.compare import load_comparison, sweep_run_ids
-
     _output(args)
     store = open_store(args, create=False)
     ids = list(args.run_ids)
@@ -125,15 +80,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.text import Text
-
-    from runner.analysis.compare import load_comparison
-    from runner.service import sweep as sw
-    from runner.spec.recipe import RecipeError, load_recipe
-    from runner.watch.host import cuda_device_count
-    from runner.watch.preflight import check_inputs
-
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     if not strategies:
         raise UsageError(f"--strategies: no strategy named in {args.strategies!r} (e.g. single,ddp)")
@@ -150,8 +96,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     sweep_id = sw.new_sweep_id()
     console.print(Text.assemble("sweep ", (sweep_id, "bold"), f": {len(items)} runs, one after another"))
 
-    from tui.cli.progress import SweepProgress
-
     live = SweepProgress(console)  # the running run's phase, step/total, loss, elapsed: no silent minutes
 
     # Grid values, notes and failure reasons are the user's or a run's text: printed as text.
@@ -167,8 +111,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         console.print(Text.assemble(f"  run {result.run_id} {item.strategy}: ", (result.status, style), reason),
                       soft_wrap=True)
 
-    from runner.watch.procs import StopRequest
-
     stop = StopRequest()
     restore = stop.install()  # Ctrl-C/SIGTERM/SIGHUP stop the current run as in ftui run, and end the sweep
     try:
@@ -181,11 +123,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                           with_samples=args.format == "html")
     _emit(args, cmp)
     if args.repeat > 1:
-        from runner.analysis.repeats import by_strategy, verdict
-        from tui.render.compare import repeats_table
-
         grouped = by_strategy(cmp)
-        console.print(repeats_table(grouped))
+        console.print(rep.repeats_table(grouped))
         console.print(verdict(grouped), markup=False)
     console.print(f"reopen with: ftui compare --sweep {sweep_id}", markup=False)
     if stop.is_set() or any(r.status == "stopped" for r in results):

@@ -3,37 +3,22 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from tui.cli.common import ExitCode, UsageError, db_option
-
-
-def add_parser(sub: Any) -> None:
-    db = sub.add_parser("db", help="the store's schema version: upgrade it, or show it")
-    db_option(db)
-    db.set_defaults(handler=lambda args: _usage(db))
-    actions = db.add_subparsers(title="actions", metavar="ACTION")
-    upgrade = actions.add_parser("upgrade", help="upgrade the database to this ftui's schema (creates it if missing)")
-    db_option(upgrade)
-    upgrade.set_defaults(handler=cmd_upgrade)
-    current = actions.add_parser("current", help="print the database's schema revision")
-    db_option(current)
-    current.set_defaults(handler=cmd_current)
+from runner.spec.paths import default_db_url
+from store import StoreError, migrate
+from tui.cli.exits import ExitCode, UsageError
 
 
-def _usage(parser: argparse.ArgumentParser) -> int:
+def cmd_no_action(args: argparse.Namespace) -> int:
+    """``ftui db`` alone."""
     raise UsageError("db: give an action: upgrade or current")
 
 
 def _url(args: argparse.Namespace) -> str:
-    from runner.spec.paths import default_db_url
-
     return getattr(args, "db", None) or default_db_url()
 
 
 def cmd_upgrade(args: argparse.Namespace) -> int:
-    from store import StoreError, migrate
-
     url = _url(args)
     try:
         before, after = migrate.upgrade(url)
@@ -45,8 +30,6 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_current(args: argparse.Namespace) -> int:
-    from store import StoreError, migrate
-
     url = _url(args)
     try:
         revision = migrate.current(url)

@@ -8,76 +8,39 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
+import psutil
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from runner import planner as E
+from runner.hardware import NvmlBackend
 from runner.planner.memory import DEFAULT_RESERVE
+from runner.service.batch import BatchTrial, find_batch_size
 from runner.spec import strategies
-from tui.cli.common import db_option, fail, one_line_errors, open_store, positive_float, positive_int
-
-SHAPE_FLAGS = ("params", "layers", "hidden", "heads", "kv_heads", "intermediate", "vocab")
-
-
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "estimate",
-        help="estimate GPU memory per device for every strategy, and recommend one",
-        description="Estimate the memory of a fine-tuning run per device (weights, grads, optimizer, "
-        "fp32 master, activations, buffers, reserve) under every strategy, and recommend one. From a recipe, "
-        "a model (--model), or a raw size (--params). Every figure is an estimate; --probe measures with "
-        "short real runs.",
-    )
-    one_line_errors(p)
-    p.add_argument("recipe", nargs="?", type=Path, help="recipe TOML file (or give --model or --params)")
-    p.add_argument("--model", metavar="NAME",
-                   help="a model instead of a recipe: builtin:tiny-llama, a local folder or a hub id")
-    p.add_argument("--params", type=positive_float, help="total parameters, e.g. 7.5e9 (instead of a recipe)")
-    p.add_argument("--layers", type=positive_int, help="decoder layers (with --params)")
-    p.add_argument("--hidden", type=positive_int, help="hidden size (with --params)")
-    p.add_argument("--heads", type=positive_int, help="attention heads (with --params)")
-    p.add_argument("--kv-heads", type=positive_int, help="key/value heads (with --params; default: --heads)")
-    p.add_argument("--intermediate", type=positive_int, help="MLP intermediate size (with --params)")
-    p.add_argument("--vocab", type=positive_int, help="vocabulary size (with --params)")
-    p.add_argument("--method", choices=["full", "lora", "qlora"], help="default: the recipe's, else full")
-    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], help="default: the recipe's, else bf16")
-    p.add_argument("--strategy", choices=strategies.names(), action="append",
-                   help="strategies to show (repeatable; default: all)")
-    p.add_argument("--gpus", type=positive_int,
-                   help="GPUs available (default: NVML count, else the recipe's nproc, else 1)")
-    p.add_argument("--gpu-mem", metavar="SIZE", help="memory of one GPU, e.g. 48GiB (default: NVML)")
-    p.add_argument("--reserve", metavar="SIZE",
-                   help=f"per GPU, for the CUDA context and allocator (default {DEFAULT_RESERVE}; 0 for none)")
-    p.add_argument("--micro-batch", type=positive_int, help="sequences per device per step")
-    p.add_argument("--seq", type=positive_int, help="tokens per sequence")
-    p.add_argument("--grad-ckpt", action="store_true", default=None, help="gradient checkpointing")
-    p.add_argument("--offload-optimizer", action="store_true", help="optimizer states on the host")
-    p.add_argument("--offload-params", action="store_true", help="weights on the host (zero3/fsdp offload)")
-    p.add_argument("--engine", choices=strategies.engine_names(),
-                   help="what implements the ZeRO stages: deepspeed (default) or torch (launch.engine)")
-    p.add_argument("--lora-r", type=positive_int, help="LoRA rank (default: the recipe's, else 8)")
-    p.add_argument("--format", choices=["text", "json"], default="text")
-    p.add_argument("--probe", action="store_true",
-                   help="find the largest micro-batch with short real runs of the recipe (batch-size finder)")
-    p.add_argument("--mem-cap", metavar="SIZE", help="with --probe: memory budget per rank (required on CPU)")
-    db_option(p)
-    p.set_defaults(handler=cmd_estimate)
+from runner.spec.recipe import Recipe, RecipeError, load_recipe
+from runner.spec.units import parse_bytes
+from runner.watch.host import runs_on_cpu
+from runner.watch.preflight import preflight
+from tui.cli.common import open_store
+from tui.cli.exits import fail
+from tui.cli.parser import SHAPE_FLAGS
+from tui.render.estimate import estimate_table
+from tui.render.report import fmt_bytes
 
 
 def _nvml_gpus() -> list[int]:
     """Total memory of each visible GPU, from NVML (empty without NVML)."""
     try:
-        from runner.hardware import NvmlBackend
-
         return [int(g.mem_total) for g in NvmlBackend().gpu_infos() if g.mem_total]
     except Exception:  # noqa: BLE001 (no NVML: the caller asks for --gpu-mem)
         return []
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
-    from runner import planner as E
-
     if args.probe:
         return _probe(args)
     shape_flags = [f"--{f.replace('_', '-')}" for f in SHAPE_FLAGS if getattr(args, f) is not None]
@@ -126,8 +89,6 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         notes.append(f"GPU memory: {gpu_mem / E.GIB:.1f} GiB (NVML, smallest of {len(nvml)} GPUs)")
     else:
         # No GPU here: a run on this machine trains on the CPU, whose budget is the host's memory.
-        import psutil
-
         gpu_mem = int(psutil.virtual_memory().total)
         notes.append(f"no GPU visible (NVML): budget per device = host memory {gpu_mem / E.GIB:.1f} GiB (psutil); "
                      "--gpu-mem SIZE plans for a GPU instead")
@@ -141,13 +102,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model_input(args: argparse.Namespace, notes: list[str]) -> tuple[Any, Any]:
+def _model_input(args: argparse.Namespace, notes: list[str]) -> tuple[E.EstimateInput, Recipe | None]:
     """The estimate's input from ``--params``, ``--model`` or the recipe (with its flags), and the recipe
     (None without one); what it assumed goes to ``notes``."""
-    from dataclasses import replace
-
-    from runner import planner as E
-
     recipe = None
     if args.params is not None:
         try:
@@ -169,8 +126,6 @@ def _model_input(args: argparse.Namespace, notes: list[str]) -> tuple[Any, Any]:
         inp = E.EstimateInput(source.shape, method=args.method or "full", precision=args.precision or "bf16",
                               lora_r=args.lora_r or 8)
     else:
-        from runner.spec.recipe import RecipeError, load_recipe
-
         try:
             recipe = load_recipe(args.recipe)
             source = E.resolve_model_shape(recipe.model.name)
@@ -189,19 +144,12 @@ def _model_input(args: argparse.Namespace, notes: list[str]) -> tuple[Any, Any]:
     return inp, recipe
 
 
-def _approximate_note(shape: Any) -> str | None:
+def _approximate_note(shape: E.ModelShape) -> str | None:
     """The warning an estimate of a model the formulas do not model carries (never silently Llama)."""
     return f"APPROXIMATE: {shape.approximate}" if shape.approximate else None
 
 
-def _print_text(report: dict[str, Any], inp: Any, gpu_mem: int, n_gpus: int, notes: list[str]) -> None:
-    from rich.console import Console
-    from rich.text import Text
-
-    from runner import planner as E
-    from tui.render.estimate import estimate_table
-    from tui.render.report import fmt_bytes
-
+def _print_text(report: dict[str, Any], inp: E.EstimateInput, gpu_mem: int, n_gpus: int, notes: list[str]) -> None:
     con = Console(highlight=False)  # the terminal's width (COLUMNS): the table fits it
     title = (f"ESTIMATED memory per device · {inp.method} · {inp.precision} · micro-batch {inp.micro_batch} × "
              f"{inp.seq_len} tokens{' · grad ckpt' if inp.gradient_checkpointing else ''} · {n_gpus} GPU(s) of "
@@ -215,9 +163,6 @@ def _print_text(report: dict[str, Any], inp: Any, gpu_mem: int, n_gpus: int, not
 def _probe(args: argparse.Namespace) -> int:
     if args.recipe is None:
         return fail("estimate --probe: needs a recipe file")
-    from runner.spec.recipe import RecipeError, load_recipe
-    from runner.watch.preflight import preflight
-
     try:
         recipe = load_recipe(args.recipe)
         preflight(recipe)
@@ -226,16 +171,8 @@ def _probe(args: argparse.Namespace) -> int:
     return run_finder(args, recipe, args.mem_cap, str(args.recipe))
 
 
-def run_finder(args: argparse.Namespace, recipe: Any, mem_cap: str | None, source: str) -> int:
+def run_finder(args: argparse.Namespace, recipe: Recipe, mem_cap: str | None, source: str) -> int:
     """The batch-size finder for ``ftui run --find-batch-size`` and ``ftui estimate --probe``."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from runner.service.batch import find_batch_size
-    from runner.spec.units import parse_bytes
-    from runner.watch.host import runs_on_cpu
-    from tui.render.report import fmt_bytes
-
     con = Console(highlight=False, stderr=getattr(args, "format", "text") == "json")
     if mem_cap:
         try:
@@ -256,7 +193,7 @@ def run_finder(args: argparse.Namespace, recipe: Any, mem_cap: str | None, sourc
     con.print(f"finding the micro-batch for {recipe.launch.strategy} × {recipe.launch.nproc} within "
               f"{fmt_bytes(cap)} per rank ({origin}); short real runs of 2 steps, at most 6")
 
-    def show(t: Any) -> None:
+    def show(t: BatchTrial) -> None:
         verdict = "fits" if t.fits else ("over the cap" if t.status == "completed" else f"failed: {t.error}")
         con.print(f"  batch {t.batch_size:>3}: run {t.run_id}, measured {fmt_bytes(t.measured_bytes)} per rank"
                   f" → {verdict}", markup=False)

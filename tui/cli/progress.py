@@ -16,6 +16,8 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from runner.spec.events import phase_words
+
 
 class RunProgress:
     """Feeds trainer events into a rich progress bar; use as a context manager."""
@@ -47,8 +49,6 @@ class RunProgress:
     def on_event(self, event: dict[str, Any]) -> None:
         kind = event["type"]
         if kind == "phase":  # before step 1: say what the minutes of loading are spent on
-            from runner.spec.events import phase_words
-
             # the description column is markup: a data path is the user's text
             self.progress.update(self.task, description=escape(phase_words(event)))
         elif kind == "start":

@@ -4,26 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
-from tui.cli.common import ExitCode, console, db_option, open_store
+from rich.console import Console
+from rich.text import Text
 
-
-def add_parser(sub: Any) -> None:
-    rec = sub.add_parser(
-        "recover", help="re-attach or finish runs whose watcher died",
-        description="Runs left 'running' by a watcher that died (ftui killed, a reboot): re-read their run "
-                    "folders into the store, then re-attach a watcher if the ranks still train, else set the "
-                    "status the journal and the processes say. Safe to run any time, and twice.")
-    rec.add_argument("--no-attach", action="store_true", help="do not start a watcher for runs still training")
-    rec.add_argument("--format", choices=["text", "json"], default="text")
-    db_option(rec)
-    rec.set_defaults(handler=cmd_recover)
+from runner.service.recover import Recovered, recover_all
+from store import Store
+from tui.cli.common import console, open_store
+from tui.cli.exits import ExitCode
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    from runner.service.recover import recover_all
-
     store = open_store(args, create=False)
     done = recover_all(store, attach=not args.no_attach, fake_gpus=getattr(args, "fake_gpus", 0))
     if args.format == "json":
@@ -37,18 +28,14 @@ def cmd_recover(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def recovered_lines(done: list[Any], prefix: str = "") -> list[Any]:
+def recovered_lines(done: list[Recovered], prefix: str = "") -> list[Text]:
     """One line per recovered run, as text (run text is never markup)."""
-    from rich.text import Text
-
     return [Text(f"{prefix}run {r.run_id}: {r.action} -> {r.status}" + (f" ({r.detail})" if r.detail else ""))
             for r in done]
 
 
-def recover_quietly(store: Any, out: Any = None) -> None:
+def recover_quietly(store: Store, out: Console | None = None) -> None:
     """The check every ``ftui`` and ``ftui run`` runs as it starts; prints a line per run it changed."""
-    from runner.service.recover import recover_all
-
     try:
         done = [r for r in recover_all(store) if r.action in ("finished", "attached", "error")]
     except Exception:  # noqa: BLE001 (never keep ftui from starting; `ftui recover` says why)

@@ -6,47 +6,16 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
 
-from tui.cli.common import ExitCode, UsageError, console, db_option, positive_int
-
-
-def add_parser(sub: Any) -> None:
-    slurm = sub.add_parser(
-        "slurm", help="write (and --submit) the sbatch script of a multi-node run",
-        description="Write an sbatch script that runs RECIPE on N nodes: one srun task per node runs the node agent "
-                    "(ftui run --nnodes N --rdzv-endpoint HEAD:PORT), the rendezvous at the job's first node, every "
-                    "node writing to the store (--db, passed through as FTUI_DB). --submit submits it with sbatch "
-                    "and records the run with its job id; ftui runs shows the job's state, ftui stop cancels it "
-                    "with SIGTERM so the ranks checkpoint first.")
-    slurm.add_argument("recipe", type=Path, nargs="?",
-                       help="recipe TOML file (on a disk the nodes share); not with --resume")
-    slurm.add_argument("--nodes", type=positive_int, required=True, metavar="N", help="machines")
-    slurm.add_argument("--gpus-per-node", type=int, default=0, metavar="G", help="GPUs per machine (0: CPU)")
-    slurm.add_argument("--nproc-per-node", type=positive_int, metavar="P",
-                       help="ranks per machine (default: one per GPU, else 1)")
-    slurm.add_argument("--strategy", help="override launch.strategy")
-    slurm.add_argument("--partition", metavar="P")
-    slurm.add_argument("--time", metavar="T", help="time limit, as sbatch takes it (e.g. 04:00:00)")
-    slurm.add_argument("--account", metavar="A")
-    slurm.add_argument("--port", type=int, default=29500, help="the rendezvous port on the first node")
-    slurm.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                       help="override a recipe field on every node (repeatable)")
-    slurm.add_argument("--output", "-o", type=Path, metavar="FILE",
-                       help="where to write the script (default: ftui-<recipe name>.sbatch here)")
-    slurm.add_argument("--submit", action="store_true", help="submit it (sbatch) and record the run")
-    slurm.add_argument("--resume", type=int, metavar="ID",
-                       help="resume run ID with its own recipe (read from the store; no RECIPE): the nodes run "
-                            "ftui resume ID --rdzv-endpoint, the run folders on a shared filesystem")
-    db_option(slurm)
-    slurm.set_defaults(handler=cmd_slurm)
+from runner.nodes.slurm import SlurmError, SlurmJob, sbatch_script, submit
+from runner.spec.paths import default_db_url
+from runner.spec.recipe import Recipe, RecipeError, load_recipe, parse_recipe
+from store.nodes import open_slurm_run
+from tui.cli.common import console, open_store
+from tui.cli.exits import ExitCode, UsageError
 
 
 def cmd_slurm(args: argparse.Namespace) -> int:
-    from runner.nodes.slurm import SlurmError, SlurmJob, sbatch_script, submit
-    from runner.spec.paths import default_db_url
-    from runner.spec.recipe import RecipeError, load_recipe
-
     if args.gpus_per_node < 0:
         raise UsageError(f"--gpus-per-node: must be 0 or more, got {args.gpus_per_node}")
     if not 0 < args.port < 65536:
@@ -82,9 +51,6 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     if not args.submit:
         out.print(f"submit it with: sbatch {path}   (or ftui slurm ... --submit)", markup=False)
         return ExitCode.OK
-    from store.nodes import open_slurm_run
-    from tui.cli.common import open_store
-
     store = open_store(args, create=True)
     try:
         job_id = submit(path)
@@ -99,13 +65,10 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def _resumed_recipe(args: argparse.Namespace, overrides: list[str], nproc: int) -> Any:
+def _resumed_recipe(args: argparse.Namespace, overrides: list[str], nproc: int) -> Recipe:
     """The recipe of the run ``--resume`` names, from the store (the job's name and the recorded row; the
     nodes read it again, with the checkpoint, in ``ftui resume``). A resume keeps that recipe: no RECIPE,
     no ``--set``/``--strategy``, and the old run's ranks per node."""
-    from runner.spec.recipe import RecipeError, parse_recipe
-    from tui.cli.common import open_store
-
     if args.recipe is not None:
         raise UsageError(f"RECIPE: not with --resume (run {args.resume} is resumed with its own recipe)")
     if overrides:

@@ -14,7 +14,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from runner.analysis.compare import Comparison
+from runner.analysis.compare import Comparison, load_comparison
 from tui.app.messages import CompareLoaded
 from tui.app.widgets.plot import LinePlot
 from tui.render.compare import columns, sample_rows, sources, summary_lines
@@ -62,8 +62,6 @@ class CompareScreen(Screen[None]):
 
     @work(thread=True, exclusive=True, group="compare")
     def load(self) -> None:
-        from runner.analysis.compare import load_comparison
-
         try:
             self.post_message(CompareLoaded(load_comparison(self.ftui.store, self.run_ids)))
         except KeyError as exc:

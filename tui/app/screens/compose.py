@@ -22,11 +22,14 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 from textual.worker import get_current_worker
 
+from runner import planner as E
 from runner.service import launch
 from runner.spec import strategies
+from runner.spec.launch import build_launch
 from runner.spec.recipe import Recipe, RecipeError, parse_recipe
 from tui.app.messages import EstimateReady, LaunchFailed, PreviewReady, RunLaunched
 from tui.app.screens.modals import ConfirmScreen, PromptScreen
+from tui.render.report import fmt_bytes
 
 if TYPE_CHECKING:
     from tui.app.app import FtuiApp
@@ -109,9 +112,6 @@ def estimate_text(recipe: Recipe, probe: Any) -> Text:
     """Memory per device under each strategy and the recommended one, as ``ftui estimate`` computes
     them (``runner.planner``; the model's shape from its config, never from the network). Blocking
     (config files, NVML): call from a worker."""
-    from runner import planner as E
-    from tui.render.report import fmt_bytes
-
     try:
         source = E.resolve_model_shape(recipe.model.name, allow_network=False)
         inp = E.inputs_from_recipe(recipe, shape=source.shape)
@@ -313,8 +313,6 @@ class ComposeScreen(Screen[None]):
 
     @work(thread=True, exclusive=True, group="preview")
     def build_preview(self, recipe: Recipe, generation: int) -> None:
-        from runner.spec.launch import build_launch
-
         spec = build_launch(recipe, PLACEHOLDER_RUN_DIR, port=29500, cpu_threads=self.ftui.cpu_threads(recipe),
                             python=self.ftui.python)
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items())

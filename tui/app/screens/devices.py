@@ -21,6 +21,7 @@ from textual.widgets import DataTable, Footer, Header, Static
 from textual.worker import get_current_worker
 
 from runner.hardware import SOURCE_LABELS, DeviceSample, Probe, ProcessGpuMemory
+from runner.watch.host import probe_for
 from store import Store
 from tui.app.widgets.plot import bar, level_style
 from tui.render.report import fmt_bytes
@@ -187,8 +188,6 @@ class DevicesScreen(Screen[None]):
         worker = get_current_worker()
         probe = self.ftui.probe
         if probe is None:
-            from runner.watch.host import probe_for
-
             probe = probe_for(self.ftui.fake_gpus)
         feed = DevicesFeed(self.ftui.store, probe)
         while not worker.is_cancelled:

@@ -351,9 +351,9 @@ class RunsScreen(Screen[None]):
 
     @work(thread=True, group="launch")
     def resume(self, run: RunInfo) -> None:
-        # Deferred: pydantic, the planner and the store's writers are not needed before the first paint.
-        from runner.service import launch
-        from runner.spec.recipe import RecipeError
+        # Deferred, with the planner and the store's writers: none is needed before the first paint.
+        from runner.service import launch  # deferred: pydantic
+        from runner.spec.recipe import RecipeError  # deferred: pydantic
 
         try:
             run_id = launch.resume_detached(self.ftui.store, run.id, self.ftui.fake_gpus)
@@ -364,9 +364,9 @@ class RunsScreen(Screen[None]):
 
     @work(thread=True, group="launch")
     def rerun(self, run: RunInfo) -> None:
-        # Deferred: pydantic, the planner and the store's writers are not needed before the first paint.
-        from runner.service import launch
-        from runner.spec.recipe import RecipeError, parse_recipe
+        # Deferred, with the planner and the store's writers: none is needed before the first paint.
+        from runner.service import launch  # deferred: pydantic
+        from runner.spec.recipe import RecipeError, parse_recipe  # deferred: pydantic
 
         try:
             recipe = parse_recipe(run.recipe_text, source=f"run {run.id}")
