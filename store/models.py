@@ -66,6 +66,10 @@ class Run(Base):
     host: Mapped[str] = mapped_column(String(255))
     run_dir: Mapped[str] = mapped_column(String(1000))
     pgid: Mapped[int | None] = mapped_column(Integer, default=None)
+    """The launcher's process group (the launcher's pid: it leads the group)."""
+    pgid_started: Mapped[float | None] = mapped_column(Float, default=None)
+    """The launcher's start time (psutil ``create_time``, seconds since the epoch): with ``pgid``, what
+    tells the launcher from a later process given the same pid."""
     created_at: Mapped[datetime] = mapped_column(DateTime)
     started_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)

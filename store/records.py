@@ -30,6 +30,7 @@ class RunUpdate(TypedDict, total=False):
     host: str
     run_dir: str
     pgid: int | None
+    pgid_started: float | None
     started_at: datetime | None
     ended_at: datetime | None
     exit_code: int | None
@@ -93,6 +94,8 @@ class RunInfo:
     tags: list[str] = field(default_factory=list)
     note: str = ""
     resumed_from: int | None = None
+    pgid_started: float | None = None
+    """The launcher's start time (psutil ``create_time``); None for a run recorded without it."""
     watcher_pid: int | None = None
     watcher_host: str | None = None
     stop_requested_at: datetime | None = None

@@ -8,12 +8,16 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 import pytest
 
 from runner.service.recover import recover_all
@@ -22,6 +26,7 @@ from runner.spec.recipe import load_recipe
 from runner.watch import journal
 from runner.watch.detached import start_detached
 from runner.watch.prepare import load_prepared, prepare
+from runner.watch.stream import Recorder
 from store import Store
 from tests.conftest import QUICKSTART, ROOT, Ftui
 
@@ -174,6 +179,62 @@ def test_ftui_run_sigkilled_during_ddp_is_recovered(tmp_path: Path, ranks_finish
     journal_steps = [e for e in journal.read_jsonl(run_dir / ev.EVENTS_FILE) if e["type"] == "step"]
     assert [m["step"] for m in shown["metrics"]] == [e["step"] for e in journal_steps] == list(range(1, steps + 1))
     _assert_store_equals_journal(store, run.id, run_dir)
+
+
+@contextmanager
+def stranger() -> Iterator[subprocess.Popen[bytes]]:
+    """A program that is no run's, leading a process group of its own (``setsid sleep``): what a pid
+    of a dead run's launcher may be given to after a reboot or a kill -9 of watcher and ranks."""
+    proc = subprocess.Popen(["sleep", "900"], start_new_session=True)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def record_orphan_run(store: Store, root: Path, pgid: int, started: float | None) -> tuple[int, Path]:
+    """A run recorded ``running`` whose watcher and launcher are gone, its launcher having been process
+    group ``pgid`` (started at ``started``; None: a row that recorded no start time). Its journal has the
+    launch and three steps; no watcher is alive."""
+    prepared = prepare(store, load_recipe(QUICKSTART), root=root)
+    assert prepared.run_id is not None
+    with open(prepared.run_dir / ev.EVENTS_FILE, "a") as events:
+        events.write(json.dumps({"seq": 0, "time": time.time(), "type": "start", "distributed_type": "NO",
+                                 "world_size": 1, "total_steps": 100}) + "\n")
+        for step in range(1, 4):
+            events.write(json.dumps({"seq": step, "time": time.time(), "type": "step", "step": step, "loss": 1.0,
+                                     "step_time": 0.1, "tokens_per_s": 10.0}) + "\n")
+    recorder = Recorder(store, prepared.run_id, prepared.run_dir)
+    launch = {"pgid_started": started} if started is not None else {}
+    recorder.emit("launch", argv=["accelerate", "launch"], pgid=pgid, watcher_pid=0, **launch)
+    recorder.close()
+    columns = {"pgid_started": started} if started is not None else {}
+    store.update_run(prepared.run_id, status="running", pgid=pgid, watcher_host=socket.gethostname(),
+                     summary={"orchestrator_pid": None, "orchestrator_host": socket.gethostname()}, **columns)
+    return prepared.run_id, prepared.run_dir
+
+
+STARTS = {"no-start-time": None, "another-start-time": -3600.0}
+"""How the dead launcher was recorded: without a start time, or with one an hour before the stranger's."""
+
+
+@pytest.mark.parametrize("recorded", list(STARTS.values()), ids=list(STARTS))
+def test_recover_never_takes_a_stranger_in_the_launchers_group_id_for_the_run(
+        tmp_path: Path, recorded: float | None) -> None:
+    """The run's launcher died unrecorded and its pid now leads another program's group: recover does not
+    attach a watcher to that program, and settles the run as its processes being gone."""
+    store = Store(f"sqlite:///{tmp_path / 'ftui.db'}")
+    with stranger() as other:
+        started = None if recorded is None else psutil.Process(other.pid).create_time() + recorded
+        run_id, run_dir = record_orphan_run(store, tmp_path / "runs", other.pid, started)
+        done = recover_all(store)
+        assert other.poll() is None, "the stranger was not signalled"
+    assert [(r.run_id, r.action, r.status) for r in done] == [(run_id, "finished", "failed")], done
+    run = store.get_run(run_id)
+    assert run is not None and run.status == "failed"
+    assert run.error is not None and run.error.startswith("watcher and ranks gone; last step 3"), run.error
+    assert "attach" not in [e["type"] for e in journal.read_jsonl(run_dir / journal.ORCHESTRATOR_FILE)]
 
 
 def _journal_steps(run_dir: Path) -> int:

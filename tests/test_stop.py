@@ -16,7 +16,11 @@ from typing import Any
 import psutil
 import pytest
 
+from runner.watch import procs
+from store import Store
 from tests.conftest import QUICKSTART, ROOT, Ftui
+from tests.test_recover import STARTS, record_orphan_run, stranger
+from tui.cli import main
 
 # Small steps so that a stop (which waits for the current step) is quick on a busy 2-core machine.
 FAST = ["--set", "train.max_steps=5000", "--set", "data.context_length=32", "--set", "train.batch_size=2"]
@@ -181,6 +185,46 @@ def test_ftui_stop_from_another_process(ftui: Ftui) -> None:
     assert_all_gone(bg)
     again = ftui.run("stop", str(bg.run_id))
     assert (again.returncode, again.stderr.strip()) == (2, f"ftui: run {bg.run_id}: not running (status stopped)")
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["stop", "kill"])
+@pytest.mark.parametrize("recorded", list(STARTS.values()), ids=list(STARTS))
+def test_ftui_stop_never_signals_a_stranger_in_the_launchers_group_id(
+        tmp_path: Path, recorded: float | None, kill: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    """Watcher and launcher of a run died unrecorded and the launcher's pid now leads another program's
+    group: ``ftui stop`` signals nothing of it, says that no process of the run was found, and settles the
+    run from its journal."""
+    db = f"sqlite:///{tmp_path / 'ftui.db'}"
+    with stranger() as other:
+        started = None if recorded is None else psutil.Process(other.pid).create_time() + recorded
+        run_id, _ = record_orphan_run(Store(db), tmp_path / "runs", other.pid, started)
+        code = main(["stop", str(run_id), "--db", db, "--grace", "5", *(["--kill"] if kill else [])])
+        out = capsys.readouterr().out
+        assert other.poll() is None, "the stranger was not signalled"
+    assert code == 0, out
+    assert f"run {run_id}: failed" in out and "no process of the run" in out, out
+    run = Store(db).get_run(run_id)
+    assert run is not None and run.status == "failed"
+    assert run.error is not None and run.error.startswith("watcher and ranks gone; last step 3"), run.error
+
+
+def test_ftui_stop_finds_the_launcher_of_a_row_without_a_start_time_by_its_environment(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run recorded with its process group but no start time for its launcher: the launcher still
+    proves itself the run's by the run folder in its environment, and is stopped."""
+    db = f"sqlite:///{tmp_path / 'ftui.db'}"
+    run_id, run_dir = record_orphan_run(Store(db), tmp_path / "runs", 0, None)
+    launcher = procs.spawn(["sleep", "900"], {}, run_dir, run_dir / "launcher.log", run_dir=run_dir)
+    try:
+        Store(db).update_run(run_id, pgid=launcher.pid)
+        code = main(["stop", str(run_id), "--db", db, "--grace", "5"])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        assert launcher.wait(timeout=30) == -signal.SIGTERM
+        assert f"run {run_id}: stopped" in out, out
+    finally:
+        launcher.kill()
+        launcher.wait()
 
 
 @pytest.mark.slow

@@ -10,8 +10,9 @@ The rule (README, "Reliability"):
 * First the store is brought up to date from the folder, idempotently: ``events.jsonl`` and
   ``orchestrator.jsonl`` by ``seq``, ``samples.jsonl`` by time.
 * Then: the orchestrator journal has an ``exit`` event -> that status (the watcher died between
-  its journal and the store). Else the ranks (the launcher's group or a rank pid) still run ->
-  a new watcher re-attaches (``python -m runner.watch.detached --attach PGID``) and
+  its journal and the store). Else the ranks (the launcher, or a rank) still run, proven the run's
+  and not merely holding a number the run had (:func:`runner.watch.procs.leader_alive`,
+  :func:`runner.watch.procs.rank_pids`) -> a new watcher re-attaches (``python -m runner.watch.detached --attach PGID``) and
   follows the run to its end. Else the trainer journal has an ``end`` event -> its status. Else
   -> ``failed``, "watcher and ranks gone; last step N" (plus what the launcher log says).
 * A ``created`` run with no ``launch`` event is ``failed`` ("never started") once it is older than
@@ -29,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from runner.spec import events as ev
-from runner.watch import journal
-from runner.watch.crash import RankWatch, describe
+from runner.watch import journal, procs
+from runner.watch.crash import describe
 from runner.watch.detached import spawn_watcher
 from runner.watch.finish import project_end
-from runner.watch.identity import leader_alive, watcher_host
+from runner.watch.identity import watcher_host
 from runner.watch.prepare import load_prepared
 from runner.watch.stream import Recorder, RunStream
 from store import Store
@@ -107,8 +108,8 @@ def recover_run(store: Store, run: Any, attach: bool = True, fake_gpus: int = 0)
             last = exits[-1]
             outcome = project_end(store, stream, last["status"], last.get("exit_code"), last.get("error"))
             return Recovered(run.id, "finished", outcome.status, outcome.error or "")
-        pgid = int(launches[-1]["pgid"]) if launches else (run.pgid or None)
-        if not launches and pgid is None:
+        group = launched_group(launches[-1]) if launches else procs.group_of(run.pgid, run.pgid_started)
+        if not launches and group is None:
             age = (utcnow() - run.created_at).total_seconds()
             if age < NEVER_STARTED_AFTER_S:
                 return Recovered(run.id, "skipped", run.status, f"created {age:.0f} s ago, may be about to launch")
@@ -118,12 +119,13 @@ def recover_run(store: Store, run: Any, attach: bool = True, fake_gpus: int = 0)
             recorder.close()
             project_end(store, stream, "failed", None, never)
             return Recovered(run.id, "finished", "failed", never)
-        alive = (pgid is not None and leader_alive(pgid)) or RankWatch(run_dir).any_alive()
-        if alive and stream.end is None and attach and pgid is not None:
+        alive = (group is not None and procs.leader_alive(group, run_dir)) or bool(procs.rank_pids(run_dir))
+        if alive and stream.end is None and attach and group is not None:
             # The new watcher inherits the locked file: no moment without a holder, so a second
             # recover running now cannot start a second watcher.
-            child = spawn_watcher(store.url, run.id, pgid, run_dir, fake_gpus, lock_fd=lock.fileno())
-            return Recovered(run.id, "attached", "running", f"watcher pid {child.pid} follows process group {pgid}")
+            child = spawn_watcher(store.url, run.id, group, run_dir, fake_gpus, lock_fd=lock.fileno())
+            return Recovered(run.id, "attached", "running",
+                             f"watcher pid {child.pid} follows process group {group.pgid}")
         if alive and stream.end is None:
             return Recovered(run.id, "skipped", run.status, "ranks still run; not attaching (--no-attach)")
         recorder = Recorder(store, run.id, run_dir)
@@ -147,6 +149,11 @@ def recover_run(store: Store, run: Any, attach: bool = True, fake_gpus: int = 0)
         return Recovered(run.id, "finished", status, error or "")
     finally:
         lock.release()
+
+
+def launched_group(launch: dict[str, Any]) -> procs.Group | None:
+    """The process group a ``launch`` event of the orchestrator journal recorded."""
+    return procs.group_of(launch.get("pgid"), launch.get("pgid_started"))
 
 
 def recover_all(store: Store, attach: bool = True, fake_gpus: int = 0) -> list[Recovered]:

@@ -11,8 +11,17 @@ from pathlib import Path
 from typing import Any
 
 from runner.nodes.agent import is_remote, stop_through_store
+from runner.service.recover import recover_run
 from runner.watch.identity import watcher_alive
-from runner.watch.procs import DEFAULT_GRACE_S, KILL_SIGNAL, StopReport, signal_pids, stop_run
+from runner.watch.procs import (
+    DEFAULT_GRACE_S,
+    KILL_SIGNAL,
+    StopReport,
+    group_of,
+    owns_group,
+    signal_pids,
+    stop_run,
+)
 from store import Store
 from store.store import utcnow
 
@@ -46,7 +55,9 @@ def request_stop(store: Store, run_id: int, kill: bool = False, grace_s: float =
     waits for the status to change (after ``grace_s`` a second SIGTERM cuts the watcher's grace
     short). When the watcher is gone (or does not answer), this process stops every process of the
     run itself (:func:`runner.watch.procs.stop_run`) and records the status: ``stopped``, or ``failed``
-    ("killed by user") with ``kill``.
+    ("killed by user") with ``kill``. Only processes proven the run's are signalled (a launcher by its pid
+    and start time, a rank by the run folder), never one that merely holds a number the run had: when
+    none is left, the run is settled from its journal as recovery does (its processes are gone).
 
     Args:
         store: the store.
@@ -79,13 +90,25 @@ def request_stop(store: Store, run_id: int, kill: bool = False, grace_s: float =
         result = _wait_for_watcher(store, run_id, int(pid), created, what, grace_s, poll_s)
         if result is not None:
             return result
-    report = stop_run(Path(run.run_dir), run.pgid, grace_s=grace_s, kill=kill)
+    run_dir, group = Path(run.run_dir), group_of(run.pgid, run.pgid_started)
+    report = stop_run(run_dir, group, grace_s=grace_s, kill=kill)
+    if not report.seen:
+        return _settle_gone(store, run, run_dir)
     status, error = ("failed", "killed by user") if kill else ("stopped", None)
     store.add_event(run_id, "stop", time.time(), {"graceful": report.graceful, "killed": report.killed,
                                                   "left": report.left, "gpu": report.gpu_note, "by": "ftui stop"})
     store.update_run(run_id, status=status, ended_at=utcnow(), error=error,
                      summary={"stop": f"ftui stop (no watcher alive): {report.describe()}"})
     return StopResult(run_id, status, f"stopped here (no watcher alive): {report.describe()}", report)
+
+
+def _settle_gone(store: Store, run: Any, run_dir: Path) -> StopResult:
+    """Nothing of the run is left to stop: its status is what its journal says (recovery's rule)."""
+    nothing = "nothing to stop: no process of the run is left"
+    if run.pgid and not owns_group(group_of(run.pgid, run.pgid_started), run_dir):
+        nothing += f" (process group {run.pgid} is not the run's any more: not signalled)"
+    done = recover_run(store, run, attach=False)
+    return StopResult(run.id, done.status, f"{nothing}; {done.action}: {done.detail or done.status}")
 
 
 def _wait_for_watcher(store: Store, run_id: int, pid: int, created: Any, what: str, grace_s: float,

@@ -35,12 +35,14 @@ def start_detached(db_url: str, prepared: Prepared, fake_gpus: int = 0) -> subpr
     return child
 
 
-def spawn_watcher(db_url: str, run_id: int, pgid: int, run_dir: Path, fake_gpus: int = 0,
+def spawn_watcher(db_url: str, run_id: int, group: procs.Group, run_dir: Path, fake_gpus: int = 0,
                   lock_fd: int | None = None) -> subprocess.Popen[bytes]:
-    """A background watcher that re-attaches to a running run (``--attach PGID``); ``lock_fd``, the
-    caller's hold on ``watcher.lock``, is handed to it."""
+    """A background watcher that re-attaches to a running run (``--attach PGID``, with the launcher's
+    start time when recorded); ``lock_fd``, the caller's hold on ``watcher.lock``, is handed to it."""
     argv = [sys.executable, "-m", MODULE, "--db", db_url, "--run-id", str(run_id),
-            "--attach", str(pgid), "--fake-gpus", str(fake_gpus)]
+            "--attach", str(group.pgid), "--fake-gpus", str(fake_gpus)]
+    if group.started is not None:
+        argv += ["--pgid-started", repr(group.started)]
     if lock_fd is not None:
         argv += ["--lock-fd", str(lock_fd)]
     log = open(run_dir / LOG, "ab")  # noqa: SIM115 (the child keeps it)
@@ -63,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grace", type=float, default=procs.DEFAULT_GRACE_S)
     parser.add_argument("--attach", type=int, metavar="PGID",
                         help="follow a run already started (process group PGID) whose watcher died")
+    parser.add_argument("--pgid-started", type=float, metavar="TIME",
+                        help="with --attach: the launcher's start time (psutil create_time), as recorded")
     parser.add_argument("--hang-after", type=float, default=300.0)
     parser.add_argument("--lock-fd", type=int, help="with --attach: the inherited hold on RUN/watcher.lock")
     args = parser.parse_args(argv)
@@ -77,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     options = WatchOptions(hang_after_s=args.hang_after, grace_s=args.grace, fake_gpus=args.fake_gpus)
     try:
         if args.attach:
-            outcome = attach(store, prepared, args.attach, options, stop=stop, lock_fd=args.lock_fd)
+            group = procs.Group(args.attach, args.pgid_started)
+            outcome = attach(store, prepared, group, options, stop=stop, lock_fd=args.lock_fd)
         else:
             outcome = execute(store, prepared, options, stop=stop)
     except PreflightError as exc:

@@ -15,7 +15,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
 
 from runner.hardware import Probe
 from runner.spec import events as ev
@@ -23,7 +23,7 @@ from runner.watch import procs
 from runner.watch.crash import RankWatch, describe
 from runner.watch.finish import Ending, Outcome, finish
 from runner.watch.host import probe_for
-from runner.watch.identity import leader_alive, record_watcher
+from runner.watch.identity import record_watcher
 from runner.watch.journal import WatcherLock
 from runner.watch.preflight import PreflightError
 from runner.watch.prepare import Prepared
@@ -64,16 +64,17 @@ class WatchOptions:
 
 class Launcher:
     """The launch being followed: ftui's own child (its exit code is known), or, for a watcher that
-    re-attached after the first one died, a process group of which only the pids are known."""
+    re-attached after the first one died, a process group known by its leader's pid and start time."""
 
-    def __init__(self, pgid: int, proc: subprocess.Popen[bytes] | None = None) -> None:
-        self.pgid = pgid
+    def __init__(self, group: procs.Group, run_dir: Path, proc: subprocess.Popen[bytes] | None = None) -> None:
+        self.group = group
+        self.run_dir = run_dir
         self.proc = proc
 
     def poll(self) -> int | None:
         if self.proc is not None:
             return self.proc.poll()
-        return None if leader_alive(self.pgid) else -1
+        return None if procs.leader_alive(self.group, self.run_dir) else -1
 
     def wait(self) -> int | None:
         """The exit code; None when it is not ours to know (a re-attached watcher)."""
@@ -84,7 +85,7 @@ class Launcher:
                 self.proc.kill()
                 return self.proc.wait()
         deadline = time.monotonic() + 30
-        while leader_alive(self.pgid) and time.monotonic() < deadline:
+        while procs.leader_alive(self.group, self.run_dir) and time.monotonic() < deadline:
             time.sleep(0.2)
         return None
 
@@ -93,9 +94,9 @@ class Stopper:
     """Stops a run in a thread (:func:`runner.watch.procs.stop_run`) while the watcher keeps reading
     its journal, so that the ranks' last steps and ``end`` events are recorded."""
 
-    def __init__(self, run_dir: Any, pgid: int, request: procs.StopRequest) -> None:
+    def __init__(self, run_dir: Path, group: procs.Group, request: procs.StopRequest) -> None:
         self.run_dir = run_dir
-        self.pgid = pgid
+        self.group = group
         self.request = request
         self.thread: threading.Thread | None = None
         self.report: procs.StopReport | None = None
@@ -110,7 +111,7 @@ class Stopper:
 
     def start(self, grace_s: float, kill: bool = False) -> None:
         def run() -> None:
-            self.report = procs.stop_run(self.run_dir, self.pgid, grace_s=grace_s, kill_now=self.request.now,
+            self.report = procs.stop_run(self.run_dir, self.group, grace_s=grace_s, kill_now=self.request.now,
                                          kill=kill)
 
         self.thread = threading.Thread(target=run, name="ftui-stop", daemon=True)
@@ -148,15 +149,18 @@ def execute(store: Store, prepared: Prepared, options: WatchOptions | None = Non
                         source=prepared.node.source if prepared.node is not None else "orchestrator")
     proc = procs.spawn(prepared.spec.argv, prepared.spec.env, prepared.run_dir, prepared.run_dir / ev.LAUNCHER_LOG,
                        run_dir=prepared.run_dir)
-    pgid = proc.pid  # start_new_session: the launcher leads its own group (the ranks may not: procs)
+    # start_new_session: the launcher leads its own group (the ranks may not: procs). Not waited for
+    # yet, so its pid is still its own: the start time read now is the launcher's.
+    group = procs.Group(proc.pid, procs.started_at(proc.pid))
     launched = time.time()
-    recorder.emit("launch", argv=prepared.spec.argv, pgid=pgid, watcher_pid=os.getpid())
-    record_watcher(store, run_id, status="running", started_at=utcnow(), pgid=pgid)
-    return follow(store, prepared, Launcher(pgid, proc), recorder, lock, options, on_event=on_event, stop=stop,
-                  launched=launched)
+    recorder.emit("launch", argv=prepared.spec.argv, pgid=group.pgid, pgid_started=group.started,
+                  watcher_pid=os.getpid())
+    record_watcher(store, run_id, status="running", started_at=utcnow(), pgid=group.pgid, pgid_started=group.started)
+    return follow(store, prepared, Launcher(group, prepared.run_dir, proc), recorder, lock, options,
+                  on_event=on_event, stop=stop, launched=launched)
 
 
-def attach(store: Store, prepared: Prepared, pgid: int, options: WatchOptions | None = None,
+def attach(store: Store, prepared: Prepared, group: procs.Group, options: WatchOptions | None = None,
            stop: Stop | None = None, lock_fd: int | None = None) -> Outcome:
     """Follow a run whose watcher died while its ranks train on: re-read its journals from the start
     (idempotent ingest), then watch it to the end like :func:`execute` (see :mod:`runner.service.recover`).
@@ -169,9 +173,9 @@ def attach(store: Store, prepared: Prepared, pgid: int, options: WatchOptions | 
     if not lock.acquire():
         raise PreflightError(f"run {prepared.run_id}: another process watches {prepared.run_dir}")
     recorder = Recorder(store, prepared.run_id, prepared.run_dir)
-    recorder.emit("attach", pgid=pgid, watcher_pid=os.getpid())
+    recorder.emit("attach", pgid=group.pgid, watcher_pid=os.getpid())
     record_watcher(store, prepared.run_id)
-    return follow(store, prepared, Launcher(pgid), recorder, lock, options, stop=stop, launched=time.time())
+    return follow(store, prepared, Launcher(group, prepared.run_dir), recorder, lock, options, stop=stop, launched=time.time())
 
 
 class _Watch:
@@ -188,7 +192,7 @@ class _Watch:
         self.stream = RunStream(store, prepared, on_event)
         self.telemetry: RunTelemetry | None = None
         self.ranks = RankWatch(prepared.run_dir)
-        self.stopper = Stopper(prepared.run_dir, launcher.pgid, self.request)
+        self.stopper = Stopper(prepared.run_dir, launcher.group, self.request)
         self.forced_error: str | None = None
 
     def step(self) -> bool:
@@ -217,7 +221,7 @@ class _Watch:
         if not stopper.started and self.telemetry.hang_stop(stream):
             self.forced_error = self.telemetry.hang_reason
             recorder.emit("hang_stop", reason=self.forced_error)
-            procs.signal_group(self.launcher.pgid, signal.SIGCONT)  # a stopped (SIGSTOP) rank cannot take SIGTERM
+            procs.signal_group(self.launcher.group, self.prepared.run_dir, signal.SIGCONT)  # a stopped (SIGSTOP) rank cannot take SIGTERM
             stopper.start(grace_s=10.0)
         if self.prepared.node is not None:  # several machines: heartbeat, stop requests both ways
             self.prepared.node.tick(request, self.prepared.run_dir)
@@ -238,15 +242,15 @@ class _Watch:
         """Wait for the launcher and every process of the run; kill what is left. The exit code."""
         self.stream.on_event = None  # the caller's callbacks may be what failed; the rest is bookkeeping
         exit_code: int | None = quietly(self.launcher.wait)
-        run_dir, pgid = self.prepared.run_dir, self.launcher.pgid
+        run_dir, group = self.prepared.run_dir, self.launcher.group
         if not self.stopper.started:
             # The launcher can exit before its ranks: wait for every process of the run (ranks
             # included, in sessions of their own), then kill and check whatever is left.
             deadline = time.monotonic() + 20.0
-            while procs.find_processes(run_dir, pgid) and time.monotonic() < deadline:
+            while procs.find_processes(run_dir, group) and time.monotonic() < deadline:
                 quietly(self.stream.poll)
                 time.sleep(self.options.poll_s)
-            quietly(procs.kill_all, run_dir, pgid)
+            quietly(procs.kill_all, run_dir, group)
         if self.telemetry is not None:
             quietly(self.telemetry.close)
         quietly(self.stream.poll)

@@ -55,12 +55,3 @@ def watcher_alive(pid: int | None, create_time: float | None) -> bool:
     except (psutil.Error, ValueError):
         return False
 
-
-def leader_alive(pid: int) -> bool:
-    """Whether the process group leader ``pid`` runs (a zombie, or a pid reused by a process of another
-    group, does not)."""
-    try:
-        proc = psutil.Process(pid)
-        return proc.status() != psutil.STATUS_ZOMBIE and os.getpgid(pid) == pid
-    except (psutil.Error, OSError):
-        return False

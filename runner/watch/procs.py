@@ -7,10 +7,16 @@ group never reaches the ranks. The processes of a run are therefore found from t
 
 * the rank pids the ranks wrote (``RUN/ranks/{N}.pid``), kept only when the process still names the
   run folder on its command line (a pid reused by another program is not ours);
-* the members of the launcher's process group (``runs.pgid``);
+* the members of the launcher's process group (``runs.pgid``), once the group's leader is proven the
+  run's launcher (:func:`owns_group`);
 * every descendant of those (dataloader workers, compile workers);
 * every process whose environment carries ``FTUI_RUN_DIR=RUN`` (set by :func:`spawn` and inherited by
   everything below it, even after a reparenting to init).
+
+A process is never taken for the run's by its number alone: a run whose processes all died unrecorded
+(a reboot, the OOM killer, kill -9) leaves numbers that the kernel gives to other programs. The launcher
+is known by its pid and its start time, recorded at spawn (:class:`Group`); a rank by the run folder on
+its command line or in its environment. What cannot be proven the run's is neither counted nor signalled.
 
 A graceful stop sends SIGTERM to the ranks only (the trainer's stop flag: every rank leaves the loop
 after the same step, saves and journals its ``end``); the launcher then exits on its own. It waits for
@@ -75,10 +81,74 @@ def spawn(argv: list[str], env: Mapping[str, str], cwd: Path, log: Path, run_dir
         out.close()
 
 
-def signal_group(pgid: int, sig: int) -> bool:
-    """Send ``sig`` to a process group; False when the group is gone."""
+def started_at(pid: int) -> float | None:
+    """The start time of process ``pid`` (psutil ``create_time``, seconds since the epoch); None when gone."""
     try:
-        os.killpg(pgid, sig)
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
+
+
+# ---------------------------------------------------------------------- the launcher's group
+
+
+START_TOLERANCE_S = 1.0
+"""Two readings of one process's start time agree to the clock tick, give or take a shift of the boot
+time psutil derives them from (a clock adjusted since); a process given the same pid later cannot start
+within this of the first by chance (the kernel hands pids out in turn)."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """A run's process group as recorded at spawn: its id, which is the launcher's pid (the launcher
+    leads the group), and the launcher's start time, which a later process given that pid does not share."""
+
+    pgid: int
+    started: float | None = None
+    """psutil ``create_time`` of the launcher; None for a run recorded without it, whose launcher is then
+    proven by the run folder in its environment (:data:`RUN_ENV`) alone."""
+
+
+def group_of(pgid: int | None, started: float | None) -> Group | None:
+    """The recorded group of a run (``runs.pgid``/``pgid_started``, or its ``launch`` event); None when
+    no group was recorded."""
+    return Group(int(pgid), None if started is None else float(started)) if pgid else None
+
+
+def owns_group(group: Group | None, run_dir: Path) -> bool:
+    """Whether process group ``group.pgid`` is still the run's: its leader is the launcher recorded (same
+    pid and start time; without a recorded start time, a process naming the run folder in its
+    environment). A leader that is gone, or a process given its pid since, proves nothing: the
+    group's number alone is never taken for the run's."""
+    if group is None:
+        return False
+    try:
+        leader = psutil.Process(group.pgid)
+        if os.getpgid(group.pgid) != group.pgid:
+            return False
+        if group.started is not None:
+            return bool(abs(leader.create_time() - group.started) < START_TOLERANCE_S)
+        return bool(leader.environ().get(RUN_ENV) == str(run_dir))
+    except (psutil.Error, OSError):
+        return False
+
+
+def leader_alive(group: Group, run_dir: Path) -> bool:
+    """Whether the run's launcher still runs (:func:`owns_group`; a zombie does not)."""
+    try:
+        return owns_group(group, run_dir) and psutil.Process(group.pgid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def signal_group(group: Group | None, run_dir: Path, sig: int) -> bool:
+    """Send ``sig`` to the run's process group; False when it is gone or cannot be proven the run's
+    (:func:`owns_group`): then nothing is signalled."""
+    if not owns_group(group, run_dir):
+        return False
+    assert group is not None
+    try:
+        os.killpg(group.pgid, sig)
         return True
     except (ProcessLookupError, PermissionError):
         return False
@@ -92,11 +162,13 @@ def rank_pids(run_dir: Path) -> dict[int, int]:
     return {rank: pid for rank, pid in ev.read_rank_pids(run_dir).items() if _names_run(pid, run_dir)}
 
 
-def find_processes(run_dir: Path, pgid: int | None = None) -> dict[int, str]:
+def find_processes(run_dir: Path, group: Group | None = None) -> dict[int, str]:
     """Every live process of the run on this host: pid -> how it was found (``rank N``,
-    ``launcher group``, ``child of P``, ``environment``). Zombies count as gone; this process and
+    ``launcher group``, ``child of P``, ``environment``). The group's members count only while its
+    leader is proven the run's launcher (:func:`owns_group`). Zombies count as gone; this process and
     its ancestors are never included."""
     found: dict[int, str] = {}
+    pgid = group.pgid if owns_group(group, run_dir) and group is not None else None
     for rank, pid in rank_pids(run_dir).items():
         found[pid] = f"rank {rank}"
     mine = {os.getpid(), *(p.pid for p in _ancestors())}
@@ -195,7 +267,7 @@ class StopReport:
 
 def stop_run(
     run_dir: Path,
-    pgid: int | None,
+    group: Group | None,
     grace_s: float = DEFAULT_GRACE_S,
     kill_now: threading.Event | None = None,
     kill: bool = False,
@@ -211,7 +283,7 @@ def stop_run(
 
     Args:
         run_dir: the run folder (absolute, as recorded).
-        pgid: the launcher's process group (``runs.pgid``), if known.
+        group: the launcher's process group as recorded, if known.
         grace_s: seconds the ranks get to finish their step, save and exit.
         kill_now: set it to cut the grace period short (a second Ctrl-C).
         kill: SIGKILL at once.
@@ -222,7 +294,7 @@ def stop_run(
         The report; ``report.verified`` is False only when a process survived SIGKILL (one stuck
         in the kernel, or owned by another user).
     """
-    seen = find_processes(run_dir, pgid)
+    seen = find_processes(run_dir, group)
     report = StopReport(graceful=not kill, seen=dict(seen))
     if not kill:
         ranks = [pid for pid, how in seen.items() if how.startswith("rank ")]
@@ -231,21 +303,22 @@ def stop_run(
         while time.monotonic() < deadline and not (kill_now is not None and kill_now.is_set()):
             if while_waiting is not None:
                 while_waiting()
-            now = find_processes(run_dir, pgid)
+            now = find_processes(run_dir, group)
             report.seen.update(now)
             if not now:
                 break
             time.sleep(poll_s)
-    report.killed, report.left = kill_all(run_dir, pgid, known=report.seen)
+    report.killed, report.left = kill_all(run_dir, group, known=report.seen)
     if report.killed:
         report.graceful = False
     report.gpu_note = gpu_check(list(report.seen))
     return report
 
 
-def kill_all(run_dir: Path, pgid: int | None, known: Mapping[int, str] | None = None,
+def kill_all(run_dir: Path, group: Group | None, known: Mapping[int, str] | None = None,
              settle_s: float = 5.0) -> tuple[list[int], list[int]]:
-    """SIGKILL every process of the run (found again, plus ``known`` ones still alive), then check.
+    """SIGKILL every process of the run (found again, plus ``known`` ones still alive and still the
+    run's), then check. The group is signalled only while it is proven the run's (:func:`signal_group`).
 
     Returns:
         ``(killed, left)``: the pids SIGKILLed, and those still alive after ``settle_s`` seconds.
@@ -253,9 +326,8 @@ def kill_all(run_dir: Path, pgid: int | None, known: Mapping[int, str] | None = 
     killed: list[int] = []
     deadline = time.monotonic() + settle_s
     while True:
-        targets = set(find_processes(run_dir, pgid)) | {p for p in (known or {}) if _alive(p) and _same_run(p, run_dir, pgid)}
-        if pgid is not None:
-            signal_group(pgid, signal.SIGKILL)
+        targets = set(find_processes(run_dir, group)) | {p for p in (known or {}) if _alive(p) and _same_run(p, run_dir, group)}
+        signal_group(group, run_dir, signal.SIGKILL)
         if not targets:
             return killed, []
         killed.extend(p for p in signal_pids(sorted(targets), signal.SIGKILL) if p not in killed)
@@ -264,12 +336,13 @@ def kill_all(run_dir: Path, pgid: int | None, known: Mapping[int, str] | None = 
         time.sleep(0.1)
 
 
-def _same_run(pid: int, run_dir: Path, pgid: int | None) -> bool:
-    """A pid seen earlier is still ours (not reused): it names the run, or is in the launcher group."""
+def _same_run(pid: int, run_dir: Path, group: Group | None) -> bool:
+    """A pid seen earlier is still ours (not reused): it names the run, or is in the launcher's group
+    while that group is proven the run's."""
     if _names_run(pid, run_dir):
         return True
     try:
-        return pgid is not None and os.getpgid(pid) == pgid
+        return group is not None and os.getpgid(pid) == group.pgid and owns_group(group, run_dir)
     except OSError:
         return False
 
