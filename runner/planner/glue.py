@@ -9,7 +9,7 @@ if TYPE_CHECKING:
 
     from runner.spec.recipe import Recipe
 
-from runner.planner.memory import EstimateInput, Precision
+from runner.planner.inputs import EstimateInput, Precision
 from runner.planner.shapes import ModelShape, resolve_model_shape
 from runner.spec import layout, strategies
 
