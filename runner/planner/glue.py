@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-
     from runner.spec.recipe import Recipe
 
 from runner.planner.inputs import EstimateInput, Precision
