@@ -6,10 +6,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-
     from runner.spec.recipe import Recipe
 
-from runner.planner.memory import EstimateInput, Precision
+from runner.planner.inputs import EstimateInput, Precision
 from runner.planner.shapes import ModelShape, resolve_model_shape
 from runner.spec import layout, strategies
 

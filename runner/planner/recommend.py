@@ -4,20 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-
-    pass
-
-from runner.planner.memory import (
-    GIB,
-    EstimateInput,
-    Method,
-    Strategy,
-    breakdown_json,
-    estimate,
-)
+from runner.planner.inputs import EstimateInput, Method, Strategy
+from runner.planner.memory import GIB, breakdown_json, estimate
 from runner.spec import strategies as table
 
 
