@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from runner.planner.inputs import DTYPE_BYTES, EstimateInput, weight_bytes
-from runner.planner.shapes import ModelShape, _targeted
+from runner.planner.shapes import ModelShape, lora_targeted
 
 # Bytes an MLP activation saves per intermediate element, in units of the compute element size: one op
 # saves its input; transformers' ``gelu_new``/``gelu_fast`` are Python formulas whose pow, tanh and two
@@ -188,7 +188,7 @@ class _Saves:
 def _saves(inp: EstimateInput) -> _Saves:
     """The element sizes and adapted modules of ``inp``'s forward."""
     e = DTYPE_BYTES[inp.precision]
-    adapted = frozenset(k.split("@")[0] for k in _targeted(inp.shape, inp.lora_targets)) \
+    adapted = frozenset(k.split("@")[0] for k in lora_targeted(inp.shape, inp.lora_targets)) \
         if inp.method != "full" else frozenset()
     math_attention = inp.shape.attn_dropout > 0
     att_e = 4 if (math_attention and e < 4 and inp.device == "cpu") else e

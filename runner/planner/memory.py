@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from runner.planner.activations import ActivationBytes, activation_bytes
 from runner.planner.inputs import DTYPE_BYTES, EstimateInput, weight_bytes
-from runner.planner.shapes import _targeted, lora_trainable_params
+from runner.planner.shapes import lora_targeted, lora_trainable_params
 from runner.spec import strategies
 from runner.spec.deepspeed_config import ZERO3_PERSISTENCE_THRESHOLD
 
@@ -107,7 +107,7 @@ def _largest_trainable(inp: EstimateInput) -> int:
     if inp.method == "full":
         return max([sh.vocab * sh.hidden, *(s.in_features * s.out_features for s in sh.linears.values())])
     return max([0, *(inp.lora_r * max(s.in_features, s.out_features)
-                     for s in _targeted(sh, inp.lora_targets).values())])
+                     for s in lora_targeted(sh, inp.lora_targets).values())])
 
 
 def _mp_share(inp: EstimateInput) -> tuple[float, float]:
@@ -137,7 +137,7 @@ def _zero3_persistent(inp: EstimateInput, w: int, tw: int) -> float:
     small += norms * w if sh.hidden < ZERO3_PERSISTENCE_THRESHOLD else 0
     if inp.method != "full":
         small += sum(inp.lora_r * (s.in_features + s.out_features) * s.count
-                     for s in _targeted(sh, inp.lora_targets).values()) * tw
+                     for s in lora_targeted(sh, inp.lora_targets).values()) * tw
     return float(small)
 
 

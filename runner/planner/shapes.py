@@ -331,7 +331,8 @@ def shape_from_params(
     )
 
 
-def _targeted(shape: ModelShape, targets: Sequence[str] | str) -> dict[str, LinearSpec]:
+def lora_targeted(shape: ModelShape, targets: Sequence[str] | str) -> dict[str, LinearSpec]:
+    """The linear modules of ``shape`` that a LoRA with these ``target_modules`` adapts, by name."""
     if isinstance(targets, str):
         if targets != "all-linear":
             targets = [targets]
@@ -353,7 +354,7 @@ def lora_trainable_params(shape: ModelShape, r: int, target_modules: Sequence[st
         The exact number of trainable adapter parameters (peft's default ``bias="none"``).
     """
     return sum(
-        r * (s.in_features + s.out_features) * s.count for s in _targeted(shape, target_modules).values()
+        r * (s.in_features + s.out_features) * s.count for s in lora_targeted(shape, target_modules).values()
     )
 
 
