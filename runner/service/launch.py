@@ -19,6 +19,7 @@ from runner.spec.rendezvous import NodeSpec
 from runner.watch.detached import start_detached
 from runner.watch.finish import Outcome
 from runner.watch.follow import Stop, WatchOptions, execute
+from runner.watch.host import cuda_device_count
 from runner.watch.preflight import launch_checks
 from runner.watch.prepare import Prepared, prepare, prepare_resume
 from runner.watch.stream import EventCallback
@@ -59,6 +60,12 @@ class Launched:
     run_id: int
     warnings: list[str]
     """The pre-flight's warnings, one line each."""
+
+
+def default_nproc() -> int:
+    """Processes of a multi-process strategy when neither the recipe nor ``--nproc`` says: this host's
+    GPUs, and at least 2 (on CPU, two ranks over gloo)."""
+    return max(2, cuda_device_count())
 
 
 def check(recipe: Recipe, fake_gpus: int = 0) -> list[str]:

@@ -21,10 +21,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from runner.service.launch import default_nproc
 from runner.spec import strategies as table
 from runner.spec.recipe import Recipe, RecipeError, dump_toml, load_recipe
 from runner.watch.follow import Stop, WatchOptions, execute
-from runner.watch.preflight import preflight
+from runner.watch.preflight import check_inputs, preflight
 from runner.watch.prepare import prepare
 from store import Store
 
@@ -97,6 +98,19 @@ def plan(recipe_path: Path, strategies: Sequence[str], nproc: int | None, sets: 
             for k in range(repeat):
                 again = f"; repeat {k + 1}/{repeat}" if repeat > 1 else ""
                 items.append(SweepItem(strategy, n, overrides, " ".join(point), note + again))
+    return items
+
+
+def plan_checked(recipe_path: Path, strategies: Sequence[str], nproc: int | None, sets: Sequence[str],
+                 grid: Sequence[str], repeat: int = 1) -> list[SweepItem]:
+    """The runs of ``ftui sweep`` (:func:`plan`, with this host's default process count), after the
+    recipe's data and run folders are checked once, before any run is recorded.
+
+    Raises:
+        RecipeError: the recipe, a grid value or its inputs are unusable (one line naming the field).
+    """
+    items = plan(recipe_path, strategies, nproc, sets, grid, default_nproc=default_nproc(), repeat=repeat)
+    check_inputs(load_recipe(recipe_path, sets))  # the same data and folders for every item
     return items
 
 

@@ -11,9 +11,7 @@ from rich.text import Text
 from runner.analysis.compare import Comparison, load_comparison, sweep_run_ids
 from runner.analysis.repeats import by_strategy, verdict
 from runner.service import sweep as sw
-from runner.spec.recipe import RecipeError, load_recipe
-from runner.watch.host import cuda_device_count
-from runner.watch.preflight import check_inputs
+from runner.spec.recipe import RecipeError
 from runner.watch.procs import StopRequest
 from tui.cli.common import open_store
 from tui.cli.exits import ExitCode, UsageError
@@ -85,10 +83,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise UsageError(f"--strategies: no strategy named in {args.strategies!r} (e.g. single,ddp)")
     _output(args)
     try:
-        items = sw.plan(args.recipe, strategies, args.nproc, args.overrides, args.grid,
-                        default_nproc=max(2, cuda_device_count()), repeat=args.repeat)
-        # Data and run folders are the same for every item: checked once, before any run is recorded.
-        check_inputs(load_recipe(args.recipe, args.overrides))
+        items = sw.plan_checked(args.recipe, strategies, args.nproc, args.overrides, args.grid, repeat=args.repeat)
     except RecipeError as exc:
         raise UsageError(str(exc)) from None
     store = open_store(args, create=True)

@@ -13,7 +13,6 @@ from runner.service import launch
 from runner.spec import strategies
 from runner.spec.recipe import Recipe, RecipeError, load_recipe, parse_recipe
 from runner.watch.follow import WatchOptions
-from runner.watch.host import cuda_device_count
 from runner.watch.prepare import Prepared
 from runner.watch.procs import StopRequest
 from store import Store
@@ -47,7 +46,7 @@ def load_run_recipe(args: argparse.Namespace) -> Recipe:
             elif nproc is None:
                 base = _load(args, [o for o in overrides if not o.startswith("launch.")])
                 if base.launch.nproc == 1:
-                    nproc = max(2, cuda_device_count())
+                    nproc = launch.default_nproc()
         if nproc is not None:
             overrides.append(f"launch.nproc={nproc}")
         for field in ("engine", "offload"):
