@@ -61,11 +61,17 @@ def checkpoints_supported(strategy: strategies.Strategy) -> bool:
     return strategy.checkpoints
 
 
+ENGINE_PACKAGES: dict[str, tuple[str, str]] = {
+    "deepspeed": ("deepspeed", "pip install -e '.[deepspeed]', with DS_BUILD_OPS=0 on a machine without CUDA"),
+}
+"""The package an engine imports beyond ftui's own dependencies, and how to install it."""
+
+
 def engine_missing(engine: str) -> str | None:
     """Why ``engine`` cannot run on this machine (a one-line reason naming the fix), or None."""
-    if engine == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
-        return ("launch.engine: deepspeed is not installed (pip install -e '.[deepspeed]', with DS_BUILD_OPS=0 "
-                "on a machine without CUDA), or use launch.engine = 'torch'")
+    needed = ENGINE_PACKAGES.get(engine)
+    if needed is not None and importlib.util.find_spec(needed[0]) is None:
+        return f"launch.engine: {needed[0]} is not installed ({needed[1]}), or use launch.engine = 'torch'"
     return None
 
 
