@@ -192,6 +192,25 @@ def _zero_engines(stage: int) -> tuple[Engine, ...]:
                        keeps_gathered=stage == 2, offloads_grads=True)
     return deepspeed, torch
 
+def _zero(stage: int, description: str, shards: tuple[str, ...]) -> Strategy:
+    """ZeRO stage ``stage``: DeepSpeed by default, PyTorch's own sharding as its second engine."""
+    return Strategy(
+        name=f"zero{stage}",
+        title=f"ZeRO stage {stage}",
+        description=description,
+        engine="deepspeed",
+        accelerate_type="DEEPSPEED",
+        expect=frozenset({"DEEPSPEED"}),
+        shards=frozenset(shards),
+        data_parallel=True,
+        min_procs=1,
+        max_procs=None,
+        min_procs_cpu=2,
+        checkpoints=False,
+        engines=_zero_engines(stage),
+    )
+
+
 STRATEGIES: dict[str, Strategy] = {
     s.name: s
     for s in (
@@ -290,51 +309,9 @@ STRATEGIES: dict[str, Strategy] = {
             tensor_parallel=True,
             checkpoints=False,
         ),
-        Strategy(
-            name="zero1",
-            title="ZeRO stage 1",
-            description="optimizer state (and fp32 master) sharded, gradients and weights replicated",
-            engine="deepspeed",
-            accelerate_type="DEEPSPEED",
-            expect=frozenset({"DEEPSPEED"}),
-            shards=frozenset({"optimizer"}),
-            data_parallel=True,
-            min_procs=1,
-            max_procs=None,
-            min_procs_cpu=2,
-            checkpoints=False,
-            engines=_zero_engines(1),
-        ),
-        Strategy(
-            name="zero2",
-            title="ZeRO stage 2",
-            description="optimizer state and gradients sharded, weights replicated",
-            engine="deepspeed",
-            accelerate_type="DEEPSPEED",
-            expect=frozenset({"DEEPSPEED"}),
-            shards=frozenset({"optimizer", "grads"}),
-            data_parallel=True,
-            min_procs=1,
-            max_procs=None,
-            min_procs_cpu=2,
-            checkpoints=False,
-            engines=_zero_engines(2),
-        ),
-        Strategy(
-            name="zero3",
-            title="ZeRO stage 3",
-            description="optimizer state, gradients and weights sharded (as FSDP)",
-            engine="deepspeed",
-            accelerate_type="DEEPSPEED",
-            expect=frozenset({"DEEPSPEED"}),
-            shards=frozenset({"optimizer", "grads", "params"}),
-            data_parallel=True,
-            min_procs=1,
-            max_procs=None,
-            min_procs_cpu=2,
-            checkpoints=False,
-            engines=_zero_engines(3),
-        ),
+        _zero(1, "optimizer state (and fp32 master) sharded, gradients and weights replicated", ("optimizer",)),
+        _zero(2, "optimizer state and gradients sharded, weights replicated", ("optimizer", "grads")),
+        _zero(3, "optimizer state, gradients and weights sharded (as FSDP)", ("optimizer", "grads", "params")),
     )
 }
 
