@@ -1,62 +1,33 @@
-"""Shared fixtures: one ftui home (database, run folders, tokenizer cache) per test session, and a
-helper that runs the real ``ftui`` command line in a subprocess."""
+"""Fixtures every level shares, and the level of each test, read from its folder.
+
+- ``tests/unit``: pure functions and the store on SQLite, in-process.
+- ``tests/integration``: real subprocesses (the watcher with scripted ranks, the CLI on a store, the
+  dashboard under Textual's pilot), no model trained.
+- ``tests/e2e``: real ``ftui`` commands training real models on CPU.
+- ``tests/system``: the servers and binaries of a real machine: PostgreSQL, SLURM, tmux, Chromium.
+
+Each test gets its level as a marker (``pytest -m unit``); the fast loop is
+``python -m pytest tests/unit tests/integration``.
+"""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-pytest_plugins = ["store_backends", "slurm_cluster"]  # db_url (SQLite and PostgreSQL) and pg_server fixtures
+from tests.support import QUICKSTART, STEPS, Ftui, new_home
 
-ROOT = Path(__file__).resolve().parent.parent
-QUICKSTART = ROOT / "recipes" / "quickstart.toml"
-STEPS = 8
+pytest_plugins = ["tests.support.postgres", "tests.support.slurm_cluster"]
 
-
-@dataclass
-class Ftui:
-    home: Path
-    db: str
-
-    @property
-    def env(self) -> dict[str, str]:
-        return {**os.environ, "FTUI_HOME": str(self.home), "FTUI_DB": self.db, "PYTHONUNBUFFERED": "1"}
-
-    def run(self, *args: str, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [sys.executable, "-m", "tui.cli", *args],
-            env=self.env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        if check and proc.returncode != 0:
-            raise AssertionError(f"ftui {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-        return proc
-
-    def show(self, run_id: int) -> dict[str, Any]:
-        return json.loads(self.run("show", str(run_id), "--format", "json", check=True).stdout)
-
-    def runs(self) -> list[dict[str, Any]]:
-        return json.loads(self.run("runs", "--format", "json", check=True).stdout)
+LEVELS = ("unit", "integration", "e2e", "system")
 
 
 @pytest.fixture(scope="session")
 def ftui(tmp_path_factory: pytest.TempPathFactory) -> Ftui:
-    from store import Store
-
-    home = tmp_path_factory.mktemp("ftui-home")
-    db = f"sqlite:///{home / 'ftui.db'}"
-    Store(db).close()  # FTUI_DB names it, so read commands refuse it until it exists
-    return Ftui(home=home, db=db)
+    return new_home(tmp_path_factory.mktemp("ftui-home"))
 
 
 @pytest.fixture(scope="session")
@@ -80,12 +51,21 @@ def strategy_runs(ftui: Ftui) -> dict[str, dict[str, Any]]:
     return results
 
 
-# Fixtures that train models in subprocesses: any test that uses one is slow (the fast loop,
-# `pytest -m "not slow"`, leaves them out; CI runs everything).
-TRAINING_FIXTURES = {"strategy_runs", "full_runs", "sweep"}
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests = Path(__file__).parent
     for item in items:
-        if TRAINING_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.slow)
+        level = item.path.relative_to(tests).parts[0]
+        if level in LEVELS:
+            item.add_marker(getattr(pytest.mark, level))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """With ``FTUI_REQUIRE_SYSTEM=1`` (``.ci/run`` sets it) a system test that skips fails instead: a
+    missing install step must not pass silently."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and item.get_closest_marker("system") and os.environ.get("FTUI_REQUIRE_SYSTEM") == "1":
+        report.outcome = "failed"
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.longrepr = f"system test skipped where it must run (FTUI_REQUIRE_SYSTEM=1): {reason}"

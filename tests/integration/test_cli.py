@@ -1,0 +1,133 @@
+"""The command line as a user meets it: fast start, one-line errors, exit codes, dry runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tests.support import QUICKSTART, ROOT, Ftui
+
+
+def test_help_and_runs_do_not_import_torch_or_textual(ftui: Ftui) -> None:
+    code = (
+        "import sys; from tui.cli import main; rc = main(['runs', '--format', 'json']); "
+        "assert rc == 0; bad = [m for m in ('torch', 'textual', 'transformers') if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=ftui.env, cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_handler_the_parser_names_exists() -> None:
+    """A command names its handler as "module:function" (tui/cli/parser.py); a typo there would show
+    only when the command runs, so each one is resolved here, and its module is one of COMMANDS."""
+    import argparse
+
+    from tui.cli.main import handler
+    from tui.cli.parser import COMMANDS, DASHBOARD, build_parser
+
+    def commands(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+        found = []
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for command in action.choices.values():
+                    found += [command, *commands(command)]
+        return found
+
+    references = {command.get_default("handler") for command in commands(build_parser())}
+    assert None not in references
+    assert {reference.partition(":")[0] for reference in references} == set(COMMANDS)
+    for reference in references | {DASHBOARD}:
+        assert callable(handler(reference)), reference
+
+
+def test_core_never_imports_the_tui() -> None:
+    code = "import sys, runner.watch.follow, runner.service.launch, runner.spec.recipe, store; sys.exit('textual' in sys.modules or 'tui' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+@pytest.mark.slow
+def test_bad_recipe_is_one_line_and_exit_2(ftui: Ftui, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train]\nbatch_size = true\n")
+    proc = ftui.run("run", str(bad))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"ftui: {bad}:2: train.batch_size: Input should be a valid integer (got True)"
+    proc = ftui.run("run", str(QUICKSTART), "--set", "data.source=/nope/data.jsonl")
+    assert proc.returncode == 2 and "data.source: file not found: /nope/data.jsonl" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = ftui.run("run", str(tmp_path / "missing.toml"))
+    assert proc.returncode == 2 and "missing.toml: cannot read recipe" in proc.stderr
+    proc = ftui.run("show", "999999")
+    assert proc.returncode == 2 and "run 999999: no such run" in proc.stderr
+
+
+@pytest.mark.slow
+def test_dry_run_prints_the_launch_and_runs_nothing(ftui: Ftui) -> None:
+    before = len(ftui.runs())
+    proc = ftui.run("run", str(QUICKSTART), "--strategy", "fsdp", "--set", "train.max_steps=50", "--dry-run",
+                    "--format", "json", check=True)
+    launch = json.loads(proc.stdout)
+    assert set(launch) == {"argv", "env", "accelerate_config"}
+    assert launch["argv"][1:4] == ["-m", "runner.rank.loopback_launch", "--config_file"]  # accelerate launch, loopback store
+    config = Path(launch["accelerate_config"])
+    assert config.is_file() and "distributed_type: FSDP" in config.read_text()
+    recipe = (config.parent / "recipe.toml").read_text()
+    assert "max_steps = 50" in recipe and 'strategy = "fsdp"' in recipe and "nproc = 2" in recipe
+    assert len(ftui.runs()) == before, "a dry run records nothing"
+    text = ftui.run("run", str(QUICKSTART), "--dry-run", check=True).stdout
+    assert "runner.rank.solo_launch" in text and "distributed_type: 'NO'" in text
+
+
+BAD_INPUTS = [
+    (["run", "QUICKSTART", "--set", "train.seed=-1"], "ftui: --set train.seed: Input should be greater than or equal to 0"),
+    (["run", "QUICKSTART", "--set", "train.epochs=inf"], "ftui: --set train.epochs: Input should be a finite number"),
+    (["run", "QUICKSTART", "--set", "train.lr=-1"], "ftui: --set train.lr: Input should be greater than 0"),
+    (["run", "QUICKSTART", "--set", "model.name=builtin:bogus"], "ftui: --set model.name: unknown builtin model"),
+    (["run", "QUICKSTART", "--set", "method.type=qlora"], "method.type: qlora needs a CUDA GPU"),
+    (["run", "QUICKSTART", "--set", "train.precision=fp16"], "train.precision: fp16 needs a GPU"),
+    (["run", "QUICKSTART", "--set", 'launch.accelerate_config="/nope/acc.yaml"'],
+     "launch.accelerate_config: /nope/acc.yaml: no such file"),
+    (["run", "QUICKSTART", "--hang-after", "0"], "argument --hang-after: expected seconds between 1 and 86400"),
+    (["run", "QUICKSTART", "--set", "launch.mem_cap=lots"], "ftui: --set launch.mem_cap: 'lots': expected a size"),
+    (["run", "QUICKSTART", "--set", "launch.peak_tflops=-2"], "ftui: --set launch.peak_tflops: Input should be greater"),
+    (["gpus", "--watch", "-1"], "argument --watch: expected seconds between 0.05 and 3600"),
+    (["runs", "--db", "sqlite:///NOTADB"], "junk.db is not an SQLite database"),
+]
+
+
+@pytest.mark.slow
+def test_more_bad_input_is_one_line_naming_the_field_and_exit_2(ftui: Ftui, tmp_path: Path) -> None:
+    not_a_db = tmp_path / "junk.db"
+    not_a_db.write_text("this is no sqlite file, just text long enough to have a header\n" * 4)
+    for argv, expected in BAD_INPUTS:
+        argv = [str(QUICKSTART) if a == "QUICKSTART" else a.replace("NOTADB", str(not_a_db)) for a in argv]
+        proc = ftui.run(*argv, "--dry-run") if argv[0] == "run" else ftui.run(*argv)
+        assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
+        assert "Traceback" not in proc.stderr, argv
+        last = proc.stderr.strip().splitlines()[-1]
+        assert expected in last, (argv, proc.stderr)
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes('name = "caf\xe9"\n'.encode("latin-1"))
+    proc = ftui.run("run", str(latin1))
+    assert proc.returncode == 2 and proc.stderr.strip() == f"ftui: {latin1}: not a TOML recipe (TOML is UTF-8 text)"
+
+
+@pytest.mark.slow
+def test_preflight_maps_cuda_indices_and_checks_free_memory_on_scripted_gpus(ftui: Ftui) -> None:
+    """--fake-gpus 8: the demo GPUs (~62 GiB used of 80 once loaded; the probe starts them at tick 0
+    with 0.5 GiB used). The seed's CodeLlama 34B recipe as a FULL fine-tune over 2 GPUs needs far more
+    than one GPU holds, so pre-flight warns for each requested GPU, named by its physical index."""
+    proc = ftui.run("--fake-gpus", "8", "run", str(ROOT / "recipes" / "codellama-34b-lora-fsdp.toml"),
+                    "--set", "method.type=full", "--nproc", "2", "--set", "launch.gpus=[5,2]", "--dry-run",
+                    check=True)
+    out = " ".join(proc.stdout.split())
+    assert "GPUs (CUDA index -> physical): cuda:0 -> GPU 5, cuda:1 -> GPU 2" in out
+    assert "GPU 5 has" in out and "GPU 2 has" in out and "the plan needs" in out
+    assert "GPU 0 " not in out, "only the requested GPUs are checked"
+    lora = ftui.run("--fake-gpus", "8", "run", str(QUICKSTART), "--strategy", "ddp", "--nproc", "2",
+                    "--set", "launch.gpus=[1,3]", "--dry-run", check=True)
+    assert "the plan needs" not in lora.stdout, "the tiny model fits"

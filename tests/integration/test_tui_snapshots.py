@@ -1,0 +1,240 @@
+"""Snapshot tests of every screen at 120x40 and 80x24, over a store filled by hand (no training)
+with every time-dependent figure frozen (the app's clock, the interpreter path, CPU threads)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from runner.hardware import DeviceSample, ProcessGpuMemory
+from runner.spec.recipe import load_recipe
+from store import Store
+from tui.app import app as app_module
+from tui.app import make_app
+
+# Each snapshot drives the whole app for 1-3 s: part of the full suite, not the fast loop.
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+T0 = datetime(2026, 1, 2, 3, 4, 5)
+NOW = T0 + timedelta(minutes=7)
+SIZES = [(120, 40), (80, 24)]
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
+    monkeypatch.setenv("FTUI_HOME", str(tmp_path))
+    monkeypatch.delenv("FTUI_DB", raising=False)
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(app_module, "_cpu_threads", lambda nproc, device: 2)
+    store = Store(f"sqlite:///{tmp_path}/ftui.db")
+    fill(store, tmp_path)
+    return store
+
+
+def fill(store: Store, tmp: Path) -> None:
+    plans = [
+        ("quickstart", "single", 1, "completed", 2e-3, 1.0),
+        ("ddp-2", "ddp", 2, "completed", 2e-3, 0.9),
+        ("fsdp-2", "fsdp", 2, "stopped", 1e-3, 1.1),
+        ("demo-8gpu", "ddp", 8, "running", 1e-3, 1.2),
+    ]
+    for i, (name, strategy, nproc, status, lr, scale) in enumerate(plans):
+        over = [f"name={name}", f"train.lr={lr}", f"launch.strategy={strategy}", f"launch.nproc={nproc}"]
+        recipe = load_recipe(ROOT / "recipes" / "quickstart.toml", over)
+        run_dir = tmp / f"run{i}"
+        (run_dir / "logs").mkdir(parents=True)
+        (run_dir / "logs" / "rank0.log").write_text("".join(f"step {s} loss {5 - s * 0.1:.3f}\n" for s in range(1, 9)))
+        run_id = store.create_run(name=name, recipe_text=recipe.to_toml(), recipe_hash=recipe.digest(),
+                                  strategy=strategy, nproc=nproc, method="lora", model=recipe.model.name,
+                                  run_dir=str(run_dir), total_steps=30)
+        steps = 30 if status == "completed" else 12
+        t = 1_767_000_000.0 + 1000 * i
+        store.ingest(run_id, [{"seq": s, "type": "step", "time": t + s, "step": s,
+                               "loss": scale * (6.0 - 3.0 * (1 - 0.9 ** s)), "lr": lr, "tokens_per_s": 2000.0 + 10 * s,
+                               "grad_norm": 2.0 / s ** 0.5,
+                               "step_time": 0.5} for s in range(1, steps + 1)])
+        done = status != "running"
+        store.update_run(run_id, status=status, started_at=T0 + timedelta(minutes=i),
+                         ended_at=T0 + timedelta(minutes=i + 1) if done else None, pgid=None,
+                         train_seconds=15.0 if done else None, tokens_per_s=2100.0 / scale if done else None,
+                         final_loss=scale * 3.3 if done else None, peak_mem_bytes=(300 + 10 * i) * 2**20,
+                         mean_util=70.0 + i if done else None, tags=["demo"] if i == 0 else [],
+                         note="baseline" if i == 0 else "")
+        samples, procs = [], []
+        for k in range(20):
+            ts = t + k * 0.5
+            if strategy == "ddp" and nproc == 8:
+                for g in range(8):
+                    samples.append(DeviceSample(ts, "host", "gpu", g, "NVIDIA H100 80GB HBM3", 50.0 + (g * 7 + k * 5) % 50,
+                                                (20 + g) * 2**30, 80 * 2**30, 300.0, 60.0, 1800, "fake-nvml", None))
+                    procs.append(ProcessGpuMemory(ts, "host", g, 1000 + g, g, (18 + g) * 2**30, "fake-nvml"))
+            samples.append(DeviceSample(ts, "host", "host", -1, "host CPU (2 cores)", 40.0 + (k * 17) % 60,
+                                        (6 + k % 3) * 2**30, 16 * 2**30, None, None, None, "psutil", None))
+            for r in range(min(nproc, 8)):
+                samples.append(DeviceSample(ts, "host", "rank", r, f"rank {r}", 90.0 + (k * 13 + r * 29) % 110,
+                                            (400 + 5 * k) * 2**20, 16 * 2**30, None, None, None, "psutil", 1000 + r))
+        store.add_samples(run_id, samples, procs)
+
+
+def app_for(store: Store):  # type: ignore[no-untyped-def]
+    return make_app(store, now=lambda: NOW, python="python", refresh_s=0.2, monitor_s=0.2)
+
+
+async def settle(pilot) -> None:  # type: ignore[no-untyped-def]
+    """Wait until the store reads (thread workers) have filled every table on screen, then let the
+    tables' deferred column sizing and a repaint happen, so that load on the machine cannot change
+    what the snapshot sees."""
+    from textual.widgets import DataTable
+
+    await pilot.pause(0.3)
+    for _ in range(100):
+        tables = list(pilot.app.screen.query(DataTable))
+        if all(t.row_count > 0 for t in tables if t.id != "diff"):
+            break
+        await pilot.pause(0.1)
+    for _ in range(100):  # Compose builds its launch preview in a thread worker
+        screen = pilot.app.screen
+        previews = list(screen.query("#preview"))
+        if not previews or not getattr(screen, "valid", False) or "launch command" in str(previews[0].render()):
+            break
+        await pilot.pause(0.1)
+    await pilot.pause(0.4)
+    await pilot.pause()
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_runs(snap_compare, store: Store, size) -> None:  # type: ignore[no-untyped-def]
+    assert snap_compare(app_for(store), terminal_size=size, run_before=settle)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_compose(snap_compare, store: Store, size) -> None:  # type: ignore[no-untyped-def]
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        await pilot.press("2")
+        await pilot.pause()
+        pilot.app.screen.query_one("#f-train-batch_size").value = "0"
+        await settle(pilot)
+
+    assert snap_compare(app_for(store), terminal_size=size, run_before=before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_compose_valid(snap_compare, store: Store, size) -> None:  # type: ignore[no-untyped-def]
+    """A valid form: the launch command, and the estimate from its thread worker (scrollable at 80x24)."""
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        await pilot.press("2")
+        for _ in range(100):
+            if "recommended" in str(pilot.app.screen.query_one("#estimate").render()):
+                break
+            await pilot.pause(0.1)
+        await settle(pilot)
+
+    assert snap_compare(app_for(store), terminal_size=size, run_before=before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("run_id", [1, 4], ids=["cpu", "8gpu"])
+def test_monitor(snap_compare, store: Store, size, run_id) -> None:  # type: ignore[no-untyped-def]
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        await settle(pilot)
+        pilot.app.open_run(run_id)
+        for _ in range(50):  # the monitor's first read lands from a worker thread
+            if getattr(pilot.app.screen, "snapshot", None) is not None:
+                break
+            await pilot.pause(0.1)
+        await settle(pilot)
+
+    assert snap_compare(app_for(store), terminal_size=size, run_before=before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_compare(snap_compare, store: Store, size) -> None:  # type: ignore[no-untyped-def]
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        await settle(pilot)
+        await pilot.press("space", "down", "space", "down", "space", "c")
+        for _ in range(100):  # the comparison lands from a thread worker
+            if getattr(pilot.app.screen, "comparison", None) is not None:
+                break
+            await pilot.pause(0.1)
+        await settle(pilot)
+
+    assert snap_compare(app_for(store), terminal_size=size, run_before=before)
+
+
+@pytest.mark.slow
+async def test_monitor_relayouts_on_resize(store: Store) -> None:
+    """Wide and narrowed to 80 columns: no column is lost off-screen; widened again: back as it was,
+    rows kept."""
+    from textual.widgets import DataTable
+
+    app = app_for(store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        app.open_run(4)
+        for _ in range(50):
+            if getattr(app.screen, "snapshot", None) is not None:
+                break
+            await pilot.pause(0.1)
+        await settle(pilot)
+        devices = app.screen.query_one("#devices", DataTable)
+
+        def labels() -> list[str]:
+            return [str(c.label) for c in devices.columns.values()]
+
+        # 8 GPUs and the host; the source in the util header, temperature and power beside memory.
+        assert labels()[:2] == ["device", "util (fake NVML)"] and "temp" in labels() and devices.row_count == 9
+        await pilot.resize_terminal(80, 24)
+        await settle(pilot)
+        assert labels()[:2] == ["device", "util (fake NVML)"] and devices.row_count == 9
+        assert sum(c.get_render_width(devices) for c in devices.columns.values()) <= 78
+        await pilot.resize_terminal(120, 40)
+        await settle(pilot)
+        assert "mem history" in labels() and devices.row_count == 9
+        assert sum(c.get_render_width(devices) for c in devices.columns.values()) <= 118
+
+
+class _FixedHost:
+    """The host's psutil reading, scripted (the hardware boundary): load on this machine stays out."""
+
+    def sample(self, pids_by_rank, owners=None):  # type: ignore[no-untyped-def]
+        return [DeviceSample(0.0, "box", "host", -1, "host CPU (2 cores)", 37.0, 6 * 2**30, 16 * 2**30,
+                             None, None, None, "psutil", None)]
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_devices(snap_compare, store: Store, size) -> None:  # type: ignore[no-untyped-def]
+    """Key 3: 8 scripted GPUs at a fixed tick, with processes nobody in the store owns."""
+    from runner.hardware import FakeNvml, NvmlBackend, Probe
+
+    lib = FakeNvml.demo(8, pids=[4_000_001, 4_000_002, 4_000_003], tick_s=None)
+    lib.advance(30)
+    probe = Probe(nvml=NvmlBackend(lib=lib, host="box"), processes=_FixedHost())  # type: ignore[arg-type]
+    app = make_app(store, probe=probe, fake_gpus=8, now=lambda: NOW, python="python", refresh_s=0.2, monitor_s=0.2)
+
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        await settle(pilot)
+        await pilot.press("3")
+        for _ in range(100):
+            if getattr(pilot.app.screen, "snapshot", None) is not None:
+                break
+            await pilot.pause(0.1)
+        await settle(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=before)
+
+
+def test_runs_empty(snap_compare, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The first screen of a new user: what to press, or the one command to run."""
+    monkeypatch.setenv("FTUI_HOME", str(tmp_path))
+    monkeypatch.chdir(ROOT)
+    app = make_app(Store(f"sqlite:///{tmp_path}/ftui.db"), now=lambda: NOW, python="python", refresh_s=0.2)
+
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        await pilot.pause(0.5)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=before)

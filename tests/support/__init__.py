@@ -1,0 +1,59 @@
+"""What the tests share: the repository's paths, and ``Ftui``, which runs the real ``ftui`` command line
+in a subprocess against one home (database, run folders, caches).
+
+The fixtures live in plugin modules next to this one, registered by tests/conftest.py: ``postgres``
+(``db_url``, ``pg_server``), ``slurm_cluster`` and ``matrix`` (the shared real runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "recipes" / "quickstart.toml"
+STEPS = 8
+
+
+@dataclass
+class Ftui:
+    home: Path
+    db: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "FTUI_HOME": str(self.home), "FTUI_DB": self.db, "PYTHONUNBUFFERED": "1"}
+
+    def run(self, *args: str, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "tui.cli", *args],
+            env=self.env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"ftui {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def show(self, run_id: int) -> dict[str, Any]:
+        return json.loads(self.run("show", str(run_id), "--format", "json", check=True).stdout)
+
+    def runs(self) -> list[dict[str, Any]]:
+        return json.loads(self.run("runs", "--format", "json", check=True).stdout)
+
+
+def new_home(root: Path) -> Ftui:
+    """An empty ftui home under ``root`` whose database exists (``FTUI_DB`` names it, so read commands
+    refuse it until it does)."""
+    from store import Store
+
+    db = f"sqlite:///{root / 'ftui.db'}"
+    Store(db).close()
+    return Ftui(home=root, db=db)

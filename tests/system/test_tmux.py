@@ -1,0 +1,51 @@
+"""Run the tmux driver (tests/tmux_drive.py) in pytest: ftui as a person would use it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from tests.support.tmux_drive import drive
+
+
+def _tmux() -> str | None:
+    if shutil.which("tmux") is None and shutil.which("apt-get"):
+        subprocess.run(["apt-get", "install", "-y", "-qq", "tmux"], capture_output=True, timeout=300)
+    return shutil.which("tmux")
+
+
+@pytest.mark.slow
+def test_tmux_drive(tmp_path: Path) -> None:
+    if _tmux() is None:
+        pytest.skip("tmux is not installed and could not be installed with apt-get")
+    seen: list[str] = []
+    timings = drive(tmp_path / "home", steps=60, log=seen.append)
+    assert len(seen) == 11, seen
+    assert timings["first_paint_s"] < 60  # the machine may be heavily loaded
+
+
+@pytest.mark.slow
+def test_ftui_over_a_store_that_cannot_open_says_so_in_one_line_and_exits_2(tmp_path: Path) -> None:
+    """In a real terminal: ``ftui --db`` naming a folder paints, then ends with the store's one line on the
+    restored terminal and exit code 2 (the store opens in the Runs screen's worker, after the first paint)."""
+    import os
+    import sys
+
+    from tmux_drive import Tmux
+
+    if _tmux() is None:
+        pytest.skip("tmux is not installed and could not be installed with apt-get")
+    tmux = Tmux(f"ftui-bad-db-{os.getpid()}", {"FTUI_HOME": str(tmp_path / "home")})
+    url = f"sqlite:///{tmp_path}"
+    tmux.start(["sh", "-c", f'"{sys.executable}" -m tui.cli --db "{url}"; echo "exit=$?"'])
+    try:
+        screen = tmux.wait(r"exit=\d", timeout=60)
+    finally:
+        tmux.kill()
+    lines = [line for line in screen.splitlines() if line.strip()]
+    ended = next(i for i, line in enumerate(lines) if line.startswith("exit="))
+    assert lines[ended] == "exit=2", screen
+    said = "".join(lines[:ended])  # one line, wrapped by the terminal at 80 columns
+    assert said == f"ftui: --db {url}: {tmp_path} is a folder, not a database file", screen

@@ -1,0 +1,138 @@
+"""Text from a run or a user is shown as text, never parsed as markup (issue 10, defect 10).
+
+A run named ``[/]`` used to crash ``ftui runs``, ``ftui compare`` and the dashboard (rich's
+``MarkupError``) until the row was deleted; ``ablation [v2]`` was listed as ``ablation``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from textual.widgets import DataTable, Static
+
+from store import Store
+from tui.app import make_app
+from tui.app.messages import RunsLoaded
+from tui.app.screens.monitor import MonitorScreen
+from tui.app.screens.runs import RunsScreen
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMES = ["[/]", "ablation [v2]", "[bold red]loud[/] [link=x]y"]
+ERROR = "boom [/] at [red]step[/] 3"
+
+
+def add_run(store: Store, name: str, status: str = "completed") -> int:
+    """A run recorded through the real store API, with metrics, an error and tags that look like markup."""
+    from runner.spec.recipe import load_recipe
+
+    recipe = load_recipe(ROOT / "recipes" / "quickstart.toml", [f"name={json.dumps(name)}"])
+    run_id = store.create_run(name=name, recipe_text=recipe.to_toml(), recipe_hash=recipe.digest(),
+                              strategy="single", nproc=1, method="lora", model=recipe.model.name, run_dir="")
+    store.ingest(run_id, [{"seq": i, "type": "step", "time": 1000.0 + i, "step": i, "loss": 5.0 - 0.1 * i,
+                           "tokens_per_s": 1000.0, "step_time": 0.5} for i in range(1, 4)])
+    store.update_run(run_id, status=status, final_loss=4.7, tokens_per_s=1000.0, train_seconds=1.5,
+                     error=ERROR if status == "failed" else None)
+    return run_id
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
+    monkeypatch.setenv("FTUI_HOME", str(tmp_path))
+    monkeypatch.delenv("FTUI_DB", raising=False)
+    monkeypatch.chdir(ROOT)
+    return Store(f"sqlite:///{tmp_path}/ftui.db")
+
+
+def ftui(store: Store, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "FTUI_HOME": str(tmp_path), "FTUI_DB": store.url, "COLUMNS": "250"}
+    return subprocess.run([sys.executable, "-m", "tui.cli", *args], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_runs_show_compare_print_markup_like_names_verbatim(store: Store, tmp_path: Path) -> None:
+    ids = [add_run(store, name, status="failed" if i == 0 else "completed") for i, name in enumerate(NAMES)]
+    runs = ftui(store, tmp_path, "runs")
+    assert runs.returncode == 0, runs.stderr
+    for name in NAMES:
+        assert name in runs.stdout, (name, runs.stdout)
+    show = ftui(store, tmp_path, "show", str(ids[0]))
+    assert show.returncode == 0, show.stderr
+    assert ERROR in show.stdout, show.stdout
+    cmp = ftui(store, tmp_path, "compare", *map(str, ids))
+    assert cmp.returncode == 0, cmp.stderr
+    for name in NAMES:  # the recipe diff lists the names as they are
+        assert name in cmp.stdout, (name, cmp.stdout)
+    assert "Traceback" not in runs.stderr + show.stderr + cmp.stderr
+
+
+def test_rich_renderings_keep_brackets(store: Store) -> None:
+    """In process too: the rendered text of every table contains the names."""
+    from rich.console import Console
+
+    from runner.analysis.compare import load_comparison
+    from tui.render.compare import rich_table
+    from tui.render.report import run_detail, runs_table
+
+    ids = [add_run(store, name, status="failed") for name in NAMES]
+    console = Console(width=250, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    console.print(runs_table(store.list_runs()))
+    console.print(run_detail(store.get_run(ids[0]), store.metrics(ids[0])))  # type: ignore[arg-type]
+    console.print(rich_table(load_comparison(store, ids)))
+    text = console.export_text()
+    for name in NAMES:
+        assert name in text
+    assert ERROR in text
+
+
+async def wait_for(pilot, predicate, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await pilot.pause(0.2)
+    raise AssertionError("timed out")
+
+
+@pytest.mark.slow
+async def test_runs_screen_and_monitor_show_markup_like_names(store: Store) -> None:
+    ids = [add_run(store, name, status="failed") for name in NAMES]
+    store.update_run(ids[1], tags=["[v2]", "[/]"], note="see [/] and [b]this[/b]")
+    seen: list = []
+    app = make_app(store, refresh_s=0.2)
+    async with app.run_test(size=(160, 40), message_hook=seen.append) as pilot:
+        await wait_for(pilot, lambda: any(isinstance(m, RunsLoaded) for m in seen))
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, RunsScreen)
+        table = screen.query_one(DataTable)
+        cells = {str(c) for i in range(table.row_count) for c in table.get_row_at(i)}
+        for name in NAMES:  # cells are plain Text: what is shown is the name as written
+            assert name in cells, cells
+        assert any(c.startswith("[v2],[/]") for c in cells), cells  # the tags (then " · " and the note)
+        await pilot.press("slash", *"[v2]", "enter")  # the filter matches the literal brackets
+        await pilot.pause(0.5)
+        assert table.row_count == 1 and str(table.get_row_at(0)[2]) == "ablation [v2]"
+        await pilot.press("slash", "ctrl+a", "backspace", "enter")
+        await pilot.pause(0.5)
+        for run_id, name in zip(ids, NAMES, strict=True):
+            app.open_run(run_id)
+            await wait_for(pilot, lambda: isinstance(app.screen, MonitorScreen) and app.screen.snapshot is not None)
+            monitor = app.screen
+            progress = str(monitor.query_one("#progress", Static).render())
+            assert name in progress and ERROR in progress, progress
+            assert name in str(monitor.sub_title)
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: isinstance(app.screen, RunsScreen))
+        # The palette lists "Open run N <name>" (its titles are markup: the name is escaped).
+        await pilot.press("ctrl+p")
+        await pilot.pause(0.5)
+        await pilot.press(*"ablation")
+        await pilot.pause(1.0)
+        await pilot.press("escape")

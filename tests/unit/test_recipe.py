@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runner.spec.recipe import Recipe, RecipeError, load_recipe, parse_recipe
+
+RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.toml"))
+
+
+def test_defaults_round_trip_through_toml() -> None:
+    recipe = parse_recipe("")
+    assert parse_recipe(recipe.to_toml()) == recipe
+    assert recipe.digest() == parse_recipe(recipe.to_toml()).digest()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[train]\nbatch_size = true\n", "<t>:2: train.batch_size: Input should be a valid integer"),
+        ("[train]\nbatchsize = 3\n", "<t>:2: train.batchsize: unknown field"),
+        ("\n\n[launch]\nstrategy = 'ddp'\n", "launch.nproc: strategy 'ddp' needs at least 2 processes"),
+        ("[method]\ntype = 'adapter'\n", "<t>:2: method.type: Input should be 'full', 'lora' or 'qlora'"),
+        ("[train]\nlr = -1\n", "<t>:2: train.lr: Input should be greater than 0"),
+        ("[train]\nbatch_size = '4'\n", "train.batch_size: Input should be a valid integer"),
+        ("[model\nname='x'", "<t>: invalid TOML"),
+        ("[method.lora]\nr = 8\ntarget = ['q_proj']\n", "<t>:3: method.lora.target: unknown field"),
+    ],
+)
+def test_bad_recipes_name_the_field_and_line(text: str, expected: str) -> None:
+    with pytest.raises(RecipeError) as info:
+        parse_recipe(text, source="<t>")
+    message = str(info.value)
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_set_overrides_are_validated_like_the_file() -> None:
+    recipe = parse_recipe("", overrides=["train.max_steps=50", "launch.strategy=fsdp", "launch.nproc=2"])
+    assert (recipe.train.max_steps, recipe.launch.strategy, recipe.launch.nproc) == (50, "fsdp", 2)
+    with pytest.raises(RecipeError, match="train.max_steps: Input should be a valid integer"):
+        parse_recipe("", overrides=["train.max_steps=abc"])
+    with pytest.raises(RecipeError, match="expected FIELD.PATH=VALUE"):
+        parse_recipe("", overrides=["train.max_steps"])
+    with pytest.raises(RecipeError, match="train.nope: unknown field"):
+        parse_recipe("", overrides=["train.nope=1"])
+
+
+def test_missing_file_is_one_line() -> None:
+    with pytest.raises(RecipeError, match="nope.toml: cannot read recipe"):
+        load_recipe("nope.toml")
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=[p.name for p in RECIPES])
+def test_every_shipped_recipe_loads_and_says_how_to_run_it(path: Path) -> None:
+    recipe = load_recipe(path)
+    assert isinstance(recipe, Recipe)
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("#"), "a shipped recipe opens with a comment saying what it trains"
+    assert "ftui run" in path.read_text(), "and the command that runs it"
+
+
+def test_seed_recipes_match_the_seed_experiments() -> None:
+    tiny = load_recipe(RECIPES[0].parent / "tinyllama-1.1b-lora.toml")
+    assert (tiny.data.rows, tiny.data.context_length, tiny.train.batch_size, tiny.train.grad_accum) == (1024, 1024, 16, 2)
+    code = load_recipe(RECIPES[0].parent / "codellama-34b-lora-fsdp.toml")
+    assert (code.train.batch_size, code.train.grad_accum, code.launch.strategy) == (4, 4, "fsdp")
