@@ -122,8 +122,8 @@ def _wait_for(probe: Any, timeout: float = 300.0) -> Any:
 
 def test_fsdp1_trains_and_saves_a_loadable_adapter(ftui: Ftui, matrix: Matrix) -> None:
     sets = [a for s in COMMON for a in ("--set", s)]
-    proc = ftui.run("run", str(QUICKSTART), "--strategy", "fsdp", *DATA_PARALLEL, "--set", "launch.fsdp_version=1",
-                    *sets, "--name", "t-fsdp1", timeout=900)
+    proc = ftui.run("run", str(QUICKSTART), "--strategy", "fsdp", *sets, *DATA_PARALLEL, "--set", "launch.fsdp_version=1",
+                    "--name", "t-fsdp1", timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run = ftui.show(next(r["id"] for r in ftui.runs() if r["name"] == "t-fsdp1"))
     assert run["distributed_type"] == "FSDP"

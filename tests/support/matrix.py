@@ -54,10 +54,13 @@ class Plan:
     recipe: Path = QUICKSTART
     chat_data: bool = False
     """The recipe reads :func:`chat_rows` (written once per session) as ``data.source``."""
+    compared: bool = False
+    """Compared step by step with the sweep's runs: it must train their rows per step."""
 
 
 def _core(*flags: str) -> Plan:
-    return Plan((*flags, *[a for s in COMMON for a in ("--set", s)]))
+    """A run compared with the sweep's: :data:`COMMON`, then ``flags`` (the last ``--set`` of a field wins)."""
+    return Plan((*[a for s in COMMON for a in ("--set", s)], *flags), compared=True)
 
 
 def _chat_eval(*flags: str) -> Plan:
@@ -195,7 +198,10 @@ class Matrix:
         proc = self.ftui.run("run", str(plan.recipe), *flags, "--name", name, timeout=900)
         assert proc.returncode == 0, f"{key}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         run = next(r for r in self.ftui.runs() if r["name"] == name)
-        return Run(key, self.ftui.show(run["id"]), proc.stdout)
+        made = Run(key, self.ftui.show(run["id"]), proc.stdout)
+        if plan.compared:
+            assert made.summary["tokens_per_step"] == TOKENS_PER_STEP, (key, made.summary["tokens_per_step"])
+        return made
 
     def show_text(self, run: Run) -> str:
         """``ftui show`` of a run as a wide terminal prints it (at 80 columns its cells wrap)."""
