@@ -40,6 +40,7 @@ PARAMS, TRAINABLE = 12710784, 122880
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """FTUI_HOME of the test: the peak cache lives in its cache folder."""
     monkeypatch.setenv("FTUI_HOME", str(tmp_path))
+    monkeypatch.delenv("FTUI_CACHE", raising=False)
     return tmp_path
 
 
