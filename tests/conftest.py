@@ -21,7 +21,7 @@ import pytest
 
 from tests.support import QUICKSTART, STEPS, Ftui, new_home
 
-pytest_plugins = ["tests.support.postgres", "tests.support.slurm_cluster"]
+pytest_plugins = ["tests.support.postgres", "tests.support.slurm_cluster", "tests.support.dashboard"]
 
 LEVELS = ("unit", "integration", "e2e", "system")
 

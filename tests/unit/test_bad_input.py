@@ -303,7 +303,6 @@ def test_commands_are_all_covered() -> None:
 # ---------------------------------------------------------------------- real subprocesses
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("argv", [
     ["show", "abc"], ["compare", "1", "x"], ["runs", "--status", "x"], ["--bogus"],
     ["run", "recipes/quickstart.toml", "--set", "data.source=\"nope.jsonl\""],

@@ -162,7 +162,6 @@ def test_the_run_peak_follows_its_precision(home: Path) -> None:
 # ---------------------------------------------------------------------- the FLOPs convention
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("method", ["full", "lora"])
 def test_flops_per_token_matches_torch_flop_counter(method: str) -> None:
     """6N (full) and 4N_frozen + 6N_trainable (LoRA) against torch's own count of the matmuls of one
