@@ -322,6 +322,7 @@ def test_cpu_peak_measured_by_compare_on_another_host_is_flagged(tmp_path: Path,
     import time
 
     monkeypatch.setenv("FTUI_HOME", str(tmp_path))
+    monkeypatch.setenv("FTUI_CACHE", str(tmp_path / "cache"))
     key = cpu_peak.machine_fingerprint().key
     cached = mfu.Peak(1e10, f"{cpu_peak.CPU_PEAK_SOURCE}, cached", kind="measured", dtype="fp32", threads=1,
                       measured_at=time.time(), fingerprint=key)
