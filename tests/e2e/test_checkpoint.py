@@ -194,7 +194,7 @@ def test_resume_from_a_bad_checkpoint_is_one_line_and_exit_2(ftui: Ftui, matrix:
         (["--set", f"train.resume_from={json.dumps(str(tmp_path / 'none'))}"], "no such checkpoint folder"),
         (["--set", f"train.resume_from={json.dumps(str(cut))}"], "random_states_1.pkl is missing"),
         (["--strategy", "single", "--nproc", "1", "--set", f"train.resume_from={json.dumps(str(good))}"],
-         "taken with strategy fsdp on 2 processes"),
+         "taken with strategy fsdp on 2 process"),
     ]
     before = len(ftui.runs())
     for flags, needle in cases:
