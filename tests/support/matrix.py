@@ -236,7 +236,6 @@ def cold_repeat(tmp_path_factory: pytest.TempPathFactory) -> ColdRepeat:
     env = {**os.environ, "FTUI_HOME": str(home), "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
     env.pop("FTUI_DB", None)
     env.pop("FTUI_CACHE", None)  # the home's own cache, empty: the session's warm one would make it warm
-    env.pop("PYTHONPATH", None)  # what a user's shell has: the ranks find ftui as installed
     source = chat_rows(scratch / "chat.jsonl")
     text = CHAT.read_text().replace('source = "data/chat.jsonl"', f"source = {json.dumps(str(source))}")
     text = text.replace("eval_fraction = 0.1", "eval_fraction = 0.0").replace("eval_every = 20", "eval_every = 0")
