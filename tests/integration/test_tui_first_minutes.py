@@ -1,4 +1,4 @@
-"""Issue 16, "the first ten minutes", in the Textual app: Pilot tests over a real store."""
+"""A newcomer's first minutes in the Textual app: Pilot tests over a real store."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Resume from the app (issue 10): `R` on the Runs screen goes through `ftui resume`'s path, and the
+"""Resume from the app: `R` on the Runs screen goes through `ftui resume`'s path, and the
 Monitor shows a resumed run's loss curve joined to its parent's."""
 
 from __future__ import annotations

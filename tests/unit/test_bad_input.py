@@ -1,4 +1,4 @@
-"""Bad input is found before launch (issue 10, defects 9 and 11; scope 6): one line naming the field
+"""Bad input is found before launch: one line naming the field
 or file, exit 2, never a traceback, and nothing recorded. Property-based over the recipe loader and
 over every command of the CLI (in process through ``tui.cli.main``, and a few real subprocesses)."""
 

@@ -1,7 +1,7 @@
-"""Text from a run or a user is shown as text, never parsed as markup (issue 10, defect 10).
+"""Text from a run or a user is shown as text, never parsed as markup.
 
-A run named ``[/]`` used to crash ``ftui runs``, ``ftui compare`` and the dashboard (rich's
-``MarkupError``) until the row was deleted; ``ablation [v2]`` was listed as ``ablation``.
+A run named ``[/]`` must not crash ``ftui runs``, ``ftui compare`` or the dashboard (rich's
+``MarkupError``), and ``ablation [v2]`` is listed whole, brackets included.
 """
 
 from __future__ import annotations

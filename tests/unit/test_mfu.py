@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support import ROOT
 
 from runner.analysis import cpu_peak, mfu
 from runner.analysis.compare import build_comparison, load_comparison
 from runner.spec import flops
 from store import Store
+from tests.support import ROOT
 from tui.render.compare import COLUMNS, markdown, to_csv, to_html, to_json
 
 SMALL = {"sizes": (64, 128), "repeats": 3}
@@ -350,7 +350,7 @@ def test_cpu_util_is_normalised_by_threads_and_spread_shown(home: Path) -> None:
 
 
 def test_old_runs_without_threads_stay_in_cpu_percent_of_one_core() -> None:
-    from test_compare import _run
+    from tests.e2e.test_compare import _run
 
     old = _run(1, "single", 1, 1000.0, telemetry={"whole": {"kind": "rank", "util_mean": 198.0, "devices": 1}})
     row = build_comparison([old], {}).rows[0]

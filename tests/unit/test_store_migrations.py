@@ -19,6 +19,7 @@ from alembic.migration import MigrationContext
 
 from store import Store, StoreError, migrate
 from store.models import Base
+from tests.support.postgres import new_pg_database
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
@@ -83,8 +84,6 @@ def _sibling(url: str) -> str:
     """A second empty database on the same backend."""
     if url.startswith("sqlite:///"):
         return url.replace("ftui.db", "other.db")
-    from store_backends import new_pg_database
-
     return new_pg_database(url.rsplit("/", 1)[0])
 
 
