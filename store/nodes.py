@@ -168,8 +168,9 @@ def nodes_of(store: Store, run_ids: list[int]) -> dict[int, list[NodeInfo]]:
     return out
 
 
-def update_node(store: Store, run_id: int, slot: int, **values: Any) -> None:
-    """Set columns of one node's row (``heartbeat_at`` is renewed too)."""
+def update_node(store: Store, run_id: int, slot: int, clock: Callable[[], float] = time.time, **values: Any) -> None:
+    """Set columns of one node's row; its ``heartbeat_at`` is renewed too, to ``clock()`` (seconds since the
+    epoch: the agent's clock, the one :func:`settle` compares heartbeats with)."""
     allowed = {"node_rank", "ranks", "run_dir", "status", "error", "exit_code", "ended_at", "fault_at", "pid",
                "checkpoints"}
     unknown = set(values) - allowed
@@ -177,7 +178,7 @@ def update_node(store: Store, run_id: int, slot: int, **values: Any) -> None:
         raise TypeError(f"update_node: not an updatable column: {', '.join(sorted(unknown))}")
     with store._write() as s:
         s.execute(update(RunNode).where(RunNode.run_id == run_id, RunNode.slot == slot)
-                  .values(heartbeat_at=utcnow(), **values))
+                  .values(heartbeat_at=_utc(clock()), **values))
 
 
 def record_checkpoints(store: Store, run_id: int, slot: int, steps: list[int]) -> None:
@@ -197,9 +198,9 @@ def common_checkpoint(nodes: list[NodeInfo]) -> int | None:
     return max(common) if common else None
 
 
-def heartbeat(store: Store, run_id: int, slot: int) -> None:
-    """The node agent is alive."""
-    update_node(store, run_id, slot)
+def heartbeat(store: Store, run_id: int, slot: int, clock: Callable[[], float] = time.time) -> None:
+    """The node agent is alive (at ``clock()``)."""
+    update_node(store, run_id, slot, clock=clock)
 
 
 def post_stop(store: Store, run_id: int, kill: bool = False, by: str | None = None) -> int:
@@ -270,7 +271,7 @@ def settle(store: Store, run_id: int, dead_after_s: float, clock: Callable[[], f
         if run is None:
             return None
         rows = list(s.scalars(select(RunNode).where(RunNode.run_id == run_id).order_by(RunNode.slot)))
-        now = datetime.fromtimestamp(clock(), UTC).replace(tzinfo=None)
+        now = _utc(clock())
         for row in rows:
             age = (now - row.heartbeat_at).total_seconds()
             if row.status == "running" and age > dead_after_s:
@@ -295,6 +296,11 @@ def settle(store: Store, run_id: int, dead_after_s: float, clock: Callable[[], f
             status, error = "completed", None
         run.status, run.error, run.ended_at = status, error, now
         return Settled(status, error, [_node(r) for r in rows])
+
+
+def _utc(seconds: float) -> datetime:
+    """Seconds since the epoch as the store's naive UTC datetime (:func:`store.store.utcnow`'s form)."""
+    return datetime.fromtimestamp(seconds, UTC).replace(tzinfo=None)
 
 
 def _label(row: RunNode) -> str:

@@ -95,7 +95,7 @@ class NodeAgent:
                     self._ranks_known = True
                     # torchrun numbers ranks node by node: GROUP_RANK * nproc + LOCAL_RANK.
                     values = {"ranks": ranks, "node_rank": ranks[0] // self.nproc}
-            store_nodes.update_node(self.store, self.run_id, self.slot, **values)
+            store_nodes.update_node(self.store, self.run_id, self.slot, clock=self.wall_clock, **values)
             self.record_checkpoints(run_dir)
             for stop in store_nodes.stop_requests(self.store, self.run_id, self._last_stop_id):
                 self._last_stop_id = stop.id
@@ -124,8 +124,8 @@ class NodeAgent:
                 self.record_checkpoints(self.run_dir)
             except Exception:  # noqa: BLE001 (the node's end matters more than the record)
                 pass
-        store_nodes.update_node(self.store, self.run_id, self.slot, status=status, error=error,
-                                exit_code=exit_code, ended_at=utcnow(),
+        store_nodes.update_node(self.store, self.run_id, self.slot, clock=self.wall_clock, status=status,
+                                error=error, exit_code=exit_code, ended_at=utcnow(),
                                 fault_at=self.fault_at if status == "failed" else None)
         deadline = self.clock() + (self.timings.settle_wait_s if wait_s is None else wait_s)
         while True:
@@ -139,7 +139,7 @@ class NodeAgent:
         node's heartbeat meanwhile (waiting is not dying). Returns how many joined (fewer: the wait ran out)."""
         deadline = self.clock() + self.timings.join_wait_s
         while (joined := len(store_nodes.nodes(self.store, self.run_id))) < nnodes and self.clock() < deadline:
-            store_nodes.heartbeat(self.store, self.run_id, self.slot)
+            store_nodes.heartbeat(self.store, self.run_id, self.slot, clock=self.wall_clock)
             self.sleep(self.timings.poll_s)
         return joined
 
