@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from textual.message import Message
 
 from store import Store
@@ -13,16 +12,6 @@ from tui.app import make_app
 from tui.app.messages import LaunchFailed
 from tui.app.poll import MonitorFeed
 from tui.app.screens.runs import RunsScreen
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
-    monkeypatch.setenv("FTUI_HOME", str(tmp_path))
-    monkeypatch.delenv("FTUI_DB", raising=False)
-    monkeypatch.chdir(ROOT)
-    return Store(f"sqlite:///{tmp_path}/ftui.db")
 
 
 def _run(store: Store, name: str, steps: range, parent: int | None = None, at: int | None = None,

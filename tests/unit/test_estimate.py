@@ -163,7 +163,6 @@ def _saved_bytes(method: str, checkpointing: bool) -> tuple[int, int]:
     return sum(seen.values()), in_layer_1[0]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("method", ["full", "lora"])
 def test_activations_match_saved_tensors(tiny_shape: ModelShape, method: str) -> None:
     inp = EstimateInput(

@@ -171,7 +171,6 @@ def test_upgrade_and_current(db_url: str) -> None:
     assert migrate.current(db_url) == migrate.HEAD
 
 
-@pytest.mark.slow
 def test_processes_opening_an_old_database_at_once_upgrade_it_once(db_url: str) -> None:
     _old_database(db_url)
     code = ("import sys\nfrom store import Store\n"
