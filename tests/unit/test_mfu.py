@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support import ROOT
 
 from runner.analysis import cpu_peak, mfu
 from runner.analysis.compare import build_comparison, load_comparison
 from runner.spec import flops
 from store import Store
+from tests.support import ROOT
 from tui.render.compare import COLUMNS, markdown, to_csv, to_html, to_json
 
 SMALL = {"sizes": (64, 128), "repeats": 3}
