@@ -242,7 +242,7 @@ print(json.dumps({{"rows": len(ms), "seconds": took, "cpu_s": cpu, "history_s": 
 
 @contextlib.contextmanager
 def postgres() -> Iterator[str]:
-    """A throwaway PostgreSQL server (as tests/store_backends.py starts one); yields a database URL."""
+    """A throwaway PostgreSQL server (as tests/support/postgres.py starts one); yields a database URL."""
     import glob
 
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]))

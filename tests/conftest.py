@@ -13,6 +13,7 @@ Each test gets its level as a marker (``pytest -m unit``); the fast loop is
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,23 @@ import pytest
 
 from tests.support import QUICKSTART, STEPS, Ftui, new_home
 
-pytest_plugins = ["tests.support.postgres", "tests.support.slurm_cluster"]
+pytest_plugins = ["tests.support.postgres", "tests.support.slurm_cluster", "tests.support.dashboard"]
 
 LEVELS = ("unit", "integration", "e2e", "system")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One cache folder (``FTUI_CACHE``: the builtin tokenizer, tokenized data, the CPU's measured peak)
+    for every home of the session, so each is built once; a test of the cache itself sets its own."""
+    path = tmp_path_factory.mktemp("ftui-cache")
+    saved = os.environ.get("FTUI_CACHE")
+    os.environ["FTUI_CACHE"] = str(path)
+    yield path
+    if saved is None:
+        os.environ.pop("FTUI_CACHE", None)
+    else:
+        os.environ["FTUI_CACHE"] = saved
 
 
 @pytest.fixture(scope="session")

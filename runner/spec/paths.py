@@ -29,7 +29,12 @@ def home() -> Path:
 
 
 def cache_dir() -> Path:
-    """Caches that can be rebuilt (the builtin tokenizer)."""
+    """Caches that can be rebuilt (the builtin tokenizer, tokenized data, the CPU's measured peak):
+    ``FTUI_CACHE`` when set (a local disk while the data folder is shared, or one warm cache for many
+    homes), else ``cache/`` in ``FTUI_HOME``, else the user's cache folder."""
+    cache = os.environ.get("FTUI_CACHE")
+    if cache:
+        return Path(cache).expanduser()
     env = os.environ.get("FTUI_HOME")
     if env:
         return Path(env).expanduser() / "cache"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from test_store_migrations import _old_database
 
 from store import migrate
+from tests.unit.test_store_migrations import _old_database
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,73 +1,22 @@
-"""Pilot tests of the Textual app: a real store, a real (tiny) CPU run launched from Compose."""
+"""Pilot tests of the Textual app over a real store: Runs, Compose, Compare, the store opening late or not at all."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 
-import pytest
 from textual.widgets import DataTable, Input
 
 from store import Store
+from tests.support.dashboard import add_finished_run, assert_compare, wait_for
 from tui.app import make_app
-from tui.app.messages import MonitorUpdate, RunsLoaded
+from tui.app.messages import RunsLoaded
 from tui.app.screens.compare import CompareScreen
 from tui.app.screens.compose import ComposeScreen, field_id
-from tui.app.screens.modals import ConfirmScreen, PromptScreen
+from tui.app.screens.modals import PromptScreen
 from tui.app.screens.monitor import MonitorScreen
 from tui.app.screens.runs import RunsScreen
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-@pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
-    monkeypatch.setenv("FTUI_HOME", str(tmp_path))
-    monkeypatch.delenv("FTUI_DB", raising=False)
-    monkeypatch.chdir(ROOT)
-    return Store(f"sqlite:///{tmp_path}/ftui.db")
-
-
-async def wait_for(pilot, predicate, timeout: float = 60.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await pilot.pause(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def add_finished_run(store: Store, name: str, lr: float) -> int:
-    from runner.spec.recipe import load_recipe
-
-    recipe = load_recipe(ROOT / "recipes" / "quickstart.toml", [f"name={name}", f"train.lr={lr}"])
-    run_id = store.create_run(name=name, recipe_text=recipe.to_toml(), recipe_hash=recipe.digest(),
-                              strategy="single", nproc=1, method="lora", model=recipe.model.name, run_dir="")
-    store.ingest(run_id, [{"seq": i, "type": "step", "time": 1000.0 + i, "step": i, "loss": 5.0 - 0.1 * i * lr * 1000,
-                           "tokens_per_s": 1000.0, "step_time": 0.5} for i in range(1, 6)])
-    store.update_run(run_id, status="completed", final_loss=4.0, tokens_per_s=1000.0, train_seconds=2.5)
-    return run_id
-
-
-def assert_compare(screen, run_ids: list[int], diff_fields: list[str]) -> None:  # type: ignore[no-untyped-def]
-    """The compare screen shows the figures of ``ftui compare`` (one column per run), where each
-    comes from, only the recipe fields that differ, and the loss against the step."""
-    table = screen.query_one("#compare-table", DataTable)
-    assert [str(c.label).rstrip(" *") for c in table.columns.values()] == ["figure"] + [f"run {i}" for i in run_ids]
-    figures = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
-    assert {"tokens/s", "MFU", "final loss", "status"} <= set(figures), figures
-    sources = str(screen.query_one("#compare-sources").render())
-    assert "measured by the trainer" in sources and "sources:" in sources, sources
-    diff = screen.query_one("#diff", DataTable)
-    assert [diff.get_row_at(i)[0] for i in range(diff.row_count)] == diff_fields
-    plot = screen.query_one("#compare-loss")
-    assert plot.x_label == "step" and len(plot.points) == len(run_ids)
-    steps = [x for _name, pts in plot.points for x, _y in pts]
-    assert steps and min(steps) >= 1  # steps as logged, not list positions
-
-
-@pytest.mark.slow
 async def test_runs_screen_filter_sort_tags_note_compare_delete(store: Store) -> None:
     a = add_finished_run(store, "alpha", 1e-3)
     b = add_finished_run(store, "beta", 2e-3)
@@ -123,7 +72,6 @@ async def test_runs_screen_filter_sort_tags_note_compare_delete(store: Store) ->
         assert {r.id for r in store.list_runs()} <= {a, b}
 
 
-@pytest.mark.slow
 async def test_compose_validates_as_you_type(store: Store) -> None:
     app = make_app(store)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -196,7 +144,6 @@ async def test_monitor_logs_toggle_at_80_columns(store: Store) -> None:
         assert not logs.display
 
 
-@pytest.mark.slow
 async def test_compose_palette_goes_to_a_field(store: Store) -> None:
     """ctrl+p "max steps" Enter focuses the field; keys typed then edit it and the form revalidates."""
     app = make_app(store)
@@ -221,7 +168,6 @@ async def test_compose_palette_goes_to_a_field(store: Store) -> None:
         assert screen.recipe is not None and screen.recipe.train.max_steps == 12
 
 
-@pytest.mark.slow
 async def test_compose_save_and_load(store: Store, tmp_path: Path) -> None:
     app = make_app(store)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -243,61 +189,6 @@ async def test_compose_save_and_load(store: Store, tmp_path: Path) -> None:
         await pilot.press("ctrl+o")
         await pilot.pause()
         assert screen.query_one("#" + field_id("train.max_steps"), Input).value == "7"
-
-
-@pytest.mark.slow
-async def test_launch_monitor_stop_compare(store: Store) -> None:
-    """Compose quickstart, launch a real CPU run, watch it, stop it, find it in Runs, compare."""
-    other = add_finished_run(store, "earlier", 1e-3)
-    seen: list = []
-    app = make_app(store, refresh_s=0.3, monitor_s=0.3)
-    async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
-        await pilot.press("2")
-        await pilot.pause()
-        screen = app.screen
-        screen.query_one("#" + field_id("train.max_steps"), Input).value = "200"
-        screen.query_one("#" + field_id("name"), Input).value = "pilot-run"
-        await pilot.pause()
-        assert screen.valid
-        await pilot.press("ctrl+l")
-        await wait_for(pilot, lambda: isinstance(app.screen, MonitorScreen), timeout=60, what="monitor")
-        monitor = app.screen
-        assert isinstance(monitor, MonitorScreen)
-
-        def snap():  # type: ignore[no-untyped-def]
-            return monitor.snapshot
-
-        await wait_for(pilot, lambda: snap() is not None and snap().loss_steps >= 2 and snap().devices,
-                       timeout=180, what="loss and device rows")
-        assert snap().devices[0].label.startswith("rank 0 (CPU process)")
-        assert snap().devices[0].source == "psutil"
-        assert monitor.query_one("#devices", DataTable).row_count >= 1
-        assert any(isinstance(m, MonitorUpdate) for m in seen)
-        await pilot.press("s")  # asks first
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="stop question")
-        await pilot.press("y")
-        await wait_for(pilot, lambda: snap().run.status in ("stopped", "completed", "failed"), timeout=90,
-                       what="run to stop")
-        assert snap().run.status == "stopped", snap().run.error
-        launched = snap().run.id
-        await pilot.press("escape", "1")
-        await pilot.pause(1.0)
-        runs = app.screen
-        assert isinstance(runs, RunsScreen)
-        await wait_for(pilot, lambda: any(r.id == launched and r.status == "stopped" for r in runs.runs),
-                       what="stopped run in Runs")
-        # select both by keys (newest first: the launched run is the top row)
-        runs.query_one("#runs-table", DataTable).focus()
-        await pilot.pause()
-        await pilot.press("up", "up", "space", "down", "space")  # to the top row, then mark two rows
-        await pilot.pause()
-        assert runs.selected == {launched, other}, runs.selected
-        await pilot.press("c")
-        await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen), what="compare")
-        await wait_for(pilot, lambda: app.screen.query_one("#compare-table", DataTable).row_count > 0,
-                       what="compare rows")
-        assert_compare(app.screen, [other, launched], ["name", "train.lr", "train.max_steps"])
-    await asyncio.sleep(0)
 
 
 async def test_dashboard_paints_before_the_store_opens_and_fills_from_it(store: Store, tmp_path: Path) -> None:
@@ -325,7 +216,7 @@ async def test_dashboard_paints_before_the_store_opens_and_fills_from_it(store: 
 
 async def test_dashboard_over_a_store_that_cannot_open_exits_2_with_one_line(tmp_path: Path) -> None:
     """A --db that is a folder: the app ends with exit code 2 and the store's one line, as ``ftui runs``
-    does (tests/test_cli_db.py), instead of polling a store that is not there."""
+    does (tests/integration/test_cli_db.py), instead of polling a store that is not there."""
     from tui.app.app import dashboard
 
     app = dashboard(f"sqlite:///{tmp_path}")

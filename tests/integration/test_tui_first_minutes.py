@@ -1,15 +1,15 @@
-"""Issue 16, "the first ten minutes", in the Textual app: Pilot tests over a real store."""
+"""A newcomer's first minutes in the Textual app: Pilot tests over a real store."""
 
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 from textual.widgets import Input
 
 from store import Store
+from tests.support.dashboard import wait_for
 from tui.app import make_app
 from tui.app.screens.compose import ComposeScreen, field_id
 from tui.app.screens.modals import ConfirmScreen, PromptScreen
@@ -33,20 +33,10 @@ def store(home: Path) -> Store:
     return Store(f"sqlite:///{home}/ftui.db")
 
 
-async def wait_for(pilot, predicate, timeout: float = 60.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await pilot.pause(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def error_of(screen, path: str) -> str:  # type: ignore[no-untyped-def]
     return str(screen.query_one("#err-" + field_id(path)).render())
 
 
-@pytest.mark.slow
 async def test_compose_switches_quickstart_to_fsdp_on_two_processes(store: Store) -> None:
     """The whole form is one recipe: strategy fsdp + processes 2 is valid, whichever is set first."""
     app = make_app(store)
@@ -73,7 +63,6 @@ async def test_compose_switches_quickstart_to_fsdp_on_two_processes(store: Store
         assert "at least 2" in error_of(screen, "launch.nproc")
 
 
-@pytest.mark.slow
 async def test_save_proposes_a_new_file_and_asks_before_overwriting(store: Store) -> None:
     shipped = Path("recipes/quickstart.toml")
     original = shipped.read_text()
@@ -102,7 +91,6 @@ async def test_save_proposes_a_new_file_and_asks_before_overwriting(store: Store
         assert shipped.read_text() == original
 
 
-@pytest.mark.slow
 async def test_launch_refused_by_the_preflight_shows_why_and_records_nothing(store: Store) -> None:
     app = make_app(store)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -142,7 +130,6 @@ class _FixedHost:
                              None, None, None, "psutil", None)]
 
 
-@pytest.mark.slow
 async def test_devices_screen_shows_gpu_processes_and_which_run_owns_them(store: Store) -> None:
     """Key 3: every GPU, its processes, and the ftui run whose process group holds each one (a real
     process in its own session stands in for a rank; the GPUs are scripted NVML)."""
@@ -181,7 +168,6 @@ async def test_devices_screen_shows_gpu_processes_and_which_run_owns_them(store:
         rank.wait()
 
 
-@pytest.mark.slow
 async def test_stop_asks_first(store: Store) -> None:
     """s in the Monitor asks; n leaves the run alone (nothing is requested)."""
     from tui.app.screens.monitor import MonitorScreen
@@ -206,7 +192,6 @@ async def test_stop_asks_first(store: Store) -> None:
         assert "starting: no step yet" in str(app.screen.query_one("#progress").render())
 
 
-@pytest.mark.slow
 async def test_runs_screen_hint_keys_help_and_live_step(store: Store) -> None:
     from textual.widgets import DataTable
 

@@ -1,11 +1,10 @@
-"""Resume from the app (issue 10): `R` on the Runs screen goes through `ftui resume`'s path, and the
+"""Resume from the app: `R` on the Runs screen goes through `ftui resume`'s path, and the
 Monitor shows a resumed run's loss curve joined to its parent's."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from textual.message import Message
 
 from store import Store
@@ -13,16 +12,6 @@ from tui.app import make_app
 from tui.app.messages import LaunchFailed
 from tui.app.poll import MonitorFeed
 from tui.app.screens.runs import RunsScreen
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
-    monkeypatch.setenv("FTUI_HOME", str(tmp_path))
-    monkeypatch.delenv("FTUI_DB", raising=False)
-    monkeypatch.chdir(ROOT)
-    return Store(f"sqlite:///{tmp_path}/ftui.db")
 
 
 def _run(store: Store, name: str, steps: range, parent: int | None = None, at: int | None = None,

@@ -110,7 +110,6 @@ def test_runs(snap_compare, store: Store, size) -> None:  # type: ignore[no-unty
     assert snap_compare(app_for(store), terminal_size=size, run_before=settle)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_compose(snap_compare, store: Store, size) -> None:  # type: ignore[no-untyped-def]
     async def before(pilot) -> None:  # type: ignore[no-untyped-def]
@@ -165,7 +164,6 @@ def test_compare(snap_compare, store: Store, size) -> None:  # type: ignore[no-u
     assert snap_compare(app_for(store), terminal_size=size, run_before=before)
 
 
-@pytest.mark.slow
 async def test_monitor_relayouts_on_resize(store: Store) -> None:
     """Wide and narrowed to 80 columns: no column is lost off-screen; widened again: back as it was,
     rows kept."""

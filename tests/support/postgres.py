@@ -4,7 +4,8 @@ The server is Debian's PostgreSQL (``apt-get install postgresql``; .ci/run insta
 folder, as the ``postgres`` user when running as root (PostgreSQL refuses to run as root), listening on a
 free loopback port. Without the binaries the PostgreSQL cases skip, naming what is missing.
 
-Registered in conftest.py (``pytest_plugins``): a test asks for ``db_url`` and runs on both backends.
+Registered in conftest.py (``pytest_plugins``): a test asks for ``db_url`` and gets a SQLite file;
+tests/system/test_store_on_postgresql.py runs every such test again with ``db_url`` on the server.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-BACKENDS = ["sqlite", "postgresql"]
 _counter = itertools.count()
 
 
@@ -81,9 +81,7 @@ def new_pg_database(base: str) -> str:
     return f"{base}/{name}"
 
 
-@pytest.fixture(params=BACKENDS)
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A URL of an empty database: a SQLite file under tmp_path, or a fresh PostgreSQL database."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'db' / 'ftui.db'}"
-    return new_pg_database(request.getfixturevalue("pg_server"))
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    """A URL of an empty database: a SQLite file under tmp_path."""
+    return f"sqlite:///{tmp_path / 'db' / 'ftui.db'}"

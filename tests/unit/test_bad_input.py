@@ -1,13 +1,11 @@
-"""Bad input is found before launch (issue 10, defects 9 and 11; scope 6): one line naming the field
+"""Bad input is found before launch: one line naming the field
 or file, exit 2, never a traceback, and nothing recorded. Property-based over the recipe loader and
-over every command of the CLI (in process through ``tui.cli.main``, and a few real subprocesses)."""
+over every command of the CLI, in process through ``tui.cli.main`` (tests/integration/test_bad_arguments.py
+runs a few in real processes)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -298,20 +296,3 @@ def test_commands_are_all_covered() -> None:
     """A new command module must be added to the property test above."""
     assert set(COMMANDS) == {"tui.cli.run", "tui.cli.runs", "tui.cli.gpus", "tui.cli.estimate", "tui.cli.compare",
                              "tui.cli.stop", "tui.cli.db", "tui.cli.recover", "tui.cli.slurm"}
-
-
-# ---------------------------------------------------------------------- real subprocesses
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("argv", [
-    ["show", "abc"], ["compare", "1", "x"], ["runs", "--status", "x"], ["--bogus"],
-    ["run", "recipes/quickstart.toml", "--set", "data.source=\"nope.jsonl\""],
-])
-def test_bad_arguments_in_a_real_process(tmp_path: Path, argv: list[str]) -> None:
-    env = {**os.environ, "FTUI_HOME": str(tmp_path), "FTUI_DB": f"sqlite:///{tmp_path / 'ftui.db'}"}
-    proc = subprocess.run([sys.executable, "-m", "tui.cli", *argv], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 2, proc
-    assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("ftui: "), proc.stderr
-    assert not (tmp_path / "ftui.db").exists() or Store(env["FTUI_DB"]).list_runs() == []

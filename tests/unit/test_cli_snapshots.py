@@ -1,4 +1,4 @@
-"""Issue 16, item 4: `ftui runs`, `estimate`, `show` and `gpus` fit 80 and 120 columns, with text
+"""`ftui runs`, `estimate`, `show` and `gpus` fit 80 and 120 columns, with text
 snapshots (syrupy) at 80x24 and 120x40. Every input is fixed: a store filled by hand (the summary of a
 real quickstart run, tests/golden/show_run.json), the fake GPUs, the host name replaced."""
 

@@ -79,8 +79,8 @@ def test_seed_full_finetune_7b_is_16_bytes_per_param() -> None:
         28 * 10**9,
     )
     assert deepspeed.model_states == 112 * 10**9
-    # The trainer's torch AdamW over bf16 weights (model.dtype = bf16) keeps bf16 moments and no master: the
-    # old expectation (fp32 moments + master, 56 GB of model states more) was the bug of issue 17.
+    # The trainer's torch AdamW over bf16 weights (model.dtype = bf16) keeps bf16 moments and no master: fp32
+    # moments and a master copy would be 56 GB of model states that are not there.
     bf16_weights = estimate(EstimateInput(shape, method="full", precision="bf16", param_dtype="bf16"))
     assert (bf16_weights.params, bf16_weights.grads_total, bf16_weights.optimizer, bf16_weights.master) == (
         14 * 10**9,
@@ -163,7 +163,6 @@ def _saved_bytes(method: str, checkpointing: bool) -> tuple[int, int]:
     return sum(seen.values()), in_layer_1[0]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("method", ["full", "lora"])
 def test_activations_match_saved_tensors(tiny_shape: ModelShape, method: str) -> None:
     inp = EstimateInput(
@@ -384,5 +383,5 @@ def test_a_zero_stage_recommendation_is_launchable_now() -> None:
                         gradient_checkpointing=True)
     rec = recommend(inp, 80 * GIB, 4)
     assert rec.strategy == "zero2"
-    assert "cannot launch" not in rec.reason  # issue 12: ftui run launches the ZeRO stages
+    assert "cannot launch" not in rec.reason  # ftui run launches the ZeRO stages
     assert "cannot launch" not in recommend(inp, 80 * GIB, 1).reason  # single: launchable

@@ -87,7 +87,6 @@ def test_merge_keeps_the_largest_peak_of_each_phase() -> None:
     assert memtrack.merge([]) == {}
 
 
-@pytest.mark.slow
 def test_tiny_llama_forward_agrees_with_the_heap() -> None:
     """The cross-check the trainer stores: glibc's heap growth over one forward against the tensor growth."""
     from transformers import AutoModelForCausalLM

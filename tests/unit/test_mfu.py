@@ -40,6 +40,7 @@ PARAMS, TRAINABLE = 12710784, 122880
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """FTUI_HOME of the test: the peak cache lives in its cache folder."""
     monkeypatch.setenv("FTUI_HOME", str(tmp_path))
+    monkeypatch.delenv("FTUI_CACHE", raising=False)
     return tmp_path
 
 
@@ -161,7 +162,6 @@ def test_the_run_peak_follows_its_precision(home: Path) -> None:
 # ---------------------------------------------------------------------- the FLOPs convention
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("method", ["full", "lora"])
 def test_flops_per_token_matches_torch_flop_counter(method: str) -> None:
     """6N (full) and 4N_frozen + 6N_trainable (LoRA) against torch's own count of the matmuls of one
@@ -350,7 +350,7 @@ def test_cpu_util_is_normalised_by_threads_and_spread_shown(home: Path) -> None:
 
 
 def test_old_runs_without_threads_stay_in_cpu_percent_of_one_core() -> None:
-    from test_compare import _run
+    from tests.e2e.test_compare import _run
 
     old = _run(1, "single", 1, 1000.0, telemetry={"whole": {"kind": "rank", "util_mean": 198.0, "devices": 1}})
     row = build_comparison([old], {}).rows[0]

@@ -1,4 +1,4 @@
-"""Security habits (issue 10, scope 7): commands are argv lists, remote code is off unless asked for,
+"""Security habits: commands are argv lists, remote code is off unless asked for,
 ftui's folders are private to the user."""
 
 from __future__ import annotations

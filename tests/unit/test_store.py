@@ -218,7 +218,6 @@ def _hold_exclusive_lock(path: Path, seconds: float, locked: threading.Event) ->
     conn.close()
 
 
-@pytest.mark.slow
 def test_writes_wait_out_a_lock_held_longer_than_sqlites_busy_timeout(tmp_path: Path) -> None:
     store = Store(_sqlite_url(tmp_path))
     run_id = _new_run(store)

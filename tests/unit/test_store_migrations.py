@@ -19,6 +19,7 @@ from alembic.migration import MigrationContext
 
 from store import Store, StoreError, migrate
 from store.models import Base
+from tests.support.postgres import new_pg_database
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
@@ -83,8 +84,6 @@ def _sibling(url: str) -> str:
     """A second empty database on the same backend."""
     if url.startswith("sqlite:///"):
         return url.replace("ftui.db", "other.db")
-    from store_backends import new_pg_database
-
     return new_pg_database(url.rsplit("/", 1)[0])
 
 
@@ -172,7 +171,6 @@ def test_upgrade_and_current(db_url: str) -> None:
     assert migrate.current(db_url) == migrate.HEAD
 
 
-@pytest.mark.slow
 def test_processes_opening_an_old_database_at_once_upgrade_it_once(db_url: str) -> None:
     _old_database(db_url)
     code = ("import sys\nfrom store import Store\n"

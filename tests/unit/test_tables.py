@@ -1,5 +1,5 @@
 """The CLI's tables fit the terminal: at 80 and 120 columns nothing is cut short; what does not fit is
-left out, most important columns first (issue 16: `ftui runs` cut every cell at 80 columns)."""
+left out, most important columns first."""
 
 from __future__ import annotations
 

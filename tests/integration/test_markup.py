@@ -1,7 +1,7 @@
-"""Text from a run or a user is shown as text, never parsed as markup (issue 10, defect 10).
+"""Text from a run or a user is shown as text, never parsed as markup.
 
-A run named ``[/]`` used to crash ``ftui runs``, ``ftui compare`` and the dashboard (rich's
-``MarkupError``) until the row was deleted; ``ablation [v2]`` was listed as ``ablation``.
+A run named ``[/]`` must not crash ``ftui runs``, ``ftui compare`` or the dashboard (rich's
+``MarkupError``), and ``ablation [v2]`` is listed whole, brackets included.
 """
 
 from __future__ import annotations
@@ -10,13 +10,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import pytest
 from textual.widgets import DataTable, Static
 
 from store import Store
+from tests.support.dashboard import wait_for
 from tui.app import make_app
 from tui.app.messages import RunsLoaded
 from tui.app.screens.monitor import MonitorScreen
@@ -41,21 +40,12 @@ def add_run(store: Store, name: str, status: str = "completed") -> int:
     return run_id
 
 
-@pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
-    monkeypatch.setenv("FTUI_HOME", str(tmp_path))
-    monkeypatch.delenv("FTUI_DB", raising=False)
-    monkeypatch.chdir(ROOT)
-    return Store(f"sqlite:///{tmp_path}/ftui.db")
-
-
 def ftui(store: Store, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "FTUI_HOME": str(tmp_path), "FTUI_DB": store.url, "COLUMNS": "250"}
     return subprocess.run([sys.executable, "-m", "tui.cli", *args], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
 
 
-@pytest.mark.slow
 def test_runs_show_compare_print_markup_like_names_verbatim(store: Store, tmp_path: Path) -> None:
     ids = [add_run(store, name, status="failed" if i == 0 else "completed") for i, name in enumerate(NAMES)]
     runs = ftui(store, tmp_path, "runs")
@@ -91,16 +81,6 @@ def test_rich_renderings_keep_brackets(store: Store) -> None:
     assert ERROR in text
 
 
-async def wait_for(pilot, predicate, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await pilot.pause(0.2)
-    raise AssertionError("timed out")
-
-
-@pytest.mark.slow
 async def test_runs_screen_and_monitor_show_markup_like_names(store: Store) -> None:
     ids = [add_run(store, name, status="failed") for name in NAMES]
     store.update_run(ids[1], tags=["[v2]", "[/]"], note="see [/] and [b]this[/b]")

@@ -1,0 +1,70 @@
+"""What the dashboard's tests share: a store in a home of the test's own, a wait on what the app shows
+(never on time alone), a finished run written by hand, and the checks of the Compare screen.
+
+Registered in tests/conftest.py (``pytest_plugins``) for the ``store`` fixture; a test module that needs
+another store (pre-filled, in another folder) defines its own ``store``, which takes precedence.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.widgets import DataTable
+
+from store import Store
+from tests.support import QUICKSTART, ROOT
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
+    """An empty store in ``tmp_path``, which is also ``FTUI_HOME``; the working folder is the repository."""
+    monkeypatch.setenv("FTUI_HOME", str(tmp_path))
+    monkeypatch.delenv("FTUI_DB", raising=False)
+    monkeypatch.chdir(ROOT)
+    return Store(f"sqlite:///{tmp_path}/ftui.db")
+
+
+async def wait_for(pilot: Any, predicate: Callable[[], object], timeout: float = 60.0,
+                   what: str = "condition") -> None:
+    """Let the app run until ``predicate()`` holds; fail naming ``what`` after ``timeout`` seconds (a bound
+    for a loaded machine, not a wait)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await pilot.pause(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def add_finished_run(store: Store, name: str, lr: float) -> int:
+    """A completed quickstart run with five logged steps, written straight into the store."""
+    from runner.spec.recipe import load_recipe
+
+    recipe = load_recipe(QUICKSTART, [f"name={name}", f"train.lr={lr}"])
+    run_id = store.create_run(name=name, recipe_text=recipe.to_toml(), recipe_hash=recipe.digest(),
+                              strategy="single", nproc=1, method="lora", model=recipe.model.name, run_dir="")
+    store.ingest(run_id, [{"seq": i, "type": "step", "time": 1000.0 + i, "step": i, "loss": 5.0 - 0.1 * i * lr * 1000,
+                           "tokens_per_s": 1000.0, "step_time": 0.5} for i in range(1, 6)])
+    store.update_run(run_id, status="completed", final_loss=4.0, tokens_per_s=1000.0, train_seconds=2.5)
+    return run_id
+
+
+def assert_compare(screen: Any, run_ids: list[int], diff_fields: list[str]) -> None:
+    """The compare screen shows the figures of ``ftui compare`` (one column per run), where each
+    comes from, only the recipe fields that differ, and the loss against the step."""
+    table = screen.query_one("#compare-table", DataTable)
+    assert [str(c.label).rstrip(" *") for c in table.columns.values()] == ["figure"] + [f"run {i}" for i in run_ids]
+    figures = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+    assert {"tokens/s", "MFU", "final loss", "status"} <= set(figures), figures
+    sources = str(screen.query_one("#compare-sources").render())
+    assert "measured by the trainer" in sources and "sources:" in sources, sources
+    diff = screen.query_one("#diff", DataTable)
+    assert [diff.get_row_at(i)[0] for i in range(diff.row_count)] == diff_fields
+    plot = screen.query_one("#compare-loss")
+    assert plot.x_label == "step" and len(plot.points) == len(run_ids)
+    steps = [x for _name, pts in plot.points for x, _y in pts]
+    assert steps and min(steps) >= 1  # steps as logged, not list positions
