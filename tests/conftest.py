@@ -15,13 +15,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.support import QUICKSTART, STEPS, Ftui, new_home
+from tests.support import Ftui, new_home
 
-pytest_plugins = ["tests.support.postgres", "tests.support.slurm_cluster", "tests.support.dashboard"]
+pytest_plugins = ["tests.support.postgres", "tests.support.slurm_cluster", "tests.support.dashboard",
+                  "tests.support.matrix"]
 
 LEVELS = ("unit", "integration", "e2e", "system")
 
@@ -43,27 +43,6 @@ def warm_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def ftui(tmp_path_factory: pytest.TempPathFactory) -> Ftui:
     return new_home(tmp_path_factory.mktemp("ftui-home"))
-
-
-@pytest.fixture(scope="session")
-def strategy_runs(ftui: Ftui) -> dict[str, dict[str, Any]]:
-    """quickstart trained for a few steps under every strategy, at the same global batch (4).
-
-    Real subprocesses, real training on CPU, real SQLite: the rest of the suite reads these runs.
-    """
-    plans = {
-        "single": ["--strategy", "single"],
-        "mp": ["--strategy", "mp"],
-        "ddp": ["--strategy", "ddp", "--nproc", "2", "--set", "train.batch_size=2"],
-        "fsdp": ["--strategy", "fsdp", "--nproc", "2", "--set", "train.batch_size=2"],
-    }
-    results: dict[str, dict[str, Any]] = {}
-    for name, flags in plans.items():
-        proc = ftui.run("run", str(QUICKSTART), *flags, "--set", f"train.max_steps={STEPS}", "--name", f"t-{name}")
-        assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        run = next(r for r in ftui.runs() if r["name"] == f"t-{name}")
-        results[name] = ftui.show(run["id"]) | {"stdout": proc.stdout}
-    return results
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

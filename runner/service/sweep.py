@@ -82,19 +82,20 @@ def plan(recipe_path: Path, strategies: Sequence[str], nproc: int | None, sets: 
     for point in parse_grid(grid):
         base = load_recipe(recipe_path, [*sets, *point])
         micro = base.train.batch_size
+        rows = micro * base.train.grad_accum  # one process's rows per optimizer step
         for strategy in strategies:
             n = table.get(strategy).procs(nproc, default_nproc)
             overrides = [*sets, *point, f"launch.strategy={strategy}", f"launch.nproc={n}"]
             note = f"micro-batch {micro} x 1 process"
             if n > 1 and not table.get(strategy).data_parallel:
-                # pp, mp, tp: every process works on the same rows, so the micro-batch is the global one.
-                note = f"micro-batch {micro} through {n} processes (global batch {micro} kept)"
+                # pp, mp, tp: every process works on the same rows, so one process's rows are the global batch.
+                note = f"micro-batch {micro} through {n} processes (global batch {rows} kept)"
             elif n > 1:
                 if micro % n == 0:
                     overrides.append(f"train.batch_size={micro // n}")
-                    note = f"micro-batch {micro}/{n} = {micro // n} x {n} processes (global batch {micro} kept)"
+                    note = f"micro-batch {micro}/{n} = {micro // n} x {n} processes (global batch {rows} kept)"
                 else:
-                    note = f"micro-batch {micro} x {n} processes: global batch {micro * n} ({micro} not divisible by {n})"
+                    note = f"micro-batch {micro} x {n} processes: global batch {rows * n} ({micro} not divisible by {n})"
             for k in range(repeat):
                 again = f"; repeat {k + 1}/{repeat}" if repeat > 1 else ""
                 items.append(SweepItem(strategy, n, overrides, " ".join(point), note + again))

@@ -1,7 +1,8 @@
 """Checkpoints, resume, non-finite losses and per-rank memory events.
 
-The slow tests train for real (quickstart on CPU, real subprocesses, real SQLite); the others check
-the journal writer and the checkpoint folder logic on real files.
+The checkpointed run of the shared matrix (FSDP, a checkpoint every step) and the runs here train for real
+(quickstart on CPU, real subprocesses, real SQLite); the others check the journal writer and the checkpoint
+folder logic on real files.
 """
 
 from __future__ import annotations
@@ -18,18 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support import QUICKSTART, ROOT, STEPS, Ftui
 from safetensors import safe_open
 
 from runner.spec import checkpoint as ck
 from runner.spec.events import JournalWriter, finite_json
 from runner.spec.recipe import RecipeError, parse_recipe
+from tests.support import QUICKSTART, ROOT, Ftui
+from tests.support.matrix import STEPS, TOKENS_PER_STEP, Matrix
 
-STRATEGY_FLAGS = {
-    "single": ["--strategy", "single"],
-    "ddp": ["--strategy", "ddp", "--nproc", "2", "--set", "train.batch_size=2"],
-    "fsdp": ["--strategy", "fsdp", "--nproc", "2", "--set", "train.batch_size=2"],
-}
+SHORT = ["--set", "data.context_length=64"]
+"""Runs that are compared with nothing: short rows, cheap steps."""
 
 
 def _events(run_dir: Path) -> list[dict[str, Any]]:
@@ -144,74 +143,58 @@ def test_check_resume_refuses_another_shape_in_one_line(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------- resume: the loss curve goes on
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp"])
-def test_a_resumed_run_continues_the_loss_curve_exactly(
-    ftui: Ftui, strategy_runs: dict[str, Any], strategy: str
-) -> None:
-    """8 steps uninterrupted vs 8 steps checkpointed, then a new run resumed from the step-4 checkpoint:
-    every loss equal (to 1e-6), tokens counted on from the checkpoint, global step numbers."""
-    uninterrupted = _losses(strategy_runs[strategy])
-    # single also checks pruning: every 2 steps, keep 3 -> 4, 6, 8 remain, 2 removed.
-    every, keep, remain = (2, 3, [4, 6, 8]) if strategy == "single" else (4, 2, [4, 8])
-    name = f"ck-{strategy}"
-    ftui.run("run", str(QUICKSTART), *STRATEGY_FLAGS[strategy], "--set", f"train.max_steps={STEPS}",
-             "--set", f"train.save_every={every}", "--set", f"train.keep_checkpoints={keep}", "--name", name,
-             check=True)
-    saving = _run_by_name(ftui, name)
+def test_a_resumed_run_continues_the_loss_curve_exactly(ftui: Ftui, matrix: Matrix) -> None:
+    """FSDP (sharded checkpoints), a checkpoint every step, the newest 3 kept, against the same run
+    uninterrupted; then a new run resumed from the step-3 checkpoint: every loss equal (to 1e-6), tokens
+    counted on from the checkpoint, global step numbers."""
+    uninterrupted = _losses(matrix["fsdp"].shown)
+    saving = matrix["ck-fsdp"].shown
     assert _losses(saving) == pytest.approx(uninterrupted, abs=1e-6)  # saving does not disturb training
     run_dir = Path(saving["run_dir"])
-    assert [ck.step_of(p) for p in ck.complete_checkpoints(run_dir)] == remain
+    assert [ck.step_of(p) for p in ck.complete_checkpoints(run_dir)] == [3, 4, 5]
     events = _events(run_dir)
     saves = [e for e in events if e["type"] == "checkpoint"]
-    assert [e["step"] for e in saves] == list(range(every, STEPS + 1, every))
+    assert [e["step"] for e in saves] == list(range(1, STEPS + 1))
     assert all(e["seconds"] > 0 and e["bytes"] > 0 and e["reason"] == "every" for e in saves)
-    if strategy == "single":
-        assert saves[-1]["removed"] == ["step-00000002"] and all(not e["removed"] for e in saves[:-1])
-    world = 1 if strategy == "single" else 2
-    step4 = ck.checkpoint_dir(run_dir, 4)
-    manifest = ck.check_resume(str(step4), world, strategy)
-    assert (manifest["step"], manifest["epoch"], manifest["tokens_done"]) == (4, 0, 4 * 1024)
-    assert ck.missing_rank_parts(step4, world) == []
-    if strategy == "fsdp":  # sharded: one torch distributed checkpoint file per rank
-        assert {f for f in manifest["files"] if f.endswith(".distcp")} >= {
-            "pytorch_model_fsdp_0/__0_0.distcp", "pytorch_model_fsdp_0/__1_0.distcp"}
+    assert [e["removed"] for e in saves] == [[], [], [], ["step-00000001"], ["step-00000002"]]  # pruned
+    step3 = ck.checkpoint_dir(run_dir, 3)
+    manifest = ck.check_resume(str(step3), 2, "fsdp")
+    assert (manifest["step"], manifest["epoch"], manifest["tokens_done"]) == (3, 0, 3 * TOKENS_PER_STEP)
+    assert ck.missing_rank_parts(step3, 2) == []
+    # Sharded: one torch distributed checkpoint file per rank.
+    assert {f for f in manifest["files"] if f.endswith(".distcp")} >= {
+        "pytorch_model_fsdp_0/__0_0.distcp", "pytorch_model_fsdp_0/__1_0.distcp"}
     memory = [e for e in events if e["type"] == "memory"]
     assert memory[0]["step"] == 1 and memory[-1]["step"] == STEPS
     for e in memory:
-        assert [r["rank"] for r in e["ranks"]] == list(range(world))
+        assert [r["rank"] for r in e["ranks"]] == [0, 1]
         assert all(r["source"] == "rss" and r["rss_bytes"] > 100e6 and r["peak_rss_bytes"] >= r["rss_bytes"]
                    for r in e["ranks"])
 
-    resumed_name = f"ck-{strategy}-resumed"
-    ftui.run("run", str(run_dir / "recipe.toml"), "--set", f"train.resume_from={json.dumps(str(step4))}",
-             "--set", "train.save_every=0", "--name", resumed_name, check=True)
-    resumed = _run_by_name(ftui, resumed_name)
+    ftui.run("run", str(run_dir / "recipe.toml"), "--set", f"train.resume_from={json.dumps(str(step3))}",
+             "--set", "train.save_every=0", "--name", "ck-fsdp-resumed", check=True, timeout=900)
+    resumed = _run_by_name(ftui, "ck-fsdp-resumed")
     assert resumed["status"] == "completed"
-    assert [m["step"] for m in resumed["metrics"]] == list(range(5, STEPS + 1))
-    tail = {s: loss for s, loss in uninterrupted.items() if s > 4}
+    assert [m["step"] for m in resumed["metrics"]] == list(range(4, STEPS + 1))
+    tail = {s: loss for s, loss in uninterrupted.items() if s > 3}
     assert _losses(resumed) == pytest.approx(tail, abs=1e-6)
-    assert [m["tokens"] for m in resumed["metrics"]] == [s * 1024 for s in range(5, STEPS + 1)]
+    assert [m["tokens"] for m in resumed["metrics"]] == [s * TOKENS_PER_STEP for s in range(4, STEPS + 1)]
     start = next(e for e in _events(Path(resumed["run_dir"])) if e["type"] == "start")  # phase events come first
-    assert (start["start_step"], start["resumed_from"]) == (4, str(step4))
-    assert resumed["summary"]["tokens"] == STEPS * 1024
+    assert (start["start_step"], start["resumed_from"]) == (3, str(step3))
+    assert resumed["summary"]["tokens"] == STEPS * TOKENS_PER_STEP
 
 
-@pytest.mark.slow
-def test_resume_from_a_bad_checkpoint_is_one_line_and_exit_2(ftui: Ftui, tmp_path: Path) -> None:
-    name = "ck-bad-source"
-    ftui.run("run", str(QUICKSTART), "--set", "train.max_steps=2", "--set", "train.save_every=2",
-             "--set", "train.save=false", "--name", name, check=True)
-    run_dir = Path(_run_by_name(ftui, name)["run_dir"])
-    good = ck.checkpoint_dir(run_dir, 2)
-    cut = tmp_path / "step-00000002"
+def test_resume_from_a_bad_checkpoint_is_one_line_and_exit_2(ftui: Ftui, matrix: Matrix, tmp_path: Path) -> None:
+    run_dir = matrix["ck-fsdp"].run_dir
+    good = ck.checkpoint_dir(run_dir, 3)
+    cut = tmp_path / "step-00000003"
     shutil.copytree(good, cut)
-    (cut / "optimizer.bin").unlink()
+    (cut / "random_states_1.pkl").unlink()
     cases = [
         (["--set", f"train.resume_from={json.dumps(str(tmp_path / 'none'))}"], "no such checkpoint folder"),
-        (["--set", f"train.resume_from={json.dumps(str(cut))}"], "optimizer.bin is missing"),
-        (["--strategy", "ddp", "--nproc", "2", "--set", f"train.resume_from={json.dumps(str(good))}"],
-         "taken with strategy single on 1 process"),
+        (["--set", f"train.resume_from={json.dumps(str(cut))}"], "random_states_1.pkl is missing"),
+        (["--strategy", "single", "--nproc", "1", "--set", f"train.resume_from={json.dumps(str(good))}"],
+         "taken with strategy fsdp on 2 processes"),
     ]
     before = len(ftui.runs())
     for flags, needle in cases:
@@ -226,10 +209,9 @@ def test_resume_from_a_bad_checkpoint_is_one_line_and_exit_2(ftui: Ftui, tmp_pat
 # ---------------------------------------------------------------------- non-finite losses
 
 
-@pytest.mark.slow
 def test_a_nan_loss_stops_the_run_failed_without_saving_nan_weights(ftui: Ftui) -> None:
     name = "nan-stop"
-    proc = ftui.run("run", str(QUICKSTART), "--set", "train.lr=1e30", "--set", "train.max_grad_norm=0",
+    proc = ftui.run("run", str(QUICKSTART), *SHORT, "--set", "train.lr=1e30", "--set", "train.max_grad_norm=0",
                     "--set", "train.max_steps=8", "--set", "train.save_every=1", "--name", name)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     run = _run_by_name(ftui, name)
@@ -257,9 +239,8 @@ def test_a_nan_loss_stops_the_run_failed_without_saving_nan_weights(ftui: Ftui) 
     assert db.execute("select json_valid(summary) from runs where id = ?", (run["id"],)).fetchone()[0] == 1
 
 
-@pytest.mark.slow
 def test_skip_drops_non_finite_steps_and_fails_past_the_bound(ftui: Ftui) -> None:
-    nan = ["--set", "train.lr=1e30", "--set", "train.max_grad_norm=0", "--set", "train.on_nan=skip",
+    nan = [*SHORT, "--set", "train.lr=1e30", "--set", "train.max_grad_norm=0", "--set", "train.on_nan=skip",
            "--set", "train.max_steps=6"]
     ftui.run("run", str(QUICKSTART), *nan, "--set", "train.max_skipped_steps=10", "--name", "nan-skip", check=True)
     run = _run_by_name(ftui, "nan-skip")
@@ -283,38 +264,55 @@ def test_skip_drops_non_finite_steps_and_fails_past_the_bound(ftui: Ftui) -> Non
 # ---------------------------------------------------------------------- a graceful stop, then ftui resume
 
 
-@pytest.mark.slow
-def test_a_graceful_stop_checkpoints_and_ftui_resume_finishes_the_run(ftui: Ftui) -> None:
-    total = 30
+def _wait_for_step(run_folder: str, home: Path, proc: subprocess.Popen[str], timeout: float = 300) -> Path:
+    """The run's folder once its journal holds a step (read from the file: no command per poll)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        for journal in (home / "runs").glob(f"*-{run_folder}/events.jsonl"):
+            if '"type":"step"' in journal.read_text():
+                return journal.parent
+        time.sleep(0.2)
+    raise AssertionError(f"{run_folder}: no step within {timeout} s")
+
+
+def test_ctrl_c_stops_every_rank_checkpoints_and_ftui_resume_finishes_the_run(ftui: Ftui) -> None:
+    """Ctrl-C during a DDP run: every rank finishes its step, the stop's checkpoint is written, no process
+    of the run is left, the run is recorded stopped; ``ftui resume`` finishes it from that checkpoint."""
+    total, rows = 30, 4 * 64
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tui.cli", "run", str(QUICKSTART), *STRATEGY_FLAGS["ddp"],
-         "--set", f"train.max_steps={total}", "--name", "ck-stop"],
+        [sys.executable, "-m", "tui.cli", "run", str(QUICKSTART), "--strategy", "ddp", "--nproc", "2",
+         "--set", "train.batch_size=2", *SHORT, "--set", f"train.max_steps={total}", "--sample-interval", "0",
+         "--name", "ck-stop"],
         env=ftui.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    deadline = time.monotonic() + 240
-    run: dict[str, Any] | None = None
-    while run is None and time.monotonic() < deadline:
-        run = next((r for r in ftui.runs() if r["name"] == "ck-stop" and (r["steps_done"] or 0) >= 3), None)
-        time.sleep(0.5)
-    assert run is not None, "the run never reached step 3"
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    try:
+        run_dir = _wait_for_step("ck-stop", ftui.home, proc)
+        pids = next(e for e in _events(run_dir) if e["type"] == "start")["pids"]
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     assert proc.returncode == 130, out + err
+    run = _run_by_name(ftui, "ck-stop")
     stopped = ftui.show(run["id"])
     assert stopped["status"] == "stopped"
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
     last = max(m["step"] for m in stopped["metrics"])
-    assert last < total
+    assert 1 <= last < total
     saves = [e for e in _events(Path(stopped["run_dir"])) if e["type"] == "checkpoint"]
     assert [(e["step"], e["reason"]) for e in saves] == [(last, "stop")]  # save_every = 0: only the stop's
     assert stopped["summary"]["checkpoint"] == saves[0]["path"]
     assert ck.check_resume(saves[0]["path"], 2, "ddp")["step"] == last
 
-    resumed_proc = ftui.run("resume", str(run["id"]), timeout=400)
+    resumed_proc = ftui.run("resume", str(run["id"]), "--sample-interval", "0", timeout=600)
     assert resumed_proc.returncode == 0, resumed_proc.stdout + resumed_proc.stderr
     resumed = ftui.show(max(r["id"] for r in ftui.runs()))
     assert resumed["status"] == "completed" and resumed["strategy"] == "ddp" and resumed["nproc"] == 2
     assert [m["step"] for m in resumed["metrics"]] == list(range(last + 1, total + 1))
-    assert resumed["metrics"][-1]["tokens"] == total * 1024
+    assert resumed["metrics"][-1]["tokens"] == total * rows
     assert resumed["resumed_from"] == resumed["summary"]["resumed_from"]["run_id"] == run["id"]
     assert resumed["summary"]["resumed_from"]["step"] == last
 

@@ -1,5 +1,5 @@
-"""``ftui sweep`` and ``ftui compare``: a real sweep of quickstart over every strategy on CPU (real
-subprocesses, real SQLite, real training), its comparison in every format, the HTML page rendered by
+"""``ftui sweep`` and ``ftui compare``: the shared matrix's sweep of quickstart over every strategy on CPU
+(real subprocesses, real SQLite, real training), its comparison in every format, the HTML page rendered by
 headless Chromium; and unit tests of the MFU formula, the recipe diff and the speed-ups."""
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support import QUICKSTART, ROOT, Ftui
 
 from runner.analysis import cpu_peak, mfu
 from runner.analysis.compare import build_comparison, flatten, recipe_diff, speedups
@@ -26,54 +25,35 @@ from runner.analysis.run_figures import default_peak, device_count, peak_note
 from runner.spec import flops, strategies
 from runner.spec.summary import RunSummary
 from store import MetricPoint, RunInfo, SampleInfo
+from tests.support import QUICKSTART, ROOT, Ftui
+from tests.support.matrix import CORE, GLOBAL_BATCH, GRAD_ACCUM, STEPS, Matrix, Sweep, sweep_id
 from tui.render.compare import markdown, sources
 
 GOLDEN = ROOT / "tests" / "golden" / "compare.md"
-# Issue 12's sweep: every strategy of the table (zero1-3 on their default engine, DeepSpeed); one that cannot
-# run here is a row with its reason (the `refused` fixture).
-STRATEGIES = ["single", "mp", "pp", "ddp", "fsdp", "zero1", "zero2", "zero3", "tp"]
-STEPS = 5
+# Every strategy of the table (zero1-3 on their default engine, DeepSpeed); one that cannot run here is a row
+# with its reason (the `refused` fixture).
+STRATEGIES = list(CORE)
 
 
 # ---------------------------------------------------------------------- fixtures
 
 
 @pytest.fixture(scope="module")
-def cftui(tmp_path_factory: pytest.TempPathFactory) -> Ftui:
-    """A home of its own, so that the sweeps here are the only runs in the store."""
-    from store import Store
-
-    home = tmp_path_factory.mktemp("ftui-compare-home")
-    db = f"sqlite:///{home / 'ftui.db'}"
-    Store(db).close()  # FTUI_DB names it, so read commands refuse it until it exists
-    return Ftui(home=home, db=db)
-
-
-def _sweep_id(output: str) -> str:
-    match = re.search(r"reopen with: ftui compare --sweep (\S+)", output)
-    assert match, output[-3000:]
-    return match.group(1)
+def sweep(matrix: Matrix) -> Sweep:
+    """quickstart under every strategy (2 processes where a strategy takes several), one sweep id."""
+    return matrix.sweep()
 
 
 @pytest.fixture(scope="module")
-def sweep(cftui: Ftui) -> dict[str, Any]:
-    """quickstart under every strategy (2 processes where a strategy takes several), 5 steps each, one sweep id."""
-    proc = cftui.run("sweep", str(QUICKSTART), "--strategies", ",".join(STRATEGIES), "--nproc", "2",
-                     "--set", f"train.max_steps={STEPS}", "--format", "md", timeout=900)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return {"id": _sweep_id(proc.stdout + proc.stderr), "stdout": proc.stdout, "stderr": proc.stderr}
-
-
-@pytest.fixture(scope="module")
-def refused(cftui: Ftui) -> dict[str, Any]:
+def refused(ftui: Ftui) -> dict[str, Any]:
     """fsdp with one process on CPU: pre-flight refuses it, and the sweep records why."""
-    proc = cftui.run("sweep", str(QUICKSTART), "--strategies", "fsdp", "--nproc", "1",
-                     "--set", f"train.max_steps={STEPS}", "--format", "json", timeout=300)
-    return {"proc": proc, "id": _sweep_id(proc.stdout + proc.stderr), "json": json.loads(proc.stdout)}
+    proc = ftui.run("sweep", str(QUICKSTART), "--strategies", "fsdp", "--nproc", "1",
+                    "--set", f"train.max_steps={STEPS}", "--format", "json", timeout=300)
+    return {"proc": proc, "id": sweep_id(proc.stdout + proc.stderr), "json": json.loads(proc.stdout)}
 
 
-def _compare(cftui: Ftui, *args: str) -> str:
-    return cftui.run("compare", *args, check=True).stdout
+def _compare(ftui: Ftui, *args: str) -> str:
+    return ftui.run("compare", *args, check=True).stdout
 
 
 @pytest.fixture(scope="session")
@@ -113,18 +93,18 @@ def mask(md: str) -> str:
     return re.sub(r"# (B|KiB|MiB|GiB|TiB)\b", "# B", text) + "\n"
 
 
-def test_sweep_markdown_matches_the_golden_shape(cftui: Ftui, sweep: dict[str, Any]) -> None:
-    md = _compare(cftui, "--sweep", sweep["id"], "--format", "md")
+def test_sweep_markdown_matches_the_golden_shape(ftui: Ftui, sweep: Sweep) -> None:
+    md = _compare(ftui, "--sweep", sweep.id, "--format", "md")
     assert mask(md) == GOLDEN.read_text(), f"got:\n{mask(md)}"
     # The sweep printed the same comparison and one recommendation with numbers.
-    assert mask(sweep["stdout"]) == GOLDEN.read_text()
+    assert mask(sweep.stdout) == GOLDEN.read_text()
     verdict = [line for line in md.splitlines() if line.startswith("Use ")]
     assert len(verdict) == 1 and "tokens/s" in verdict[0] and "the fastest that completed" in verdict[0]
     assert "global batch 4 kept" in md  # the fairness rule is stated
 
 
-def test_every_format_has_one_plausible_row_per_strategy(cftui: Ftui, sweep: dict[str, Any]) -> None:
-    data = json.loads(_compare(cftui, "--sweep", sweep["id"], "--format", "json"))
+def test_every_format_has_one_plausible_row_per_strategy(ftui: Ftui, sweep: Sweep) -> None:
+    data = json.loads(_compare(ftui, "--sweep", sweep.id, "--format", "json"))
     all_rows = data["runs"]
     assert [r["strategy"] for r in all_rows] == STRATEGIES
     for r in all_rows:
@@ -134,7 +114,8 @@ def test_every_format_has_one_plausible_row_per_strategy(cftui: Ftui, sweep: dic
     for r in rows:
         assert r["status"] == "completed", r
         assert r["devices"] == (1 if r["strategy"] == "single" else 2)
-        assert r["global_batch"] == 4  # micro-batch 2 x 2 processes for ddp/fsdp; pp, mp, tp share 4 rows
+        # 1 row x 2 micro-steps x 2 processes for the data-parallel ones; pp, mp, tp share 2 rows x 2 micro-steps
+        assert r["global_batch"] == GLOBAL_BATCH
         assert r["train_seconds"] > 0 and r["tokens_per_s"] > 0
         assert r["tokens_per_s_per_device"] == pytest.approx(r["tokens_per_s"] / r["devices"])
         threads = 2 if r["strategy"] == "single" else 1  # the 2 cores shared out over the processes
@@ -156,25 +137,26 @@ def test_every_format_has_one_plausible_row_per_strategy(cftui: Ftui, sweep: dic
     fastest = max(rows, key=lambda r: r["tokens_per_s"])
     assert data["fastest_id"] == fastest["run_id"]
     assert data["recipe_diff"]["launch.strategy"] == STRATEGIES
+    micro = GLOBAL_BATCH // GRAD_ACCUM
     assert data["recipe_diff"]["train.batch_size"] == [
-        "2" if strategies.get(s).data_parallel else "4" for s in STRATEGIES]
+        str(micro // 2) if strategies.get(s).data_parallel else str(micro) for s in STRATEGIES]
     assert "train.lr" not in data["recipe_diff"]
 
-    table = list(csv.DictReader(io.StringIO(_compare(cftui, "--sweep", sweep["id"], "--format", "csv"))))
+    table = list(csv.DictReader(io.StringIO(_compare(ftui, "--sweep", sweep.id, "--format", "csv"))))
     assert [r["strategy"] for r in table] == STRATEGIES
     assert all(float(r["tokens_per_s"]) > 0 for r in table if r["status"] == "completed")
 
-    text = _compare(cftui, "--sweep", sweep["id"], "--plot")
+    text = _compare(ftui, "--sweep", sweep.id, "--plot")
     for r in rows:
         assert f"run {r['run_id']}" in text
     assert "loss (measured, per step)" in text and "●" in text
     assert "faster than" in text or "slower than" in text
 
-    other = _compare(cftui, *[str(r["run_id"]) for r in rows], "--baseline", str(rows[2]["run_id"]), "--format", "json")
+    other = _compare(ftui, *[str(r["run_id"]) for r in rows], "--baseline", str(rows[2]["run_id"]), "--format", "json")
     assert json.loads(other)["baseline_id"] == rows[2]["run_id"]
 
 
-def test_a_strategy_that_cannot_run_is_a_row_with_its_reason(cftui: Ftui, sweep: dict[str, Any],
+def test_a_strategy_that_cannot_run_is_a_row_with_its_reason(ftui: Ftui, sweep: Sweep,
                                                               refused: dict[str, Any]) -> None:
     proc = refused["proc"]
     assert proc.returncode == 1, proc.stderr  # nothing completed, but no crash
@@ -184,17 +166,17 @@ def test_a_strategy_that_cannot_run_is_a_row_with_its_reason(cftui: Ftui, sweep:
     assert "fsdp on CPU needs at least 2 processes" in row["reason"]
     assert refused["json"]["recommendation"].startswith("No run completed")
 
-    ids = [str(r["run_id"]) for r in json.loads(_compare(cftui, "--sweep", sweep["id"], "--format", "json"))["runs"]]
-    md = _compare(cftui, *ids, str(row["run_id"]), "--format", "md")
+    ids = [str(r["run_id"]) for r in json.loads(_compare(ftui, "--sweep", sweep.id, "--format", "json"))["runs"]]
+    md = _compare(ftui, *ids, str(row["run_id"]), "--format", "md")
     last = [line for line in md.splitlines() if line.startswith(f"| {row['run_id']} |")]
     assert len(last) == 1 and "failed: refused before launch" in last[0] and "needs at least 2 processes" in last[0]
     assert re.search(r"\b\d+ did not complete", md)
 
 
-def test_html_report_renders_in_headless_chromium(cftui: Ftui, sweep: dict[str, Any], chromium: str,
+def test_html_report_renders_in_headless_chromium(ftui: Ftui, sweep: Sweep, chromium: str,
                                                   tmp_path: Path) -> None:
     page = tmp_path / "compare.html"
-    cftui.run("compare", "--sweep", sweep["id"], "--format", "html", "-o", str(page), check=True)
+    ftui.run("compare", "--sweep", sweep.id, "--format", "html", "-o", str(page), check=True)
     html = page.read_text()
     assert "<svg" in html and "training loss, all runs" in html and "utilisation per device" in html
     assert "Recipe differences" in html
@@ -279,12 +261,11 @@ def test_speedups_against_the_baseline() -> None:
     assert build_comparison(runs, metrics, baseline_id=2).rows[0].speedup == pytest.approx(100 / 390)
 
 
-@pytest.mark.slow
-def test_bad_input_is_one_line_and_exit_2(cftui: Ftui) -> None:
+def test_bad_input_is_one_line_and_exit_2(ftui: Ftui) -> None:
     for args in (["compare"], ["compare", "9999"], ["compare", "--sweep", "no-such-sweep"],
                  ["sweep", str(QUICKSTART), "--strategies", "single,warp"],
                  ["sweep", str(QUICKSTART), "--grid", "train.batch_size"]):
-        proc = cftui.run(*args)
+        proc = ftui.run(*args)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert proc.stderr.startswith("ftui: ") and "Traceback" not in proc.stderr, proc.stderr
 
@@ -341,6 +322,7 @@ def test_cpu_peak_measured_by_compare_on_another_host_is_flagged(tmp_path: Path,
     import time
 
     monkeypatch.setenv("FTUI_HOME", str(tmp_path))
+    monkeypatch.setenv("FTUI_CACHE", str(tmp_path / "cache"))
     key = cpu_peak.machine_fingerprint().key
     cached = mfu.Peak(1e10, f"{cpu_peak.CPU_PEAK_SOURCE}, cached", kind="measured", dtype="fp32", threads=1,
                       measured_at=time.time(), fingerprint=key)
@@ -373,8 +355,8 @@ def test_cpu_peak_measured_by_compare_on_another_host_is_flagged(tmp_path: Path,
         (["sweep", str(QUICKSTART), "-o", "/missing/dir/x.html", "--format", "html"], "-o/--output"),
     ],
 )
-def test_bad_flags_are_one_line_naming_the_flag(cftui: Ftui, args: list[str], named: str) -> None:
-    proc = cftui.run(*args)
+def test_bad_flags_are_one_line_naming_the_flag(ftui: Ftui, args: list[str], named: str) -> None:
+    proc = ftui.run(*args)
     assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ftui: ") and named in lines[0], proc.stderr
@@ -391,16 +373,16 @@ def test_the_recipe_can_name_the_mfu_peak_and_the_command_line_wins() -> None:
     assert flag is not None and flag.flops == 2.0e12 and "--peak-tflops" in flag.source
 
 
-def test_show_names_the_thread_unit_the_spread_and_the_peak(cftui: Ftui, sweep: dict[str, Any]) -> None:
-    data = json.loads(_compare(cftui, "--sweep", sweep["id"], "--format", "json"))
+def test_show_names_the_thread_unit_the_spread_and_the_peak(ftui: Ftui, sweep: Sweep) -> None:
+    data = json.loads(_compare(ftui, "--sweep", sweep.id, "--format", "json"))
     ddp = next(r for r in data["runs"] if r["strategy"] == "ddp")
     proc = subprocess.run([sys.executable, "-m", "tui.cli", "show", str(ddp["run_id"])], cwd=ROOT, text=True,
-                          capture_output=True, timeout=120, env={**cftui.env, "COLUMNS": "400"})  # no wrapped cells
+                          capture_output=True, timeout=120, env={**ftui.env, "COLUMNS": "400"})  # no wrapped cells
     assert proc.returncode == 0, proc.stderr
     shown = proc.stdout
     assert "util min-max over devices" in shown and "CPU % of its 1 thread" in shown
     assert "MFU peak/device" in shown and "fp32, 1 thread" in shown
-    summary = cftui.show(ddp["run_id"])["summary"]
+    summary = ftui.show(ddp["run_id"])["summary"]
     assert summary["threads"] == 1 and summary["model_dims"]["layers"] == 6
     peak = summary["mfu_peak"]
     assert (peak["dtype"], peak["threads"], peak["kind"]) == ("fp32", 1, "measured") and peak["flops"] > 0
@@ -408,8 +390,8 @@ def test_show_names_the_thread_unit_the_spread_and_the_peak(cftui: Ftui, sweep: 
 
 
 def test_memory_columns_are_the_measured_peak_and_the_stored_estimate() -> None:
-    """Issue 17: measured = the independent peak (live tensors on CPU), never RSS; estimated = the estimate
-    stored at prepare time (its key used to be missed, so compare re-estimated without model.dtype)."""
+    """Measured = the independent peak (live tensors on CPU), never RSS; estimated = the estimate stored at
+    prepare time, read from its key (not re-estimated without model.dtype)."""
     ranks = [{"rank": 0, "peak_tensor_bytes": 200 * 2**20, "peak_rss_bytes": 900 * 2**20},
              {"rank": 1, "peak_tensor_bytes": 210 * 2**20, "peak_rss_bytes": 950 * 2**20}]
     run = _run(1, "ddp", 2, 100.0, ranks=ranks,
@@ -423,7 +405,7 @@ def test_memory_columns_are_the_measured_peak_and_the_stored_estimate() -> None:
 
 
 def test_a_resumed_runs_curve_is_joined_to_its_parents(tmp_path: Path) -> None:
-    """Issue 10: compare shows a resumed run's loss curve joined to its parent's (the parent's steps up to the
+    """Compare shows a resumed run's loss curve joined to its parent's (the parent's steps up to the
     checkpoint, then the resumed run's own), through a chain of resumes."""
     from runner.analysis.compare import joined_metrics, load_comparison
     from store import Store
@@ -452,8 +434,8 @@ def test_a_resumed_runs_curve_is_joined_to_its_parents(tmp_path: Path) -> None:
     assert [s for s, _ in cmp.curves[first]] == list(range(1, 9))
 
 
-def test_the_sweep_shows_the_running_runs_progress(sweep: dict[str, Any]) -> None:
-    # Issue 16, item 3: each run of a sweep has its live line (step/total, loss, elapsed), not one static line.
-    for strategy in [s for s in STRATEGIES if not s.startswith("zero")]:  # zero1-3: refused before launch
-        line = next((ln for ln in sweep["stderr"].splitlines() if f" {strategy} completed" in ln and "loss" in ln), None)
-        assert line is not None and f"{STEPS}/{STEPS}" in line, (strategy, sweep["stderr"][-2000:])
+def test_the_sweep_shows_the_running_runs_progress(sweep: Sweep) -> None:
+    # Each run of a sweep has its live line (step/total, loss, elapsed), not one static line.
+    for strategy in STRATEGIES:
+        line = next((ln for ln in sweep.stderr.splitlines() if f" {strategy} completed" in ln and "loss" in ln), None)
+        assert line is not None and f"{STEPS}/{STEPS}" in line, (strategy, sweep.stderr[-2000:])

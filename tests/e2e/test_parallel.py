@@ -1,6 +1,6 @@
 """Pipeline (``pp``), naive model parallel over processes (``mp``) and tensor parallel (``tp``): the recipe
-rules, the launch, the sweep's batch rule, the planner; and (slow) real training on CPU over gloo, whose
-losses match DDP at the same global batch."""
+rules, the launch, the sweep's batch rule, the planner; and real training on CPU over gloo (the shared
+matrix's runs), whose losses match DDP at the same global batch."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support import QUICKSTART, Ftui
 
 from runner.planner import estimate, inputs_from_recipe, resolve_model_shape
 from runner.rank.pipeline import stage_bounds
@@ -18,8 +17,9 @@ from runner.spec import strategies
 from runner.spec.launch import accelerate_config
 from runner.spec.layout import microbatches
 from runner.spec.recipe import RecipeError, load_recipe
+from tests.support import QUICKSTART, Ftui
+from tests.support.matrix import STEPS, Matrix
 
-STEPS = 5
 # fp32 on CPU, the same rows per optimizer step: DDP and the pipeline differ only in summation order
 # (measured: <= 2e-6 over 10 steps); tensor parallel also splits each matmul's sum over two processes.
 LOSS_TOLERANCE = 1e-4
@@ -128,48 +128,28 @@ def test_tensor_parallel_groups_are_data_parallel_replicas_in_the_global_batch()
     assert strategies.global_batch("ddp", 2, 1, 4, 2) == 8  # tp_size means nothing to other strategies
 
 
-# ---------------------------------------------------------------------- real training (slow)
+# ---------------------------------------------------------------------- real training
+
+# The matrix's runs: the sweep's pp (1F1B, one row per micro-batch), mp and tp over 2 processes, and the
+# extra runs under GPipe and with two tensor-parallel groups as data-parallel replicas.
+LAYOUTS = {"pp": 2, "pp-gpipe": 2, "mp": 2, "tp": 2, "tp-dp": 4}
 
 
-@pytest.fixture(scope="module")
-def trained(ftui: Ftui) -> dict[str, dict[str, Any]]:
-    """quickstart for a few steps over gloo on CPU: pp under GPipe and 1F1B, mp and tp over 2 processes, and
-    DDP at the same global batch (2 processes x 2 rows)."""
-    plans = {
-        "ddp": ["--strategy", "ddp", "--nproc", "2", "--set", "train.batch_size=2"],
-        "pp-gpipe": ["--strategy", "pp", "--nproc", "2", "--set", 'launch.pp_schedule="gpipe"'],
-        "pp-1f1b": ["--strategy", "pp", "--nproc", "2", "--set", "launch.microbatches=2"],
-        "mp": ["--strategy", "mp", "--nproc", "2"],
-        "tp": ["--strategy", "tp", "--nproc", "2"],
-        # Two tensor-parallel groups of 2 as data parallel replicas, 2 rows each: DDP's global batch of 4.
-        "tp-dp": ["--strategy", "tp", "--nproc", "4", "--set", "launch.tp_size=2", "--set", "train.batch_size=2"],
-    }
-    out: dict[str, dict[str, Any]] = {}
-    for name, flags in plans.items():
-        proc = ftui.run("run", str(QUICKSTART), *flags, "--set", f"train.max_steps={STEPS}", "--name", f"par-{name}",
-                        timeout=600)
-        assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        run = next(r for r in ftui.runs() if r["name"] == f"par-{name}")
-        out[name] = ftui.show(run["id"])
-    return out
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["pp-gpipe", "pp-1f1b", "mp", "tp", "tp-dp"])
-def test_each_layout_trains_and_matches_ddp(trained: dict[str, dict[str, Any]], name: str) -> None:
-    run, ddp = trained[name], trained["ddp"]
-    nproc = 4 if name == "tp-dp" else 2
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_each_layout_trains_and_matches_ddp(matrix: Matrix, name: str) -> None:
+    run, ddp = matrix[name], matrix["ddp"]
+    nproc = LAYOUTS[name]
     assert run["status"] == "completed" and run["nproc"] == nproc
     kind = "TENSOR_PARALLEL" if name.startswith("tp") else "PIPELINE"
     assert run["distributed_type"] == kind  # what the trainer had in effect, not accelerate's DDP
-    losses = [m["loss"] for m in run["metrics"]]
-    assert [m["step"] for m in run["metrics"]] == list(range(1, STEPS + 1))
-    assert losses == pytest.approx([m["loss"] for m in ddp["metrics"]], abs=LOSS_TOLERANCE)
-    summary = run["summary"]
+    losses = run.losses
+    assert [m["step"] for m in run.metrics] == list(range(1, STEPS + 1))
+    assert losses == pytest.approx(ddp.losses, abs=LOSS_TOLERANCE)
+    summary = run.summary
     assert len(summary["ranks"]) == nproc and all(r["param_bytes"] > 0 for r in summary["ranks"])
     assert summary["tokens_per_s"] > 0 and summary["final_loss"] == pytest.approx(losses[-1])
     # The same rows per step as DDP's (tokens counted once per replica, not once per process).
-    assert [m["tokens"] for m in run["metrics"]] == [m["tokens"] for m in ddp["metrics"]]
+    assert [m["tokens"] for m in run.metrics] == [m["tokens"] for m in ddp.metrics]
     parallel = summary["parallel"]
     if name.startswith("tp"):
         assert parallel["tp_size"] == 2 and "q_proj" in parallel["split"] and "down_proj" in parallel["split"]
@@ -178,28 +158,26 @@ def test_each_layout_trains_and_matches_ddp(trained: dict[str, dict[str, Any]], 
         assert summary["local_param_numel"] < summary["params"]
     else:
         assert parallel["stages"] == 2 and parallel["stage_layers"] == [[0, 3], [3, 6]]
-        expected = {"pp-gpipe": (4, "GPipe"), "pp-1f1b": (2, "1F1B"), "mp": (1, "GPipe")}[name]
+        # A micro-batch of 2 rows: one row per pipeline micro-batch by default; mp is one micro-batch.
+        expected = {"pp-gpipe": (2, "GPipe"), "pp": (2, "1F1B"), "mp": (1, "GPipe")}[name]
         assert (parallel["microbatches"], parallel["schedule"]) == expected
         # Each stage holds its own layers: the two ranks' parameters add up to the model.
         assert sum(r["param_bytes"] for r in summary["ranks"]) == pytest.approx(summary["params"] * 4, rel=0.01)
 
 
-@pytest.mark.slow
-def test_the_saved_adapter_is_whole(trained: dict[str, dict[str, Any]]) -> None:
+def test_the_saved_adapter_is_whole(matrix: Matrix) -> None:
     from safetensors.torch import load_file
 
-    ddp = load_file(str(Path(trained["ddp"]["summary"]["saved"]) / "adapter_model.safetensors"))
-    for name in ("pp-1f1b", "tp"):
-        saved = load_file(str(Path(trained[name]["summary"]["saved"]) / "adapter_model.safetensors"))
+    ddp = load_file(str(Path(matrix["ddp"].summary["saved"]) / "adapter_model.safetensors"))
+    for name in ("pp", "tp"):
+        saved = load_file(str(Path(matrix[name].summary["saved"]) / "adapter_model.safetensors"))
         assert set(saved) == set(ddp)  # every stage's (every shard's) adapter tensors, gathered
         assert all(saved[k].shape == ddp[k].shape for k in ddp)
         assert max(float((saved[k] - ddp[k]).abs().max()) for k in ddp) < 1e-4
 
 
-@pytest.mark.slow
-def test_the_start_event_says_what_is_in_effect(trained: dict[str, dict[str, Any]]) -> None:
-    events = [json.loads(line) for line in
-              (Path(trained["pp-gpipe"]["run_dir"]) / "events.jsonl").read_text().splitlines()]
+def test_the_start_event_says_what_is_in_effect(matrix: Matrix) -> None:
+    events = [json.loads(line) for line in (matrix["pp-gpipe"].run_dir / "events.jsonl").read_text().splitlines()]
     assert {e["phase"] for e in events if e["type"] == "phase"} >= {"tokenizing", "loading_model", "preparing"}
     events = [e for e in events if e["type"] != "phase"]  # what the run did before step 1, then the start
     assert events[0]["type"] == "start" and events[-1]["type"] == "end"
@@ -208,7 +186,6 @@ def test_the_start_event_says_what_is_in_effect(trained: dict[str, dict[str, Any
     assert events[0]["device_map"]["lm_head"] == "rank1"
 
 
-@pytest.mark.slow
 def test_a_pipeline_stops_on_sigterm_on_every_stage(ftui: Ftui) -> None:
     import signal
     import subprocess
@@ -218,13 +195,14 @@ def test_a_pipeline_stops_on_sigterm_on_every_stage(ftui: Ftui) -> None:
     from tests.support import ROOT
 
     proc = subprocess.Popen([sys.executable, "-m", "tui.cli", "run", str(QUICKSTART), "--strategy", "pp", "--nproc",
-                             "2", "--set", "train.max_steps=500", "--name", "par-stop"],
+                             "2", "--set", "train.max_steps=500", "--set", "data.context_length=64",
+                             "--sample-interval", "0", "--name", "par-stop"],
                             env=ftui.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 300
         events: list[dict[str, Any]] = []
         while time.monotonic() < deadline and not any(e["type"] == "step" for e in events):
-            time.sleep(1)
+            time.sleep(0.2)
             folders = list((ftui.home / "runs").glob("*-par-stop/events.jsonl"))
             if folders:
                 events = [json.loads(line) for line in folders[0].read_text().splitlines() if line.strip()]

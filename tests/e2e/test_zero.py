@@ -1,8 +1,8 @@
 """The ZeRO stages on both engines: real ranks over gloo, real training of quickstart, real SQLite.
 
-The full matrix of stages and offloads runs on DeepSpeed, a smaller one on PyTorch alone (docs/zero.md);
-each run is a few steps at the global batch of the shared DDP run (2 ranks x 2 rows), which it is
-compared with step by step.
+The stages on DeepSpeed come from the shared matrix's sweep; the stages on PyTorch alone and the offloads
+are its extra runs (docs/zero.md). Every run trains the global batch of the sweep's DDP run (2 ranks x 1 row
+x 2 micro-steps), which it is compared with step by step.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support import QUICKSTART, ROOT, Ftui
 
 from runner.spec import deepspeed_config, strategies
 from runner.spec.recipe import RecipeError, load_recipe
 from runner.spec.summary import model_state_bytes
+from tests.support import QUICKSTART, ROOT, Ftui
+from tests.support.matrix import STEPS, Matrix
 
 # fp32 on CPU, the same rows per optimizer step, the same AdamW: DeepSpeed and FSDP reduce gradients in
 # another order than DDP, so the sums differ in the last bits (measured differences ~1e-6).
@@ -26,12 +27,12 @@ LOSS_TOLERANCE = 1e-4
 # Measured model-state bytes per rank (parameters, gradients, optimizer state, fp32 master, on the device
 # and offloaded) against the planner's estimate.
 MODEL_STATE_TOLERANCE = 0.02
-STEPS = 3  # start-up dominates a run on CPU: a few steps show the curves agree
 
-# (strategy, engine, offload): every stage and offload on DeepSpeed, each stage and the offload on torch.
+# (strategy, engine, offload): every stage on DeepSpeed, with the optimizer offloaded at a stage below 3 and
+# everything offloaded at stage 3; every stage on torch, with the offload at stage 3.
 MATRIX = [
     ("zero1", "deepspeed", "none"),
-    ("zero1", "deepspeed", "optimizer"),
+    ("zero2", "deepspeed", "none"),
     ("zero2", "deepspeed", "optimizer"),
     ("zero3", "deepspeed", "none"),
     ("zero3", "deepspeed", "optimizer+params"),
@@ -42,33 +43,20 @@ MATRIX = [
 
 
 def _key(strategy: str, engine: str, offload: str) -> str:
-    return f"{strategy}-{engine}-{offload.replace('+', '-')}"
+    """The matrix's key: the sweep's run for a stage on its default engine, else the extra run."""
+    if engine == "deepspeed" and offload == "none":
+        return strategy
+    return "-".join([strategy, engine] + ([offload] if offload != "none" else []))
 
 
-SAVED = "t-" + _key("zero3", "deepspeed", "none")
-"""The one run that saves its adapter: ZeRO-3's weights are partitions, gathered onto rank 0 to be saved."""
+def _run(matrix: Matrix, strategy: str, engine: str, offload: str) -> dict[str, Any]:
+    return matrix[_key(strategy, engine, offload)].shown
 
 
-@pytest.fixture(scope="module")
-def zero_runs(ftui: Ftui) -> dict[str, dict[str, Any]]:
-    """DDP and each configuration of :data:`MATRIX`: 2 ranks x 2 rows (global batch 4), STEPS steps."""
-    results: dict[str, dict[str, Any]] = {}
-    for strategy, engine, offload in [("ddp", "auto", "none"), *MATRIX]:
-        name = "t-" + _key(strategy, engine, offload)
-        proc = ftui.run("run", str(QUICKSTART), "--strategy", strategy, "--nproc", "2", "--engine", engine,
-                        "--offload", offload, "--set", "train.batch_size=2", "--set", f"train.max_steps={STEPS}",
-                        "--set", f"train.save={'true' if name == SAVED else 'false'}", "--name", name)
-        assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        run = next(r for r in ftui.runs() if r["name"] == name)
-        results[_key(strategy, engine, offload)] = ftui.show(run["id"])
-    return results
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize(("strategy", "engine", "offload"), MATRIX)
-def test_the_engine_and_sharding_asked_for_are_in_effect(zero_runs: dict[str, Any], strategy: str, engine: str,
+def test_the_engine_and_sharding_asked_for_are_in_effect(matrix: Matrix, strategy: str, engine: str,
                                                           offload: str) -> None:
-    run = zero_runs[_key(strategy, engine, offload)]
+    run = _run(matrix, strategy, engine, offload)
     row = strategies.resolve(strategy, engine)
     assert run["status"] == "completed"
     assert run["distributed_type"] in row.expect
@@ -77,25 +65,23 @@ def test_the_engine_and_sharding_asked_for_are_in_effect(zero_runs: dict[str, An
     assert run["summary"]["engine"] == engine
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("strategy", "engine", "offload"), MATRIX)
-def test_losses_match_ddp_at_the_same_global_batch(zero_runs: dict[str, Any], strategy: str, engine: str,
+def test_losses_match_ddp_at_the_same_global_batch(matrix: Matrix, strategy: str, engine: str,
                                                    offload: str) -> None:
-    ddp = [m["loss"] for m in zero_runs[_key("ddp", "auto", "none")]["metrics"]]
-    mine = [m["loss"] for m in zero_runs[_key(strategy, engine, offload)]["metrics"]]
+    ddp = matrix["ddp"].losses
+    mine = [m["loss"] for m in _run(matrix, strategy, engine, offload)["metrics"]]
     assert len(mine) == len(ddp) == STEPS
     assert mine == pytest.approx(ddp, abs=LOSS_TOLERANCE)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["deepspeed", "torch"])
 def test_model_state_bytes_per_rank_fall_as_the_stage_rises_as_the_planner_predicts(
-        zero_runs: dict[str, Any], engine: str) -> None:
+        matrix: Matrix, engine: str) -> None:
     # One run per stage (without offload where the matrix has one: offload moves bytes, it does not remove
     # them), then every run of the engine for the 2% check.
-    per_stage = {s: zero_runs[_key(s, e, o)] for s, e, o in reversed(MATRIX) if e == engine}
-    ordered = [zero_runs[_key("ddp", "auto", "none")]] + [per_stage[s] for s in ("zero1", "zero2", "zero3")]
-    everything = ordered + [zero_runs[_key(s, e, o)] for s, e, o in MATRIX if e == engine]
+    per_stage = {s: _run(matrix, s, e, o) for s, e, o in reversed(MATRIX) if e == engine}
+    ordered = [matrix["ddp"].shown] + [per_stage[s] for s in ("zero1", "zero2", "zero3")]
+    everything = ordered + [_run(matrix, s, e, o) for s, e, o in MATRIX if e == engine]
     for run in everything:
         per_device = run["summary"]["estimate"]["per_device_bytes"]
         planned = per_device["model_states"] + per_device.get("host_bytes", 0)
@@ -112,10 +98,9 @@ def test_model_state_bytes_per_rank_fall_as_the_stage_rises_as_the_planner_predi
     assert measured[-1] < 0.6 * measured[0]
 
 
-@pytest.mark.slow
-def test_the_precision_in_effect_is_measured_and_shown(ftui: Ftui, zero_runs: dict[str, Any]) -> None:
-    deepspeed = zero_runs[_key("zero1", "deepspeed", "none")]["summary"]["precision"]
-    torch_run = zero_runs[_key("zero1", "torch", "none")]
+def test_the_precision_in_effect_is_measured_and_shown(ftui: Ftui, matrix: Matrix) -> None:
+    deepspeed = _run(matrix, "zero1", "deepspeed", "none")["summary"]["precision"]
+    torch_run = _run(matrix, "zero1", "torch", "none")
     assert deepspeed["master"] == "fp32" and deepspeed["params"] == "fp32" and deepspeed["compute"] == "fp32"
     assert torch_run["summary"]["precision"]["master"] is None  # torch's AdamW updates the weights themselves
     shown = subprocess.run([sys.executable, "-m", "tui.cli", "show", str(torch_run["id"])], cwd=ROOT, text=True,
@@ -123,26 +108,25 @@ def test_the_precision_in_effect_is_measured_and_shown(ftui: Ftui, zero_runs: di
     assert "DDP + ZeroRedundancyOptimizer" in shown and "optimizer state fp32 · master none" in shown
 
 
-@pytest.mark.slow
-def test_zero3_saves_the_whole_adapter(zero_runs: dict[str, Any]) -> None:
+def test_zero3_saves_the_whole_adapter(matrix: Matrix) -> None:
+    """ZeRO-3's weights are partitions, gathered onto rank 0 to be saved."""
     from safetensors import safe_open
 
-    saved = Path(zero_runs[_key("zero3", "deepspeed", "none")]["summary"]["saved"]) / "adapter_model.safetensors"
+    saved = Path(_run(matrix, "zero3", "deepspeed", "none")["summary"]["saved"]) / "adapter_model.safetensors"
     with safe_open(str(saved), framework="pt") as fh:
         shapes = {tuple(fh.get_tensor(k).shape) for k in fh.keys()}
     assert shapes == {(8, 384), (384, 8), (128, 8)}, shapes  # LoRA A and B of q/o (384) and k/v (128), none empty
 
 
-@pytest.mark.slow
-def test_the_deepspeed_config_is_kept_in_the_run_folder(zero_runs: dict[str, Any]) -> None:
-    run = zero_runs[_key("zero3", "deepspeed", "optimizer+params")]
+def test_the_deepspeed_config_is_kept_in_the_run_folder(matrix: Matrix) -> None:
+    run = _run(matrix, "zero3", "deepspeed", "optimizer+params")
     config = json.loads((Path(run["run_dir"]) / deepspeed_config.DEEPSPEED_FILE).read_text())
     assert config["zero_optimization"]["stage"] == 3
     assert config["zero_optimization"]["offload_param"]["device"] == "cpu"
-    assert config["gradient_clipping"] == 1.0 and config["train_micro_batch_size_per_gpu"] == 2
+    assert config["gradient_clipping"] == 1.0 and config["train_micro_batch_size_per_gpu"] == 1
+    assert config["gradient_accumulation_steps"] == 2
 
 
-@pytest.mark.slow
 def test_a_run_whose_sharding_is_not_the_one_asked_for_fails_with_the_reason(ftui: Ftui, tmp_path: Path) -> None:
     """zero2 on torch, with the user's accelerate config saying FSDP2 with resharding (ZeRO-3): accelerate
     reports FSDP as expected, the trainer finds the weights resharded after forward and stops the run."""

@@ -5,9 +5,6 @@ tokenized-data cache, and bad rows refused in one line before anything is record
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +17,8 @@ from runner.data.check import check_data
 from runner.data.rows import DataError, read_rows
 from runner.spec import builtin
 from runner.spec.recipe import Recipe, parse_recipe
+from tests.support import ROOT, Ftui
 
-ROOT = Path(__file__).resolve().parents[2]
 TWO_TURNS = {"messages": [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "Capital of Peru?"},
@@ -195,23 +192,14 @@ def test_hugging_face_datasets_offline(tmp_path: Path, monkeypatch: pytest.Monke
         check_data(_recipe("acme/missing").data)
 
 
-def _ftui(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "FTUI_HOME": str(home), "PYTHONPATH": str(ROOT)}
-    env.pop("FTUI_DB", None)
-    return subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=300)
-
-
-@pytest.mark.slow
-def test_a_bad_row_deep_in_the_file_is_refused_before_anything_is_recorded(tmp_path: Path) -> None:
+def test_a_bad_row_deep_in_the_file_is_refused_before_anything_is_recorded(ftui: Ftui, tmp_path: Path) -> None:
     rows = [TWO_TURNS] * 40 + [{"messages": [{"role": "narrator", "content": "x"}]}]
     path = _write(tmp_path / "chat.jsonl", rows)
-    proc = _ftui(tmp_path / "home", "run", str(ROOT / "recipes" / "chat-lora.toml"), "--set",
-                 f"data.source={json.dumps(str(path))}")
+    before = len(ftui.runs())
+    proc = ftui.run("run", str(ROOT / "recipes" / "chat-lora.toml"), "--set", f"data.source={json.dumps(str(path))}")
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ftui: ") and lines[0].endswith(
         "data.source: chat.jsonl row 41: message 1: unknown role 'narrator' (roles: system, user, assistant, tool)")
     assert "Traceback" not in proc.stderr
-    runs = _ftui(tmp_path / "home", "runs", "--format", "json")
-    assert runs.returncode == 2 or json.loads(runs.stdout) == [], "nothing recorded"
+    assert len(ftui.runs()) == before, "nothing recorded"

@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from tests.support import QUICKSTART, ROOT, Ftui
 
 
@@ -49,7 +48,6 @@ def test_core_never_imports_the_tui() -> None:
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 
-@pytest.mark.slow
 def test_bad_recipe_is_one_line_and_exit_2(ftui: Ftui, tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[train]\nbatch_size = true\n")
@@ -65,7 +63,6 @@ def test_bad_recipe_is_one_line_and_exit_2(ftui: Ftui, tmp_path: Path) -> None:
     assert proc.returncode == 2 and "run 999999: no such run" in proc.stderr
 
 
-@pytest.mark.slow
 def test_dry_run_prints_the_launch_and_runs_nothing(ftui: Ftui) -> None:
     before = len(ftui.runs())
     proc = ftui.run("run", str(QUICKSTART), "--strategy", "fsdp", "--set", "train.max_steps=50", "--dry-run",
@@ -99,7 +96,6 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.slow
 def test_more_bad_input_is_one_line_naming_the_field_and_exit_2(ftui: Ftui, tmp_path: Path) -> None:
     not_a_db = tmp_path / "junk.db"
     not_a_db.write_text("this is no sqlite file, just text long enough to have a header\n" * 4)
@@ -116,7 +112,6 @@ def test_more_bad_input_is_one_line_naming_the_field_and_exit_2(ftui: Ftui, tmp_
     assert proc.returncode == 2 and proc.stderr.strip() == f"ftui: {latin1}: not a TOML recipe (TOML is UTF-8 text)"
 
 
-@pytest.mark.slow
 def test_preflight_maps_cuda_indices_and_checks_free_memory_on_scripted_gpus(ftui: Ftui) -> None:
     """--fake-gpus 8: the demo GPUs (~62 GiB used of 80 once loaded; the probe starts them at tick 0
     with 0.5 GiB used). The seed's CodeLlama 34B recipe as a FULL fine-tune over 2 GPUs needs far more

@@ -1,4 +1,4 @@
-"""Issue 16, item 13: the HTML report (`ftui compare --format html`) says where it comes from, has round
+"""The HTML report (`ftui compare --format html`) says where it comes from, has round
 ticks and zero-based utilisation axes, marks each run's training window on its device timelines, charts
 lr and grad norm, notes identical curves, and its table fits 900 px; it renders in headless Chromium
 with no console error (a page with an injected error is caught, so the check can fail)."""
@@ -41,7 +41,7 @@ def test_nice_steps_are_round() -> None:
     assert [nice_step(s) for s in (0.35, 7.0, 100.0, 1234.0)] == [0.1, 2.0, 50.0, 500.0]
 
 
-def test_the_page_says_where_it_comes_from_and_draws_what_the_issue_asks() -> None:
+def test_the_page_says_where_it_comes_from_and_draws_windows_lr_and_grad_norm() -> None:
     page = to_html(comparison())
     provenance = page[page.index('<table class="provenance">'):]
     provenance = provenance[:provenance.index("</table>")]
@@ -85,7 +85,6 @@ def render(chromium: str, page: str, tmp_path: Path) -> tuple[str, list[str]]:
     return proc.stdout, errors
 
 
-@pytest.mark.slow
 def test_the_page_renders_in_chromium_with_no_console_error_and_fits_900_px(chromium: str, tmp_path: Path) -> None:
     page = to_html(comparison())
     dom, errors = render(chromium, page, tmp_path)

@@ -1,21 +1,21 @@
-"""Telemetry of a real run: a 2-process DDP run on CPU is sampled per rank into the store."""
+"""Telemetry of a real run: the shared matrix's 2-process DDP run on CPU is sampled per rank into the store."""
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any
 
 import pytest
-from tests.support import Ftui
 
 from store import Store
+from tests.support import Ftui
+from tests.support.matrix import Matrix
 
 
-def test_ddp_run_has_per_rank_samples_at_the_configured_rate(ftui: Ftui, strategy_runs: dict[str, Any]) -> None:
-    run = strategy_runs["ddp"]
+def test_ddp_run_has_per_rank_samples_at_the_configured_rate(ftui: Ftui, matrix: Matrix) -> None:
+    run = matrix["ddp"]
     store = Store(ftui.db)
-    samples = store.samples(run["id"])
+    samples = store.samples(run.id)
     ranks = Counter(s.index for s in samples if s.kind == "rank")
     assert set(ranks) == {0, 1}, f"one series per rank, got {ranks}"
     assert all(s.source == "psutil" for s in samples if s.kind == "rank")
@@ -25,22 +25,21 @@ def test_ddp_run_has_per_rank_samples_at_the_configured_rate(ftui: Ftui, strateg
     span = times[-1] - times[0]
     assert span > 2
     assert len(times) == pytest.approx(span / 0.5 + 1, rel=0.25)
-    tele = run["summary"]["telemetry"]
+    tele = run.summary["telemetry"]
     for rank in (0, 1):
         dev = tele["devices"][f"rank:{rank}"]
         assert dev["active"]["n"] > 0
         assert 5 < dev["active"]["util_mean"] <= 100 * 2, "a training rank keeps its core busy"
         assert dev["whole"]["mem_peak"] > 100 * 2**20
     assert tele["active"]["kind"] == "rank" and tele["active"]["devices"] == 2
-    assert run["summary"]["mean_util"] == pytest.approx(tele["active"]["util_mean"])
-    assert "util mean/peak" in run["stdout"]
+    assert run.summary["mean_util"] == pytest.approx(tele["active"]["util_mean"])
+    assert "rank:0 util mean/peak" in matrix.show_text(run)
 
 
-@pytest.mark.slow
 def test_ftui_gpus_without_nvml_says_so_in_one_line(ftui: Ftui) -> None:
     proc = ftui.run("gpus", check=True)
     assert "no NVML" in proc.stdout and "host" in proc.stdout
     fake = ftui.run("--fake-gpus", "8", "gpus", check=True)
-    # One line per GPU, its index first; the source named once, in the title (issue 16: fits 80 columns).
+    # One line per GPU, its index first; the source named once, in the title (fits 80 columns).
     indices = re.findall(r"^\s+(\d+)\s+H100", fake.stdout, flags=re.M)
     assert indices == [str(i) for i in range(8)] and "every figure: fake NVML" in fake.stdout

@@ -1,10 +1,10 @@
-"""Issue 14: your own training script launched and watched by ftui (``ftui run --script``, ``launch.script``),
+"""Your own training script launched and watched by ftui (``ftui run --script``, ``launch.script``),
 reporting through ``runner.track`` or ``runner.track_hf.FtuiCallback``.
 
-The fast tests check the client, the recipe, the launch and the bad input in-process or with real small
-subprocesses. The slow ones train ftui's builtin tiny Llama on CPU through the real ``ftui run --script``
-with the two shipped examples (a plain accelerate loop, a ``transformers.Trainer``; TRL's ``SFTTrainer``
-when trl is installed), single and DDP x2, against a real SQLite store.
+Some tests check the client, the recipe, the launch and the bad input in-process or with real small
+subprocesses. The others train ftui's builtin tiny Llama on CPU through the real ``ftui run --script`` with
+the two shipped examples, against a real SQLite store: a plain accelerate loop and a ``transformers.Trainer``
+under DDP x2, and one process with evaluation (TRL's ``SFTTrainer`` when trl is installed, else the Trainer).
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tests.support import QUICKSTART, ROOT, Ftui
+from tests.support.matrix import Matrix
 
 ACC = ROOT / "examples" / "accelerate_train.py"
 HF = ROOT / "examples" / "hf_trainer_train.py"
@@ -212,7 +214,7 @@ def test_dry_run_of_a_script_names_the_script_and_its_args(capsys: pytest.Captur
     assert "runner.rank.script_run" in spec["argv"] and "runner.rank.loopback_launch" in spec["argv"]
 
 
-# ---------------------------------------------------------------------- real script runs (slow)
+# ---------------------------------------------------------------------- real script runs
 
 
 def run_script(ftui: Ftui, name: str, script: Path, *flags: str, args: list[str] = SMALL) -> dict[str, Any]:
@@ -232,28 +234,19 @@ def has_trl() -> bool:
 
 @pytest.fixture(scope="module")
 def script_runs(ftui: Ftui) -> dict[str, dict[str, Any]]:
-    """The two examples, single and DDP x2 (plus TRL single when installed), and a recipe run to compare."""
+    """The two examples under DDP x2, and the Trainer example in one process with evaluation (as TRL's
+    SFTTrainer when trl is installed)."""
     ddp = ["--strategy", "ddp", "--nproc", "2"]
-    runs = {
-        "acc-single": run_script(ftui, "s-acc-single", ACC),
+    single = [*SMALL, "--eval-steps", "3", *(["--sft"] if has_trl() else [])]
+    return {
         "acc-ddp": run_script(ftui, "s-acc-ddp", ACC, *ddp),
-        "hf-single": run_script(ftui, "s-hf-single", HF, args=[*SMALL, "--eval-steps", "3"]),
         "hf-ddp": run_script(ftui, "s-hf-ddp", HF, *ddp),
+        "hf-single": run_script(ftui, "s-hf-single", HF, args=single),
     }
-    if has_trl():
-        runs["trl-single"] = run_script(ftui, "s-trl-single", HF, args=[*SMALL, "--sft"])
-    proc = ftui.run("run", str(QUICKSTART), "--name", "s-recipe", "--set", "train.max_steps=3",
-                    "--set", "data.context_length=32", "--set", "train.batch_size=2", timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    runs["recipe"] = ftui.show(next(r for r in ftui.runs() if r["name"] == "s-recipe")["id"])
-    return runs
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("key", ["acc-single", "acc-ddp", "hf-single", "hf-ddp", "trl-single"])
+@pytest.mark.parametrize("key", ["acc-ddp", "hf-ddp", "hf-single"])
 def test_script_run_fills_the_store(script_runs: dict[str, dict[str, Any]], key: str) -> None:
-    if key not in script_runs:
-        pytest.skip("trl is not installed")
     run = script_runs[key]
     ddp = key.endswith("ddp")
     assert run["status"] == "completed", run.get("error")
@@ -274,9 +267,9 @@ def test_script_run_fills_the_store(script_runs: dict[str, dict[str, Any]], key:
         assert run["summary"]["params"] == 12_587_904  # the builtin tiny Llama
 
 
-@pytest.mark.slow
-def test_script_runs_compare_beside_a_recipe_run(ftui: Ftui, script_runs: dict[str, dict[str, Any]]) -> None:
-    ids = [str(script_runs[k]["id"]) for k in ("recipe", "hf-ddp", "acc-single")]
+def test_script_runs_compare_beside_a_recipe_run(ftui: Ftui, matrix: Matrix,
+                                                 script_runs: dict[str, dict[str, Any]]) -> None:
+    ids = [str(matrix["single"].id), str(script_runs["hf-ddp"]["id"]), str(script_runs["acc-ddp"]["id"])]
     proc = ftui.run("compare", *ids, "--format", "json", check=True)
     rows = {r["run_id"]: r for r in json.loads(proc.stdout)["runs"]}
     for rid in ids:
@@ -291,7 +284,6 @@ def journal_lines(run_dir: Path) -> str:
     return path.read_text() if path.exists() else ""
 
 
-@pytest.mark.slow
 def test_stopping_a_ddp_script_run_reaps_every_rank(ftui: Ftui) -> None:
     import psutil
 
@@ -305,12 +297,12 @@ def test_stopping_a_ddp_script_run_reaps_every_rank(ftui: Ftui) -> None:
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()[0][-3000:]
-        run = next((r for r in ftui.runs() if r["name"] == "s-stop"), None)
-        if run is not None and run.get("run_dir"):
-            run_dir = Path(run["run_dir"])
+        folders = list((ftui.home / "runs").glob("*-s-stop"))
+        if folders:
+            run_dir = folders[0]
             if len(list((run_dir / "ranks").glob("*.pid"))) == 2 and '"type":"step"' in journal_lines(run_dir):
                 break
-        time.sleep(0.5)
+        time.sleep(0.2)
     else:
         raise AssertionError("no step within 300 s")
     assert run_dir is not None
@@ -318,7 +310,7 @@ def test_stopping_a_ddp_script_run_reaps_every_rank(ftui: Ftui) -> None:
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 130, out[-3000:]
-    shown = ftui.show(run["id"])
+    shown = ftui.show(next(r["id"] for r in ftui.runs() if r["name"] == "s-stop"))
     assert shown["status"] == "stopped"
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert find_processes(run_dir) == {}
@@ -336,7 +328,6 @@ time.sleep(120)
 """
 
 
-@pytest.mark.slow
 def test_script_whose_accelerator_is_not_the_strategy_fails_with_the_reason(ftui: Ftui, tmp_path: Path) -> None:
     script = tmp_path / "plain.py"
     script.write_text(MISMATCH)
@@ -350,7 +341,6 @@ def test_script_whose_accelerator_is_not_the_strategy_fails_with_the_reason(ftui
     assert run["error"] == "launch.strategy: asked for fsdp (FSDP) but accelerate ran NO; the run was stopped"
 
 
-@pytest.mark.slow
 def test_script_that_reports_nothing_still_has_status_samples_and_duration(ftui: Ftui, tmp_path: Path) -> None:
     script = tmp_path / "silent.py"
     script.write_text("import sys, time\nsum(i * i for i in range(3_000_000))\ntime.sleep(1)\n"

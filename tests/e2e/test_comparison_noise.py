@@ -1,5 +1,6 @@
-"""Issue 16, item 2: verdicts drawn from noise. A comparison says when the host was busy with other work,
-and never calls a run "faster" than one that trained a different global batch."""
+"""Verdicts drawn from noise: a comparison says when the host was busy with other work, never calls a run
+"faster" than one that trained a different global batch, and gives medians and spread over repeated runs
+(a real ``ftui sweep --repeat 2``: the shared ``cold_repeat`` sweep)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from runner.analysis.compare import build_comparison
 from runner.analysis.noise import host_other_util
 from tests.e2e.test_compare import _run
+from tests.support.matrix import ColdRepeat
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = json.loads((ROOT / "tests" / "golden" / "show_run.json").read_text())["summary"]
@@ -80,18 +82,8 @@ def test_repeat_must_be_positive() -> None:
         plan(ROOT / "recipes" / "quickstart.toml", ["single"], None, [], [], repeat=0)
 
 
-@pytest.mark.slow
-def test_sweep_repeat_runs_each_strategy_n_times_and_prints_medians(tmp_path: Path) -> None:
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "FTUI_HOME": str(tmp_path), "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
-    env.pop("FTUI_DB", None)
-    proc = subprocess.run([sys.executable, "-m", "tui.cli", "sweep", str(ROOT / "recipes" / "quickstart.toml"),
-                           "--strategies", "single", "--repeat", "2", "--set", "train.max_steps=1"],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
-    assert "2 runs, one after another" in proc.stdout and "repeat 2/2" in proc.stdout
-    assert "over the repeats: median (min-max)" in proc.stdout and "2/2" in proc.stdout
-    assert "single: median" in proc.stdout
+def test_sweep_repeat_runs_each_strategy_n_times_and_prints_medians(cold_repeat: ColdRepeat) -> None:
+    out = cold_repeat.proc.stdout
+    assert "2 runs, one after another" in out and "repeat 2/2" in out
+    assert "over the repeats: median (min-max)" in out and "2/2" in out
+    assert "single: median" in out
