@@ -3,7 +3,7 @@
 Each command names its handler as ``handler="module:function"``; :func:`tui.cli.main.main` imports that
 module only when the command runs. So building the whole parser (``ftui --help``, a typo's one-line error)
 imports argparse-level things only: the strategies table and the planner's defaults for the choices and the
-help, never the store, pydantic, torch or textual (tests/test_architecture.py checks it).
+help, never the store, pydantic, torch or textual (tests/unit/test_architecture.py checks it).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ COMMANDS: tuple[str, ...] = (
     "tui.cli.db",        # db upgrade, db current
     "tui.cli.slurm",     # slurm
 )
-"""The modules that hold the commands' handlers (tests/test_cli.py checks that every handler the parser
+"""The modules that hold the commands' handlers (tests/integration/test_cli.py checks that every handler the parser
 names is in one of them and exists)."""
 
 DASHBOARD = "tui.cli.dashboard:cmd_dashboard"
