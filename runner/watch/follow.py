@@ -20,6 +20,7 @@ from pathlib import Path
 
 from runner.hardware import Probe
 from runner.spec import events as ev
+from runner.spec import watching
 from runner.watch import procs
 from runner.watch.crash import RankWatch, describe
 from runner.watch.finish import Ending, Outcome, finish
@@ -51,9 +52,9 @@ Stop = threading.Event | procs.StopRequest
 class WatchOptions:
     """How a run is watched; the same for ``ftui run``, ``ftui resume``, sweeps, the background watcher."""
 
-    sample_interval_s: float = 0.5
+    sample_interval_s: float = watching.SAMPLE_INTERVAL_S
     """Seconds between telemetry readings; 0 turns telemetry off."""
-    hang_after_s: float = 300.0
+    hang_after_s: float = watching.HANG_AFTER_S
     """Flag a hang when no step came for this long and a device is idle; stop the run (failed,
     "hang: ...") when it is still hung ``hang_after_s`` after the flag."""
     grace_s: float = procs.DEFAULT_GRACE_S

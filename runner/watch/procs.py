@@ -40,11 +40,12 @@ import psutil
 
 from runner.hardware import NvmlBackend
 from runner.spec import events as ev
+from runner.spec import watching
 
 RUN_ENV = "FTUI_RUN_DIR"
 """Environment variable naming the run folder in every process of a run."""
 
-DEFAULT_GRACE_S = 30.0
+DEFAULT_GRACE_S = watching.GRACE_S
 """Seconds the ranks get to finish their step, save and exit before SIGKILL."""
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
