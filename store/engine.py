@@ -13,7 +13,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -30,7 +30,8 @@ class StoreError(RuntimeError):
 LOCK_TIMEOUT_S = 120.0
 """How long a store call waits out another client's lock before it gives up (``FTUI_DB_LOCK_TIMEOUT``)."""
 _BUSY_TIMEOUT_MS = 10_000
-"""SQLite's own wait per statement; the retry loop around each call covers the rest of the budget."""
+"""SQLite's own wait per statement (at most the lock timeout); the retry loop around each call covers
+the rest of the budget."""
 _LOCK_WORDS = ("database is locked", "database table is locked", "database is busy", "deadlock detected",
                "could not serialize access")
 
@@ -51,32 +52,43 @@ def is_lock_error(exc: OperationalError) -> bool:
     return any(word in message for word in _LOCK_WORDS)
 
 
-def retry_locked(call: Callable[[], _R], url: str, lock_timeout: float) -> _R:
+RETRY_FIRST_DELAY_S = 0.05
+"""The first pause of :func:`retry_locked` after a locked call; each next pause doubles, up to
+:data:`RETRY_MAX_DELAY_S`."""
+RETRY_MAX_DELAY_S = 1.0
+
+
+def retry_delays(first: float = RETRY_FIRST_DELAY_S, most: float = RETRY_MAX_DELAY_S) -> Iterator[float]:
+    """The backoff of :func:`retry_locked`: ``first``, doubled each time, capped at ``most``."""
+    delay = first
+    while True:
+        yield delay
+        delay = min(delay * 2, most)
+
+
+def retry_locked(call: Callable[[], _R], url: str, lock_timeout: float, *,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> _R:
     """Run ``call`` (one whole transaction), again while the database is locked, for up to ``lock_timeout``
-    seconds.
+    seconds on ``clock``, pausing (``sleep``) with backoff (:func:`retry_delays`) between tries.
 
     Raises:
         StoreError: Still locked by another client when the time is up.
     """
-    deadline = time.monotonic() + lock_timeout
-    delay = 0.05
+    deadline = clock() + lock_timeout
+    delays = retry_delays()
     while True:
         try:
             return call()
         except OperationalError as exc:
             if not is_lock_error(exc):
                 raise
-            left = deadline - time.monotonic()
+            left = deadline - clock()
             if left <= 0:
                 raise StoreError(
                     f"--db {url}: database still locked by another program after "
                     f"{lock_timeout:g} s (FTUI_DB_LOCK_TIMEOUT)"
                 ) from None
-            time.sleep(min(delay, left))
-            delay = min(delay * 2, 1.0)
-
-
-
+            sleep(min(next(delays), left))
 
 
 def describe_error(url: str, exc: BaseException) -> str:

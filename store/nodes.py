@@ -13,6 +13,8 @@ and ``ftui stop`` reach a run on other machines only through these rows.
 from __future__ import annotations
 
 import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -23,9 +25,6 @@ from sqlalchemy.exc import IntegrityError
 from store.engine import StoreError
 from store.models import DeviceSampleRow, ProcessSampleRow, Run, RunNode, StopRequestRow
 from store.store import TERMINAL, Store, utcnow
-
-HEARTBEAT_STALE_S = 30.0
-"""A node whose agent has not renewed its heartbeat for this long is taken for dead."""
 
 
 class JoinRefused(StoreError):
@@ -169,8 +168,9 @@ def nodes_of(store: Store, run_ids: list[int]) -> dict[int, list[NodeInfo]]:
     return out
 
 
-def update_node(store: Store, run_id: int, slot: int, **values: Any) -> None:
-    """Set columns of one node's row (``heartbeat_at`` is renewed too)."""
+def update_node(store: Store, run_id: int, slot: int, clock: Callable[[], float] = time.time, **values: Any) -> None:
+    """Set columns of one node's row; its ``heartbeat_at`` is renewed too, to ``clock()`` (seconds since the
+    epoch: the agent's clock, the one :func:`settle` compares heartbeats with)."""
     allowed = {"node_rank", "ranks", "run_dir", "status", "error", "exit_code", "ended_at", "fault_at", "pid",
                "checkpoints"}
     unknown = set(values) - allowed
@@ -178,7 +178,7 @@ def update_node(store: Store, run_id: int, slot: int, **values: Any) -> None:
         raise TypeError(f"update_node: not an updatable column: {', '.join(sorted(unknown))}")
     with store._write() as s:
         s.execute(update(RunNode).where(RunNode.run_id == run_id, RunNode.slot == slot)
-                  .values(heartbeat_at=utcnow(), **values))
+                  .values(heartbeat_at=_utc(clock()), **values))
 
 
 def record_checkpoints(store: Store, run_id: int, slot: int, steps: list[int]) -> None:
@@ -198,9 +198,9 @@ def common_checkpoint(nodes: list[NodeInfo]) -> int | None:
     return max(common) if common else None
 
 
-def heartbeat(store: Store, run_id: int, slot: int) -> None:
-    """The node agent is alive."""
-    update_node(store, run_id, slot)
+def heartbeat(store: Store, run_id: int, slot: int, clock: Callable[[], float] = time.time) -> None:
+    """The node agent is alive (at ``clock()``)."""
+    update_node(store, run_id, slot, clock=clock)
 
 
 def post_stop(store: Store, run_id: int, kill: bool = False, by: str | None = None) -> int:
@@ -257,11 +257,12 @@ def samples_per_node(store: Store, run_id: int) -> dict[int | None, int]:
     return {node: int(count) for node, count in rows}
 
 
-def settle(store: Store, run_id: int, stale_after_s: float = HEARTBEAT_STALE_S) -> Settled | None:
-    """Decide a multi-node run's end once every node has ended (a node whose heartbeat is older than
-    ``stale_after_s`` is marked failed, "node died"); None while some node still runs.
+def settle(store: Store, run_id: int, dead_after_s: float, clock: Callable[[], float] = time.time) -> Settled | None:
+    """Decide a multi-node run's end once every node has ended; None while some node still runs.
 
-    The run is ``failed`` when any node failed, with the reason of the node that failed first
+    A node still ``running`` whose heartbeat is older than ``dead_after_s`` (by ``clock``, seconds since
+    the epoch, the clock the heartbeats are written by) is marked failed, "node died", at its last
+    heartbeat. The run is ``failed`` when any node failed, with the reason of the node that failed first
     (``fault_at``: the root cause, not the peers its loss tore down), else ``stopped`` when any node
     stopped, else ``completed``. Writes the run's status once; a run already ended is left as is.
     """
@@ -270,10 +271,10 @@ def settle(store: Store, run_id: int, stale_after_s: float = HEARTBEAT_STALE_S) 
         if run is None:
             return None
         rows = list(s.scalars(select(RunNode).where(RunNode.run_id == run_id).order_by(RunNode.slot)))
-        now = utcnow()
+        now = _utc(clock())
         for row in rows:
             age = (now - row.heartbeat_at).total_seconds()
-            if row.status == "running" and age > stale_after_s:
+            if row.status == "running" and age > dead_after_s:
                 row.status = "failed"
                 row.error = f"node died: its agent on {row.host} stopped reporting {age:.0f} s ago"
                 row.fault_at = row.heartbeat_at.replace(tzinfo=UTC).timestamp()
@@ -295,6 +296,11 @@ def settle(store: Store, run_id: int, stale_after_s: float = HEARTBEAT_STALE_S) 
             status, error = "completed", None
         run.status, run.error, run.ended_at = status, error, now
         return Settled(status, error, [_node(r) for r in rows])
+
+
+def _utc(seconds: float) -> datetime:
+    """Seconds since the epoch as the store's naive UTC datetime (:func:`store.store.utcnow`'s form)."""
+    return datetime.fromtimestamp(seconds, UTC).replace(tzinfo=None)
 
 
 def _label(row: RunNode) -> str:

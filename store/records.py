@@ -1,7 +1,7 @@
 """The records the store hands out: frozen dataclasses, never ORM rows, and what a run's update may set.
 
 A run's columns are declared once, by :class:`store.models.Run`; :class:`RunInfo` and :class:`RunUpdate`
-repeat them for mypy, and a test (tests/test_store_records.py) checks them against the model field for
+repeat them for mypy, and a test (tests/unit/test_store_records.py) checks them against the model field for
 field. A sample's fields are the probe's own records (:mod:`runner.hardware.records`) plus the row id.
 """
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.nodes import slurm
+from runner.nodes.timings import NodeTimings, TimingsError
 from runner.spec import events as ev
 from runner.spec.checkpoint import complete_checkpoints, step_of
 from runner.spec.paths import RunFolderError, claim_run_folder, runs_dir
@@ -40,9 +41,6 @@ from runner.watch.procs import StopRequest
 from store import Store, StoreError
 from store import nodes as store_nodes
 from store.store import utcnow
-
-HEARTBEAT_S = 2.0
-"""How often an agent renews its heartbeat and reads stop requests."""
 
 
 @dataclass
@@ -60,7 +58,13 @@ class NodeAgent:
     """When a rank of this node first vanished (set by the watcher)."""
     run_dir: Path | None = None
     """This machine's run folder, whose complete checkpoints the agent records (``run_nodes.checkpoints``)."""
-    _last_beat: float = 0.0
+    timings: NodeTimings = field(default_factory=NodeTimings)
+    clock: Callable[[], float] = time.monotonic
+    """Intervals and deadlines (the heartbeat's pace, waiting for the other nodes)."""
+    wall_clock: Callable[[], float] = time.time
+    """Seconds since the epoch, the heartbeats' clock: whether another node stopped reporting."""
+    sleep: Callable[[float], None] = time.sleep
+    _last_beat: float | None = None
     _last_stop_id: int = 0
     _posted: bool = False
     _from_store: bool = False
@@ -75,13 +79,13 @@ class NodeAgent:
     def tick(self, request: StopRequest, run_dir: Path) -> None:
         """Called by the watcher's loop: heartbeat, ranks, stop requests both ways. Never raises (a store
         down for a moment must not end a run)."""
-        now = time.monotonic()
+        now = self.clock()
         try:
             if request.is_set() and not self._posted and not self._from_store:
                 self._posted = True  # asked here (Ctrl-C, SIGTERM, scancel): tell every other node
                 store_nodes.post_stop(self.store, self.run_id, kill=bool(request.kill),
                                       by=f"node #{self.slot} ({self.host})")
-            if now - self._last_beat < HEARTBEAT_S:
+            if self._last_beat is not None and now - self._last_beat < self.timings.heartbeat_s:
                 return
             self._last_beat = now
             values: dict[str, Any] = {}
@@ -91,7 +95,7 @@ class NodeAgent:
                     self._ranks_known = True
                     # torchrun numbers ranks node by node: GROUP_RANK * nproc + LOCAL_RANK.
                     values = {"ranks": ranks, "node_rank": ranks[0] // self.nproc}
-            store_nodes.update_node(self.store, self.run_id, self.slot, **values)
+            store_nodes.update_node(self.store, self.run_id, self.slot, clock=self.wall_clock, **values)
             self.record_checkpoints(run_dir)
             for stop in store_nodes.stop_requests(self.store, self.run_id, self._last_stop_id):
                 self._last_stop_id = stop.id
@@ -111,41 +115,54 @@ class NodeAgent:
             self._checkpoints = steps
 
     def finish(self, status: str, error: str | None, exit_code: int | None,
-               wait_s: float = store_nodes.HEARTBEAT_STALE_S + 5.0) -> store_nodes.Settled | None:
-        """Record this node's end; then settle the run once every node has ended (waiting up to ``wait_s``
-        for the others, so a node that died is noticed by its stale heartbeat). None: not settled here
-        (another node still runs and will settle it)."""
+               wait_s: float | None = None) -> store_nodes.Settled | None:
+        """Record this node's end; then settle the run once every node has ended, waiting up to ``wait_s``
+        (default :attr:`NodeTimings.settle_wait_s`: so that a node that died is noticed by its stale
+        heartbeat) for the others. None: not settled here (another node still runs and will settle it)."""
         if self.run_dir is not None:
             try:  # the stop's (or the last) checkpoint was written after the last tick
                 self.record_checkpoints(self.run_dir)
             except Exception:  # noqa: BLE001 (the node's end matters more than the record)
                 pass
-        store_nodes.update_node(self.store, self.run_id, self.slot, status=status, error=error,
-                                exit_code=exit_code, ended_at=utcnow(),
+        store_nodes.update_node(self.store, self.run_id, self.slot, clock=self.wall_clock, status=status,
+                                error=error, exit_code=exit_code, ended_at=utcnow(),
                                 fault_at=self.fault_at if status == "failed" else None)
-        deadline = time.monotonic() + wait_s
+        deadline = self.clock() + (self.timings.settle_wait_s if wait_s is None else wait_s)
         while True:
-            settled = store_nodes.settle(self.store, self.run_id)
-            if settled is not None or time.monotonic() >= deadline:
+            settled = store_nodes.settle(self.store, self.run_id, self.timings.dead_after_s, clock=self.wall_clock)
+            if settled is not None or self.clock() >= deadline:
                 return settled
-            time.sleep(1.0)
+            self.sleep(self.timings.poll_s)
+
+    def wait_for_nodes(self, nnodes: int) -> int:
+        """Wait up to :attr:`NodeTimings.join_wait_s` until ``nnodes`` nodes joined this run, renewing this
+        node's heartbeat meanwhile (waiting is not dying). Returns how many joined (fewer: the wait ran out)."""
+        deadline = self.clock() + self.timings.join_wait_s
+        while (joined := len(store_nodes.nodes(self.store, self.run_id))) < nnodes and self.clock() < deadline:
+            store_nodes.heartbeat(self.store, self.run_id, self.slot, clock=self.wall_clock)
+            self.sleep(self.timings.poll_s)
+        return joined
 
 
 def prepare_node(store: Store, recipe: Recipe, spec: NodeSpec, source: str | None = None,
                  root: Path | None = None, resumed_from: int | None = None,
-                 choose: Callable[[NodeAgent], Recipe] | None = None) -> Prepared:
+                 choose: Callable[[NodeAgent], Recipe] | None = None,
+                 timings: NodeTimings | None = None) -> Prepared:
     """Join (or create) the run of ``spec.run_key`` and write this node's run folder; start nothing.
 
     ``resumed_from``: the run this one continues; ``choose``: called once joined, before the folder is
     written, returns the recipe to launch (a resume agrees on its checkpoint with the other nodes there:
     :mod:`runner.nodes.resume`); a PreflightError from it ends this node failed with that reason.
+    ``timings``: the agent's (default: :meth:`NodeTimings.from_env`).
 
     Returns:
         The prepared run, with this machine's :class:`NodeAgent`.
 
     Raises:
-        PreflightError: the key's run already has all its nodes, or the folder cannot be written (one line).
+        PreflightError: the key's run already has all its nodes, the folder cannot be written, or a timing
+            in the environment is not a number of seconds (one line).
     """
+    timings = timings if timings is not None else node_timings()
     create = {"name": recipe.name, "recipe_text": recipe.to_toml(), "recipe_hash": recipe.digest(),
               "recipe_source": source, "strategy": recipe.launch.strategy,
               "nproc": recipe.launch.nproc * spec.nnodes, "method": recipe.method.type,
@@ -154,12 +171,12 @@ def prepare_node(store: Store, recipe: Recipe, spec: NodeSpec, source: str | Non
         joined = store_nodes.join_run(store, spec.run_key, spec.nnodes, create, pid=os.getpid())
     except store_nodes.JoinRefused as exc:
         raise PreflightError(str(exc)) from None
-    agent = NodeAgent(store, joined.run_id, joined.slot, spec, joined.created, recipe.launch.nproc)
+    agent = NodeAgent(store, joined.run_id, joined.slot, spec, joined.created, recipe.launch.nproc, timings=timings)
     if choose is not None:
         try:
             recipe = choose(agent)
         except PreflightError as exc:  # (every node refuses alike: the last one settles the run)
-            agent.finish("failed", str(exc), None, wait_s=10.0)
+            agent.finish("failed", str(exc), None, wait_s=timings.refuse_wait_s)
             raise
     uid = run_uid(store, joined.run_id)
     try:  # each machine writes its own folder (no shared filesystem assumed); the slot tells them apart
@@ -180,6 +197,18 @@ def prepare_node(store: Store, recipe: Recipe, spec: NodeSpec, source: str | Non
     return Prepared(run_id=joined.run_id, run_dir=run_dir, spec=launch, recipe=recipe, node=agent)
 
 
+def node_timings() -> NodeTimings:
+    """The timings this launch's environment sets (:meth:`NodeTimings.from_env`).
+
+    Raises:
+        PreflightError: one line naming the variable that is not a number of seconds.
+    """
+    try:
+        return NodeTimings.from_env()
+    except TimingsError as exc:
+        raise PreflightError(str(exc)) from None
+
+
 def is_remote(run: Any) -> bool:
     """Whether ``run`` is followed by agents the store alone reaches: several machines, a SLURM job, or a
     watcher on another host."""
@@ -188,9 +217,10 @@ def is_remote(run: Any) -> bool:
 
 
 def stop_through_store(store: Store, run_id: int, kill: bool = False, wait: bool = True,
-                       timeout_s: float = 120.0, by: str | None = None) -> str:
+                       timeout_s: float = 120.0, by: str | None = None, poll_s: float = 0.5) -> str:
     """Stop a run whose processes may be on other machines: post a stop request every node agent polls
-    (:data:`HEARTBEAT_S`), and wait (``wait``) for the run's status to change.
+    (every :attr:`NodeTimings.heartbeat_s`), and wait (``wait``, up to ``timeout_s``, reading the store
+    every ``poll_s``) for the run's status to change.
 
     Returns:
         The run's status afterwards (``running`` when not waited for, or still running at the timeout).
@@ -216,5 +246,5 @@ def stop_through_store(store: Store, run_id: int, kill: bool = False, wait: bool
         now = store.get_run(run_id)
         if now is None or now.status not in ("running", "created"):
             return "gone" if now is None else now.status
-        time.sleep(0.5)
+        time.sleep(poll_s)
     return "running"

@@ -28,6 +28,7 @@ from typing import Any
 
 from runner.nodes.agent import NodeAgent, prepare_node
 from runner.nodes.steps import copy_dcp_parts, describe_nodes, node_steps, refuse, wait_for_nodes
+from runner.nodes.timings import NodeTimings
 from runner.rank.resume_map import write_map
 from runner.spec.checkpoint import checkpoint_dir
 from runner.spec.recipe import Recipe
@@ -50,8 +51,8 @@ def unreadable(folders: dict[int, tuple[str, str]]) -> list[str]:
 
 
 def prepare_c10d_resume(store: Store, old: Any, recipe: Recipe, rdzv_endpoint: str, run_key: str | None,
-                        root: Path | None = None, wait_s: float = 600.0,
-                        warn: Callable[[str], None] | None = None) -> Prepared:
+                        root: Path | None = None, warn: Callable[[str], None] | None = None,
+                        timings: NodeTimings | None = None) -> Prepared:
     """This machine's part of a new multi-node run continuing run ``old`` under a c10d rendezvous (see the
     module's text).
 
@@ -99,7 +100,7 @@ def prepare_c10d_resume(store: Store, old: Any, recipe: Recipe, rdzv_endpoint: s
     chosen: dict[str, Any] = {}
 
     def choose(agent: NodeAgent) -> Recipe:
-        wait_for_nodes(store, agent, spec.nnodes, wait_s, run_id,
+        wait_for_nodes(agent, spec.nnodes, run_id,
                        f"ftui resume {run_id} --nnodes {spec.nnodes} --rdzv-endpoint {rdzv_endpoint}")
         recorded = store_nodes.nodes(store, run_id)  # the last node to join recorded the shared disk last
         step = store_nodes.common_checkpoint(recorded)
@@ -126,7 +127,7 @@ def prepare_c10d_resume(store: Store, old: Any, recipe: Recipe, rdzv_endpoint: s
         return recipe.model_copy(update={"train": recipe.train.model_copy(update={"resume_from": str(paths[0])})})
 
     prepared = prepare_node(store, recipe, spec, source=f"resume of run {run_id}", root=root, resumed_from=run_id,
-                            choose=choose)
+                            choose=choose, timings=timings)
     write_map(prepared.run_dir, chosen["step"], chosen["paths"])
     if prepared.node is not None and prepared.node.created and prepared.run_id is not None:
         store.update_run(prepared.run_id, summary={"resumed_from": {"run_id": run_id, "checkpoint": chosen["paths"][0],

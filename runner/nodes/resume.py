@@ -29,7 +29,8 @@ from typing import Any
 
 from runner.nodes.agent import NodeAgent, prepare_node
 from runner.nodes.c10d_resume import prepare_c10d_resume
-from runner.nodes.steps import JOIN_WAIT_S, copy_dcp_parts, describe_nodes, node_steps, refuse, wait_for_nodes
+from runner.nodes.steps import copy_dcp_parts, describe_nodes, node_steps, refuse, wait_for_nodes
+from runner.nodes.timings import NodeTimings
 from runner.spec.checkpoint import checkpoint_dir, checkpoints_root
 from runner.spec.recipe import Recipe, parse_recipe
 from runner.spec.rendezvous import NodesError, NodeSpec, node_spec
@@ -49,10 +50,11 @@ def prepare_node_resume(
     rdzv_endpoint: str | None,
     run_key: str | None,
     root: Path | None = None,
-    wait_s: float = JOIN_WAIT_S,
     warn: Callable[[str], None] | None = None,
+    timings: NodeTimings | None = None,
 ) -> Prepared:
     """This machine's part of a new multi-node run continuing run ``run_id`` (see the module's text).
+    ``timings``: the node agent's (default: from the environment, :func:`runner.nodes.agent.node_timings`).
 
     Returns:
         The prepared run (with its :class:`runner.nodes.agent.NodeAgent`), started by the caller as
@@ -71,7 +73,8 @@ def prepare_node_resume(
         raise refuse(f"--nnodes: run {run_id} ran on {old.nnodes} machines; resume it on {old.nnodes}")
     recipe = parse_recipe(old.recipe_text, source=f"run {run_id}'s recipe")
     if rdzv_endpoint is not None:
-        return prepare_c10d_resume(store, old, recipe, rdzv_endpoint, run_key, root=root, wait_s=wait_s, warn=warn)
+        return prepare_c10d_resume(store, old, recipe, rdzv_endpoint, run_key, root=root, warn=warn,
+                                   timings=timings)
     try:
         spec = node_spec(old.nnodes or 1, node_rank, main_addr, main_port, None, run_key, recipe.name)
     except NodesError as exc:
@@ -97,8 +100,7 @@ def prepare_node_resume(
     chosen: dict[str, Any] = {}
 
     def choose(agent: NodeAgent) -> Recipe:
-        wait_for_nodes(store, agent, spec.nnodes, wait_s, run_id,
-                       f"ftui resume {run_id} --node-rank K --main-addr ADDR")
+        wait_for_nodes(agent, spec.nnodes, run_id, f"ftui resume {run_id} --node-rank K --main-addr ADDR")
         recorded = store_nodes.nodes(store, run_id)  # every node recorded its disk before it joined
         step = store_nodes.common_checkpoint(recorded)
         if step is None:
@@ -120,7 +122,7 @@ def prepare_node_resume(
         return recipe.model_copy(update={"train": recipe.train.model_copy(update={"resume_from": str(path)})})
 
     prepared = prepare_node(store, recipe, spec, source=f"resume of run {run_id}", root=root, resumed_from=run_id,
-                            choose=choose)
+                            choose=choose, timings=timings)
     if prepared.node is not None and prepared.node.created and prepared.run_id is not None:
         store.update_run(prepared.run_id, summary={"resumed_from": {"run_id": run_id, "checkpoint": chosen["path"],
                                                                     "step": chosen["step"]}})

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 from runner.nodes.agent import NodeAgent
@@ -19,27 +18,21 @@ from runner.spec.checkpoint import (
     step_of,
 )
 from runner.watch.preflight import PreflightError
-from store import Store
 from store import nodes as store_nodes
 
-JOIN_WAIT_S = 600.0
-"""How long a resuming node waits for the other nodes to join before it gives up (one line)."""
 
-
-def wait_for_nodes(store: Store, agent: NodeAgent, nnodes: int, wait_s: float, run_id: int, command: str) -> None:
-    """Wait until ``nnodes`` nodes joined the resuming run, renewing this node's heartbeat meanwhile
-    (waiting is not dying: settling fails a node silent for 30 s).
+def wait_for_nodes(agent: NodeAgent, nnodes: int, run_id: int, command: str) -> None:
+    """Wait until ``nnodes`` nodes joined the resuming run (:meth:`NodeAgent.wait_for_nodes`, this node's
+    heartbeat renewed meanwhile).
 
     Raises:
-        NodeResumeError: fewer joined within ``wait_s``; one line naming ``command`` to run on every node.
+        PreflightError: fewer joined within the agent's ``join_wait_s``; one line naming ``command`` to run
+            on every node.
     """
-    deadline = time.monotonic() + wait_s
-    while len(joined := store_nodes.nodes(store, agent.run_id)) < nnodes:
-        if time.monotonic() >= deadline:
-            raise refuse(f"run {run_id}: only {len(joined)} of {nnodes} nodes joined the resume within "
-                          f"{wait_s:.0f} s: run `{command}` on every node")
-        store_nodes.heartbeat(store, agent.run_id, agent.slot)
-        time.sleep(1.0)
+    joined = agent.wait_for_nodes(nnodes)
+    if joined < nnodes:
+        raise refuse(f"run {run_id}: only {joined} of {nnodes} nodes joined the resume within "
+                     f"{agent.timings.join_wait_s:.0f} s: run `{command}` on every node")
 
 
 def refuse(message: str) -> PreflightError:

@@ -101,7 +101,7 @@ class RankMemory:
 class SavedBytes:
     """Bytes autograd saves for backward during one forward, parameters excluded.
 
-    The method of ``tests/test_estimate.py``: a ``saved_tensors_hooks`` pack hook sums the unique
+    The method of ``tests/unit/test_estimate.py``: a ``saved_tensors_hooks`` pack hook sums the unique
     storages (deduplicated by ``data_ptr``) of what is saved. Parameters are recognised by storage while
     their module runs (pre/post forward hooks), which also catches FSDP's all-gathered weights, whose
     memory is freed and can be reused by later activations. On CUDA the allocator's growth across the

@@ -3,7 +3,7 @@ transformers' config classes, trained for two steps by the real trainer, with th
 independent measurement (runner/rank/memtrack.py).
 
 Used by ``bench/bench_memory_grid.py`` (the whole grid, its table is in docs/memory-model.md) and by
-``tests/test_memory_grid.py`` (a subset). Nothing is downloaded: the weights are a seeded random init
+``tests/e2e/test_estimate_vs_measured.py`` (a subset). Nothing is downloaded: the weights are a seeded random init
 saved to a local folder with the builtin tokenizer.
 """
 

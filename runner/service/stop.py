@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,21 +112,29 @@ def _settle_gone(store: Store, run: Any, run_dir: Path) -> StopResult:
     return StopResult(run.id, done.status, f"{nothing}; {done.action}: {done.detail or done.status}")
 
 
+ESCALATE_AFTER_S = 2.0
+"""Seconds past our grace before a watcher that has not recorded the end is asked again (kill now)."""
+GIVE_UP_AFTER_S = 60.0
+"""Seconds past our grace before a watcher that still has not recorded the end is given up on (this
+process then stops the run itself)."""
+
+
 def _wait_for_watcher(store: Store, run_id: int, pid: int, created: Any, what: str, grace_s: float,
-                      poll_s: float) -> StopResult | None:
+                      poll_s: float, clock: Callable[[], float] = time.monotonic,
+                      sleep: Callable[[float], None] = time.sleep) -> StopResult | None:
     """Wait for the signalled watcher to record the run's end; None when it died without recording."""
     escalated = False
-    started = time.monotonic()
-    while time.monotonic() - started < grace_s + 60.0:
+    started = clock()
+    while clock() - started < grace_s + GIVE_UP_AFTER_S:
         now = store.get_run(run_id)
         if now is None or now.status not in ("running", "created"):
             status = "gone" if now is None else now.status
             how = f"{what} done by its watcher (pid {pid}): " + ((now.summary.stop or "") if now else "")
             return StopResult(run_id, status, how)
-        if not escalated and time.monotonic() - started > grace_s + 2.0:
+        if not escalated and clock() - started > grace_s + ESCALATE_AFTER_S:
             escalated = True  # the watcher's own grace may be longer than ours: ask it again (kill now)
             signal_pids([pid], signal.SIGTERM)
         if not watcher_alive(pid, created):
             return None
-        time.sleep(poll_s)
+        sleep(poll_s)
     return None

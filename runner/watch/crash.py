@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,8 +137,9 @@ class RankWatch:
     """Follows the rank processes named in ``RUN/ranks/*.pid`` (psutil; pid reuse guarded by the
     process's start time) and reports those that disappear."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, clock: Callable[[], float] = time.time) -> None:
         self.run_dir = run_dir
+        self.clock = clock
         self._procs: dict[int, Any] = {}
         self.vanished: list[tuple[int, int]] = []
         self.first_vanished_at: float | None = None
@@ -163,7 +165,7 @@ class RankWatch:
                 gone.append((rank, proc.pid))
                 del self._procs[rank]
         if gone and self.first_vanished_at is None:
-            self.first_vanished_at = time.time()
+            self.first_vanished_at = self.clock()
         self.vanished.extend(gone)
         return gone
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from runner.spec import watching
 from runner.watch import procs
 from runner.watch.follow import WatchOptions, attach, execute
 from runner.watch.identity import record_watcher
@@ -62,12 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", required=True)
     parser.add_argument("--run-id", type=int, required=True)
     parser.add_argument("--fake-gpus", type=int, default=0)
-    parser.add_argument("--grace", type=float, default=procs.DEFAULT_GRACE_S)
+    parser.add_argument("--grace", type=float, default=watching.GRACE_S)
     parser.add_argument("--attach", type=int, metavar="PGID",
                         help="follow a run already started (process group PGID) whose watcher died")
     parser.add_argument("--pgid-started", type=float, metavar="TIME",
                         help="with --attach: the launcher's start time (psutil create_time), as recorded")
-    parser.add_argument("--hang-after", type=float, default=300.0)
+    parser.add_argument("--hang-after", type=float, default=watching.HANG_AFTER_S)
     parser.add_argument("--lock-fd", type=int, help="with --attach: the inherited hold on RUN/watcher.lock")
     args = parser.parse_args(argv)
     store = Store(args.db)

@@ -14,11 +14,13 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from runner.hardware import Probe
 from runner.spec import events as ev
+from runner.spec import watching
 from runner.watch import procs
 from runner.watch.crash import RankWatch, describe
 from runner.watch.finish import Ending, Outcome, finish
@@ -27,7 +29,7 @@ from runner.watch.identity import record_watcher
 from runner.watch.journal import WatcherLock
 from runner.watch.preflight import PreflightError
 from runner.watch.prepare import Prepared
-from runner.watch.sampling import RunTelemetry
+from runner.watch.sampling import HANG_CHECK_S, RunTelemetry
 from runner.watch.stream import EventCallback, Recorder, RunStream, quietly
 from store import Store
 from store.store import utcnow
@@ -36,6 +38,13 @@ FAULT_GRACE_S = 60.0
 """A rank that vanished with no step and no end event since, while the launcher lives on: the group
 is stopped after this long (torch elastic normally tears it down within a second or two)."""
 
+FORCED_GRACE_S = 5.0
+"""The grace of a stop the watcher decides itself (a strategy that is not the one asked for, a rank
+that vanished, the watcher's own fault)."""
+
+HANG_STOP_GRACE_S = 10.0
+"""The grace of the stop of a run the hang rule ended (its ranks were continued first: SIGCONT)."""
+
 Stop = threading.Event | procs.StopRequest
 
 
@@ -43,9 +52,9 @@ Stop = threading.Event | procs.StopRequest
 class WatchOptions:
     """How a run is watched; the same for ``ftui run``, ``ftui resume``, sweeps, the background watcher."""
 
-    sample_interval_s: float = 0.5
+    sample_interval_s: float = watching.SAMPLE_INTERVAL_S
     """Seconds between telemetry readings; 0 turns telemetry off."""
-    hang_after_s: float = 300.0
+    hang_after_s: float = watching.HANG_AFTER_S
     """Flag a hang when no step came for this long and a device is idle; stop the run (failed,
     "hang: ...") when it is still hung ``hang_after_s`` after the flag."""
     grace_s: float = procs.DEFAULT_GRACE_S
@@ -57,6 +66,17 @@ class WatchOptions:
     """The telemetry probe; default: :func:`runner.watch.host.probe_for` of ``fake_gpus``."""
     poll_s: float = 0.25
     """How often the journal is read."""
+    vanished_after_s: float = FAULT_GRACE_S
+    """A rank gone with no step and no end since, while the launcher lives on: the run is stopped
+    (failed, with what killed the rank) after this long."""
+    forced_grace_s: float = FORCED_GRACE_S
+    """The grace of a stop the watcher decides itself (strategy mismatch, vanished rank, its own fault)."""
+    hang_stop_grace_s: float = HANG_STOP_GRACE_S
+    """The grace of the stop after the hang rule ended the run."""
+    hang_check_s: float = HANG_CHECK_S
+    """Seconds between two looks of the hang rule at the recent readings."""
+    clock: Callable[[], float] = field(default=time.time, compare=False)
+    """The wall clock of the time-based rules (hang, vanished rank); tests drive their own."""
 
     def make_probe(self) -> Probe:
         return self.probe if self.probe is not None else probe_for(self.fake_gpus)
@@ -152,7 +172,7 @@ def execute(store: Store, prepared: Prepared, options: WatchOptions | None = Non
     # start_new_session: the launcher leads its own group (the ranks may not: procs). Not waited for
     # yet, so its pid is still its own: the start time read now is the launcher's.
     group = procs.Group(proc.pid, procs.started_at(proc.pid))
-    launched = time.time()
+    launched = (options or WatchOptions()).clock()
     recorder.emit("launch", argv=prepared.spec.argv, pgid=group.pgid, pgid_started=group.started,
                   watcher_pid=os.getpid())
     record_watcher(store, run_id, status="running", started_at=utcnow(), pgid=group.pgid, pgid_started=group.started)
@@ -175,7 +195,15 @@ def attach(store: Store, prepared: Prepared, group: procs.Group, options: WatchO
     recorder = Recorder(store, prepared.run_id, prepared.run_dir)
     recorder.emit("attach", pgid=group.pgid, watcher_pid=os.getpid())
     record_watcher(store, prepared.run_id)
-    return follow(store, prepared, Launcher(group, prepared.run_dir), recorder, lock, options, stop=stop, launched=time.time())
+    return follow(store, prepared, Launcher(group, prepared.run_dir), recorder, lock, options, stop=stop,
+                  launched=(options or WatchOptions()).clock())
+
+
+def vanished_too_long(vanished_at: float | None, last_step_time: float | None, now: float, after_s: float) -> bool:
+    """The vanished-rank rule: a rank disappeared at ``vanished_at``, no step came since, and ``after_s``
+    have passed (wall clock): the run is stopped and failed."""
+    return (vanished_at is not None and now - vanished_at >= after_s
+            and (last_step_time if last_step_time is not None else 0.0) < vanished_at)
 
 
 class _Watch:
@@ -191,7 +219,7 @@ class _Watch:
         self.request = stop if isinstance(stop, procs.StopRequest) else procs.StopRequest(stop)
         self.stream = RunStream(store, prepared, on_event)
         self.telemetry: RunTelemetry | None = None
-        self.ranks = RankWatch(prepared.run_dir)
+        self.ranks = RankWatch(prepared.run_dir, clock=options.clock)
         self.stopper = Stopper(prepared.run_dir, launcher.group, self.request)
         self.forced_error: str | None = None
 
@@ -202,7 +230,7 @@ class _Watch:
         stream.poll()
         self.telemetry.poll(stream, recorder)
         if stream.mismatch and not stopper.started:
-            stopper.start(grace_s=5.0)
+            stopper.start(grace_s=self.options.forced_grace_s)
         if request.is_set() and not stopper.started:
             stopper.start(grace_s=self.options.grace_s, kill=request.kill)
             recorder.emit("stop_requested", kill=request.kill, grace_s=self.options.grace_s)
@@ -212,17 +240,17 @@ class _Watch:
                 event = recorder.emit("rank_exit", rank=rank, pid=pid)
                 if self.on_event is not None:
                     self.on_event(event)
-        vanished_at = self.ranks.first_vanished_at
-        if (vanished_at is not None and stream.end is None and not stopper.started
-                and time.time() - vanished_at >= FAULT_GRACE_S and (stream.last_step_time or 0.0) < vanished_at):
+        if (not stopper.started and stream.end is None
+                and vanished_too_long(self.ranks.first_vanished_at, stream.last_step_time, self.options.clock(),
+                                      self.options.vanished_after_s)):
             self.forced_error = describe(self.prepared.run_dir, self.ranks.vanished, list(self.telemetry.recent),
                                          stream.error)
-            stopper.start(grace_s=5.0)
+            stopper.start(grace_s=self.options.forced_grace_s)
         if not stopper.started and self.telemetry.hang_stop(stream):
             self.forced_error = self.telemetry.hang_reason
             recorder.emit("hang_stop", reason=self.forced_error)
             procs.signal_group(self.launcher.group, self.prepared.run_dir, signal.SIGCONT)  # a stopped (SIGSTOP) rank cannot take SIGTERM
-            stopper.start(grace_s=10.0)
+            stopper.start(grace_s=self.options.hang_stop_grace_s)
         if self.prepared.node is not None:  # several machines: heartbeat, stop requests both ways
             self.prepared.node.tick(request, self.prepared.run_dir)
         if stopper.started:
@@ -234,7 +262,7 @@ class _Watch:
         self.forced_error = f"watcher error: {type(exc).__name__}: {exc}"[:500]
         quietly(self.recorder.emit, "watcher_error", message=self.forced_error)
         if not self.stopper.started:
-            self.stopper.start(grace_s=5.0)
+            self.stopper.start(grace_s=self.options.forced_grace_s)
         if self.stopper.thread is not None:
             self.stopper.thread.join(timeout=60)
 
@@ -264,7 +292,7 @@ class _Watch:
             quietly(self.recorder.emit, "stop", graceful=report.graceful, killed=report.killed, left=report.left,
                     gpu=report.gpu_note, processes={str(k): v for k, v in report.seen.items()})
         if self.prepared.node is not None:
-            self.prepared.node.fault_at = self.ranks.first_vanished_at or time.time()
+            self.prepared.node.fault_at = self.ranks.first_vanished_at or self.options.clock()
         request = self.request
         ending = Ending(exit_code, stopped_by_user=request.is_set() and not request.kill,
                         killed_by_user=request.kill, forced_error=self.forced_error, vanished=self.ranks.vanished,
@@ -286,7 +314,9 @@ def follow(store: Store, prepared: Prepared, launcher: Launcher, recorder: Recor
     watch = _Watch(store, prepared, launcher, recorder, options, on_event, stop)
     try:
         watch.telemetry = RunTelemetry(store, prepared, options.make_probe() if options.sample_interval_s > 0 else None,
-                                       options.sample_interval_s, options.hang_after_s, launched or time.time())
+                                       options.sample_interval_s, options.hang_after_s,
+                                       launched or options.clock(), clock=options.clock,
+                                       hang_check_s=options.hang_check_s)
         while True:
             try:
                 if watch.step():

@@ -40,11 +40,12 @@ import psutil
 
 from runner.hardware import NvmlBackend
 from runner.spec import events as ev
+from runner.spec import watching
 
 RUN_ENV = "FTUI_RUN_DIR"
 """Environment variable naming the run folder in every process of a run."""
 
-DEFAULT_GRACE_S = 30.0
+DEFAULT_GRACE_S = watching.GRACE_S
 """Seconds the ranks get to finish their step, save and exit before SIGKILL."""
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -273,6 +274,8 @@ def stop_run(
     kill: bool = False,
     while_waiting: Callable[[], None] | None = None,
     poll_s: float = 0.2,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> StopReport:
     """Stop every process of a run and verify that none is left.
 
@@ -289,6 +292,7 @@ def stop_run(
         kill: SIGKILL at once.
         while_waiting: called on every poll (the orchestrator keeps reading the journal).
         poll_s: seconds between checks.
+        clock: the monotonic clock the grace period is measured on; ``sleep`` waits between checks.
 
     Returns:
         The report; ``report.verified`` is False only when a process survived SIGKILL (one stuck
@@ -299,20 +303,33 @@ def stop_run(
     if not kill:
         ranks = [pid for pid, how in seen.items() if how.startswith("rank ")]
         signal_pids(ranks or list(seen), signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and not (kill_now is not None and kill_now.is_set()):
+
+        def left() -> bool:
             if while_waiting is not None:
                 while_waiting()
             now = find_processes(run_dir, group)
             report.seen.update(now)
-            if not now:
-                break
-            time.sleep(poll_s)
+            return bool(now)
+
+        wait_in_grace(left, grace_s, kill_now, poll_s=poll_s, clock=clock, sleep=sleep)
     report.killed, report.left = kill_all(run_dir, group, known=report.seen)
     if report.killed:
         report.graceful = False
     report.gpu_note = gpu_check(list(report.seen))
     return report
+
+
+def wait_in_grace(left: Callable[[], bool], grace_s: float, kill_now: threading.Event | None = None,
+                  poll_s: float = 0.2, clock: Callable[[], float] = time.monotonic,
+                  sleep: Callable[[float], None] = time.sleep) -> bool:
+    """The grace rule: check ``left()`` (is anything of the run left?) every ``poll_s`` until it says no,
+    ``grace_s`` seconds have passed on ``clock``, or ``kill_now`` is set. True when nothing is left."""
+    deadline = clock() + grace_s
+    while clock() < deadline and not (kill_now is not None and kill_now.is_set()):
+        if not left():
+            return True
+        sleep(poll_s)
+    return False
 
 
 def kill_all(run_dir: Path, group: Group | None, known: Mapping[int, str] | None = None,

@@ -1,10 +1,12 @@
 """The telemetry of one watched run: the sampler thread (:class:`runner.watch.telemetry.Sampler`), its
-queue to the writer (the watcher's thread: the run folder first, then the store) and the hang rule."""
+queue to the writer (the watcher's thread: the run folder first, then the store) and the hang rule
+(:class:`HangRule`, on an injectable wall clock)."""
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable, Iterable
 from queue import SimpleQueue
 from typing import Any
 
@@ -19,12 +21,74 @@ from store.nodes import ingest_node_samples
 
 Batch = tuple[list[DeviceSample], list[ProcessGpuMemory]]
 
+Clock = Callable[[], float]
+"""Wall-clock seconds (``time.time``): step events and samples carry wall-clock times."""
+
+HANG_CHECK_S = 1.0
+"""Seconds between two looks of the hang rule at the recent readings."""
+
+
+class HangRule:
+    """The documented hang rule over time: flag a hang (:class:`runner.watch.telemetry.HangDetector`:
+    no step for ``hang_after_s`` and a device idle), at most every ``check_every_s``; a hang still there
+    ``hang_after_s`` after it was flagged (so ``2 x hang_after_s`` without a step) stops the run.
+
+    Args:
+        hang_after_s: seconds without a step before a hang is flagged, and again before it stops the run.
+        started_at: wall-clock launch time (the reference before the first step).
+        clock: the wall clock (``time.time``; tests drive their own).
+        check_every_s: seconds between two checks.
+    """
+
+    def __init__(self, hang_after_s: float, started_at: float, clock: Clock = time.time,
+                 check_every_s: float = HANG_CHECK_S) -> None:
+        self.hang_after_s = hang_after_s
+        self.clock = clock
+        self.check_every_s = check_every_s
+        self.detector = HangDetector(hang_after_s=hang_after_s, window_s=min(30.0, hang_after_s), started_at=started_at)
+        self.last_check: float | None = None
+        self.flagged: dict[str, Any] | None = None
+        """The hang flagged and not over yet: its event, ``flagged_at`` and the ``last_step_time`` then."""
+        self.reason: str | None = None
+        """Why the run was stopped for a hang (set once, by :meth:`should_stop`)."""
+
+    @property
+    def started_at(self) -> float | None:
+        return self.detector.started_at
+
+    def check(self, last_step_time: float | None, ended: bool, recent: Iterable[DeviceSample]) -> dict[str, Any] | None:
+        """Look at the recent readings when a check is due; the ``hang`` event when a new hang is flagged."""
+        now = self.clock()
+        if self.flagged is not None and last_step_time != self.flagged["last_step_time"]:
+            self.flagged = None  # a step came: the episode is over
+        if ended or (self.last_check is not None and now - self.last_check < self.check_every_s):
+            return None
+        self.last_check = now
+        event = self.detector.check(now, last_step_time, recent)
+        if event is not None:
+            self.flagged = {**event, "flagged_at": now, "last_step_time": last_step_time}
+        return event
+
+    def should_stop(self, last_step_time: float | None, ended: bool) -> str | None:
+        """The reason to stop the run (once): a flagged hang still there ``hang_after_s`` after the flag."""
+        flagged = self.flagged
+        if flagged is None or ended or self.reason is not None:
+            return None
+        now = self.clock()
+        if now - flagged["flagged_at"] < self.hang_after_s:
+            return None
+        reference = last_step_time if last_step_time is not None else self.started_at
+        since = now - (reference or flagged["flagged_at"])
+        self.reason = f"hang: no step for {since:.0f} s, devices idle"
+        return self.reason
+
 
 class RunTelemetry:
     """The sampler of one run, its queue to the writer and the hang detector; ``interval_s`` 0: off."""
 
     def __init__(self, store: Store, prepared: Prepared, probe: Probe | None, interval_s: float,
-                 hang_after_s: float, launched: float) -> None:
+                 hang_after_s: float, launched: float, clock: Clock = time.time,
+                 hang_check_s: float = HANG_CHECK_S) -> None:
         self.store = store
         self.run_id = prepared.run_id
         self.run_dir = prepared.run_dir
@@ -32,12 +96,8 @@ class RunTelemetry:
         self.queue: SimpleQueue[Batch] = SimpleQueue()
         self.recent: deque[Any] = deque(maxlen=2000)
         self.sampler: Sampler | None = None
-        self.last_hang_check = 0.0
-        self.hang_after_s = hang_after_s
-        self.hang_flagged: dict[str, Any] | None = None
-        self.hang_reason: str | None = None
         self.unsaved: Batch = ([], [])
-        self.hang = HangDetector(hang_after_s=hang_after_s, window_s=min(30.0, hang_after_s), started_at=launched)
+        self.hang = HangRule(hang_after_s, launched, clock=clock, check_every_s=hang_check_s)
         if interval_s <= 0:
             return
         self.sampler = Sampler(
@@ -53,32 +113,20 @@ class RunTelemetry:
         """Write what was sampled; flag a hang (journaled, and passed to the stream's callback)."""
         if self.sampler is None:
             return
-        now = time.time()
         self._write()
-        if self.hang_flagged is not None and stream.last_step_time != self.hang_flagged.get("last_step_time"):
-            self.hang_flagged = None  # a step came: the episode is over
-        if now - self.last_hang_check >= 1.0 and stream.end is None:
-            self.last_hang_check = now
-            event = self.hang.check(now, stream.last_step_time, self.recent)
-            if event is not None:
-                record = recorder.emit("hang", **event)
-                self.hang_flagged = {**event, "flagged_at": now, "last_step_time": stream.last_step_time}
-                if stream.on_event is not None:
-                    stream.on_event(record)
+        event = self.hang.check(stream.last_step_time, stream.end is not None, self.recent)
+        if event is not None:
+            record = recorder.emit("hang", **event)
+            if stream.on_event is not None:
+                stream.on_event(record)
+
+    @property
+    def hang_reason(self) -> str | None:
+        return self.hang.reason
 
     def hang_stop(self, stream: RunStream) -> bool:
-        """The documented rule: a hang still there ``hang_after_s`` after it was flagged (no step,
-        devices idle the whole time, so ``2 x hang_after_s`` without a step) stops the run."""
-        flagged = self.hang_flagged
-        if flagged is None or stream.end is not None or self.hang_reason is not None:
-            return False
-        now = time.time()
-        if now - flagged["flagged_at"] < self.hang_after_s:
-            return False
-        reference = stream.last_step_time if stream.last_step_time is not None else self.hang.started_at
-        since = now - (reference or flagged["flagged_at"])
-        self.hang_reason = f"hang: no step for {since:.0f} s, devices idle"
-        return True
+        """Whether the hang rule stops the run now (:meth:`HangRule.should_stop`; its reason: :attr:`hang_reason`)."""
+        return self.hang.should_stop(stream.last_step_time, stream.end is not None) is not None
 
     def _write(self) -> None:
         samples: list[DeviceSample] = []

@@ -1,17 +1,17 @@
-"""Crash detection (issue 10): a rank killed is named with its signal within 15 s and every process of
-the run is reaped; run text that looks like markup is printed as text; a watcher that fails while
-watching still records a true status; a hang is warned about and then stopped; run folders are
-unique for ever and cannot leave the runs folder."""
+"""Crash detection on scripted ranks: the launcher's report names the rank and its signal; run text that
+looks like markup is printed as text; a watcher that fails while watching still records a true status; a
+hang is warned about and then stopped; a database locked longer than the store's lock timeout loses
+nothing; run folders are unique for ever and cannot leave the runs folder. (A real rank killed with
+SIGKILL: ``tests/e2e/test_failure_paths.py``.)"""
 
 from __future__ import annotations
 
 import io
 import json
 import os
-import signal
-import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -25,9 +25,11 @@ from runner.spec.paths import RunFolderError, claim_run_folder, slug
 from runner.spec.recipe import load_recipe, parse_recipe
 from runner.watch import crash
 from runner.watch.follow import WatchOptions, execute
+from runner.watch.journal import read_jsonl
 from runner.watch.prepare import Prepared, prepare
 from store import Store
-from tests.support import QUICKSTART, ROOT, Ftui
+from store.engine import StoreError
+from tests.support import QUICKSTART, Ftui
 
 # What torch elastic wrote to launcher.log when rank 1 of `ftui run ... --strategy ddp --nproc 2` was
 # SIGKILLed on this machine (trimmed to the report).
@@ -179,24 +181,24 @@ HUNG_RANK = textwrap.dedent(
         ]):
             journal.write(json.dumps({"seq": seq, "time": time.time(), **event}) + "\\n")
             journal.flush()
-    time.sleep(120)  # alive, idle, no step: a hang that would last
+    time.sleep(3600)  # alive, idle, no step: a hang that would last (the watcher's SIGTERM ends it)
     """
 )
 
 
-@pytest.mark.slow
 def test_a_hang_that_lasts_is_stopped_and_failed(tmp_path: Path) -> None:
     store = Store(f"sqlite:///{tmp_path / 'ftui.db'}")
     prepared = _prepared(store, tmp_path, HUNG_RANK)
-    started = time.monotonic()
-    outcome = execute(store, prepared, WatchOptions(sample_interval_s=0.25, hang_after_s=2.0))
-    took = time.monotonic() - started
+    options = WatchOptions(sample_interval_s=0.1, hang_after_s=1.0, hang_check_s=0.1, hang_stop_grace_s=5.0)
+    outcome = execute(store, prepared, options)
     assert outcome.status == "failed"
     assert outcome.error is not None and outcome.error.startswith("hang: no step for ")
     assert outcome.error.endswith(" s, devices idle")
-    assert took < 30, f"flagged at ~2 s, stopped ~2 s later, SIGTERM ends the sleeper: took {took:.0f} s"
     types = [e.type for e in store.events(outcome.run_id) if e.source == "orchestrator"]
     assert types == ["launch", "hang", "hang_stop", "stop", "exit"]
+    hang, stop = (store.events(outcome.run_id, kind)[0] for kind in ("hang", "stop"))
+    assert hang.payload["since_step_s"] >= 1.0
+    assert stop.payload["graceful"], "SIGTERM ended the sleeper within the grace: nothing SIGKILLed"
 
 
 def _group_alive(pgid: int) -> bool:
@@ -215,43 +217,8 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
-@pytest.mark.slow
-def test_kill_9_of_one_ddp_rank_is_recorded_with_its_signal_and_every_process_is_reaped(ftui: Ftui) -> None:
-    """The user's report: ftui run died with a MarkupError and the run stayed 'running' for ever."""
-    env = {**ftui.env}
-    proc = subprocess.Popen([sys.executable, "-m", "tui.cli", "run", str(QUICKSTART), "--strategy", "ddp",
-                             "--nproc", "2", "--set", "train.max_steps=400", "--name", "kill-rank"],
-                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    store = Store(ftui.db)
-    run = _wait_for(lambda: next((r for r in store.list_runs() if r.name == "kill-rank" and r.run_dir), None), 120)
-    run_dir = Path(run.run_dir)
-    _wait_for(lambda: len(ev.read_rank_pids(run_dir)) == 2 and _steps(run_dir) >= 2, 240)
-    victim = ev.read_rank_pids(run_dir)[1]
-    killed_at = time.time()
-    os.kill(victim, signal.SIGKILL)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 1, out
-    assert "MarkupError" not in out and "Traceback" not in out, out
-    final = store.get_run(run.id)
-    assert final is not None and final.status == "failed"
-    assert final.error == f"rank 1 (pid {victim}) was killed by SIGKILL", final.error
-    assert f"rank 1 (pid {victim}) was killed by SIGKILL" in out
-    exits = [e for e in store.events(run.id) if e.type == "exit"]
-    assert exits and exits[0].time - killed_at < 15, "the reason is recorded within 15 s"
-    assert final.pgid is not None and not _group_alive(final.pgid), "launcher and ranks reaped"
-    steps = [json.loads(x) for x in (run_dir / ev.EVENTS_FILE).read_text().splitlines()]
-    steps = [e for e in steps if e["type"] == "step"]
-    metrics = ftui.show(run.id)["metrics"]
-    assert len(metrics) == len(steps) >= 2, "every metric up to the fault is kept"
-    shown = ftui.run("show", str(run.id))
-    assert "killed by SIGKILL" in shown.stdout
-
-
 def _steps(run_dir: Path) -> int:
-    try:
-        return sum(1 for line in (run_dir / ev.EVENTS_FILE).read_text().splitlines() if '"type":"step"' in line)
-    except OSError:
-        return 0
+    return sum(1 for e in read_jsonl(run_dir / ev.EVENTS_FILE) if e["type"] == "step")
 
 
 def _wait_for(fn, timeout: float):  # type: ignore[no-untyped-def]
@@ -260,7 +227,7 @@ def _wait_for(fn, timeout: float):  # type: ignore[no-untyped-def]
         value = fn()
         if value:
             return value
-        time.sleep(0.25)
+        time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout} s")
 
 
@@ -277,35 +244,68 @@ FINISHING_RANK = textwrap.dedent(
         emit(0, type="start", distributed_type="NO", world_size=1, total_steps=steps)
         for step in range(1, steps + 1):
             emit(step, type="step", step=step, loss=1.0, step_time=0.2, tokens_per_s=100.0)
-            time.sleep(0.2)
+            for held, gate in ((10, "go1"), (60, "go2")):  # held until the test opens the gate
+                while step == held and not os.path.exists(f"{run}/{gate}"):
+                    time.sleep(0.02)
         emit(steps + 1, type="end", status="completed", steps=steps, final_loss=1.0, ranks=[])
     """
 )
+"""A fake rank: 70 steps and its end; after step 10 it waits for ``RUN/go1``, after step 60 for ``RUN/go2``."""
 
 
-@pytest.mark.slow
-def test_a_database_locked_for_a_while_loses_nothing_and_does_not_end_the_run(tmp_path: Path) -> None:
+class FailingWrites(Store):
+    """The store, noting each journal batch it could not write (the database locked past its timeout)."""
+
+    def __init__(self, url: str, lock_timeout: float) -> None:
+        super().__init__(url, lock_timeout=lock_timeout)
+        self.failed = threading.Event()
+
+    def ingest(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        try:
+            return super().ingest(*args, **kwargs)
+        except StoreError:
+            self.failed.set()
+            raise
+
+
+def test_a_database_locked_longer_than_the_lock_timeout_loses_nothing_and_does_not_end_the_run(
+        tmp_path: Path) -> None:
+    """Another program holds the database's write lock while the rank writes steps 11 to 60, past the
+    store's lock timeout (0.5 s here; ``FTUI_DB_LOCK_TIMEOUT``, 120 s by default): the watcher's writes
+    fail meanwhile, and everything is written once the lock is gone."""
     import sqlite3
-    import threading
 
-    store = Store(f"sqlite:///{tmp_path / 'ftui.db'}")
+    store = FailingWrites(f"sqlite:///{tmp_path / 'ftui.db'}", lock_timeout=0.5)
     prepared = _prepared(store, tmp_path, FINISHING_RANK)
     held = threading.Event()
+    seen_step_10 = threading.Event()
+    problems: list[str] = []
+
+    def seen(event: dict) -> None:
+        if event["type"] == "step" and event["step"] == 10:
+            seen_step_10.set()
 
     def lock_the_database() -> None:
-        time.sleep(2.0)
-        conn = sqlite3.connect(tmp_path / "ftui.db", timeout=30)
-        conn.execute("BEGIN EXCLUSIVE")
-        held.set()
-        time.sleep(12.0)  # longer than the store's busy_timeout (10 s): its writes fail meanwhile
-        conn.rollback()
-        conn.close()
+        try:
+            assert seen_step_10.wait(120), "the watcher did not read step 10"
+            conn = sqlite3.connect(tmp_path / "ftui.db", timeout=60)
+            conn.execute("BEGIN EXCLUSIVE")
+            held.set()
+            (tmp_path / "go1").touch()
+            _wait_for(lambda: _steps(tmp_path) >= 60 and store.failed.is_set(), 120)
+            conn.rollback()
+            conn.close()
+        except BaseException as exc:  # noqa: BLE001 (said by the test below)
+            problems.append(repr(exc))
+        finally:
+            (tmp_path / "go1").touch()
+            (tmp_path / "go2").touch()
 
     locker = threading.Thread(target=lock_the_database)
     locker.start()
-    outcome = execute(store, prepared, WatchOptions(sample_interval_s=0.25))
+    outcome = execute(store, prepared, WatchOptions(sample_interval_s=0.25), on_event=seen)
     locker.join()
-    assert held.is_set()
+    assert problems == [] and held.is_set() and store.failed.is_set()
     assert outcome.status == "completed", outcome.error
     assert [m.step for m in store.metrics(outcome.run_id)] == list(range(1, 71))
     journal_samples = sum(1 for line in (tmp_path / "samples.jsonl").read_text().splitlines() if '"k":"d"' in line)

@@ -1,5 +1,5 @@
-"""Issue 16, item 14: `ftui run --notify` and the dashboard's setting ring the bell and send a desktop
-notification when a run ends. The boundary is `notify-send`: a fake script on PATH records its argv."""
+"""`ftui run --notify` and the dashboard's setting ring the bell and send a desktop notification when a
+run ends. The boundary is `notify-send`: a fake script on PATH records its argv."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from store import Store
 from tui import notify
 
 ROOT = Path(__file__).resolve().parents[2]
-QUICKSTART = ROOT / "recipes" / "quickstart.toml"
 
 
 @pytest.fixture
@@ -74,15 +73,17 @@ async def test_the_dashboard_setting_notifies_when_a_run_it_saw_running_ends(
                                         "quickstart: hang: no step for 300 s"]]
 
 
-@pytest.mark.slow
 def test_ftui_run_notify_rings_and_notifies_when_the_run_ends(fake_notify_send: Path, tmp_path: Path) -> None:
+    """A run of one step of a scripted rank (``ftui run --script``: the watcher's end, no model trained)."""
     import subprocess
     import sys
 
+    from tests.support.scripted_rank import SCRIPT
+
     env = {**os.environ, "FTUI_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
     env.pop("FTUI_DB", None)
-    proc = subprocess.run([sys.executable, "-m", "tui.cli", "run", str(QUICKSTART), "--notify", "--name", "notified",
-                           "--set", "train.max_steps=1", "--sample-interval", "0"],
+    proc = subprocess.run([sys.executable, "-m", "tui.cli", "run", "--script", str(SCRIPT), "--notify",
+                           "--name", "notified", "--sample-interval", "0", "--", "--steps", "1", "--step-s", "0"],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "\a" in proc.stderr

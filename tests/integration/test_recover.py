@@ -1,7 +1,11 @@
-"""Recovery (issue 10): when the process watching a run dies (SIGKILL of ``ftui run`` or of the TUI's
-background orchestrator), the ranks go on; ``ftui recover`` (also run as every ``ftui`` starts)
-re-attaches a watcher while they train, or sets the true status once they are gone, and the store
-ends up with exactly the rows of the run folder's journals: no duplicate, none missing, twice."""
+"""Recovery: when the process watching a run dies (SIGKILL of ``ftui run`` or of the TUI's background
+orchestrator), the ranks go on; ``ftui recover`` (also run as every ``ftui`` starts) re-attaches a
+watcher while they train, or sets the true status once they are gone, and the store ends up with
+exactly the rows of the run folder's journals: no duplicate, none missing, twice.
+
+The ranks here are scripted: a fake rank that holds at a step until the test lets it go on (so that it
+is still training when recover looks, without a race against its pace), and ``ftui run --script`` of
+:mod:`tests.support.scripted_rank`. Recovery of ftui's real trainer is in ``tests/e2e/test_failure_paths.py``."""
 
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ from tests.support import QUICKSTART, ROOT, Ftui
 FAKE_RANK = textwrap.dedent(
     """
     import json, os, sys, time
-    run, steps = sys.argv[1], int(sys.argv[2])
+    run, steps, hold = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     os.makedirs(f"{run}/ranks", exist_ok=True)
     open(f"{run}/ranks/0.pid", "w").write(str(os.getpid()))
     with open(f"{run}/events.jsonl", "a") as journal:
@@ -43,19 +47,26 @@ FAKE_RANK = textwrap.dedent(
         emit(0, type="start", distributed_type="NO", world_size=1, total_steps=steps)
         for step in range(1, steps + 1):
             emit(step, type="step", step=step, loss=3.0 / step, step_time=0.2, tokens_per_s=100.0)
-            time.sleep(0.2)
+            while step == hold and not os.path.exists(f"{run}/go"):  # held until the test says go
+                time.sleep(0.05)
         emit(steps + 1, type="end", status="completed", steps=steps, final_loss=3.0 / steps, ranks=[])
     """
 )
+"""A fake rank 0: ``STEPS`` steps and an end event; after step ``HOLD`` it waits for ``RUN/go``."""
 
 
-def _detached_fake_run(tmp_path: Path, steps: int) -> tuple[Store, int, Path, subprocess.Popen[bytes]]:
+def go(run_dir: Path) -> None:
+    """Let the fake rank go on past its held step."""
+    (run_dir / "go").touch()
+
+
+def _detached_fake_run(tmp_path: Path, steps: int, hold: int) -> tuple[Store, int, Path, subprocess.Popen[bytes]]:
     """A run prepared for real whose launch is a fake rank, followed by a detached watcher (the TUI's way)."""
     db = f"sqlite:///{tmp_path / 'ftui.db'}"
     store = Store(db)
     prepared = prepare(store, load_recipe(QUICKSTART), root=tmp_path / "runs")
     (prepared.run_dir / ev.LAUNCH_FILE).write_text(json.dumps(
-        {"argv": [sys.executable, "-c", FAKE_RANK, str(prepared.run_dir), str(steps)], "env": {},
+        {"argv": [sys.executable, "-c", FAKE_RANK, str(prepared.run_dir), str(steps), str(hold)], "env": {},
          "accelerate_config": None}))
     watcher = start_detached(db, load_prepared(prepared.run_id or 0, prepared.run_dir))
     assert prepared.run_id is not None
@@ -69,7 +80,7 @@ def _kill_watcher_after(watcher: subprocess.Popen[bytes], run_dir: Path, steps: 
     return ev.read_rank_pids(run_dir)[0]
 
 
-def _assert_store_equals_journal(store: Store, run_id: int, run_dir: Path) -> None:
+def assert_store_equals_journal(store: Store, run_id: int, run_dir: Path) -> None:
     trainer = journal.read_jsonl(run_dir / ev.EVENTS_FILE)
     orch = journal.read_jsonl(run_dir / journal.ORCHESTRATOR_FILE)
     rows = store.events(run_id)
@@ -83,32 +94,32 @@ def _assert_store_equals_journal(store: Store, run_id: int, run_dir: Path) -> No
     assert len({(s.time, s.kind, s.index) for s in stored}) == len(stored), "no duplicate sample"
 
 
-@pytest.mark.slow
 def test_a_run_whose_watcher_was_killed_gets_a_new_watcher_and_completes(tmp_path: Path) -> None:
-    store, run_id, run_dir, watcher = _detached_fake_run(tmp_path, steps=40)
+    store, run_id, run_dir, watcher = _detached_fake_run(tmp_path, steps=40, hold=5)
     _kill_watcher_after(watcher, run_dir, 5)
     first = recover_all(store)
     assert [(r.run_id, r.action) for r in first] == [(run_id, "attached")], first
     assert [r.action for r in recover_all(store)] == [], "the new watcher holds the lock: nothing to do"
+    go(run_dir)
     _wait_for(lambda: store.get_run(run_id).status != "running", 60)  # type: ignore[union-attr]
     run = store.get_run(run_id)
     assert run is not None and run.status == "completed", run.error
     assert run.steps_done == 40
-    _assert_store_equals_journal(store, run_id, run_dir)
+    assert_store_equals_journal(store, run_id, run_dir)
     assert store.samples(run_id), "telemetry went on under the new watcher"
     types = [e["type"] for e in journal.read_jsonl(run_dir / journal.ORCHESTRATOR_FILE)]
     assert types[0] == "launch" and "attach" in types and types[-1] == "exit"
 
 
-@pytest.mark.slow
 def test_a_run_whose_watcher_died_and_that_then_finished_is_completed_once(tmp_path: Path) -> None:
-    store, run_id, run_dir, watcher = _detached_fake_run(tmp_path, steps=15)
+    store, run_id, run_dir, watcher = _detached_fake_run(tmp_path, steps=15, hold=3)
     rank = _kill_watcher_after(watcher, run_dir, 3)
+    go(run_dir)
     _wait_for(lambda: not _alive(rank), 60)
     assert store.get_run(run_id).status == "running"  # type: ignore[union-attr]
     done = recover_all(store)
     assert [(r.action, r.status) for r in done] == [("finished", "completed")]
-    _assert_store_equals_journal(store, run_id, run_dir)
+    assert_store_equals_journal(store, run_id, run_dir)
     before = (len(store.events(run_id)), len(store.metrics(run_id)), len(store.samples(run_id)))
     assert recover_all(store) == []
     from runner.service.recover import recover_run
@@ -117,9 +128,8 @@ def test_a_run_whose_watcher_died_and_that_then_finished_is_completed_once(tmp_p
     assert (len(store.events(run_id)), len(store.metrics(run_id)), len(store.samples(run_id))) == before
 
 
-@pytest.mark.slow
 def test_a_run_whose_watcher_and_ranks_died_is_failed_with_its_last_step(tmp_path: Path) -> None:
-    store, run_id, run_dir, watcher = _detached_fake_run(tmp_path, steps=200)
+    store, run_id, run_dir, watcher = _detached_fake_run(tmp_path, steps=200, hold=4)
     rank = _kill_watcher_after(watcher, run_dir, 4)
     os.kill(rank, signal.SIGKILL)
     _wait_for(lambda: not _alive(rank), 30)
@@ -129,7 +139,7 @@ def test_a_run_whose_watcher_and_ranks_died_is_failed_with_its_last_step(tmp_pat
     assert run is not None and run.error is not None
     last = max(e["step"] for e in journal.read_jsonl(run_dir / ev.EVENTS_FILE) if e["type"] == "step")
     assert run.error.startswith(f"watcher and ranks gone; last step {last}")
-    _assert_store_equals_journal(store, run_id, run_dir)
+    assert_store_equals_journal(store, run_id, run_dir)
 
 
 def test_recover_on_the_command_line_says_what_it_did(ftui: Ftui) -> None:
@@ -139,29 +149,33 @@ def test_recover_on_the_command_line_says_what_it_did(ftui: Ftui) -> None:
     assert "nothing to recover" in result.stdout or "run " in result.stdout
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("ranks_finish_first", [False, True], ids=["ranks-train-on", "ranks-finished"])
-def test_ftui_run_sigkilled_during_ddp_is_recovered(tmp_path: Path, ranks_finish_first: bool) -> None:
-    """The brief's scenario with real ranks: ddp x2, SIGKILL of `ftui run` after a few steps, then
-    `ftui recover` while the ranks train (a new watcher follows them to `completed`) or after they
-    finished; journal and store agree; a second `ftui recover` changes nothing."""
+def test_ftui_run_sigkilled_whose_ranks_then_finished_is_completed_by_recover(tmp_path: Path) -> None:
+    """``ftui run`` (ddp x2 of a scripted rank) SIGKILLed after a few steps; the ranks go on and finish;
+    ``ftui recover`` then settles the run from its journal: completed, journal and store agree, and a
+    second ``ftui recover`` changes nothing."""
+    from tests.support.scripted_rank import SCRIPT
+
     home = tmp_path / "home"
     env = {**os.environ, "FTUI_HOME": str(home), "FTUI_DB": f"sqlite:///{home / 'ftui.db'}", "PYTHONUNBUFFERED": "1"}
-    steps = 14
-    proc = subprocess.Popen([sys.executable, "-m", "tui.cli", "run", str(QUICKSTART), "--strategy", "ddp",
-                             "--nproc", "2", "--set", f"train.max_steps={steps}"],
+    steps = 8
+    proc = subprocess.Popen([sys.executable, "-m", "tui.cli", "run", "--script", str(SCRIPT), "--strategy", "ddp",
+                             "--nproc", "2", "--", "--steps", str(steps), "--step-s", "0.1"],
                             env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    store = Store(env["FTUI_DB"])
-    run = _wait_for(lambda: next((r for r in store.list_runs() if r.run_dir), None), 120)  # folder claimed
-    run_dir = Path(run.run_dir)
-    _wait_for(lambda: _journal_steps(run_dir) >= 3, 300)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    pids = ev.read_rank_pids(run_dir)
-    assert all(_alive(p) for p in pids.values()), "the ranks go on without their watcher"
-    assert store.get_run(run.id).status == "running"  # type: ignore[union-attr]
-    if ranks_finish_first:
-        _wait_for(lambda: not any(_alive(p) for p in pids.values()), 300)
+    try:
+        store = Store(env["FTUI_DB"])
+        run = _wait_for(lambda: next((r for r in store.list_runs() if r.run_dir), None), 120)  # folder claimed
+        run_dir = Path(run.run_dir)
+        _wait_for(lambda: _journal_steps(run_dir) >= 2 and len(ev.read_rank_pids(run_dir)) == 2, 120)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        pids = ev.read_rank_pids(run_dir)
+        assert store.get_run(run.id).status == "running"  # type: ignore[union-attr]
+        _wait_for(lambda: not any(_alive(p) for p in pids.values()), 120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert _journal_steps(run_dir) == steps, "the ranks went on without their watcher"
 
     def recover() -> str:
         result = subprocess.run([sys.executable, "-m", "tui.cli", "recover"], env=env, cwd=ROOT,
@@ -170,15 +184,12 @@ def test_ftui_run_sigkilled_during_ddp_is_recovered(tmp_path: Path, ranks_finish
         return result.stdout
 
     out = recover()
-    assert f"run {run.id}: {'finished' if ranks_finish_first else 'attached'}" in out, out
-    _wait_for(lambda: store.get_run(run.id).status != "running", 300)  # type: ignore[union-attr]
+    assert f"run {run.id}: finished" in out, out
     assert store.get_run(run.id).status == "completed"  # type: ignore[union-attr]
     assert "nothing to recover" in recover()
-    shown = json.loads(subprocess.run([sys.executable, "-m", "tui.cli", "show", str(run.id), "--format", "json"],
-                                      env=env, cwd=ROOT, capture_output=True, text=True, check=True).stdout)
     journal_steps = [e for e in journal.read_jsonl(run_dir / ev.EVENTS_FILE) if e["type"] == "step"]
-    assert [m["step"] for m in shown["metrics"]] == [e["step"] for e in journal_steps] == list(range(1, steps + 1))
-    _assert_store_equals_journal(store, run.id, run_dir)
+    assert [m.step for m in store.metrics(run.id)] == [e["step"] for e in journal_steps] == list(range(1, steps + 1))
+    assert_store_equals_journal(store, run.id, run_dir)
 
 
 @contextmanager

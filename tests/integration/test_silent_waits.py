@@ -1,16 +1,13 @@
-"""Issue 16, item 3: no silent waits. Before step 1 the trainer journals what it is doing (phase events)
-and `ftui run`'s progress line and the Monitor say it; a sweep shows its running run's progress."""
+"""No silent waits: before step 1 the trainer journals what it is doing (phase events) and `ftui run`'s
+progress line and the Monitor say it. (That every real run journals its phases: tests/e2e/test_trainer_phases.py.)"""
 
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
-from runner.spec import events as ev
 from tui.cli.progress import RunProgress
 
 
@@ -27,18 +24,8 @@ def test_the_progress_line_names_the_phase_before_step_one() -> None:
     assert description() == "preparing the strategy (fsdp x 2 (FSDP))"
     progress.on_event({"type": "start", "distributed_type": "FSDP", "world_size": 2, "total_steps": 8,
                        "tokens_per_step": 2048, "context_length": 256})
-    # issue 16, item 2: the bar says the global batch (a --nproc 2 run trains twice the rows per step)
+    # the bar says the global batch (a --nproc 2 run trains twice the rows per step)
     assert description() == "training (FSDP, 2 proc, global batch 8)"
-
-
-def test_every_run_journals_its_phases_before_the_start_event(strategy_runs: dict[str, dict[str, Any]]) -> None:
-    for name, run in strategy_runs.items():
-        lines = (Path(run["run_dir"]) / ev.EVENTS_FILE).read_text().splitlines()
-        kinds = [(e["type"], e.get("phase")) for e in map(json.loads, lines)]
-        start = kinds.index(("start", None))
-        assert kinds[:start] == [("phase", "tokenizing"), ("phase", "loading_model"), ("phase", "preparing")], name
-        assert json.loads(lines[1])["detail"] == "builtin:tiny-llama, lora", lines[1]  # words, not a repr
-        assert ev.typed(json.loads(lines[0])) is not None  # a typed trainer event, stored like the rest
 
 
 def test_the_monitor_says_the_trainers_phase_before_step_one(tmp_path: Path) -> None:

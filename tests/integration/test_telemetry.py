@@ -7,7 +7,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -41,6 +41,14 @@ class Collector:
         return [s for batch, _ in self.batches for s in batch]
 
 
+def until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    """Until the sampler has done what the test looks at (its thread's pace is the subject, not a sleep)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the sampler never got there"
+        time.sleep(0.01)
+
+
 def fake_probe(n_gpus: int = 2) -> Probe:
     return Probe(nvml=NvmlBackend(lib=FakeNvml.demo(n_gpus, tick_s=0.1)))
 
@@ -53,12 +61,12 @@ def test_sampler_rate_batches_and_final_flush(sleeper: subprocess.Popen[bytes]) 
     sink = Collector()
     sampler = Sampler(fake_probe(2), lambda: {0: sleeper.pid}, sink, interval_s=0.1, flush_every_s=0.5)
     sampler.start()
-    time.sleep(1.5)
+    until(lambda: sampler.readings + sampler.skipped >= 15)
     sampler.stop()
     assert not sampler._thread or not sampler._thread.is_alive()
     readings = sampler.readings
     slots = readings + sampler.skipped  # a loaded machine may skip slots; it never bunches them
-    assert 13 <= slots <= 17, (readings, sampler.skipped)  # 1.5 s at 10 Hz, plus the reading at t=0
+    assert 15 <= slots <= 20, (readings, sampler.skipped)  # stopped a few slots after the 15th at most
     # Every reading: 2 GPUs, 1 rank, 1 host; all of them reached the sink (stop flushed the rest).
     assert len(sink.samples) == 4 * readings
     assert 3 <= len(sink.batches) <= 5 and all(len(b) < len(sink.samples) for b, _ in sink.batches)
@@ -74,10 +82,10 @@ def test_sampler_rate_batches_and_final_flush(sleeper: subprocess.Popen[bytes]) 
 
 def test_sampler_stop_flushes_everything_in_one_batch(sleeper: subprocess.Popen[bytes]) -> None:
     sink = Collector()
-    with Sampler(fake_probe(1), lambda: {0: sleeper.pid}, sink, interval_s=0.05, flush_every_s=60):
-        time.sleep(0.3)
+    with Sampler(fake_probe(1), lambda: {0: sleeper.pid}, sink, interval_s=0.05, flush_every_s=60) as sampler:
+        until(lambda: sampler.readings >= 4)
         assert sink.batches == []
-    assert len(sink.batches) == 1 and len(sink.batches[0][0]) >= 4 * 3
+    assert len(sink.batches) == 1 and len(sink.batches[0][0]) >= 4 * 3  # 4 readings of GPU, rank and host
 
 
 def test_sampler_survives_failures_and_logs_once(
@@ -95,7 +103,7 @@ def test_sampler_survives_failures_and_logs_once(
     sink = Collector()
     with caplog.at_level(logging.ERROR, logger="runner.watch.telemetry"):
         with Sampler(fake_probe(1), flaky_pids, sink, interval_s=0.05, flush_every_s=0.1) as sampler:
-            time.sleep(0.6)
+            until(lambda: sampler.readings >= 6)
     assert sampler.errors == 3 and sampler.readings >= 6
     assert len([r for r in caplog.records if "telemetry probe failed" in r.getMessage()]) == 1
     assert len(sink.samples) == 3 * sampler.readings
@@ -104,10 +112,11 @@ def test_sampler_survives_failures_and_logs_once(
 def test_sampler_follows_ranks_as_they_start(sleeper: subprocess.Popen[bytes]) -> None:
     ranks: dict[int, int] = {}
     sink = Collector()
-    with Sampler(fake_probe(1), lambda: ranks, sink, interval_s=0.05, flush_every_s=0.1):
-        time.sleep(0.3)
+    with Sampler(fake_probe(1), lambda: ranks, sink, interval_s=0.05, flush_every_s=0.1) as sampler:
+        until(lambda: sampler.readings >= 3)
         ranks[0] = sleeper.pid
-        time.sleep(0.3)
+        seen = sampler.readings
+        until(lambda: sampler.readings >= seen + 5)
     kinds = [s.kind for s in sink.samples]
     first_rank = kinds.index("rank")
     assert first_rank > 0 and kinds[first_rank + 1 :].count("rank") >= 3
@@ -115,15 +124,15 @@ def test_sampler_follows_ranks_as_they_start(sleeper: subprocess.Popen[bytes]) -
 
 def test_sampler_skips_missed_slots_when_overrunning() -> None:
     def slow_pids() -> dict[int, int]:
-        time.sleep(0.25)
+        time.sleep(0.25)  # a reading that overruns its 0.1 s slot: the subject of the test
         return {}
 
     sink = Collector()
     probe = fake_probe(1)
     # A pids_provider slower than the interval: the sampler must not try to catch up in a burst.
     with Sampler(probe, slow_pids, sink, interval_s=0.1, flush_every_s=0.1) as s:
-        time.sleep(1.0)
-    assert s.skipped >= 3 and 3 <= s.readings <= 6
+        until(lambda: s.readings >= 4)
+    assert s.skipped >= 3 and 4 <= s.readings <= 6, (s.readings, s.skipped)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -49,6 +49,27 @@ class Ftui:
         return json.loads(self.run("runs", "--format", "json", check=True).stdout)
 
 
+@dataclass(frozen=True)
+class CliResult:
+    """What a command printed and its exit code, as from a process."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_in_process(capsys: Any, *args: str) -> CliResult:
+    """``ftui ARGS`` through ``tui.cli.main.main`` in this process (``capsys`` is pytest's fixture): the same
+    parsing, handlers and exit codes as the command, without an interpreter's start-up. For commands that
+    neither train nor depend on what this process imported."""
+    from tui.cli.main import main
+
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return CliResult(code, out, err)
+
+
 def new_home(root: Path) -> Ftui:
     """An empty ftui home under ``root`` whose database exists (``FTUI_DB`` names it, so read commands
     refuse it until it does)."""

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -64,6 +64,25 @@ def _pid(path: Path) -> int | None:
         return None
 
 
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie, ended but not yet reaped by init, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def _until(condition: Callable[[], bool], timeout: float) -> bool:
+    """Check ``condition`` every 0.1 s until it holds (True) or ``timeout`` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[dict[str, str]]:
     """A one-node SLURM cluster; yields the environment (``SLURM_CONF``) its commands need."""
@@ -88,30 +107,35 @@ def slurm_cluster() -> Iterator[dict[str, str]]:
         "slurmctld": ["/usr/sbin/slurmctld", "-f", str(conf)],
         "slurmd": ["/usr/sbin/slurmd", "-f", str(conf)],
     }
+    # Each daemon is up once it wrote its pid file (munged: once its socket is there, which slurmctld needs).
+    ready = {"munged": root / "munge" / "munge.socket", "slurmctld": pids["slurmctld"], "slurmd": pids["slurmd"]}
+    states: list[str] = []
+
+    def node_up() -> bool:
+        states.append(subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True,
+                                     timeout=30).stdout.strip())
+        return states[-1] in ("idle", "mixed", "allocated")
+
     try:
         for name in DAEMONS:
             proc = subprocess.run(starts[name], env=env, capture_output=True, text=True, timeout=60)
             if proc.returncode != 0:
                 pytest.skip(f"SLURM: {name} did not start: {(proc.stderr or proc.stdout).strip()[-300:]}")
-            time.sleep(0.5)
-        deadline = time.monotonic() + 60
-        state = ""
-        while time.monotonic() < deadline:
-            state = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True).stdout.strip()
-            if state in ("idle", "mixed", "allocated"):
-                break
-            time.sleep(1)
-        else:
+            if not _until(ready[name].exists, 30):
+                pytest.skip(f"SLURM: {name} started but {ready[name]} never appeared")
+        if not _until(node_up, 60):
             logs = (root / "slurmd.log").read_text()[-300:] if (root / "slurmd.log").exists() else ""
-            pytest.skip(f"SLURM: the node never became idle (sinfo: {state or 'nothing'}); slurmd.log: {logs}")
+            pytest.skip(f"SLURM: the node never became idle (sinfo: {states[-1] or 'nothing'}); slurmd.log: {logs}")
         yield {"SLURM_CONF": str(conf)}
     finally:
+        stopped = []
         for name in reversed(DAEMONS):
             pid = _pid(pids[name])
             if pid:
                 try:
                     os.kill(pid, signal.SIGTERM)
+                    stopped.append(pid)
                 except ProcessLookupError:
                     pass
-        time.sleep(1)
+        _until(lambda: not any(_alive(pid) for pid in stopped), 10)
         shutil.rmtree(root, ignore_errors=True)

@@ -3,7 +3,7 @@ monitor, quit while the run is still running, reopen, open the run while it stil
 step count advance (a live re-attach = reading the store again), stop it from the monitor (confirmed);
 then compose again with strategy fsdp on 2 processes, launch, stop it (confirmed), and compare the two.
 
-    python tests/tmux_drive.py [--home DIR] [--steps 60]
+    python tests/support/tmux_drive.py [--home DIR] [--steps 60]
 
 The drive goes by WHAT THE SCREEN SHOWS, never by time: after typing into a field it waits for the
 field to echo the text (typing again when the keys were lost to a field that did not yet take them),

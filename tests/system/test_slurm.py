@@ -1,5 +1,6 @@
-"""SLURM (issue 15 item 2): the sbatch script ``ftui slurm`` writes (golden files), and a real one-node
-SLURM cluster on this machine (tests/slurm_cluster.py) running a job to its end with its run in the store."""
+"""SLURM: the sbatch script ``ftui slurm`` writes (golden files), and a real one-node SLURM cluster on this
+machine (tests/support/slurm_cluster.py) running a job to its end with its run in the store, then a resume
+job continuing it with its losses."""
 
 from __future__ import annotations
 
@@ -94,22 +95,27 @@ def _slurm(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedPr
                           cwd=cwd, timeout=120)
 
 
-def _follow_job(store: Store, run_id: int, db: str, env: dict[str, str], tmp_path: Path) -> set[str | None]:
-    """Poll ``ftui runs`` (the job's state from squeue/sacct) until the run ends; the states seen."""
+def _slurm_state(db: str, run_id: int, env: dict[str, str]) -> str | None:
+    """The job's state as ``ftui runs`` shows it (from squeue, then sacct)."""
     import json
 
-    seen: set[str | None] = set()
+    listed = subprocess.run([sys.executable, "-m", "tui.cli", "runs", "--db", db, "--format", "json"],
+                            capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    row = next(r for r in json.loads(listed.stdout) if r["id"] == run_id)
+    state: str | None = row.get("slurm", {}).get("state")
+    return state
+
+
+def _follow_job(store: Store, run_id: int, tmp_path: Path) -> None:
+    """Read the store until the job's run ends."""
     deadline = time.monotonic() + 400
     while time.monotonic() < deadline:
-        listed = subprocess.run([sys.executable, "-m", "tui.cli", "runs", "--db", db, "--format", "json"],
-                                capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
-        row = next(r for r in json.loads(listed.stdout) if r["id"] == run_id)
-        seen.add(row.get("slurm", {}).get("state"))
         now = store.get_run(run_id)
         assert now is not None
         if now.status not in ("created", "running"):
-            return seen
-        time.sleep(2)
+            return
+        time.sleep(0.2)
     output = "".join(p.read_text()[-3000:] for p in tmp_path.glob("ftui-*.out"))
     raise AssertionError(f"run {run_id} did not end within 400 s\n{output}")
 
@@ -119,21 +125,23 @@ def test_a_submitted_job_runs_to_its_end_and_its_run_completes_then_a_resume_job
         slurm_cluster: dict[str, str], tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path}/ftui.db"
     env = {**os.environ, **slurm_cluster, "FTUI_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
-    proc = _slurm(env, tmp_path, str(QUICKSTART), "--nodes", "1", "--strategy", "single", "--set", "train.max_steps=6",
-                  "--set", "train.save_every=2", "--set", "train.keep_checkpoints=3", "--port", "29731", "--db", db,
-                  "-o", str(tmp_path / "job.sbatch"), "--submit")
+    proc = _slurm(env, tmp_path, str(QUICKSTART), "--nodes", "1", "--strategy", "single", "--set", "train.max_steps=4",
+                  "--set", "train.save_every=2", "--port", "29731", "--db", db, "-o", str(tmp_path / "job.sbatch"),
+                  "--submit")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     store = Store(db)
     (run,) = store.list_runs()
     assert run.slurm_job_id is not None and run.status in ("created", "running")
-    seen = _follow_job(store, run.id, db, env, tmp_path)
+    seen = {_slurm_state(db, run.id, env)}  # while the job is queued or runs
+    _follow_job(store, run.id, tmp_path)
+    seen.add(_slurm_state(db, run.id, env))  # once it ended
     now = store.get_run(run.id)
     assert now is not None
     output = "".join(p.read_text()[-3000:] for p in tmp_path.glob("ftui-*.out"))
     assert now.status == "completed", f"{now.status} {now.error}\n{output}"
     assert seen & {"pending", "running", "configuring", "completing", "completed"}, seen
     uninterrupted = {m.step: m.loss for m in store.metrics(run.id)}
-    assert list(uninterrupted) == [1, 2, 3, 4, 5, 6]
+    assert list(uninterrupted) == [1, 2, 3, 4]
     from runner.spec import checkpoint as ck
     from store.nodes import nodes
 
@@ -141,8 +149,8 @@ def test_a_submitted_job_runs_to_its_end_and_its_run_completes_then_a_resume_job
     assert (node.status, node.node_rank, node.ranks) == ("completed", 0, [0])
 
     # The newest checkpoint is damaged: the resume job, with no RECIPE (the run's own, from the store),
-    # continues from step 4 and logs the losses the run logged.
-    (ck.checkpoint_dir(Path(node.run_dir), 6) / "random_states_0.pkl").unlink()
+    # continues from step 2 and logs the losses the run logged.
+    (ck.checkpoint_dir(Path(node.run_dir), 4) / "random_states_0.pkl").unlink()
     refused = _slurm(env, tmp_path, "--resume", str(run.id), "--nodes", "2", "--db", db, "-o", str(tmp_path / "x.sbatch"))
     assert refused.returncode == 2 and refused.stderr.strip() == (
         f"ftui: --nodes: run {run.id} ran on 1 machine(s); its resume needs as many (each holds its part of the "
@@ -154,12 +162,12 @@ def test_a_submitted_job_runs_to_its_end_and_its_run_completes_then_a_resume_job
     new = next(r for r in store.list_runs() if r.id != run.id)
     assert (new.slurm_job_id, new.resumed_from, new.name) == (proc.stdout.split("submitted job ")[1].split(":")[0],
                                                               run.id, run.name)
-    _follow_job(store, new.id, db, env, tmp_path)
+    _follow_job(store, new.id, tmp_path)
     done = store.get_run(new.id)
     assert done is not None
     output = "".join(p.read_text()[-3000:] for p in tmp_path.glob("ftui-*.out"))
     assert (done.status, done.resumed_from) == ("completed", run.id), f"{done.status} {done.error}\n{output}"
-    assert done.summary.resumed_from["step"] == 4, done.summary
+    assert done.summary.resumed_from["step"] == 2, done.summary
     resumed = {m.step: m.loss for m in store.metrics(new.id)}
-    assert list(resumed) == [5, 6]
-    assert resumed == pytest.approx({s: uninterrupted[s] for s in (5, 6)}, abs=1e-6)
+    assert list(resumed) == [3, 4]
+    assert resumed == pytest.approx({s: uninterrupted[s] for s in (3, 4)}, abs=1e-6)

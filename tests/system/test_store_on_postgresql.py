@@ -13,11 +13,12 @@ from types import ModuleType
 
 import pytest
 
-from tests.integration import test_store_concurrency
+from tests.integration import test_nodes, test_store_concurrency, test_store_scale
 from tests.support.postgres import new_pg_database
-from tests.unit import test_named_metrics, test_store, test_store_migrations
+from tests.unit import test_named_metrics, test_store, test_store_migrations, test_store_nodes
 
-MODULES: tuple[ModuleType, ...] = (test_store, test_store_migrations, test_named_metrics, test_store_concurrency)
+MODULES: tuple[ModuleType, ...] = (test_store, test_store_migrations, test_named_metrics, test_store_nodes,
+                                   test_store_concurrency, test_store_scale, test_nodes)
 
 
 def _store_tests(module: ModuleType) -> dict[str, object]:

@@ -1,42 +1,34 @@
-"""Run the tmux driver (tests/tmux_drive.py) in pytest: ftui as a person would use it."""
+"""Run the tmux driver (tests/support/tmux_drive.py) in pytest: ftui as a person would use it. Every wait
+is on what the screen shows; without tmux on the machine the tests skip and say so."""
 
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-from tests.support.tmux_drive import drive
 
+from tests.support.tmux_drive import Tmux, drive
 
-def _tmux() -> str | None:
-    if shutil.which("tmux") is None and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "install", "-y", "-qq", "tmux"], capture_output=True, timeout=300)
-    return shutil.which("tmux")
+needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (not on PATH)")
 
 
 @pytest.mark.slow
+@needs_tmux
 def test_tmux_drive(tmp_path: Path) -> None:
-    if _tmux() is None:
-        pytest.skip("tmux is not installed and could not be installed with apt-get")
     seen: list[str] = []
     timings = drive(tmp_path / "home", steps=60, log=seen.append)
     assert len(seen) == 11, seen
-    assert timings["first_paint_s"] < 60  # the machine may be heavily loaded
+    assert set(timings) == {"first_paint_s", "reopen_paint_s"}  # measured, reported; never a pass mark
 
 
-@pytest.mark.slow
+@needs_tmux
 def test_ftui_over_a_store_that_cannot_open_says_so_in_one_line_and_exits_2(tmp_path: Path) -> None:
     """In a real terminal: ``ftui --db`` naming a folder paints, then ends with the store's one line on the
     restored terminal and exit code 2 (the store opens in the Runs screen's worker, after the first paint)."""
     import os
     import sys
 
-    from tmux_drive import Tmux
-
-    if _tmux() is None:
-        pytest.skip("tmux is not installed and could not be installed with apt-get")
     tmux = Tmux(f"ftui-bad-db-{os.getpid()}", {"FTUI_HOME": str(tmp_path / "home")})
     url = f"sqlite:///{tmp_path}"
     tmux.start(["sh", "-c", f'"{sys.executable}" -m tui.cli --db "{url}"; echo "exit=$?"'])

@@ -1,4 +1,4 @@
-"""The launch is data: exact argv/env/config for each strategy (like accelerate's tests/test_cli.py)."""
+"""The launch is data: exact argv/env/config for each strategy (like accelerate's tests/integration/test_cli.py)."""
 
 from __future__ import annotations
 

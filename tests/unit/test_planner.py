@@ -1,4 +1,4 @@
-"""The planner through the real command line: ``ftui estimate`` on the seed's cases, bad input, the shapes
+"""The planner through the command line (``tui.cli.main`` in process): ``ftui estimate`` on the seed's cases, bad input, the shapes
 it reads. (The estimate against real runs, and the batch-size finder: tests/e2e/test_estimate_vs_measured.py.)"""
 
 from __future__ import annotations
@@ -21,14 +21,35 @@ from runner.planner import (
     shape_from_config,
 )
 from runner.spec.recipe import load_recipe
-from tests.support import QUICKSTART, ROOT, Ftui
+from tests.support import QUICKSTART, ROOT, CliResult, run_in_process
 
 
-def _estimate_json(ftui: Ftui, *args: str) -> dict[str, Any]:
+class Cli:
+    """``ftui`` in this process (:func:`tests.support.run_in_process`), from the repository's folder."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
+        self.capsys = capsys
+
+    def run(self, *args: str, check: bool = False) -> CliResult:
+        result = run_in_process(self.capsys, *args)
+        if check:
+            assert result.returncode == 0, f"ftui {' '.join(args)} exited {result.returncode}\n{result.stderr}"
+        return result
+
+
+@pytest.fixture
+def ftui(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cli:
+    monkeypatch.setenv("FTUI_HOME", str(tmp_path))
+    monkeypatch.delenv("FTUI_DB", raising=False)
+    monkeypatch.chdir(ROOT)
+    return Cli(capsys)
+
+
+def _estimate_json(ftui: Cli, *args: str) -> dict[str, Any]:
     return json.loads(ftui.run("estimate", *args, "--format", "json", check=True).stdout)
 
 
-def test_seed_7b_full_finetune_is_112_gb_of_model_states(ftui: Ftui) -> None:
+def test_seed_7b_full_finetune_is_112_gb_of_model_states(ftui: Cli) -> None:
     report = _estimate_json(ftui, "--params", "7e9", "--method", "full", "--precision", "bf16", "--gpus", "1",
                             "--gpu-mem", "80GiB")
     single = report["strategies"]["single"]["per_device_bytes"]
@@ -77,7 +98,7 @@ def _bad_recipe(tmp_path: Path) -> Path:
         (["run", str(QUICKSTART), "--find-batch-size", "--mem-cap", "1e400GiB"], "--mem-cap"),
     ],
 )
-def test_bad_estimate_input_is_one_line_naming_the_flag(ftui: Ftui, tmp_path: Path, args: list[str],
+def test_bad_estimate_input_is_one_line_naming_the_flag(ftui: Cli, tmp_path: Path, args: list[str],
                                                           named: str) -> None:
     args = [str(_bad_recipe(tmp_path)) if a == "BROKEN" else a for a in args]
     argv = args if args[0] == "run" else ["estimate", *args, *([] if "--gpu-mem" in args else ["--gpu-mem", "48GiB"])]
@@ -89,7 +110,7 @@ def test_bad_estimate_input_is_one_line_naming_the_flag(ftui: Ftui, tmp_path: Pa
     assert proc.stdout == ""
 
 
-def test_estimate_from_a_model_name_without_a_recipe(ftui: Ftui) -> None:
+def test_estimate_from_a_model_name_without_a_recipe(ftui: Cli) -> None:
     report = _estimate_json(ftui, "--model", "builtin:tiny-llama", "--method", "lora", "--gpu-mem", "8GiB",
                             "--reserve", "0", "--micro-batch", "2", "--seq", "128")
     single = report["strategies"]["single"]["per_device_bytes"]
@@ -98,7 +119,7 @@ def test_estimate_from_a_model_name_without_a_recipe(ftui: Ftui) -> None:
     assert single["reserve"] == 0
 
 
-def test_seed_tinyllama_lora_on_4_gpus_recommends_ddp(ftui: Ftui) -> None:
+def test_seed_tinyllama_lora_on_4_gpus_recommends_ddp(ftui: Cli) -> None:
     proc = ftui.run("estimate", "recipes/tinyllama-1.1b-lora.toml", "--gpu-mem", "48GiB", "--gpus", "4", check=True)
     assert "built-in table" in proc.stdout  # no hub: the published config values
     assert "ESTIMATED" in proc.stdout and "recommendation (estimated)" in proc.stdout
@@ -107,7 +128,7 @@ def test_seed_tinyllama_lora_on_4_gpus_recommends_ddp(ftui: Ftui) -> None:
     assert report["strategies"]["ddp"]["fits"]
 
 
-def test_seed_codellama_34b_lora_on_4_gpus_recommends_sharding(ftui: Ftui) -> None:
+def test_seed_codellama_34b_lora_on_4_gpus_recommends_sharding(ftui: Cli) -> None:
     # The seed's demo: 4 x 48 GB, batch 4, 1024 context.
     report = _estimate_json(ftui, "--params", "34e9", "--method", "lora", "--gpus", "4", "--gpu-mem", "48GiB",
                             "--micro-batch", "4", "--seq", "1024", "--grad-ckpt")
@@ -119,7 +140,7 @@ def test_seed_codellama_34b_lora_on_4_gpus_recommends_sharding(ftui: Ftui) -> No
     assert recipe["recommendation"]["strategy"] in ("fsdp", "zero3")
 
 
-def test_estimate_on_a_cpu_machine_budgets_host_memory(ftui: Ftui) -> None:
+def test_estimate_on_a_cpu_machine_budgets_host_memory(ftui: Cli) -> None:
     """`ftui estimate RECIPE` on a CPU-only machine budgets host memory (it does not ask for --gpu-mem)."""
     from runner.hardware import NvmlBackend
 

@@ -3,7 +3,7 @@
 Each command names its handler as ``handler="module:function"``; :func:`tui.cli.main.main` imports that
 module only when the command runs. So building the whole parser (``ftui --help``, a typo's one-line error)
 imports argparse-level things only: the strategies table and the planner's defaults for the choices and the
-help, never the store, pydantic, torch or textual (tests/test_architecture.py checks it).
+help, never the store, pydantic, torch or textual (tests/unit/test_architecture.py checks it).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from runner.planner.memory import DEFAULT_RESERVE
-from runner.spec import strategies
+from runner.spec import strategies, watching
 from tui.cli.exits import UsageError
 
 COMMANDS: tuple[str, ...] = (
@@ -28,7 +28,7 @@ COMMANDS: tuple[str, ...] = (
     "tui.cli.db",        # db upgrade, db current
     "tui.cli.slurm",     # slurm
 )
-"""The modules that hold the commands' handlers (tests/test_cli.py checks that every handler the parser
+"""The modules that hold the commands' handlers (tests/integration/test_cli.py checks that every handler the parser
 names is in one of them and exists)."""
 
 DASHBOARD = "tui.cli.dashboard:cmd_dashboard"
@@ -147,16 +147,18 @@ def _refresh_seconds(text: str) -> float:
 
 def _watch_options(parser: argparse.ArgumentParser) -> None:
     """How ``ftui run`` and ``ftui resume`` watch a run (telemetry, hang detection, the stop's grace)."""
-    parser.add_argument("--sample-interval", type=seconds_at_least(0), default=0.5, metavar="SECONDS",
-                        help="telemetry: seconds between device readings (default 0.5; 0 turns telemetry off)")
-    parser.add_argument("--hang-after", type=seconds_at_least(1), default=300.0, metavar="SECONDS",
-                        help="flag a hang when no step came for this long and every device is idle (default 300)")
+    parser.add_argument("--sample-interval", type=seconds_at_least(0), default=watching.SAMPLE_INTERVAL_S,
+                        metavar="SECONDS", help=f"telemetry: seconds between device readings (default "
+                                                f"{watching.SAMPLE_INTERVAL_S:g}; 0 turns telemetry off)")
+    parser.add_argument("--hang-after", type=seconds_at_least(1), default=watching.HANG_AFTER_S, metavar="SECONDS",
+                        help="flag a hang when no step came for this long and every device is idle "
+                             f"(default {watching.HANG_AFTER_S:g})")
 
 
 def _grace_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--grace", type=seconds_at_least(0), default=30.0, metavar="SECONDS",
+    parser.add_argument("--grace", type=seconds_at_least(0), default=watching.GRACE_S, metavar="SECONDS",
                         help="on Ctrl-C, SIGTERM or SIGHUP: seconds the ranks get to finish their step, save and exit "
-                             "before SIGKILL (default 30; a second Ctrl-C kills at once)")
+                             f"before SIGKILL (default {watching.GRACE_S:g}; a second Ctrl-C kills at once)")
 
 
 def _node_options(parser: argparse.ArgumentParser) -> None:
@@ -234,8 +236,8 @@ def _stop(sub: Any) -> None:
                     "whatever is left gets SIGKILL. Afterwards no process of the run is left (checked).")
     stop.add_argument("run_id", type=positive_int, metavar="ID", help="the run (ftui runs lists them)")
     stop.add_argument("--kill", action="store_true", help="SIGKILL every process of the run now (status failed)")
-    stop.add_argument("--grace", type=seconds_at_least(0), default=30.0, metavar="SECONDS",
-                      help="seconds the ranks get before SIGKILL (default 30)")
+    stop.add_argument("--grace", type=seconds_at_least(0), default=watching.GRACE_S, metavar="SECONDS",
+                      help=f"seconds the ranks get before SIGKILL (default {watching.GRACE_S:g})")
     db_option(stop)
     stop.set_defaults(handler="tui.cli.stop:cmd_stop")
 

@@ -1,11 +1,16 @@
-"""Stopping runs: signals to ``ftui run``, ``ftui stop``, hung ranks, escalation (issue 10: defects 3, 4,
-5, 12). Real ``ftui run`` subprocesses training quickstart on CPU; the processes of each run are checked
-with psutil from the pids the ranks wrote (RUN/ranks/*.pid)."""
+"""Stopping runs, as the watcher does it: SIGTERM and SIGHUP to ``ftui run`` stop like Ctrl-C, a
+single-process run's grace waits for its rank, a hung rank is SIGKILLed after the grace period, a second
+Ctrl-C kills at once, ``ftui stop`` from another process (with or without a watcher alive), never a
+stranger holding a number the run had, and a live run listens on the loopback only.
+
+Each run is the real ``ftui run --script`` (the real watcher, ``accelerate launch`` and its ranks in
+sessions of their own) of a scripted rank (:mod:`tests.support.scripted_rank`) that trains nothing; the
+processes of each run are checked with psutil from the pids the ranks wrote (RUN/ranks/*.pid). What the
+real trainer does on a stop is tested in ``tests/e2e/test_failure_paths.py``."""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,43 +21,46 @@ from typing import Any
 import psutil
 import pytest
 
-from runner.watch import procs
+from runner.watch import journal, procs
 from store import Store
-from tests.support import QUICKSTART, ROOT, Ftui
 from tests.integration.test_recover import STARTS, record_orphan_run, stranger
+from tests.support import QUICKSTART, ROOT, Ftui
+from tests.support.scripted_rank import SCRIPT
 from tui.cli import main
 
-# Small steps so that a stop (which waits for the current step) is quick on a busy 2-core machine.
-FAST = ["--set", "train.max_steps=5000", "--set", "data.context_length=32", "--set", "train.batch_size=2"]
 DDP = ["--strategy", "ddp", "--nproc", "2"]
 
 
 class Background:
-    """``ftui run`` started in the background, and its run (found through ``ftui runs``)."""
+    """``ftui run --script scripted_rank.py`` started in the background, and its run (found through
+    ``ftui runs``)."""
 
     def __init__(self, ftui: Ftui, name: str, *flags: str) -> None:
         self.ftui = ftui
         self.name = name
-        self.proc = subprocess.Popen([sys.executable, "-m", "tui.cli", "run", str(QUICKSTART), *FAST, *flags,
+        self.proc = subprocess.Popen([sys.executable, "-m", "tui.cli", "run", "--script", str(SCRIPT), *flags,
                                       "--name", name, "--sample-interval", "0"],
                                      env=ftui.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
+        self.store = Store(ftui.db)
         self.run_id: int | None = None
         self.run_dir: Path | None = None
 
     def wait_for_steps(self, ranks: int, timeout: float = 240) -> None:
         """Until the journal has a step and every rank has written its pid."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"ftui run ended early: {self.proc.communicate()[0][-3000:]}"
-            if self.run_dir is None:
-                run = next((r for r in self.ftui.runs() if r["name"] == self.name), None)
-                if run is not None and run.get("run_dir"):
-                    self.run_id, self.run_dir = run["id"], Path(run["run_dir"])
-            if self.run_dir is not None and len(self.pids()) == ranks and '"type":"step"' in self.journal_text():
-                return
-            time.sleep(0.5)
-        raise AssertionError(f"no step within {timeout} s")
+        wait_for(lambda: self._stepping(ranks), timeout,
+                 lambda: f"no step; ftui run: {self.output() if self.proc.poll() is not None else 'running'}")
+
+    def _stepping(self, ranks: int) -> bool:
+        assert self.proc.poll() is None, f"ftui run ended early: {self.output()}"
+        if self.run_dir is None:
+            run = next((r for r in self.store.list_runs() if r.name == self.name), None)
+            if run is not None and run.run_dir:
+                self.run_id, self.run_dir = run.id, Path(run.run_dir)
+        return self.run_dir is not None and len(self.pids()) == ranks and '"type":"step"' in self.journal_text()
+
+    def output(self) -> str:
+        return self.proc.communicate()[0][-3000:]
 
     def pids(self) -> dict[int, int]:
         assert self.run_dir is not None
@@ -67,6 +75,10 @@ class Background:
     def journal(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.journal_text().splitlines() if line.strip()]
 
+    def watcher_events(self) -> list[str]:
+        assert self.run_dir is not None
+        return [e["type"] for e in journal.read_jsonl(self.run_dir / journal.ORCHESTRATOR_FILE)]
+
     def finish(self, timeout: float = 180) -> tuple[int, str]:
         out, _ = self.proc.communicate(timeout=timeout)
         return self.proc.returncode, out
@@ -74,6 +86,38 @@ class Background:
     def show(self) -> dict[str, Any]:
         assert self.run_id is not None
         return self.ftui.show(self.run_id)
+
+    def kill(self) -> None:
+        """Whatever the test left running: the watcher, then every process of the run."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+        if self.run_dir is not None:
+            procs.kill_all(self.run_dir, None)
+
+
+@pytest.fixture
+def background(ftui: Ftui):  # type: ignore[no-untyped-def]
+    """Start runs with ``background(name, *flags)``; whatever is left of them is killed afterwards."""
+    started: list[Background] = []
+
+    def start(name: str, *flags: str) -> Background:
+        started.append(Background(ftui, name, *flags))
+        return started[-1]
+
+    yield start
+    for bg in started:
+        bg.kill()
+
+
+def wait_for(fn, timeout: float, what=lambda: ""):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s {what()}")
 
 
 def alive(pid: int) -> bool:
@@ -89,9 +133,12 @@ def assert_all_gone(bg: Background) -> None:
     left = [pid for pid in pids.values() if alive(pid)]
     assert not left, f"rank processes still alive: {left}"
     assert bg.run_dir is not None
-    from runner.watch.procs import find_processes
+    assert procs.find_processes(bg.run_dir) == {}
 
-    assert find_processes(bg.run_dir) == {}
+
+def stop_journalled(bg: Background) -> None:
+    ends = [e for e in bg.journal() if e["type"] == "end"]
+    assert ends and ends[-1]["status"] == "stopped", "the rank did not finish its step and journal its end"
 
 
 def test_stop_unknown_run_is_one_line_exit_2(ftui: Ftui) -> None:
@@ -101,79 +148,74 @@ def test_stop_unknown_run_is_one_line_exit_2(ftui: Ftui) -> None:
     assert proc.stdout == ""
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-def test_sigterm_and_sighup_stop_ddp_like_ctrl_c(ftui: Ftui, sig: signal.Signals) -> None:
-    """Defect 3 (and 4: the ranks live in sessions of their own, away from the launcher's group)."""
-    bg = Background(ftui, f"stop-{sig.name}", *DDP, "--grace", "120")
+def test_sigterm_and_sighup_stop_ddp_like_ctrl_c(background, sig: signal.Signals) -> None:  # type: ignore[no-untyped-def]
+    """The ranks live in sessions of their own, away from the launcher's group: the watcher signals them."""
+    bg = background(f"stop-{sig.name}", *DDP, "--grace", "120")
     bg.wait_for_steps(ranks=2)
     bg.proc.send_signal(sig)
     code, out = bg.finish()
     assert code == 130, out[-3000:]
     run = bg.show()
     assert run["status"] == "stopped", run
-    ends = [e for e in bg.journal() if e["type"] == "end"]
-    assert ends and ends[-1]["status"] == "stopped", "the ranks did not finish their step and journal their end"
+    stop_journalled(bg)
     assert "all processes exited within the grace period" in run["summary"]["stop"]
     assert_all_gone(bg)
 
 
-@pytest.mark.slow
-def test_ctrl_c_of_single_process_run_lets_the_rank_end(ftui: Ftui) -> None:
-    """Defect 5: the grace period waits for the rank, not for the launcher (which exits at once)."""
-    bg = Background(ftui, "stop-single-int", "--strategy", "single", "--grace", "120")
+def test_ctrl_c_of_single_process_run_lets_the_rank_end(background) -> None:  # type: ignore[no-untyped-def]
+    """The grace period waits for the rank, not for the launcher (which exits at once)."""
+    bg = background("stop-single-int", "--strategy", "single", "--grace", "120")
     bg.wait_for_steps(ranks=1)
     bg.proc.send_signal(signal.SIGINT)
     code, out = bg.finish()
     assert code == 130, out[-3000:]
-    ends = [e for e in bg.journal() if e["type"] == "end"]
-    assert ends and ends[-1]["status"] == "stopped", "the rank was killed before it journalled its end"
+    stop_journalled(bg)
     run = bg.show()
     assert run["status"] == "stopped"
     assert run["summary"]["steps"] >= 1 and run["summary"]["final_loss"] is not None
     assert_all_gone(bg)
 
 
-@pytest.mark.slow
-def test_hung_rank_is_killed_after_the_grace_period(ftui: Ftui) -> None:
-    """Defect 4: a rank stopped with SIGSTOP (a hang) and its partner stuck in the collective are both
+def test_hung_rank_is_killed_after_the_grace_period(background) -> None:  # type: ignore[no-untyped-def]
+    """A rank stopped with SIGSTOP (a hang) cannot take its SIGTERM: it and whatever else is left are
     SIGKILLed after the grace period; the status is still recorded and ftui exits 130."""
-    bg = Background(ftui, "stop-hung", *DDP, "--grace", "3")
+    bg = background("stop-hung", *DDP, "--grace", "1")
     bg.wait_for_steps(ranks=2)
-    os.kill(bg.pids()[1], signal.SIGSTOP)
-    time.sleep(1.0)
-    started = time.monotonic()
+    hung = psutil.Process(bg.pids()[1])
+    hung.suspend()
+    wait_for(lambda: hung.status() == psutil.STATUS_STOPPED, 30)
+    bg.proc.send_signal(signal.SIGINT)
+    code, out = bg.finish()
+    assert code == 130, out[-3000:]
+    run = bg.show()
+    assert run["status"] == "stopped", run
+    assert "SIGKILLed" in run["summary"]["stop"], run["summary"]["stop"]
+    assert f"pid {hung.pid} (rank 1)" in run["summary"]["stop"], run["summary"]["stop"]
+    assert "no process of the run left" in run["summary"]["stop"]
+    assert_all_gone(bg)
+
+
+def test_second_ctrl_c_kills_at_once_and_records_the_status(background) -> None:  # type: ignore[no-untyped-def]
+    """A second Ctrl-C cuts a long grace period short (600 s: the run could not end otherwise within
+    ``finish``'s timeout); the run is still recorded."""
+    bg = background("stop-twice", *DDP, "--grace", "600")
+    bg.wait_for_steps(ranks=2)
+    psutil.Process(bg.pids()[0]).suspend()  # keeps the run from ending on its own within the grace period
+    bg.proc.send_signal(signal.SIGINT)
+    wait_for(lambda: "stop_requested" in bg.watcher_events(), 60)  # the first one was taken
     bg.proc.send_signal(signal.SIGINT)
     code, out = bg.finish(timeout=120)
     assert code == 130, out[-3000:]
-    assert time.monotonic() - started < 60
     run = bg.show()
-    assert run["status"] == "stopped", run
+    assert run["status"] == "stopped"
     assert "SIGKILLed" in run["summary"]["stop"] and "no process of the run left" in run["summary"]["stop"]
     assert_all_gone(bg)
 
 
-@pytest.mark.slow
-def test_second_ctrl_c_kills_at_once_and_records_the_status(ftui: Ftui) -> None:
-    """Defect 5: a second Ctrl-C cuts a long grace period short; the run is still recorded."""
-    bg = Background(ftui, "stop-twice", *DDP, "--grace", "600")
-    bg.wait_for_steps(ranks=2)
-    os.kill(bg.pids()[0], signal.SIGSTOP)  # keeps the run from ending on its own within the grace period
-    bg.proc.send_signal(signal.SIGINT)
-    time.sleep(2.0)
-    started = time.monotonic()
-    bg.proc.send_signal(signal.SIGINT)
-    code, out = bg.finish(timeout=120)
-    assert code == 130, out[-3000:]
-    assert time.monotonic() - started < 60
-    assert bg.show()["status"] == "stopped"
-    assert_all_gone(bg)
-
-
-@pytest.mark.slow
-def test_ftui_stop_from_another_process(ftui: Ftui) -> None:
+def test_ftui_stop_from_another_process(ftui: Ftui, background) -> None:  # type: ignore[no-untyped-def]
     """``ftui stop ID`` asks the run's watcher (the ``ftui run`` process) and waits for the status."""
-    bg = Background(ftui, "stop-cmd", *DDP, "--grace", "120")
+    bg = background("stop-cmd", *DDP, "--grace", "120")
     bg.wait_for_steps(ranks=2)
     assert bg.run_id is not None
     proc = ftui.run("stop", str(bg.run_id), "--grace", "120", timeout=300)
@@ -182,9 +224,26 @@ def test_ftui_stop_from_another_process(ftui: Ftui) -> None:
     code, out = bg.finish()
     assert code == 130, out[-3000:]
     assert bg.show()["status"] == "stopped"
+    stop_journalled(bg)
     assert_all_gone(bg)
     again = ftui.run("stop", str(bg.run_id))
     assert (again.returncode, again.stderr.strip()) == (2, f"ftui: run {bg.run_id}: not running (status stopped)")
+
+
+def test_ftui_stop_kill_without_a_watcher(ftui: Ftui, background) -> None:  # type: ignore[no-untyped-def]
+    """The watcher is gone (SIGKILLed): ``ftui stop --kill`` finds the run's processes itself, kills
+    them, checks, and records ``failed`` ("killed by user")."""
+    bg = background("stop-orphan", *DDP)
+    bg.wait_for_steps(ranks=2)
+    bg.proc.kill()
+    bg.finish()
+    assert all(alive(p) for p in bg.pids().values()), "the ranks should outlive their watcher"
+    assert bg.run_id is not None
+    proc = ftui.run("stop", str(bg.run_id), "--kill", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = bg.show()
+    assert (run["status"], run["error"]) == ("failed", "killed by user")
+    assert_all_gone(bg)
 
 
 @pytest.mark.parametrize("kill", [False, True], ids=["stop", "kill"])
@@ -227,25 +286,8 @@ def test_ftui_stop_finds_the_launcher_of_a_row_without_a_start_time_by_its_envir
         launcher.wait()
 
 
-@pytest.mark.slow
-def test_ftui_stop_kill_without_a_watcher(ftui: Ftui) -> None:
-    """The watcher is gone (SIGKILLed): ``ftui stop --kill`` finds the run's processes itself, kills
-    them, checks, and records ``failed`` ("killed by user")."""
-    bg = Background(ftui, "stop-orphan", *DDP)
-    bg.wait_for_steps(ranks=2)
-    bg.proc.kill()
-    bg.finish()
-    assert all(alive(p) for p in bg.pids().values()), "the ranks should outlive their watcher"
-    assert bg.run_id is not None
-    proc = ftui.run("stop", str(bg.run_id), "--kill", timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    run = bg.show()
-    assert (run["status"], run["error"]) == ("failed", "killed by user")
-    assert_all_gone(bg)
-
-
 def test_one_machine_rendezvous_listens_on_loopback(ftui: Ftui) -> None:
-    """Defect 12, through the dry run: the accelerate config and the environment name the loopback."""
+    """Through the dry run: the accelerate config and the environment name the loopback."""
     proc = ftui.run("run", str(QUICKSTART), *DDP, "--dry-run", "--format", "json", check=True)
     spec = json.loads(proc.stdout)
     assert spec["env"]["MASTER_ADDR"] == "127.0.0.1"
@@ -254,53 +296,3 @@ def test_one_machine_rendezvous_listens_on_loopback(ftui: Ftui) -> None:
 
     config = yaml.safe_load(Path(spec["accelerate_config"]).read_text())
     assert (config["num_machines"], config["main_process_ip"]) == (1, "127.0.0.1")
-
-
-@pytest.mark.slow
-def test_a_live_ddp_run_listens_on_the_loopback_only(ftui: Ftui) -> None:
-    """Defect 12 on a live run: every listening socket of every process of the run (torchrun's
-    rendezvous store in the launcher, gloo in the ranks) is bound to 127.0.0.1."""
-    from runner.watch.procs import find_processes
-
-    bg = Background(ftui, "loopback", *DDP)
-    bg.wait_for_steps(ranks=2)
-    assert bg.run_dir is not None
-    listening: list[tuple[int, str, int]] = []
-    for pid in find_processes(bg.run_dir):
-        try:
-            listening += [(pid, c.laddr.ip, c.laddr.port) for c in psutil.Process(pid).net_connections()
-                          if c.status == psutil.CONN_LISTEN]
-        except psutil.NoSuchProcess:
-            continue
-    bg.proc.send_signal(signal.SIGINT)
-    bg.finish()
-    assert listening, "the run listens on no port at all?"
-    assert {ip for _, ip, _ in listening} == {"127.0.0.1"}, listening
-
-
-def test_host_facts_are_detected_once_per_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    """"Is this a CPU run?" was asked 3-4 times per ``ftui run``, each time starting NVML afresh."""
-    from runner.hardware import hostfacts
-    from runner.spec.recipe import parse_recipe
-    from runner.watch.estimate import estimate_summary
-    from runner.watch.host import cpu_threads, cuda_device_count
-    from runner.watch.preflight import preflight
-
-    calls: list[hostfacts.HostFacts] = []
-    real = hostfacts.detect
-
-    def counting() -> hostfacts.HostFacts:
-        calls.append(real())
-        return calls[-1]
-
-    monkeypatch.setattr(hostfacts, "detect", counting)
-    hostfacts.current.cache_clear()
-    recipe = parse_recipe("")
-    preflight(recipe)
-    cpu_threads(recipe)
-    cuda_device_count()
-    estimate_summary(recipe)
-    assert len(calls) == 1
-    facts = calls[0]
-    assert facts.has_cuda == (facts.visible_gpus > 0) and facts.cpu_cores >= 1
-    hostfacts.current.cache_clear()

@@ -1,0 +1,14 @@
+"""The defaults of how a run is watched, in one place for the watcher and the command line's flags
+(which read them here without importing the watcher)."""
+
+from __future__ import annotations
+
+SAMPLE_INTERVAL_S = 0.5
+"""Seconds between telemetry readings; 0 turns telemetry off."""
+
+HANG_AFTER_S = 300.0
+"""A hang is flagged when no step came for this long and a device is idle, and the run is stopped when it
+is still hung this long after the flag."""
+
+GRACE_S = 30.0
+"""Seconds the ranks get to finish their step, save and exit before SIGKILL."""

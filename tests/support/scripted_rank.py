@@ -1,0 +1,50 @@
+"""A scripted rank: a training script that trains nothing, for ``ftui run --script`` (every rank runs it
+under ``runner.rank.script_run``, launched by the real ``accelerate launch``), so that the watcher, the
+launcher and the signals between them are tested without importing torch in the ranks.
+
+Rank 0 reports a step every ``--step-s`` seconds through :mod:`runner.track` (the journal the watcher
+reads), up to ``--steps``; every rank stays alive meanwhile. Like ftui's trainer, a SIGTERM lets the rank
+finish its step, journal its ``end`` (``stopped``) and exit 0; a second SIGTERM ends it at once.
+
+    ftui run --script tests/support/scripted_rank.py --strategy ddp --nproc 2 -- --steps 100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve()
+"""This file, for ``ftui run --script``."""
+
+
+def main(argv: list[str]) -> int:
+    from runner import track
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=100_000)
+    parser.add_argument("--step-s", type=float, default=0.2)
+    args = parser.parse_args(argv)
+    stop = threading.Event()
+
+    def on_term(*_: object) -> None:
+        if stop.is_set():
+            os._exit(143)  # a second SIGTERM: at once, as the trainer does
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    track.start(total_steps=args.steps, world_size=int(os.environ.get("WORLD_SIZE", "1")))
+    for step in range(1, args.steps + 1):
+        track.log({"loss": 3.0 / step, "tokens": 64 * step}, step=step)
+        if stop.wait(args.step_s):
+            track.finish("stopped")
+            return 0
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
