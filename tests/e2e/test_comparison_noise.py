@@ -13,7 +13,7 @@ import pytest
 
 from runner.analysis.compare import build_comparison
 from runner.analysis.noise import host_other_util
-from tests.e2e.test_compare import _run
+from tests.support import run_info
 from tests.support.matrix import ColdRepeat
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,15 +25,15 @@ def _with_recipe(run: Any, batch: int) -> Any:
 
 
 def test_a_different_global_batch_is_never_called_faster() -> None:
-    single = _with_recipe(_run(1, "single", 1, 1000.0), 4)
-    ddp = _with_recipe(_run(2, "ddp", 2, 1900.0), 4)  # --nproc 2 with the same micro-batch: global batch 8
+    single = _with_recipe(run_info(1, "single", 1, 1000.0), 4)
+    ddp = _with_recipe(run_info(2, "ddp", 2, 1900.0), 4)  # --nproc 2 with the same micro-batch: global batch 8
     cmp = build_comparison([single, ddp], {})
     assert [r.global_batch for r in cmp.rows] == [4, 8]
     sentences = cmp.speedup_sentences()
     assert len(sentences) == 1 and "faster" not in sentences[0], sentences
     assert "global batch of 8" in sentences[0] and "(run 1) 4" in sentences[0]
     assert "Caution: the runs' global batches differ (single: 4, ddp x2: 8)" in cmp.recommendation()
-    same = build_comparison([single, _with_recipe(_run(2, "ddp", 2, 1900.0), 2)], {})
+    same = build_comparison([single, _with_recipe(run_info(2, "ddp", 2, 1900.0), 2)], {})
     assert same.speedup_sentences() == ["ddp x2 (run 2) 1.90x faster than single (run 1)"]
     assert "Caution" not in same.recommendation()
 
@@ -41,10 +41,10 @@ def test_a_different_global_batch_is_never_called_faster() -> None:
 def test_a_busy_host_is_said() -> None:
     # A real quickstart run on this shared machine: the host at 99.9% of its 2 cores, the rank at 53.7% of one.
     assert host_other_util(REAL["telemetry"]) == pytest.approx(99.93 - 53.74 / 2, abs=0.1)
-    busy = _run(1, "single", 1, 1000.0, telemetry=REAL["telemetry"])
+    busy = run_info(1, "single", 1, 1000.0, telemetry=REAL["telemetry"])
     quiet_tel = json.loads(json.dumps(REAL["telemetry"]))
     quiet_tel["devices"]["host:-1"]["active"]["util_mean"] = 30.0
-    quiet = _run(2, "single", 1, 1100.0, telemetry=quiet_tel)
+    quiet = run_info(2, "single", 1, 1100.0, telemetry=quiet_tel)
     cmp = build_comparison([busy, quiet], {})
     assert cmp.rows[0].host_other_util is not None and cmp.rows[0].host_other_util > 70
     assert cmp.rows[1].host_other_util is not None and cmp.rows[1].host_other_util < 5
@@ -60,7 +60,7 @@ def test_repeats_give_medians_and_spread_and_say_when_the_lead_is_noise(tmp_path
     items = plan(ROOT / "recipes" / "quickstart.toml", ["single", "ddp"], 2, [], [], repeat=3)
     assert [i.strategy for i in items] == ["single"] * 3 + ["ddp"] * 3
     assert items[2].note.endswith("repeat 3/3")
-    runs = [_run(i + 1, s, n, tps) for i, (s, n, tps) in enumerate(
+    runs = [run_info(i + 1, s, n, tps) for i, (s, n, tps) in enumerate(
         [("single", 1, 1000.0), ("single", 1, 1200.0), ("single", 1, 900.0),
          ("ddp", 2, 1100.0), ("ddp", 2, 950.0), ("ddp", 2, None)])]
     rows = by_strategy(build_comparison(runs, {}))
@@ -69,8 +69,8 @@ def test_repeats_give_medians_and_spread_and_say_when_the_lead_is_noise(tmp_path
                                                  rows[0].tokens_per_s.high) == (1000.0, 900.0, 1200.0)
     assert rows[1].tokens_per_s is not None and rows[1].tokens_per_s.n == 2  # the run with no figure is left out
     assert "within run-to-run noise" in verdict(rows)
-    apart = by_strategy(build_comparison([_run(1, "single", 1, 1000.0), _run(2, "single", 1, 1010.0),
-                                          _run(3, "ddp", 2, 2000.0), _run(4, "ddp", 2, 2100.0)], {}))
+    apart = by_strategy(build_comparison([run_info(1, "single", 1, 1000.0), run_info(2, "single", 1, 1010.0),
+                                          run_info(3, "ddp", 2, 2000.0), run_info(4, "ddp", 2, 2100.0)], {}))
     assert "every run of it was faster" in verdict(apart) and verdict(apart).startswith("ddp x2")
 
 

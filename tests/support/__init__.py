@@ -12,8 +12,12 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from runner.spec.summary import RunSummary
+from store import RunInfo
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "recipes" / "quickstart.toml"
@@ -68,6 +72,20 @@ def run_in_process(capsys: Any, *args: str) -> CliResult:
     code = main(list(args))
     out, err = capsys.readouterr()
     return CliResult(code, out, err)
+
+
+def run_info(id_: int, strategy: str, nproc: int, tps: float | None, status: str = "completed",
+             **summary: Any) -> RunInfo:
+    """A stored run as the store returns it, made by hand: quickstart's shape, 5 steps, ``summary``'s
+    fields in its summary (for comparisons built without training)."""
+    now = datetime(2026, 1, 1)
+    return RunInfo(id=id_, uid=f"uid{id_}", name="q", sweep_id=None, recipe_text=f'[launch]\nstrategy = "{strategy}"\n',
+                   recipe_hash="", recipe_source=None, strategy=strategy, nproc=nproc, method="lora",
+                   model="builtin:tiny-llama", status=status, distributed_type=None, device_type="cpu", host="h",
+                   run_dir="", pgid=None, created_at=now, started_at=now, ended_at=now, exit_code=0,
+                   error=None if status == "completed" else "boom", total_steps=5, steps_done=5,
+                   train_seconds=10.0, tokens_per_s=tps, final_loss=2.0, peak_mem_bytes=None, mean_util=50.0,
+                   summary=RunSummary.from_json({"world_size": nproc, **summary}))
 
 
 def new_home(root: Path) -> Ftui:

@@ -16,7 +16,8 @@ import pytest
 from runner.analysis.compare import Comparison, build_comparison
 from runner.hardware import DeviceSample
 from store import MetricPoint
-from tests.e2e.test_compare import _run
+from tests.support import Ftui, run_info
+from tests.support.matrix import Matrix, Sweep
 from tui.render.compare import nice_step, to_html
 
 T0 = 1_800_000_000.0
@@ -26,7 +27,7 @@ def comparison(n_runs: int = 6) -> Comparison:
     runs, metrics, samples = [], {}, {}
     for i in range(n_runs):
         strategy, nproc = [("single", 1), ("ddp", 2), ("fsdp", 2)][i % 3]
-        run = _run(i + 1, strategy, nproc, 1000.0 + 10 * i,
+        run = run_info(i + 1, strategy, nproc, 1000.0 + 10 * i,
                    telemetry={"window": [T0 + 5.0, T0 + 25.0]})
         runs.append(dataclasses.replace(run, recipe_text=run.recipe_text + '[data]\nsource = "builtin:pydoc-topics"\n'))
         metrics[i + 1] = [MetricPoint(s, T0 + 5 + 2 * s, 8.5 - 0.1 * s, 1e-3 * s, 0.5 + 0.01 * s, 1024 * s, 2.0, 512.0)
@@ -95,3 +96,28 @@ def test_the_page_renders_in_chromium_with_no_console_error_and_fits_900_px(chro
     _, errors = render(chromium, page.replace("</body>", "<script>throw new Error('injected')</script></body>"),
                        tmp_path)
     assert any("injected" in e for e in errors), errors
+
+
+@pytest.fixture(scope="module")
+def sweep(matrix: Matrix) -> Sweep:
+    return matrix.sweep()
+
+
+def test_html_report_renders_in_headless_chromium(ftui: Ftui, sweep: Sweep, chromium: str,
+                                                  tmp_path: Path) -> None:
+    page = tmp_path / "compare.html"
+    ftui.run("compare", "--sweep", sweep.id, "--format", "html", "-o", str(page), check=True)
+    html = page.read_text()
+    assert "<svg" in html and "training loss, all runs" in html and "utilisation per device" in html
+    assert "Recipe differences" in html
+    assert not re.search(r"""(src|href)=["']?https?:""", html), "the page must not load anything"
+    png = tmp_path / "compare.png"
+    proc = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+         f"--screenshot={png}", "--window-size=1400,1800", page.as_uri()],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert png.exists(), f"no screenshot: exit {proc.returncode}\n{proc.stderr[-2000:]}"
+    assert png.stat().st_size > 30_000, png.stat().st_size  # a blank page is a few KB
+    print(f"screenshot: {png}")  # pytest -s shows where to look

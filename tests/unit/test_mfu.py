@@ -350,12 +350,12 @@ def test_cpu_util_is_normalised_by_threads_and_spread_shown(home: Path) -> None:
 
 
 def test_old_runs_without_threads_stay_in_cpu_percent_of_one_core() -> None:
-    from tests.e2e.test_compare import _run
+    from tests.support import run_info
 
-    old = _run(1, "single", 1, 1000.0, telemetry={"whole": {"kind": "rank", "util_mean": 198.0, "devices": 1}})
+    old = run_info(1, "single", 1, 1000.0, telemetry={"whole": {"kind": "rank", "util_mean": 198.0, "devices": 1}})
     row = build_comparison([old], {}).rows[0]
     assert row.cpu_util == 198.0 and row.cpu_threads is None and "one core" in row.util_source
-    recorded = _run(1, "single", 1, 1000.0, threads=2,
+    recorded = run_info(1, "single", 1, 1000.0, threads=2,
                     telemetry={"whole": {"kind": "rank", "util_mean": 198.0, "devices": 1}})
     assert build_comparison([recorded], {}).rows[0].cpu_util == 99.0
 

@@ -1,0 +1,35 @@
+"""``ftui compare`` refuses bad ids and flags in one line naming what is wrong, exit 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support import QUICKSTART, Ftui
+
+
+def test_bad_input_is_one_line_and_exit_2(ftui: Ftui) -> None:
+    for args in (["compare"], ["compare", "9999"], ["compare", "--sweep", "no-such-sweep"],
+                 ["sweep", str(QUICKSTART), "--strategies", "single,warp"],
+                 ["sweep", str(QUICKSTART), "--grid", "train.batch_size"]):
+        proc = ftui.run(*args)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert proc.stderr.startswith("ftui: ") and "Traceback" not in proc.stderr, proc.stderr
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["compare", "1", "-o", "/missing/dir/x.md"], "-o/--output"),
+        (["compare", "1", "--baseline", "99"], "--baseline 99"),
+        (["compare", "1", "--peak-tflops", "-5"], "--peak-tflops"),
+        (["compare", "1", "--peak-tflops", "nan"], "--peak-tflops"),
+        (["sweep", str(QUICKSTART), "--nproc", "0"], "--nproc"),
+        (["sweep", str(QUICKSTART), "--peak-tflops", "0"], "--peak-tflops"),
+        (["sweep", str(QUICKSTART), "-o", "/missing/dir/x.html", "--format", "html"], "-o/--output"),
+    ],
+)
+def test_bad_flags_are_one_line_naming_the_flag(ftui: Ftui, args: list[str], named: str) -> None:
+    proc = ftui.run(*args)
+    assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ftui: ") and named in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr and "sweep-" not in proc.stdout  # nothing ran
