@@ -1,18 +1,17 @@
 """Before step 1 the trainer journals what it is doing: tokenizing, loading the model, preparing the
-strategy (phase events), under every strategy (the session's runs of quickstart)."""
+strategy (phase events), under every strategy (the shared matrix's sweep of quickstart)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any
 
 from runner.spec import events as ev
+from tests.support.matrix import CORE, Matrix
 
 
-def test_every_run_journals_its_phases_before_the_start_event(strategy_runs: dict[str, dict[str, Any]]) -> None:
-    for name, run in strategy_runs.items():
-        lines = (Path(run["run_dir"]) / ev.EVENTS_FILE).read_text().splitlines()
+def test_every_run_journals_its_phases_before_the_start_event(matrix: Matrix) -> None:
+    for name in CORE:
+        lines = (matrix[name].run_dir / ev.EVENTS_FILE).read_text().splitlines()
         kinds = [(e["type"], e.get("phase")) for e in map(json.loads, lines)]
         start = kinds.index(("start", None))
         assert kinds[:start] == [("phase", "tokenizing"), ("phase", "loading_model"), ("phase", "preparing")], name
