@@ -152,7 +152,6 @@ def listening(run_dir: Path) -> list[tuple[int, str, int]]:
     return found
 
 
-@pytest.mark.slow
 def test_kill_9_of_one_ddp_rank_is_recorded_with_its_signal_and_every_process_is_reaped(
         ftui: Ftui, start: Callable[..., Run]) -> None:
     """A rank SIGKILLed mid-run: the run is failed with the rank and its signal (read from the launcher's
@@ -181,7 +180,6 @@ def test_kill_9_of_one_ddp_rank_is_recorded_with_its_signal_and_every_process_is
     assert "killed by SIGKILL" in ftui.run("show", str(run.run_id)).stdout
 
 
-@pytest.mark.slow
 def test_sigterm_of_ftui_run_lets_every_ddp_rank_finish_its_step_and_end(
         ftui: Ftui, start: Callable[..., Run]) -> None:
     run = start("stop-term", *DDP, *FAST, "--grace", "120", "--sample-interval", "0")
@@ -197,7 +195,6 @@ def test_sigterm_of_ftui_run_lets_every_ddp_rank_finish_its_step_and_end(
     assert_all_gone(run)
 
 
-@pytest.mark.slow
 def test_ctrl_c_of_a_single_process_run_lets_the_trainer_end(ftui: Ftui, start: Callable[..., Run]) -> None:
     run = start("stop-int", "--strategy", "single", *FAST, "--grace", "120", "--sample-interval", "0")
     run.wait_for_steps(ranks=1)
@@ -212,7 +209,6 @@ def test_ctrl_c_of_a_single_process_run_lets_the_trainer_end(ftui: Ftui, start: 
     assert_all_gone(run)
 
 
-@pytest.mark.slow
 def test_a_hung_trainer_is_flagged_then_stopped_and_failed(start: Callable[..., Run]) -> None:
     """The trainer stopped (SIGSTOP: alive, idle, no step) is flagged after ``--hang-after`` and, still
     hung that long after, continued and stopped: failed with the hang as its reason."""
@@ -231,7 +227,6 @@ def test_a_hung_trainer_is_flagged_then_stopped_and_failed(start: Callable[..., 
     assert_all_gone(run)
 
 
-@pytest.mark.slow
 def test_ftui_run_sigkilled_during_ddp_is_recovered_and_completes(tmp_path: Path) -> None:
     """The watcher (``ftui run``) SIGKILLed while ddp x2 trains: the ranks go on, ``ftui recover``
     attaches a new watcher that follows them to ``completed``; journal and store agree; a second

@@ -37,7 +37,6 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "recipes" / "quickstart.toml"
 STEPS = 6
 """The shared run's steps: checkpoints at 2, 4 and 6; a resume from 4 logs steps 5 and 6."""
-pytestmark = pytest.mark.slow
 
 SMALL = {"FTUI_NODE_HEARTBEAT_S": "0.5", "FTUI_NODE_POLL_S": "0.2"}
 """Node agents that report and poll often: stops and joins reach every node within half a second."""

@@ -29,7 +29,6 @@ def _one_line(proc: subprocess.CompletedProcess[str]) -> str:
     return proc.stderr.strip()
 
 
-@pytest.mark.slow  # subprocesses
 def test_read_commands_refuse_a_bad_db_in_one_line(tmp_path: Path) -> None:
     home = tmp_path / "home"
     missing = f"sqlite:///{tmp_path / 'typo' / 'ftui.db'}"
@@ -46,14 +45,12 @@ def test_read_commands_refuse_a_bad_db_in_one_line(tmp_path: Path) -> None:
     assert text.read_text() == "hello\n" * 20
 
 
-@pytest.mark.slow  # subprocesses
 def test_the_default_store_is_created_on_first_use(tmp_path: Path) -> None:
     proc = _ftui(tmp_path, "runs", "--format", "json")
     assert (proc.returncode, proc.stdout.strip()) == (0, "[]"), proc.stderr
     assert (tmp_path / "ftui.db").is_file()
 
 
-@pytest.mark.slow  # subprocesses
 def test_db_upgrade_says_from_what_to_what(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'old' / 'ftui.db'}"
     _old_database(url)
@@ -69,7 +66,6 @@ def test_db_upgrade_says_from_what_to_what(tmp_path: Path) -> None:
     assert _ftui(tmp_path, "db", "upgrade", "--db", fresh).stdout.strip() == f"{fresh}: schema none -> {migrate.HEAD} (created)"
 
 
-@pytest.mark.slow  # subprocesses
 def test_a_newer_store_is_refused_by_every_command(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'ftui.db'}"
     assert _ftui(tmp_path, "db", "upgrade", "--db", url).returncode == 0

@@ -10,14 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 SECONDS = 5
 """How long the writers and readers run: long enough for many flushes and polls of each."""
 
 
-@pytest.mark.slow
 def test_two_writers_and_four_readers_lose_nothing(db_url: str) -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_store_concurrency.py"), "--db", db_url,
                            "--seconds", str(SECONDS), "--json"], capture_output=True, text=True, timeout=600,

@@ -336,7 +336,6 @@ def test_ftui_compare_imports_neither_torch_nor_transformers(many: dict[str, Any
     assert all(r["mfu"] is not None for r in rows if r["status"] == "completed")
 
 
-@pytest.mark.slow  # reads the model's config through transformers: the slow path it replaces
 def test_a_run_recorded_without_stored_figures_still_compares(many: dict[str, Any]) -> None:
     out = _ftui(many["home"], "compare", str(many["ids"][5]), str(many["old"]), "--format", "json",
                 "--peak-tflops", "0.25", "--db", many["url"])

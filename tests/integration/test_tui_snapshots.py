@@ -15,7 +15,6 @@ from tui.app import app as app_module
 from tui.app import make_app
 
 # Each snapshot drives the whole app for 1-3 s: part of the full suite, not the fast loop.
-pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 1, 2, 3, 4, 5)

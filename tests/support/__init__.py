@@ -21,7 +21,6 @@ from store import RunInfo
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "recipes" / "quickstart.toml"
-STEPS = 8
 
 
 @dataclass

@@ -120,7 +120,6 @@ def _follow_job(store: Store, run_id: int, tmp_path: Path) -> None:
     raise AssertionError(f"run {run_id} did not end within 400 s\n{output}")
 
 
-@pytest.mark.slow
 def test_a_submitted_job_runs_to_its_end_and_its_run_completes_then_a_resume_job_continues_it(
         slurm_cluster: dict[str, str], tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path}/ftui.db"

@@ -13,7 +13,6 @@ from tests.support.tmux_drive import Tmux, drive
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (not on PATH)")
 
 
-@pytest.mark.slow
 @needs_tmux
 def test_tmux_drive(tmp_path: Path) -> None:
     seen: list[str] = []
