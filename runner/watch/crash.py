@@ -108,7 +108,10 @@ def describe(run_dir: Path, vanished: list[tuple[int, int]] | None = None, recen
         e.g. ``"rank 1 (pid 1234) was killed by SIGKILL"``, or None when nothing is known.
     """
     failures = launcher_failures(run_dir)
-    first = failures[0] if failures else None
+    # A rank SIGKILLed from outside (kill -9, the OOM killer) is the cause even when the launcher observed a
+    # peer first: that peer failed on the closed connection (gloo, NCCL) in the same instant.
+    killed = [f for f in failures if f.exit_code == -signal.SIGKILL]
+    first = killed[0] if killed else failures[0] if failures else None
     if first is None and trainer_error:
         return trainer_error  # the trainer caught it and said so: the best words there are
     if first is None and vanished:

@@ -79,6 +79,19 @@ def test_the_launcher_report_names_the_rank_and_the_signal(tmp_path: Path) -> No
     assert crash.describe(tmp_path, trainer_error=f"RuntimeError: {GLOO}") == "rank 1 (pid 17065) was killed by SIGKILL"
 
 
+def test_a_sigkilled_rank_is_the_cause_even_when_its_peer_was_observed_first(tmp_path: Path) -> None:
+    """The launcher polled rank 0 first: it had failed on the connection its SIGKILLed peer closed."""
+    swapped = (LAUNCHER_REPORT.replace("rank      : 0 (local_rank: 0)", "rank      : @")
+               .replace("rank      : 1 (local_rank: 1)", "rank      : 0 (local_rank: 0)")
+               .replace("rank      : @", "rank      : 1 (local_rank: 1)")
+               .replace("exitcode  : 1 (pid: 17064)", "exitcode  : @")
+               .replace("exitcode  : -9 (pid: 17065)  (SIGKILL)", "exitcode  : 1 (pid: 17064)")
+               .replace("exitcode  : @", "exitcode  : -9 (pid: 17065)  (SIGKILL)"))
+    (tmp_path / ev.LAUNCHER_LOG).write_text(swapped)
+    assert crash.launcher_failures(tmp_path)[0].rank == 0  # the root cause the launcher reported
+    assert crash.describe(tmp_path, trainer_error=f"RuntimeError: {GLOO}") == "rank 1 (pid 17065) was killed by SIGKILL"
+
+
 def test_a_cuda_oom_in_the_rank_log_is_the_reason(tmp_path: Path) -> None:
     (tmp_path / ev.LAUNCHER_LOG).write_text(LAUNCHER_REPORT.replace("-9 (pid: 17065)  (SIGKILL)", "1 (pid: 17065)"))
     ev.rank_log(tmp_path, 1).parent.mkdir()
