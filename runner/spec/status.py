@@ -17,6 +17,8 @@ TERMINAL = ("completed", "stopped", "killed", "failed")
 """A run that ended; its status does not change again."""
 STATUSES = LIVE + TERMINAL
 """Every status a run can have, in the order a run goes through them."""
+ENDED_BY_USER = ("stopped", "killed")
+"""A run a stop ended (``ftui stop``, Ctrl-C, SIGTERM, the dashboard): a sweep or search ends with it."""
 
 
 def ended_words(status: str, last_step: int | None, checkpoint_step: int | None, checkpoint: str | None) -> str:

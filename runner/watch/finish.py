@@ -12,7 +12,7 @@ from runner.analysis import cpu_peak
 from runner.analysis.utilisation import summarise
 from runner.spec import checkpoint as ckpt
 from runner.spec import events as ev
-from runner.spec.status import ended_words
+from runner.spec.status import ENDED_BY_USER, ended_words
 from runner.spec.summary import busiest_peak
 from runner.watch.crash import describe
 from runner.watch.stream import Recorder, RunStream, quietly
@@ -135,7 +135,7 @@ def project_end(store: Store, stream: RunStream, status: str, exit_code: int | N
         columns["mean_util"] = overall.get("util_mean")
     if status == "completed":  # after the run, never during it: the peak its MFU is measured against
         summary["mfu_peak"] = mfu_peak(stream, telemetry)
-    if status in ("stopped", "killed"):
+    if status in ENDED_BY_USER:
         summary["ended"] = quietly(ended_line, stream, status)
     if final:
         columns |= {"status": status, "ended_at": utcnow(), "exit_code": exit_code, "error": error}
