@@ -103,9 +103,10 @@ def request_stop(store: Store, run_id: int, kill: bool = False, grace_s: float =
     created = run.summary.orchestrator_create_time
     why_here = "no watcher alive"
     if pid is not None and watcher_alive(pid, created):
-        what = "kill" if kill else "graceful stop"
-        asked = f"{what} asked of its watcher (pid {pid})" + "".join(f"; {note}" for note in
-                                                                       ask_watcher(store, run_id, int(pid), kill))
+        signalled, notes = ask_watcher(store, run_id, int(pid), kill)
+        lead = (f"{'kill' if kill else 'graceful stop'} asked of its watcher (pid {pid})" if signalled else
+                f"a graceful stop was already in flight with its watcher (pid {pid}): waited for it, not asked again")
+        asked = "; ".join([lead, *notes])
         if not wait:
             return StopResult(run_id, run.status, asked)
         waited = _wait_for_watcher(store, run_id, int(pid), created, asked, grace_s, poll_s, answer_s)
@@ -122,18 +123,18 @@ def request_stop(store: Store, run_id: int, kill: bool = False, grace_s: float =
     return StopResult(run_id, status, f"stopped here ({why_here}): {ended}; {report.describe()}", report)
 
 
-def ask_watcher(store: Store, run_id: int, pid: int, kill: bool) -> list[str]:
+def ask_watcher(store: Store, run_id: int, pid: int, kill: bool) -> tuple[bool, list[str]]:
     """Ask the run's live watcher to stop it, once: a suspended watcher (SIGSTOP, Ctrl-Z) is continued
-    first, and a graceful stop already in flight is not asked again. What was done beyond the ask, as notes."""
+    first, and a graceful stop already in flight (its ``stop_requested`` event) is not asked again.
+    Whether the watcher was signalled, and what else was done, as notes."""
     notes = []
     if _suspended(pid):
         signal_pids([pid], signal.SIGCONT)  # a stopped process keeps the request pending: it could not answer
         notes.append("it was suspended (SIGSTOP or Ctrl-Z): continued with SIGCONT")
     if not kill and store.events(run_id, "stop_requested"):
-        notes.append("a graceful stop was already in flight: waited for it, not asked again")
-        return notes
+        return False, notes
     os.kill(pid, KILL_SIGNAL if kill else signal.SIGTERM)
-    return notes
+    return True, notes
 
 
 def _suspended(pid: int) -> bool:
