@@ -237,7 +237,7 @@ def test_a_second_ftui_stop_waits_for_the_save_in_flight(ftui: Ftui, background)
     """A second ``ftui stop`` while the first one's ranks are saving (the dashboard's stop confirmed twice
     does the same) joins that stop: nothing is SIGKILLed, the ranks journal their end, and both commands
     say what the watcher recorded."""
-    bg = background("stop-twice-cmd", *DDP, "--grace", "120", script_args=("--save-s", "3"))
+    bg = background("stop-twice-cmd", *DDP, "--grace", "120", script_args=("--save-s", "8"))
     bg.wait_for_steps(ranks=2)
     assert bg.run_id is not None
     first = subprocess.Popen([sys.executable, "-m", "tui.cli", "stop", str(bg.run_id)], env=ftui.env, cwd=ROOT,
