@@ -236,7 +236,8 @@ def test_ftui_stop_from_another_process(ftui: Ftui, background) -> None:  # type
 def test_a_second_ftui_stop_waits_for_the_save_in_flight(ftui: Ftui, background) -> None:  # type: ignore[no-untyped-def]
     """A second ``ftui stop`` while the first one's ranks are saving (the dashboard's stop confirmed twice
     does the same) joins that stop: nothing is SIGKILLed, the ranks journal their end, and both commands
-    say what the watcher recorded."""
+    say what the watcher recorded. The ranks' save takes 8 s (``--save-s``): the second request must land
+    while they save, and a request rightly ignored leaves nothing for the test to wait on."""
     bg = background("stop-twice-cmd", *DDP, "--grace", "120", script_args=("--save-s", "8"))
     bg.wait_for_steps(ranks=2)
     assert bg.run_id is not None
