@@ -78,7 +78,6 @@ from store.records import (
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
-TERMINAL = ("completed", "failed", "stopped")
 
 
 

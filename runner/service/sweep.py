@@ -24,6 +24,7 @@ from typing import Any
 from runner.service.launch import default_nproc
 from runner.spec import strategies as table
 from runner.spec.recipe import Recipe, RecipeError, dump_toml, load_recipe
+from runner.spec.status import ENDED_BY_USER
 from runner.watch.follow import Stop, WatchOptions, execute
 from runner.watch.preflight import check_inputs, preflight
 from runner.watch.prepare import prepare
@@ -167,7 +168,7 @@ def run_sweep(
         results.append(result)
         if on_done:
             on_done(item, result)
-        if outcome.status == "stopped" or (stop is not None and stop.is_set()):
+        if outcome.status in ENDED_BY_USER or (stop is not None and stop.is_set()):
             break  # the user stopped the run (or killed it): the sweep ends with it
     return sweep_id, results
 

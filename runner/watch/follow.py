@@ -151,8 +151,9 @@ def execute(store: Store, prepared: Prepared, options: WatchOptions | None = Non
         on_event: called with every journal event as it arrives (progress bars), and with the
             watcher's own ``hang`` and ``rank_exit`` events.
         stop: set it (or :meth:`runner.watch.procs.StopRequest.request`) to stop the run gracefully: what
-            Ctrl-C, SIGTERM and SIGHUP do for ``ftui run``. A second request kills what is left at
-            once; a kill request records ``failed`` ("killed by user").
+            Ctrl-C, SIGTERM and SIGHUP do for ``ftui run``. A repeated graceful request joins the
+            stop in flight (a second Ctrl-C cuts its grace short); a kill request SIGKILLs at once and
+            records ``killed``.
 
     Returns:
         The outcome; the run's row holds the same status, exit code, error and summary.
@@ -296,12 +297,22 @@ class _Watch:
         request = self.request
         ending = Ending(exit_code, stopped_by_user=request.is_set() and not request.kill,
                         killed_by_user=request.kill, forced_error=self.forced_error, vanished=self.ranks.vanished,
-                        recent=list(self.telemetry.recent) if self.telemetry is not None else [])
+                        recent=list(self.telemetry.recent) if self.telemetry is not None else [],
+                        launcher_pid=self.launcher.group.pgid, sigkilled=self.sigkilled_because(report))
         outcome = finish(store, self.stream, ending, self.recorder)
         if report is not None:
             outcome.stop_report = report.describe()
             quietly(store.update_run, self.stream.run_id, summary={"stop": outcome.stop_report})
         return outcome
+
+
+    def sigkilled_because(self, report: procs.StopReport | None) -> str | None:
+        """Why the stop SIGKILLed processes of the run; None when it SIGKILLed none."""
+        if report is None or not report.killed:
+            return None
+        if self.request.now.is_set():
+            return "a second Ctrl-C cut the grace period short"
+        return f"the grace period of {self.options.grace_s:g} s ran out"
 
 
 def follow(store: Store, prepared: Prepared, launcher: Launcher, recorder: Recorder, lock: WatcherLock,
@@ -323,7 +334,7 @@ def follow(store: Store, prepared: Prepared, launcher: Launcher, recorder: Recor
                     break
                 time.sleep(options.poll_s)
             except KeyboardInterrupt:  # a caller without handlers (procs.StopRequest.install) in the main thread
-                watch.request.request()
+                watch.request.request(again_escalates=True)
     except BaseException as exc:  # noqa: BLE001 (any fault of the watcher: reap and record it below)
         watch.fault(exc)
     finally:

@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 from runner.planner.memory import DEFAULT_RESERVE
 from runner.spec import strategies, watching
+from runner.spec.status import STATUSES
 from tui.cli.exits import UsageError
 
 COMMANDS: tuple[str, ...] = (
@@ -158,7 +159,8 @@ def _watch_options(parser: argparse.ArgumentParser) -> None:
 def _grace_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grace", type=seconds_at_least(0), default=watching.GRACE_S, metavar="SECONDS",
                         help="on Ctrl-C, SIGTERM or SIGHUP: seconds the ranks get to finish their step, save and exit "
-                             f"before SIGKILL (default {watching.GRACE_S:g}; a second Ctrl-C kills at once)")
+                             f"before SIGKILL (default {watching.GRACE_S:g}; a second Ctrl-C kills at once, a second "
+                             "SIGTERM or ftui stop waits for the stop in flight)")
 
 
 def _node_options(parser: argparse.ArgumentParser) -> None:
@@ -233,18 +235,21 @@ def _stop(sub: Any) -> None:
     stop = sub.add_parser(
         "stop", help="stop a running run (graceful; --kill: at once)",
         description="Stop a run on this host: its ranks finish their step, save and exit; after the grace period "
-                    "whatever is left gets SIGKILL. Afterwards no process of the run is left (checked).")
+                    "whatever is left gets SIGKILL. Afterwards no process of the run is left (checked). Stopping a "
+                    "run that is already stopping waits for that stop; only --kill kills at once. The status says "
+                    "what happened: stopped (with its checkpoint, or none) or killed.")
     stop.add_argument("run_id", type=positive_int, metavar="ID", help="the run (ftui runs lists them)")
-    stop.add_argument("--kill", action="store_true", help="SIGKILL every process of the run now (status failed)")
+    stop.add_argument("--kill", action="store_true", help="SIGKILL every process of the run now (status killed)")
     stop.add_argument("--grace", type=seconds_at_least(0), default=watching.GRACE_S, metavar="SECONDS",
-                      help=f"seconds the ranks get before SIGKILL (default {watching.GRACE_S:g})")
+                      help="seconds the ranks get before SIGKILL when no watcher of the run is alive (a live "
+                           f"watcher keeps the grace it was started with) (default {watching.GRACE_S:g})")
     db_option(stop)
     stop.set_defaults(handler="tui.cli.stop:cmd_stop")
 
 
 def _runs(sub: Any) -> None:
     runs = sub.add_parser("runs", help="list the runs in the store")
-    runs.add_argument("--status", choices=["created", "running", "completed", "failed", "stopped"])
+    runs.add_argument("--status", choices=STATUSES)
     runs.add_argument("--format", choices=["text", "json"], default="text")
     shown = runs.add_mutually_exclusive_group()
     shown.add_argument("--limit", type=positive_int, metavar="N",
