@@ -15,7 +15,15 @@ from collections.abc import Iterable, Set
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from runner.spec import layout, strategies, zero
 from runner.spec.builtin import BUILTIN_PREFIX, PYDOC_CORPUS, TINY_LLAMA

@@ -53,7 +53,7 @@ def hub_model_problem(name: str, revision: str | None) -> str | None:
     the hub has it). Offline (``HF_HUB_OFFLINE``) or with the hub unreachable, only the cache counts."""
     import huggingface_hub  # deferred: only a recipe naming a hub model needs it
     from huggingface_hub import constants
-    from huggingface_hub.utils import HfHubHTTPError
+    from huggingface_hub.errors import HfHubHTTPError
 
     try:
         cached = huggingface_hub.try_to_load_from_cache(name, "config.json", revision=revision)

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from huggingface_hub import constants as hub_constants
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from huggingface_hub import constants as hub_constants
 from pydantic import BaseModel
 
 from runner.spec.recipe import Recipe
