@@ -27,7 +27,7 @@ from runner.spec.recipe import Recipe, RecipeError, dump_toml, load_recipe
 from runner.spec.status import ENDED_BY_USER
 from runner.watch.follow import Stop, WatchOptions, execute
 from runner.watch.preflight import check_inputs, preflight
-from runner.watch.prepare import prepare
+from runner.watch.prepare import prepare, record_summary
 from store import Store
 
 
@@ -160,7 +160,7 @@ def run_sweep(
         assert prepared.run_id is not None
         if warnings:  # e.g. "mp on a CPU-only machine: ... the single-process run"
             extra["sweep_note"] = "; ".join([item.note, *warnings])
-        store.update_run(prepared.run_id, summary=extra)
+        record_summary(store, prepared.run_id, prepared.run_dir, extra)  # the store and RUN/run.json
         if on_start:
             on_start(item, prepared.run_id)
         outcome = execute(store, prepared, options, on_event=on_event, stop=stop)

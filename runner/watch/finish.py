@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from runner.analysis import cpu_peak
 from runner.analysis.utilisation import summarise
 from runner.spec import checkpoint as ckpt
 from runner.spec import events as ev
+from runner.spec.run_record import from_epoch
 from runner.spec.status import ENDED_BY_USER, ended_words
 from runner.spec.summary import busiest_peak
 from runner.watch.crash import describe
@@ -84,11 +86,11 @@ def finish(store: Store, stream: RunStream, ending: Ending, recorder: Recorder |
     reads the status from there), then the store."""
     status, error = end_status(stream, ending)
     exit_code = ending.exit_code
-    if recorder is not None:
-        quietly(recorder.emit, "exit", exit_code=exit_code, status=status, error=error)
+    record = quietly(recorder.emit, "exit", exit_code=exit_code, status=status, error=error) if recorder else None
+    ended = from_epoch(record["time"]) if record is not None else None  # the journal's time, as a rebuild reads it
     node = stream.prepared.node
     if node is None:
-        return project_end(store, stream, status, exit_code, error)
+        return project_end(store, stream, status, exit_code, error, ended_at=ended)
     # One machine of several (runner/nodes/agent.py): the node with the trainer's journal writes the figures;
     # the run's status is settled from every node's row once they all ended.
     outcome = (project_end(store, stream, status, exit_code, error, final=False) if stream.start is not None
@@ -100,9 +102,10 @@ def finish(store: Store, stream: RunStream, ending: Ending, recorder: Recorder |
 
 
 def project_end(store: Store, stream: RunStream, status: str, exit_code: int | None, error: str | None,
-                final: bool = True) -> Outcome:
+                final: bool = True, ended_at: datetime | None = None) -> Outcome:
     """Write the end of a run (status, reason, figures of the end event, telemetry summary) to the store;
-    ``final=False``: the figures only (one node of several: the run's status is settled from all)."""
+    ``final=False``: the figures only (one node of several: the run's status is settled from all).
+    ``ended_at``: the time of the journal's ``exit`` event (default now)."""
     end = stream.end
     summary: dict[str, Any] = {}
     columns: dict[str, Any] = {}
@@ -138,7 +141,7 @@ def project_end(store: Store, stream: RunStream, status: str, exit_code: int | N
     if status in ENDED_BY_USER:
         summary["ended"] = quietly(ended_line, stream, status)
     if final:
-        columns |= {"status": status, "ended_at": utcnow(), "exit_code": exit_code, "error": error}
+        columns |= {"status": status, "ended_at": ended_at or utcnow(), "exit_code": exit_code, "error": error}
     store.update_run(stream.run_id, summary=summary, **columns)
     return Outcome(run_id=stream.run_id, status=status, exit_code=exit_code, error=error, summary=summary)
 

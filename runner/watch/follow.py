@@ -21,18 +21,18 @@ from pathlib import Path
 from runner.hardware import Probe
 from runner.spec import events as ev
 from runner.spec import watching
+from runner.spec.run_record import from_epoch
 from runner.watch import procs
 from runner.watch.crash import RankWatch, describe
 from runner.watch.finish import Ending, Outcome, finish
 from runner.watch.host import probe_for
-from runner.watch.identity import record_watcher
+from runner.watch.identity import record_watcher, watcher_identity
 from runner.watch.journal import WatcherLock
 from runner.watch.preflight import PreflightError
 from runner.watch.prepare import Prepared
 from runner.watch.sampling import HANG_CHECK_S, RunTelemetry
 from runner.watch.stream import EventCallback, Recorder, RunStream, quietly
 from store import Store
-from store.store import utcnow
 
 FAULT_GRACE_S = 60.0
 """A rank that vanished with no step and no end event since, while the launcher lives on: the group
@@ -174,9 +174,12 @@ def execute(store: Store, prepared: Prepared, options: WatchOptions | None = Non
     # yet, so its pid is still its own: the start time read now is the launcher's.
     group = procs.Group(proc.pid, procs.started_at(proc.pid))
     launched = (options or WatchOptions()).clock()
-    recorder.emit("launch", argv=prepared.spec.argv, pgid=group.pgid, pgid_started=group.started,
-                  watcher_pid=os.getpid())
-    record_watcher(store, run_id, status="running", started_at=utcnow(), pgid=group.pgid, pgid_started=group.started)
+    watcher = watcher_identity()["summary"]
+    record = recorder.emit("launch", argv=prepared.spec.argv, pgid=group.pgid, pgid_started=group.started,
+                           watcher_pid=os.getpid(), watcher_started=watcher["orchestrator_create_time"],
+                           watcher_host=watcher["orchestrator_host"])
+    record_watcher(store, run_id, status="running", started_at=from_epoch(record["time"]), pgid=group.pgid,
+                   pgid_started=group.started)
     return follow(store, prepared, Launcher(group, prepared.run_dir, proc), recorder, lock, options,
                   on_event=on_event, stop=stop, launched=launched)
 
@@ -194,7 +197,9 @@ def attach(store: Store, prepared: Prepared, group: procs.Group, options: WatchO
     if not lock.acquire():
         raise PreflightError(f"run {prepared.run_id}: another process watches {prepared.run_dir}")
     recorder = Recorder(store, prepared.run_id, prepared.run_dir)
-    recorder.emit("attach", pgid=group.pgid, watcher_pid=os.getpid())
+    watcher = watcher_identity()["summary"]
+    recorder.emit("attach", pgid=group.pgid, watcher_pid=os.getpid(), watcher_started=watcher["orchestrator_create_time"],
+                  watcher_host=watcher["orchestrator_host"])
     record_watcher(store, prepared.run_id)
     return follow(store, prepared, Launcher(group, prepared.run_dir), recorder, lock, options, stop=stop,
                   launched=(options or WatchOptions()).clock())

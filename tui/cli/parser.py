@@ -26,7 +26,7 @@ COMMANDS: tuple[str, ...] = (
     "tui.cli.estimate",  # estimate
     "tui.cli.compare",   # compare, sweep
     "tui.cli.recover",   # recover
-    "tui.cli.db",        # db upgrade, db current
+    "tui.cli.db",        # db upgrade, db current, db rebuild
     "tui.cli.slurm",     # slurm
 )
 """The modules that hold the commands' handlers (tests/integration/test_cli.py checks that every handler the parser
@@ -370,7 +370,7 @@ def _recover(sub: Any) -> None:
 
 
 def _db(sub: Any) -> None:
-    db = sub.add_parser("db", help="the store's schema version: upgrade it, or show it")
+    db = sub.add_parser("db", help="the store's schema version (upgrade, current); rebuild it from the run folders")
     db_option(db)
     db.set_defaults(handler="tui.cli.db:cmd_no_action")
     actions = db.add_subparsers(title="actions", metavar="ACTION")
@@ -380,6 +380,16 @@ def _db(sub: Any) -> None:
     current = actions.add_parser("current", help="print the database's schema revision")
     db_option(current)
     current.set_defaults(handler="tui.cli.db:cmd_current")
+    rebuild = actions.add_parser(
+        "rebuild", help="record the runs of the run folders that the database lacks (a lost or deleted one)",
+        description="Rebuild the store from the run folders: every run folder whose run the database lacks is "
+                    "recorded again from its journals (recipe, steps, metrics, telemetry, launch, end); runs "
+                    "already there are left as they are. Creates the database if missing. Safe to run twice.")
+    rebuild.add_argument("--runs-dir", type=Path, default=None, metavar="DIR",
+                         help="the folder of run folders (default: the runs folder of FTUI_HOME)")
+    rebuild.add_argument("--format", choices=["text", "json"], default="text")
+    db_option(rebuild)
+    rebuild.set_defaults(handler="tui.cli.db:cmd_rebuild")
 
 
 def _slurm(sub: Any) -> None:
