@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from runner.data.cache import source_digest
 from runner.data.check import check_data
 from runner.data.prepare import prefill
 from runner.data.rows import DataError, check_source
@@ -35,12 +36,13 @@ class InputError(RecipeError):
     """A recipe's data or folders are unusable; one line naming the field or file."""
 
 
-def launch_checks(recipe: Recipe, fake_gpus: int = 0) -> list[str]:
+def launch_checks(recipe: Recipe, fake_gpus: int = 0, allow_data_change: bool = False) -> list[str]:
     """Check a recipe before launch.
 
     Args:
         recipe: the validated recipe.
         fake_gpus: scripted GPUs of the demo mode (0: the real NVML).
+        allow_data_change: resume from a checkpoint although its data source changed since.
 
     Returns:
         Warnings, one line each (empty when nothing is worth saying).
@@ -49,12 +51,13 @@ def launch_checks(recipe: Recipe, fake_gpus: int = 0) -> list[str]:
         PreflightError: the run cannot start (a RecipeError naming the field).
         InputError: its data or folders are unusable.
     """
-    warnings = preflight(recipe)
+    warnings = preflight(recipe, allow_data_change)
     return warnings + input_warnings(recipe) + gpu_warnings(recipe, fake_gpus)
 
 
-def preflight(recipe: Recipe) -> list[str]:
-    """Check what can be checked before launch; raise :class:`PreflightError`, return warnings."""
+def preflight(recipe: Recipe, allow_data_change: bool = False) -> list[str]:
+    """Check what can be checked before launch; raise :class:`PreflightError`, return warnings.
+    ``allow_data_change``: a checkpoint to resume from may have been taken on other data."""
     if recipe.launch.script is not None:  # a script run: the script owns its model and data
         return _script_preflight(recipe)
     warnings: list[str] = []
@@ -83,7 +86,7 @@ def preflight(recipe: Recipe) -> list[str]:
     if on_cpu and strategy.layer_split and recipe.launch.nproc == 1:
         warnings.append("mp on a CPU-only machine: one device, so this is the single-process run")
     if recipe.train.resume_from is not None:
-        _check_resume(recipe)
+        _check_resume(recipe, allow_data_change)
     return warnings
 
 
@@ -113,13 +116,20 @@ def _check_model(recipe: Recipe) -> None:
         raise PreflightError(f"model.name: {name}: {problem}")
 
 
-def _check_resume(recipe: Recipe) -> None:
-    """The checkpoint of ``train.resume_from`` fits this run and leaves steps to train."""
+def _check_resume(recipe: Recipe, allow_data_change: bool) -> None:
+    """The checkpoint of ``train.resume_from`` is whole (every file's hash), fits this run, was taken on
+    the same data (unless ``allow_data_change``) and leaves steps to train."""
     assert recipe.train.resume_from is not None
     try:
-        step = check_resume(recipe.train.resume_from, recipe.launch.nproc, recipe.launch.strategy)["step"]
+        manifest = check_resume(recipe.train.resume_from, recipe.launch.nproc, recipe.launch.strategy)
     except CheckpointError as exc:
         raise PreflightError(str(exc)) from None
+    step = manifest["step"]
+    saved = (manifest.get("data") or {}).get("fingerprint")
+    if saved is not None and not allow_data_change and source_digest(recipe.data.source) != saved:
+        raise PreflightError(f"train.resume_from: data.source {recipe.data.source} changed since the checkpoint "
+                             "was taken (its content differs); resume with --allow-data-change to go on with the "
+                             "new data")
     if recipe.train.max_steps and step >= recipe.train.max_steps:
         raise PreflightError(f"train.resume_from: the checkpoint is at step {step} and train.max_steps is "
                              f"{recipe.train.max_steps}: nothing left to train")

@@ -88,7 +88,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     node_spec = nodes.spec_for(args, recipe)  # several machines: this one's rendezvous
     source = str(args.recipe) if args.recipe is not None else str(recipe.launch.script)
     try:
-        warnings = launch.check(recipe, args.fake_gpus)  # the same pre-flight as the TUI's Launch
+        # the same pre-flight as the TUI's Launch
+        warnings = launch.check(recipe, args.fake_gpus, getattr(args, "allow_data_change", False))
     except RecipeError as exc:
         raise UsageError(f"{args.recipe}: {exc}" if args.recipe is not None else str(exc)) from None
     out = console(stderr=args.format == "json")
@@ -127,13 +128,16 @@ def cmd_resume(args: argparse.Namespace) -> int:
     """``ftui resume ID``: a new run continuing run ID from its newest complete checkpoint."""
     store = open_store(args, create=False)
     out = console()
+    recover_quietly(store, out)  # a run whose watcher died is settled first: only a live run is refused
     try:
         if nodes.given(args):
             prepared = nodes.prepare_resume(args, store, out)
         else:
-            prepared = launch.resume(store, args.run_id)
+            prepared = launch.resume(store, args.run_id, args.allow_data_change)
     except RecipeError as exc:
         raise UsageError(str(exc)) from None
+    for warning in prepared.warnings:  # checkpoints passed over: run text, never markup
+        out.print(Text.assemble(("warning:", "yellow"), f" {warning}"), soft_wrap=True)
     out.print(f"resuming run {args.run_id} from {prepared.recipe.train.resume_from}", markup=False, highlight=False,
               soft_wrap=True)
     return follow(args, store, prepared, out)
