@@ -299,7 +299,23 @@ class Recipe(_Section):
         problem = zero.recipe_problem(self)  # the ZeRO stages' engine and offload
         if problem:
             raise ValueError(problem)
+        problem = self._eval_problem()
+        if problem:
+            raise ValueError(problem)
         return self
+
+    def _eval_problem(self) -> str | None:
+        """An evaluation asked for (``train.eval_every``, ``eval.prompts``) with no eval set to run it on:
+        the rank would never evaluate. A script run's data section only describes the run."""
+        data = self.data
+        if self.launch.script is not None or data.eval_fraction > 0 or data.eval_source or data.eval_split:
+            return None
+        fix = "(set data.eval_fraction, data.eval_source or data.eval_split)"
+        if self.train.eval_every:
+            return f"train.eval_every: {self.train.eval_every} but the recipe has no eval set {fix}"
+        if self.eval.prompts:
+            return f"eval.prompts: they are sampled at each evaluation, and the recipe has no eval set {fix}"
+        return None
 
     def to_toml(self) -> str:
         """The recipe as TOML text (every field, defaults included), loadable by :func:`parse_recipe`.

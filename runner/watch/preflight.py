@@ -18,7 +18,7 @@ from runner.data.prepare import prefill
 from runner.data.rows import DataError, check_source
 from runner.hardware import check_gpus_free, visible_mapping
 from runner.planner import DEFAULT_RESERVE, parse_bytes
-from runner.spec import strategies, zero
+from runner.spec import layout, strategies, zero
 from runner.spec.builtin import BUILTIN_PREFIX, TINY_LLAMA_LINEAR
 from runner.spec.checkpoint import CheckpointError, check_resume
 from runner.spec.paths import FolderError, check_runs_dir
@@ -91,23 +91,31 @@ def preflight(recipe: Recipe, allow_data_change: bool = False) -> list[str]:
 
 
 def _check_device(recipe: Recipe) -> None:
-    """``launch.device = "cuda"`` needs a CUDA GPU here (without one the ranks would train on the CPU)."""
-    if recipe.launch.device == "cuda" and cuda_device_count() == 0:
+    """``launch.device = "cuda"`` and ``launch.gpus`` need a CUDA GPU here (without one the ranks would
+    train on the CPU)."""
+    launch = recipe.launch
+    if launch.device == "cuda" and cuda_device_count() == 0:
         raise PreflightError('launch.device: "cuda" but no CUDA GPU is visible here (use "auto" or "cpu")',
                              field="launch.device", problem='"cuda" but no CUDA GPU is visible here')
+    if launch.gpus is not None and cuda_device_count() == 0:
+        problem = f"GPUs {launch.gpus} listed but no CUDA GPU is visible here (leave it out to run on the CPU)"
+        raise PreflightError(f"launch.gpus: {problem}", field="launch.gpus", problem=problem)
 
 
 def _check_model(recipe: Recipe) -> None:
     """The model is there to load: the builtin one, a model folder, or a hub id in the Hugging Face cache or
     on a reachable hub; and the builtin model has the LoRA target modules named."""
     name = recipe.model.name
+    local = name.startswith(("/", ".", "~")) or os.sep in name and Path(name).exists()
+    if recipe.model.revision is not None and (local or name.startswith(BUILTIN_PREFIX)):
+        raise PreflightError(f"model.revision: {name[:200]} is not a hub model; a revision pins a hub id only")
     if name.startswith(BUILTIN_PREFIX):
         unknown = sorted(set(recipe.method.lora.target_modules) - set(TINY_LLAMA_LINEAR))
         if recipe.method.type != "full" and unknown:
             raise PreflightError(f"method.lora.target_modules: {name} has no module {unknown[0]!r} "
                                  f"(its linear layers: {', '.join(TINY_LLAMA_LINEAR)})")
         return
-    if name.startswith(("/", ".", "~")) or os.sep in name and Path(name).exists():
+    if local:
         if not (Path(name).expanduser() / "config.json").is_file():
             raise PreflightError(f"model.name: {name}: not a model folder (no config.json)")
         return
@@ -162,12 +170,15 @@ def check_inputs(recipe: Recipe) -> None:
     """
     try:
         check_data(recipe.data)
-        # Chat, completion and eval data are tokenized here, every row checked, into the cache the ranks
+        # The data is tokenized here, every row checked and the blocks counted, into the cache the ranks
         # read (runner/data/prepare.py): a bad row anywhere is one line before anything is recorded.
-        prefill(recipe)
+        rows = prefill(recipe)
     except DataError as exc:
         field = str(exc).split(":", 1)[0] if str(exc).startswith("data.") else "data.source"
         raise InputError(str(exc), field=field, problem=str(exc)) from None
+    problem = None if rows is None else layout.batch_problem(recipe, rows)
+    if problem:
+        raise InputError(problem, field="train.batch_size", problem=problem.split(": ", 1)[1])
     try:
         check_runs_dir()
     except FolderError as exc:
