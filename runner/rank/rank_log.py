@@ -1,10 +1,15 @@
-"""Each rank's output goes to its own log, ``RUN/logs/rank{N}.log`` (:func:`runner.spec.events.rank_log`)."""
+"""Each rank's output goes to its own log, ``RUN/logs/rank{N}.log`` (:func:`runner.spec.events.rank_log`), and
+a rank that fails says why there and in the journal, as far as the disk lets it (:func:`report_failure`)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
+import traceback
 from pathlib import Path
+
+from runner.spec import events as ev
 
 
 def redirect_output(log: Path) -> None:
@@ -18,3 +23,48 @@ def redirect_output(log: Path) -> None:
     os.close(fd)
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+
+def caused_by_full_disk(exc: BaseException) -> bool:
+    """Whether ``exc`` or an exception it came from is ENOSPC (or a quota: EDQUOT)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(current):  # what torch's C++ writers say in a RuntimeError
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def report_failure(exc: BaseException, journal: ev.JournalWriter | None, rank: int) -> int:
+    """Write why this rank failed to its log (the traceback) and to the journal (rank 0: an ``error``
+    event), each as far as its disk lets it; the exit code: :data:`runner.spec.events.EXIT_NO_SPACE` when
+    a disk was full (the word that reaches the watcher even when nothing can be written), else 1."""
+    try:
+        traceback.print_exception(exc)
+        sys.stderr.flush()
+    except OSError:
+        pass  # the log's disk is full too: the exit code says it
+    if journal is not None:
+        try:
+            journal.write(ev.ErrorEvent(type="error", message=f"{type(exc).__name__}: {exc}".strip(), rank=rank))
+        except OSError:
+            pass
+    return ev.EXIT_NO_SPACE if caused_by_full_disk(exc) else 1
+
+
+def flush_quietly(journal: ev.JournalWriter | None) -> None:
+    """Flush the rank's output and close its journal; a disk that takes nothing more changes no exit code."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:
+            pass
+    if journal is not None:
+        try:
+            journal.close()
+        except OSError:
+            pass

@@ -13,12 +13,10 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import os
-import sys
-import traceback
 import warnings
 from pathlib import Path
 
-from runner.rank.rank_log import redirect_output
+from runner.rank.rank_log import flush_quietly, redirect_output, report_failure
 from runner.spec import events as ev
 
 
@@ -47,15 +45,9 @@ def main(argv: list[str] | None = None) -> None:
         status = Trainer(run_dir, rank, journal).run()
         code = 1 if status == "failed" else 0
     except BaseException as exc:  # noqa: BLE001 (report every failure, then exit non-zero)
-        traceback.print_exc()
-        if journal is not None:
-            journal.write(ev.ErrorEvent(type="error", message=f"{type(exc).__name__}: {exc}".strip(), rank=rank))
-        code = 1
+        code = report_failure(exc, journal, rank)
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if journal is not None:
-            journal.close()
+        flush_quietly(journal)
     # Two-rank gloo runs abort at interpreter exit ~5% of the time ("terminate called without an
     # active exception"); skipping interpreter teardown avoided it in 20/20 runs (docs/cpu-facts.md).
     os._exit(code)
