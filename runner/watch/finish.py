@@ -13,7 +13,7 @@ from runner.analysis.utilisation import summarise
 from runner.spec import events as ev
 from runner.spec.summary import busiest_peak
 from runner.watch.crash import describe
-from runner.watch.stream import Recorder, RunStream, quietly
+from runner.watch.stream import Recorder, RunStream, quietly, store_problem
 from store import Store
 from store.store import utcnow
 
@@ -29,6 +29,8 @@ class Outcome:
     summary: dict[str, Any] = field(default_factory=dict)
     stop_report: str | None = None
     """After a stop: what was signalled, killed and checked (:meth:`runner.watch.procs.StopReport.describe`)."""
+    notes: list[str] = field(default_factory=list)
+    """What of the run could not be recorded (a full disk under the run folder or the database), one line each."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,8 @@ class Ending:
     vanished: list[tuple[int, int]] | None = None
     recent: list[Any] | None = None
     """The last telemetry readings (which rank was killed, by what)."""
+    unrecorded: tuple[str, ...] = ()
+    """What the run folder did not take by the end (its disk full), one line each."""
 
 
 def end_status(stream: RunStream, ending: Ending) -> tuple[str, str | None]:
@@ -78,7 +82,13 @@ def finish(store: Store, stream: RunStream, ending: Ending, recorder: Recorder |
         quietly(recorder.emit, "exit", exit_code=exit_code, status=status, error=error)
     node = stream.prepared.node
     if node is None:
-        return project_end(store, stream, status, exit_code, error)
+        try:
+            outcome = project_end(store, stream, status, exit_code, error)
+        except Exception as exc:  # noqa: BLE001 (the journal has the end: recover records it)
+            outcome = Outcome(run_id=stream.run_id, status=status, exit_code=exit_code, error=error)
+            outcome.notes.append(not_stored(store_problem(store, exc)))
+        outcome.notes[:0] = ending.unrecorded
+        return outcome
     # One machine of several (runner/nodes/agent.py): the node with the trainer's journal writes the figures;
     # the run's status is settled from every node's row once they all ended.
     outcome = (project_end(store, stream, status, exit_code, error, final=False) if stream.start is not None
@@ -87,6 +97,12 @@ def finish(store: Store, stream: RunStream, ending: Ending, recorder: Recorder |
     if settled is not None:
         outcome.status, outcome.error = settled.status, settled.error
     return outcome
+
+
+def not_stored(problem: str) -> str:
+    """The line that says the store missed the end of a run, and how it gets it."""
+    return (f"the store was not written ({problem}); the run folder's journals hold the run: `ftui recover` "
+            "records it once the database can be written")
 
 
 def project_end(store: Store, stream: RunStream, status: str, exit_code: int | None, error: str | None,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from runner.hardware.disks import is_no_space, write_problem
 from runner.spec import events as ev
 from runner.spec.checkpoint import checkpoints_root, latest_complete, read_manifest
 from runner.spec.launch import LaunchSpec, build_launch
@@ -22,7 +23,7 @@ from runner.watch.host import cpu_threads, free_port
 from runner.watch.identity import record_watcher
 from runner.watch.preflight import PreflightError, preflight
 from runner.watch.procs import StopRequest
-from store import Store
+from store import Store, StoreError
 from store.nodes import Settled
 from store.store import utcnow
 
@@ -107,15 +108,29 @@ def prepare(
         uid = f"dry-run-{new_run_uid()}"
     try:
         run_dir = claim_run_folder(root, uid, recipe.name)
+        port = nodes.main_port if nodes is not None else free_port()
+        spec = write_launch(recipe, run_dir, port, nodes)
     except (RunFolderError, OSError) as exc:
+        problem = f"run folder: {write_problem(root, exc)}" if isinstance(exc, OSError) and is_no_space(exc) else str(exc)
         if store is not None and run_id is not None:
-            store.update_run(run_id, status="failed", error=str(exc), ended_at=utcnow())
-        raise PreflightError(str(exc)) from None
-    port = nodes.main_port if nodes is not None else free_port()
-    spec = write_launch(recipe, run_dir, port, nodes)
+            fail_unstarted(store, run_id, problem)
+        raise PreflightError(problem) from None
     if store is not None and run_id is not None:
-        store.update_run(run_id, run_dir=str(run_dir), summary={"uid": uid, "estimate": estimate_summary(recipe)})
+        try:
+            store.update_run(run_id, run_dir=str(run_dir), summary={"uid": uid, "estimate": estimate_summary(recipe)})
+        except StoreError as exc:  # the database's disk filled since the run was created: it does not start
+            fail_unstarted(store, run_id, str(exc))
+            raise PreflightError(str(exc)) from None
     return Prepared(run_id=run_id, run_dir=run_dir, spec=spec, recipe=recipe)
+
+
+def fail_unstarted(store: Store, run_id: int, problem: str) -> None:
+    """Record a run that will not start as failed (never left ``created``); a store that cannot take it
+    now leaves it to recover, which fails a ``created`` run without a launch."""
+    try:
+        store.update_run(run_id, status="failed", error=problem, ended_at=utcnow())
+    except Exception:  # noqa: BLE001 (the problem is what the caller reports)
+        pass
 
 
 def write_launch(recipe: Recipe, run_dir: Path, port: int, nodes: NodeSpec | None) -> LaunchSpec:
