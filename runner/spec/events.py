@@ -432,7 +432,10 @@ class JournalWriter:
 
 @dataclass
 class JournalReader:
-    """Tails ``events.jsonl`` incrementally; only complete lines are returned."""
+    """Tails ``events.jsonl`` incrementally; only complete lines are returned.
+
+    A journal cut short under the reader (log rotation's copytruncate, ``truncate -s 0``) is read again from
+    its start: what the writer appends after the cut is new (the store skips what it has by ``seq``)."""
 
     path: Path
     _offset: int = 0
@@ -442,6 +445,8 @@ class JournalReader:
         """Events appended since the last call (possibly none)."""
         try:
             with open(self.path, "rb") as fh:
+                if os.fstat(fh.fileno()).st_size < self._offset:  # cut short: the writer goes on from its new end
+                    self._offset, self._partial = 0, b""
                 fh.seek(self._offset)
                 chunk = fh.read()
         except FileNotFoundError:

@@ -10,6 +10,7 @@ from typing import Any
 
 from runner.analysis import cpu_peak
 from runner.analysis.utilisation import summarise
+from runner.hardware.disks import no_space
 from runner.spec import events as ev
 from runner.spec.summary import busiest_peak
 from runner.watch.crash import describe
@@ -70,6 +71,8 @@ def end_status(stream: RunStream, ending: Ending) -> tuple[str, str | None]:
              or stream.error or error_from_logs(run_dir)
              or (f"launcher exited with code {exit_code}" if exit_code is not None else
                  f"watcher and ranks gone; last step {stream.last_step or 0}"))
+    if exit_code == ev.EXIT_NO_SPACE and "no space left" not in error:  # one process: the rank is the launcher
+        error = f"{error}: {no_space(run_dir)}"
     return "failed", error
 
 
