@@ -7,6 +7,7 @@ import errno
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from runner.spec import events as ev
@@ -68,3 +69,17 @@ def flush_quietly(journal: ev.JournalWriter | None) -> None:
             journal.close()
         except OSError:
             pass
+
+
+def run_reporting(train: Callable[[ev.JournalWriter | None], str], run_dir: Path, rank: int) -> int:
+    """Run ``train`` (given rank 0 the run's journal; it returns the run's status) and return the rank's exit
+    code: 0, 1 when it failed, :data:`runner.spec.events.EXIT_NO_SPACE` when a disk was full. Every
+    failure is reported (:func:`report_failure`); no write that fails on the way out changes the code."""
+    journal = ev.JournalWriter(run_dir / ev.EVENTS_FILE) if rank == 0 else None
+    try:
+        code = 1 if train(journal) == "failed" else 0
+    except BaseException as exc:  # noqa: BLE001 (report every failure, then exit non-zero)
+        code = report_failure(exc, journal, rank)
+    finally:
+        flush_quietly(journal)
+    return code

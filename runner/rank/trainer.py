@@ -16,7 +16,7 @@ import os
 import warnings
 from pathlib import Path
 
-from runner.rank.rank_log import flush_quietly, redirect_output, report_failure
+from runner.rank.rank_log import redirect_output, run_reporting
 from runner.spec import events as ev
 
 
@@ -36,22 +36,16 @@ def main(argv: list[str] | None = None) -> None:
     pid_file.parent.mkdir(parents=True, exist_ok=True)
     pid_file.write_text(str(os.getpid()))
 
-    journal = ev.JournalWriter(run_dir / ev.EVENTS_FILE) if rank == 0 else None
-    code = 0
-    try:
+    def train(journal: ev.JournalWriter | None) -> str:
         # deferred: torch (with accelerate and transformers, loaded once the rank's output goes to its log)
         from runner.rank.run import Trainer
 
-        status = Trainer(run_dir, rank, journal).run()
-        code = 1 if status == "failed" else 0
-    except BaseException as exc:  # noqa: BLE001 (report every failure, then exit non-zero)
-        code = report_failure(exc, journal, rank)
-    finally:
-        flush_quietly(journal)
+        return Trainer(run_dir, rank, journal).run()
+
+    code = run_reporting(train, run_dir, rank)
     # Two-rank gloo runs abort at interpreter exit ~5% of the time ("terminate called without an
     # active exception"); skipping interpreter teardown avoided it in 20/20 runs (docs/cpu-facts.md).
     os._exit(code)
-
 
 if __name__ == "__main__":
     main()
