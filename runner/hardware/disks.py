@@ -13,6 +13,11 @@ NO_SPACE_WORDS = ("no space left on device", "database or disk is full", "[errno
 """How a full disk shows in an exception's text or a log line: the C library's words, SQLite's, Python's."""
 
 
+FULL_BELOW_BYTES = 1 << 20
+"""A filesystem with less room than this counts as full: where a write failed without saying why (SQLite's
+"disk I/O error", a rank that vanished without a word), a full disk is named when its room is this low."""
+
+
 @dataclass(frozen=True)
 class Filesystem:
     """The filesystem that holds a path."""
@@ -57,6 +62,11 @@ def filesystem_of(path: Path) -> Filesystem:
     except OSError:
         free = 0
     return Filesystem(device=device, mountpoint=str(mountpoint), free_bytes=free)
+
+
+def is_full(path: Path) -> bool:
+    """Whether the filesystem holding ``path`` has (next to) no room left (:data:`FULL_BELOW_BYTES`)."""
+    return filesystem_of(path).free_bytes < FULL_BELOW_BYTES
 
 
 def is_no_space(exc: BaseException) -> bool:

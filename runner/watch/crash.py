@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.hardware.disks import filesystem_of, no_space, says_no_space
+from runner.hardware.disks import is_full, no_space, says_no_space
 from runner.spec import events as ev
 
 _BLOCK = re.compile(
@@ -89,11 +89,6 @@ def rank_log_reason(run_dir: Path, rank: int) -> str | None:
 
 
 _NO_SPACE_PATH = re.compile(r"No space left on device: '(?P<path>[^']+)'")
-FULL_BELOW_BYTES = 1 << 20
-"""A run folder's filesystem with less room than this counts as full (a rank that vanished without a
-word, its log unwritable, is said to have met it)."""
-
-
 def no_space_reason(run_dir: Path, text: str | None) -> str | None:
     """``no space left on DEVICE (PATH)`` when ``text`` (a log line, the trainer's error) says the disk was
     full; the path it names, else the run folder."""
@@ -105,7 +100,7 @@ def no_space_reason(run_dir: Path, text: str | None) -> str | None:
 
 def run_folder_full(run_dir: Path) -> str | None:
     """``no space left on DEVICE (RUN)`` when the run folder's filesystem has (next to) no room left."""
-    return no_space(run_dir) if filesystem_of(run_dir).free_bytes < FULL_BELOW_BYTES else None
+    return no_space(run_dir) if is_full(run_dir) else None
 
 
 def memory_was_short(rank: int, recent: list[Any]) -> bool:

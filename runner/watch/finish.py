@@ -85,20 +85,28 @@ def finish(store: Store, stream: RunStream, ending: Ending, recorder: Recorder |
         quietly(recorder.emit, "exit", exit_code=exit_code, status=status, error=error)
     node = stream.prepared.node
     if node is None:
-        try:
-            outcome = project_end(store, stream, status, exit_code, error)
-        except Exception as exc:  # noqa: BLE001 (the journal has the end: recover records it)
-            outcome = Outcome(run_id=stream.run_id, status=status, exit_code=exit_code, error=error)
-            outcome.notes.append(not_stored(store_problem(store, exc)))
-        outcome.notes[:0] = ending.unrecorded
-        return outcome
+        return stored_end(store, stream, status, exit_code, error, ending.unrecorded)
     # One machine of several (runner/nodes/agent.py): the node with the trainer's journal writes the figures;
     # the run's status is settled from every node's row once they all ended.
-    outcome = (project_end(store, stream, status, exit_code, error, final=False) if stream.start is not None
-               else Outcome(run_id=stream.run_id, status=status, exit_code=exit_code, error=error))
+    outcome = (stored_end(store, stream, status, exit_code, error, ending.unrecorded, final=False)
+               if stream.start is not None else Outcome(run_id=stream.run_id, status=status, exit_code=exit_code,
+                                                        error=error, notes=list(ending.unrecorded)))
     settled = node.finish(status, error, exit_code)
     if settled is not None:
         outcome.status, outcome.error = settled.status, settled.error
+    return outcome
+
+
+def stored_end(store: Store, stream: RunStream, status: str, exit_code: int | None, error: str | None,
+               unrecorded: tuple[str, ...] = (), final: bool = True) -> Outcome:
+    """:func:`project_end`, or (the store cannot take it: its disk full) the outcome with a note that says
+    so; the journal has the end already, and recover records it."""
+    try:
+        outcome = project_end(store, stream, status, exit_code, error, final=final)
+    except Exception as exc:  # noqa: BLE001
+        outcome = Outcome(run_id=stream.run_id, status=status, exit_code=exit_code, error=error)
+        outcome.notes.append(not_stored(store_problem(store, exc)))
+    outcome.notes[:0] = unrecorded
     return outcome
 
 

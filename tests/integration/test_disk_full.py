@@ -7,6 +7,7 @@ points where the test fills or frees a disk."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import textwrap
@@ -16,6 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+from rich.console import Console
+
 from runner.service.recover import recover_all
 from runner.spec import events as ev
 from runner.spec.recipe import load_recipe
@@ -24,8 +28,10 @@ from runner.watch.finish import Outcome
 from runner.watch.follow import WatchOptions, execute
 from runner.watch.prepare import Prepared, load_prepared, prepare
 from store import Store
-from tests.support import QUICKSTART, ROOT
+from tests.support import QUICKSTART, ROOT, run_in_process
 from tests.support.disks import fill, small_filesystem
+from tui.cli.exits import ExitCode
+from tui.cli.run import follow
 
 RANK = textwrap.dedent(
     """
@@ -149,3 +155,27 @@ def test_a_rank_that_fills_the_disk_in_a_save_fails_the_run_with_no_space_left_n
     run = store.get_run(outcome.run_id)
     assert run is not None and run.status == "failed" and run.error == outcome.error and run.steps_done == 5
     store.close()
+
+
+
+def test_ftui_run_on_a_database_that_fills_says_so_in_one_line_and_recover_completes_the_record(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with small_filesystem(tmp_path / "db", "2m") as db_disk:
+        db = f"sqlite:///{db_disk / 'ftui.db'}"
+        store = Store(db)
+        prepared = _prepared(store, tmp_path / "runs", steps=3)
+        (prepared.run_dir / "go").touch()
+        filler = fill(db_disk)
+        args = argparse.Namespace(sample_interval=0.05, hang_after=300.0, grace=5.0, fake_gpus=1, notify=False)
+        code = follow(args, store, prepared, Console(width=100, color_system=None))  # what `ftui run` does next
+        out = capsys.readouterr().out
+        assert code == ExitCode.OK and "Traceback" not in out, out
+        assert (f"warning: the store was not written (--db {db}: no space left on tmpfs at {db_disk} "
+                f"({db_disk / 'ftui.db'})); the run folder's journals hold the run: `ftui recover` records it"
+                in " ".join(out.split())), out
+        filler.unlink()
+        recovered = run_in_process(capsys, "recover", "--db", db)
+        assert recovered.returncode == 0 and "finished -> completed" in recovered.stdout, recovered
+        (run,) = store.list_runs()
+        assert (run.status, run.steps_done) == ("completed", 3)
+        store.close()

@@ -17,8 +17,9 @@ from runner.watch.preflight import InputError, PreflightError, check_room
 from runner.watch.prepare import prepare
 from runner.watch.stream import Recorder
 from store import Store, StoreError
-from tests.support import QUICKSTART
+from tests.support import QUICKSTART, run_in_process
 from tests.support.disks import fill, small_filesystem
+from tui.cli.exits import ExitCode
 
 
 def _lines(path: Path) -> list[dict[str, object]]:
@@ -130,3 +131,24 @@ def test_a_run_folder_whose_disk_fills_before_the_launch_fails_its_row_in_one_li
     assert str(caught.value).startswith(f"run folder: no space left on tmpfs at {runs} (")
     (run,) = store.list_runs()
     assert run.status == "failed" and run.error == str(caught.value), "never left `created`"
+
+
+@pytest.mark.parametrize("full", ["run folders", "database"])
+def test_ftui_run_starting_on_a_full_disk_is_one_line_exit_2_and_leaves_no_run_behind(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, full: str) -> None:
+    home, db_folder = tmp_path / "home", tmp_path / "db"
+    with small_filesystem(home if full == "run folders" else db_folder, "1m") as disk:
+        db = f"sqlite:///{db_folder / 'ftui.db'}"
+        Store(db).close()
+        monkeypatch.setenv("FTUI_HOME", str(home))
+        monkeypatch.setenv("FTUI_DB", db)
+        filler = fill(disk)
+        ran = run_in_process(capsys, "run", str(QUICKSTART))
+        assert ran.returncode == ExitCode.USAGE and ran.stdout == "", ran
+        (line,) = ran.stderr.splitlines()
+        if full == "run folders":
+            assert line.startswith(f"ftui: {QUICKSTART}: run folders: no room for a checkpoint on tmpfs at {disk} ")
+        else:
+            assert line == f"ftui: --db {db}: no space left on tmpfs at {disk} ({disk / 'ftui.db'})"
+        filler.unlink()
+        assert Store(db).list_runs() == []
