@@ -74,7 +74,9 @@ def flush_quietly(journal: ev.JournalWriter | None) -> None:
 def run_reporting(train: Callable[[ev.JournalWriter | None], str], run_dir: Path, rank: int) -> int:
     """Run ``train`` (given rank 0 the run's journal; it returns the run's status) and return the rank's exit
     code: 0, 1 when it failed, :data:`runner.spec.events.EXIT_NO_SPACE` when a disk was full. Every
-    failure is reported (:func:`report_failure`); no write that fails on the way out changes the code."""
+    failure is reported (:func:`report_failure`); no write that fails on the way out changes the code, but
+    a journal whose last events never reached the disk (full to the end) makes a run that trained fail with
+    :data:`runner.spec.events.EXIT_NO_SPACE`: its record is not whole, and the watcher names the disk."""
     journal = ev.JournalWriter(run_dir / ev.EVENTS_FILE) if rank == 0 else None
     try:
         code = 1 if train(journal) == "failed" else 0
@@ -82,4 +84,6 @@ def run_reporting(train: Callable[[ev.JournalWriter | None], str], run_dir: Path
         code = report_failure(exc, journal, rank)
     finally:
         flush_quietly(journal)
+    if code == 0 and journal is not None and journal.unwritten:
+        code = ev.EXIT_NO_SPACE if journal.failed is not None and caused_by_full_disk(journal.failed) else 1
     return code

@@ -52,7 +52,8 @@ RANK = textwrap.dedent(
     def train(journal):
         journal.emit("start", distributed_type="NO", world_size=1, total_steps=steps)
         for step in range(1, steps + 1):
-            journal.emit("step", step=step, loss=3.0 / step, step_time=0.01, tokens_per_s=100.0)
+            pad = "x" * 5000 if step > 3 else ""  # more than a page: no slack of the file takes it
+            journal.emit("step", step=step, loss=3.0 / step, step_time=0.01, tokens_per_s=100.0, pad=pad)
             if step == 3:
                 (run / "at-3").touch()
                 wait_for("go")
@@ -60,7 +61,7 @@ RANK = textwrap.dedent(
             with open(run / "checkpoint.bin", "wb") as fh:
                 while True:
                     fh.write(b"\\0" * 65536)
-        journal.emit("end", status="completed", steps=steps, final_loss=3.0 / steps, ranks=[])
+        journal.emit("end", status="completed", steps=steps, final_loss=3.0 / steps, ranks=[], pad="x" * 5000)
         return "completed"
 
     code = run_reporting(train, run, 0)
@@ -141,6 +142,22 @@ def test_a_run_folder_whose_disk_fills_mid_run_keeps_training_and_its_telemetry(
         devices, _ = journal.read_samples(prepared.run_dir)
         assert any(d.time > full_at + 0.2 for d in devices), "what the full disk refused was written after"
         assert len(devices) == len(store.samples(outcome.run_id))
+    store.close()
+
+
+def test_a_run_whose_journal_stays_full_to_its_end_fails_with_no_space_left_named(tmp_path: Path) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'ftui.db'}")
+    with small_filesystem(tmp_path / "runs", "2m") as runs:
+        prepared = _prepared(store, runs, steps=5)
+        thread, outcomes = _in_thread(store, prepared)
+        _until(lambda: (prepared.run_dir / "at-3").exists(), thread)
+        fill(runs)
+        (prepared.run_dir / "go").touch()  # steps 4, 5 and the end: the disk takes none of them
+        thread.join(60)
+    (outcome,) = outcomes
+    assert outcome.status == "failed" and outcome.exit_code == ev.EXIT_NO_SPACE
+    assert outcome.error is not None and f"no space left on tmpfs at {runs} ({prepared.run_dir})" in outcome.error
+    assert store.get_run(outcome.run_id).steps_done == 3  # type: ignore[union-attr]
     store.close()
 
 
