@@ -251,6 +251,9 @@ class RunSummary:
     orchestrator_host: str | None = None
     stop: str | None = None
     """How a stop was carried out (``ftui stop``, a cancelled SLURM job)."""
+    ended: str | None = None
+    """A stopped or killed run: the step it ended at and the checkpoint it can resume from, or "no
+    checkpoint" (:func:`runner.spec.status.ended_words`)."""
     # from the trainer's end event, at the end
     train_seconds: float | None = None
     tokens_per_s: float | None = None

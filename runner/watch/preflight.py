@@ -19,12 +19,13 @@ from runner.hardware import check_gpus_free, visible_mapping
 from runner.hardware.disks import filesystem_of
 from runner.planner import DEFAULT_RESERVE, checkpoint_bytes, inputs_from_recipe, parse_bytes
 from runner.spec import strategies, zero
+from runner.spec.builtin import BUILTIN_PREFIX, TINY_LLAMA_LINEAR
 from runner.spec.checkpoint import CheckpointError, check_resume
 from runner.spec.paths import FolderError, check_runs_dir, runs_dir
 from runner.spec.recipe import Recipe, RecipeError
 from runner.spec.script import check_script
 from runner.watch.estimate import estimate_summary
-from runner.watch.host import probe_for, runs_on_cpu
+from runner.watch.host import cuda_device_count, hub_model_problem, probe_for, runs_on_cpu
 
 
 class PreflightError(RecipeError):
@@ -63,14 +64,11 @@ def preflight(recipe: Recipe) -> list[str]:
         check_source(recipe.data.source)
     except DataError as exc:
         raise PreflightError(str(exc)) from None
-    name = recipe.model.name
-    if not name.startswith("builtin:") and (name.startswith(("/", ".", "~")) or os.sep in name and Path(name).exists()):
-        folder = Path(name).expanduser()
-        if not (folder / "config.json").is_file():
-            raise PreflightError(f"model.name: {name}: not a model folder (no config.json)")
+    _check_model(recipe)
     config = recipe.launch.accelerate_config
     if config is not None and not Path(config).expanduser().is_file():
         raise PreflightError(f"launch.accelerate_config: {config}: no such file")
+    _check_device(recipe)
     on_cpu = runs_on_cpu(recipe)
     if recipe.method.type == "qlora" and on_cpu:
         raise PreflightError("method.type: qlora needs a CUDA GPU (bitsandbytes 4-bit); none is visible here")
@@ -90,6 +88,32 @@ def preflight(recipe: Recipe) -> list[str]:
     return warnings
 
 
+def _check_device(recipe: Recipe) -> None:
+    """``launch.device = "cuda"`` needs a CUDA GPU here (without one the ranks would train on the CPU)."""
+    if recipe.launch.device == "cuda" and cuda_device_count() == 0:
+        raise PreflightError('launch.device: "cuda" but no CUDA GPU is visible here (use "auto" or "cpu")',
+                             field="launch.device", problem='"cuda" but no CUDA GPU is visible here')
+
+
+def _check_model(recipe: Recipe) -> None:
+    """The model is there to load: the builtin one, a model folder, or a hub id in the Hugging Face cache or
+    on a reachable hub; and the builtin model has the LoRA target modules named."""
+    name = recipe.model.name
+    if name.startswith(BUILTIN_PREFIX):
+        unknown = sorted(set(recipe.method.lora.target_modules) - set(TINY_LLAMA_LINEAR))
+        if recipe.method.type != "full" and unknown:
+            raise PreflightError(f"method.lora.target_modules: {name} has no module {unknown[0]!r} "
+                                 f"(its linear layers: {', '.join(TINY_LLAMA_LINEAR)})")
+        return
+    if name.startswith(("/", ".", "~")) or os.sep in name and Path(name).exists():
+        if not (Path(name).expanduser() / "config.json").is_file():
+            raise PreflightError(f"model.name: {name}: not a model folder (no config.json)")
+        return
+    problem = hub_model_problem(name, recipe.model.revision)
+    if problem:
+        raise PreflightError(f"model.name: {name}: {problem}")
+
+
 def _check_resume(recipe: Recipe) -> None:
     """The checkpoint of ``train.resume_from`` fits this run and leaves steps to train."""
     assert recipe.train.resume_from is not None
@@ -105,6 +129,7 @@ def _check_resume(recipe: Recipe) -> None:
 def _script_preflight(recipe: Recipe) -> list[str]:
     """:func:`preflight` of a script run (``runner.spec.script``): the script file, run folders, processes."""
     check_script(recipe)
+    _check_device(recipe)
     try:
         check_runs_dir()
     except FolderError as exc:

@@ -17,6 +17,7 @@ from runner.spec.launch import LaunchSpec, build_launch
 from runner.spec.paths import RunFolderError, claim_run_folder, new_run_uid, runs_dir
 from runner.spec.recipe import Recipe, load_recipe
 from runner.spec.rendezvous import NodeSpec
+from runner.spec.run_record import update_record
 from runner.spec.script import store_method, store_model
 from runner.watch.estimate import estimate_summary
 from runner.watch.host import cpu_threads, free_port
@@ -117,10 +118,13 @@ def prepare(
         raise PreflightError(problem) from None
     if store is not None and run_id is not None:
         try:
-            store.update_run(run_id, run_dir=str(run_dir), summary={"uid": uid, "estimate": estimate_summary(recipe)})
-        except StoreError as exc:  # the database's disk filled since the run was created: it does not start
-            fail_unstarted(store, run_id, str(exc))
-            raise PreflightError(str(exc)) from None
+            store.update_run(run_id, run_dir=str(run_dir))
+            _write_record(store, run_id, run_dir)
+            record_summary(store, run_id, run_dir, {"uid": uid, "estimate": estimate_summary(recipe)})
+        except (StoreError, OSError) as exc:  # a disk that filled since the run was created: it does not start
+            problem = f"run folder: {write_problem(run_dir, exc)}" if isinstance(exc, OSError) else str(exc)
+            fail_unstarted(store, run_id, problem)
+            raise PreflightError(problem) from None
     return Prepared(run_id=run_id, run_dir=run_dir, spec=spec, recipe=recipe)
 
 
@@ -131,6 +135,22 @@ def fail_unstarted(store: Store, run_id: int, problem: str) -> None:
         store.update_run(run_id, status="failed", error=problem, ended_at=utcnow())
     except Exception:  # noqa: BLE001 (the problem is what the caller reports)
         pass
+
+
+def _write_record(store: Store, run_id: int, run_dir: Path) -> None:
+    """The run's row, as no journal holds it, into ``RUN/run.json`` (:mod:`runner.spec.run_record`)."""
+    run = store.get_run(run_id)
+    assert run is not None  # recorded just now
+    old = store.get_run(run.resumed_from) if run.resumed_from is not None else None
+    update_record(run_dir, {"uid": run.uid, "name": run.name, "created_at": run.created_at.isoformat(),
+                            "host": run.host, "recipe_source": run.recipe_source, "sweep_id": run.sweep_id,
+                            "resumed_from": old.uid if old is not None else None})
+
+
+def record_summary(store: Store, run_id: int, run_dir: Path, summary: dict[str, Any]) -> None:
+    """Merge summary figures that no journal holds into the run's row and its ``RUN/run.json``."""
+    store.update_run(run_id, summary=summary)
+    update_record(run_dir, {}, summary)
 
 
 def write_launch(recipe: Recipe, run_dir: Path, port: int, nodes: NodeSpec | None) -> LaunchSpec:
@@ -176,7 +196,7 @@ def prepare_resume(store: Store, run_id: int, root: Path | None = None) -> Prepa
     assert prepared.run_id is not None
     step = (read_manifest(checkpoint) or {}).get("step")
     resumed: dict[str, Any] = {"run_id": run_id, "checkpoint": str(checkpoint), "step": step}
-    store.update_run(prepared.run_id, summary={"resumed_from": resumed})
+    record_summary(store, prepared.run_id, prepared.run_dir, {"resumed_from": resumed})
     return prepared
 
 

@@ -4,7 +4,8 @@ launcher and the signals between them are tested without importing torch in the 
 
 Rank 0 reports a step every ``--step-s`` seconds through :mod:`runner.track` (the journal the watcher
 reads), up to ``--steps``; every rank stays alive meanwhile. Like ftui's trainer, a SIGTERM lets the rank
-finish its step, journal its ``end`` (``stopped``) and exit 0; a second SIGTERM ends it at once.
+finish its step, "save" for ``--save-s`` seconds, journal its ``end`` (``stopped``) and exit 0; a second
+SIGTERM ends it at once (mid-save).
 
     ftui run --script tests/support/scripted_rank.py --strategy ddp --nproc 2 -- --steps 100000
 """
@@ -28,6 +29,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--step-s", type=float, default=0.2)
+    parser.add_argument("--save-s", type=float, default=0.0,
+                        help="seconds a stop's save takes before the end is journaled (a second SIGTERM cuts it)")
     args = parser.parse_args(argv)
     stop = threading.Event()
 
@@ -41,6 +44,7 @@ def main(argv: list[str]) -> int:
     for step in range(1, args.steps + 1):
         track.log({"loss": 3.0 / step, "tokens": 64 * step}, step=step)
         if stop.wait(args.step_s):
+            threading.Event().wait(args.save_s)  # the stop checkpoint being written
             track.finish("stopped")
             return 0
     return 0

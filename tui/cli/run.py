@@ -12,6 +12,7 @@ from rich.text import Text
 from runner.service import launch
 from runner.spec import strategies
 from runner.spec.recipe import Recipe, RecipeError, load_recipe, parse_recipe
+from runner.spec.status import ENDED_BY_USER
 from runner.watch.follow import WatchOptions
 from runner.watch.prepare import Prepared
 from runner.watch.procs import StopRequest
@@ -168,8 +169,8 @@ def follow(args: argparse.Namespace, store: Store, prepared: Prepared, out: Cons
         out.print(Text.assemble(("warning:", "yellow"), f" {note}"), soft_wrap=True)
     if outcome.status == "completed":
         return ExitCode.OK
-    if outcome.status == "stopped":
-        out.print("[yellow]stopped[/]")
+    if outcome.status in ENDED_BY_USER:  # by the user: Ctrl-C, SIGTERM, ftui stop
+        out.print(Text(run.summary.ended or outcome.status, style="yellow"))
         return ExitCode.INTERRUPTED
     out.print(Text.assemble(("failed:", "red"), f" {outcome.error or ''}"))
     return ExitCode.FAILED
