@@ -163,17 +163,19 @@ def check_inputs(recipe: Recipe) -> None:
         check_runs_dir()
     except FolderError as exc:
         raise InputError(f"run folders: {exc}") from None
-    check_room(recipe)
 
 
 def check_room(recipe: Recipe, root: Path | None = None) -> None:
     """The run folders' filesystem has room for one checkpoint of this run (the planner's
     :func:`runner.planner.checkpoint_bytes`; a graceful stop writes one even without ``train.save_every``).
-    A model whose shape cannot be had offline is not checked.
+    Checked as a run is recorded (:func:`runner.watch.prepare.prepare`), not for a dry run, which writes
+    nothing. A script run (its model is its own) and a model whose shape cannot be had offline are not checked.
 
     Raises:
         InputError: one line naming the device, the folder and both sizes.
     """
+    if recipe.launch.script is not None:
+        return
     root = root or runs_dir()
     try:
         need = checkpoint_bytes(inputs_from_recipe(recipe, allow_network=False))

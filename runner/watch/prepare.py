@@ -22,7 +22,7 @@ from runner.spec.script import store_method, store_model
 from runner.watch.estimate import estimate_summary
 from runner.watch.host import cpu_threads, free_port
 from runner.watch.identity import record_watcher
-from runner.watch.preflight import PreflightError, preflight
+from runner.watch.preflight import PreflightError, check_room, preflight
 from runner.watch.procs import StopRequest
 from store import Store, StoreError
 from store.nodes import Settled
@@ -83,10 +83,13 @@ def prepare(
             :func:`runner.nodes.agent.prepare_node`).
 
     Raises:
-        PreflightError: the run folder cannot be claimed (the run is recorded failed).
+        PreflightError: the run folder cannot be claimed or written (the run is recorded failed).
+        InputError: the run folders' disk has no room for a checkpoint (nothing is recorded).
     """
     root = root or runs_dir()
     run_id: int | None = None
+    if store is not None:
+        check_room(recipe, root)  # before anything is recorded
     # The folder is named by a globally unique id, never by the store's integer id: two stores
     # sharing one data folder would otherwise write into the same folder.
     if store is not None:

@@ -13,7 +13,7 @@ from runner.spec import events as ev
 from runner.spec.recipe import load_recipe
 from runner.watch.crash import describe
 from runner.watch.journal import ORCHESTRATOR_FILE, read_jsonl
-from runner.watch.preflight import InputError, PreflightError, check_room
+from runner.watch.preflight import InputError, check_room
 from runner.watch.prepare import prepare
 from runner.watch.stream import Recorder
 from store import Store, StoreError
@@ -122,15 +122,15 @@ def test_the_preflight_refuses_run_folders_without_room_for_a_checkpoint(tmp_pat
         check_room(recipe, big)
 
 
-def test_a_run_folder_whose_disk_fills_before_the_launch_fails_its_row_in_one_line(tmp_path: Path) -> None:
+def test_recording_a_run_on_a_full_disk_is_refused_in_one_line_before_anything_is_recorded(tmp_path: Path) -> None:
     store = Store(f"sqlite:///{tmp_path / 'ftui.db'}")
-    with small_filesystem(tmp_path / "runs", "1m") as runs:
+    with small_filesystem(tmp_path / "runs", "4m") as runs:
         fill(runs)
-        with pytest.raises(PreflightError) as caught:
+        with pytest.raises(InputError) as caught:
             prepare(store, load_recipe(QUICKSTART), root=runs)
-    assert str(caught.value).startswith(f"run folder: no space left on tmpfs at {runs} (")
-    (run,) = store.list_runs()
-    assert run.status == "failed" and run.error == str(caught.value), "never left `created`"
+        assert list(runs.iterdir()) == [runs / "filler"], "no run folder"
+    assert str(caught.value).startswith(f"run folders: no room for a checkpoint on tmpfs at {runs} ({runs}): ")
+    assert store.list_runs() == [], "no row left `created`"
 
 
 @pytest.mark.parametrize("full", ["run folders", "database"])
@@ -147,7 +147,7 @@ def test_ftui_run_starting_on_a_full_disk_is_one_line_exit_2_and_leaves_no_run_b
         assert ran.returncode == ExitCode.USAGE and ran.stdout == "", ran
         (line,) = ran.stderr.splitlines()
         if full == "run folders":
-            assert line.startswith(f"ftui: {QUICKSTART}: run folders: no room for a checkpoint on tmpfs at {disk} ")
+            assert line.startswith(f"ftui: run folders: no room for a checkpoint on tmpfs at {disk} ({disk / 'runs'}): ")
         else:
             assert line == f"ftui: --db {db}: no space left on tmpfs at {disk} ({disk / 'ftui.db'})"
         filler.unlink()
