@@ -17,11 +17,12 @@ from runner.data.check import check_data
 from runner.data.prepare import prefill
 from runner.data.rows import DataError, check_source
 from runner.hardware import check_gpus_free, visible_mapping
-from runner.planner import DEFAULT_RESERVE, parse_bytes
+from runner.hardware.disks import filesystem_of
+from runner.planner import DEFAULT_RESERVE, checkpoint_bytes, inputs_from_recipe, parse_bytes
 from runner.spec import strategies, zero
 from runner.spec.builtin import BUILTIN_PREFIX, TINY_LLAMA_LINEAR
 from runner.spec.checkpoint import CheckpointError, check_resume
-from runner.spec.paths import FolderError, check_runs_dir
+from runner.spec.paths import FolderError, check_runs_dir, runs_dir
 from runner.spec.recipe import Recipe, RecipeError
 from runner.spec.script import check_script
 from runner.watch.estimate import estimate_summary
@@ -172,6 +173,32 @@ def check_inputs(recipe: Recipe) -> None:
         check_runs_dir()
     except FolderError as exc:
         raise InputError(f"run folders: {exc}") from None
+
+
+def check_room(recipe: Recipe, root: Path | None = None) -> None:
+    """The run folders' filesystem has room for one checkpoint of this run (the planner's
+    :func:`runner.planner.checkpoint_bytes`; a graceful stop writes one even without ``train.save_every``).
+    Checked as a run is recorded (:func:`runner.watch.prepare.prepare`), not for a dry run, which writes
+    nothing. A script run (its model is its own) and a model whose shape cannot be had offline are not checked.
+
+    Raises:
+        InputError: one line naming the device, the folder and both sizes.
+    """
+    if recipe.launch.script is not None:
+        return
+    root = root or runs_dir()
+    try:
+        need = checkpoint_bytes(inputs_from_recipe(recipe, allow_network=False))
+    except Exception:  # noqa: BLE001 (no shape offline: nothing to check against)
+        return
+    fs = filesystem_of(root)
+    if fs.free_bytes < need:
+        raise InputError(f"run folders: no room for a checkpoint on {fs.name} ({root}): {_mib(need)} needed, "
+                         f"{_mib(fs.free_bytes)} free (free some space, or set FTUI_HOME to a bigger disk)")
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
 
 
 def input_warnings(recipe: Recipe) -> list[str]:
