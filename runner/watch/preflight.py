@@ -33,17 +33,24 @@ class PreflightError(RecipeError):
     """A problem found before launch; one line naming the field or file."""
 
 
+class ModelNotHereError(PreflightError):
+    """A hub model neither in the Hugging Face cache nor on a reachable hub: a run cannot load it, a dry run
+    (which loads nothing) only warns."""
+
+
 class InputError(RecipeError):
     """A recipe's data or folders are unusable; one line naming the field or file."""
 
 
-def launch_checks(recipe: Recipe, fake_gpus: int = 0, allow_data_change: bool = False) -> list[str]:
+def launch_checks(recipe: Recipe, fake_gpus: int = 0, allow_data_change: bool = False,
+                  dry_run: bool = False) -> list[str]:
     """Check a recipe before launch.
 
     Args:
         recipe: the validated recipe.
         fake_gpus: scripted GPUs of the demo mode (0: the real NVML).
         allow_data_change: resume from a checkpoint although its data source changed since.
+        dry_run: nothing will be loaded (``--dry-run``): a hub model that is not here yet is a warning.
 
     Returns:
         Warnings, one line each (empty when nothing is worth saying).
@@ -52,13 +59,14 @@ def launch_checks(recipe: Recipe, fake_gpus: int = 0, allow_data_change: bool = 
         PreflightError: the run cannot start (a RecipeError naming the field).
         InputError: its data or folders are unusable.
     """
-    warnings = preflight(recipe, allow_data_change)
+    warnings = preflight(recipe, allow_data_change, dry_run)
     return warnings + input_warnings(recipe) + gpu_warnings(recipe, fake_gpus)
 
 
-def preflight(recipe: Recipe, allow_data_change: bool = False) -> list[str]:
+def preflight(recipe: Recipe, allow_data_change: bool = False, dry_run: bool = False) -> list[str]:
     """Check what can be checked before launch; raise :class:`PreflightError`, return warnings.
-    ``allow_data_change``: a checkpoint to resume from may have been taken on other data."""
+    ``allow_data_change``: a checkpoint to resume from may have been taken on other data; ``dry_run``:
+    nothing will be loaded, so a hub model not here yet is a warning."""
     if recipe.launch.script is not None:  # a script run: the script owns its model and data
         return _script_preflight(recipe)
     warnings: list[str] = []
@@ -67,7 +75,12 @@ def preflight(recipe: Recipe, allow_data_change: bool = False) -> list[str]:
         check_source(recipe.data.source)
     except DataError as exc:
         raise PreflightError(str(exc)) from None
-    _check_model(recipe)
+    try:
+        _check_model(recipe)
+    except ModelNotHereError as exc:
+        if not dry_run:
+            raise
+        warnings.append(f"{exc} (a real run is refused until it is)")
     config = recipe.launch.accelerate_config
     if config is not None and not Path(config).expanduser().is_file():
         raise PreflightError(f"launch.accelerate_config: {config}: no such file")
@@ -114,7 +127,7 @@ def _check_model(recipe: Recipe) -> None:
         return
     problem = hub_model_problem(name, recipe.model.revision)
     if problem:
-        raise PreflightError(f"model.name: {name}: {problem}")
+        raise ModelNotHereError(f"model.name: {name}: {problem}", field="model.name", problem=problem)
 
 
 def _check_resume(recipe: Recipe, allow_data_change: bool) -> None:

@@ -90,7 +90,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     source = str(args.recipe) if args.recipe is not None else str(recipe.launch.script)
     try:
         # the same pre-flight as the TUI's Launch
-        warnings = launch.check(recipe, args.fake_gpus, getattr(args, "allow_data_change", False))
+        warnings = launch.check(recipe, args.fake_gpus, getattr(args, "allow_data_change", False),
+                                dry_run=bool(getattr(args, "dry_run", False)))
     except RecipeError as exc:
         raise UsageError(f"{args.recipe}: {exc}" if args.recipe is not None else str(exc)) from None
     out = console(stderr=args.format == "json")
