@@ -209,7 +209,7 @@ def prefill(recipe: Recipe) -> int | None:
     tokenizer_id = local_tokenizer_digest(recipe.model)
     tokenizer = None
     if tokenizer_id is None:  # the builtin tokenizer, not trained yet: loading it trains it
-        tokenizer = load_tokenizer(recipe)
+        tokenizer = _load_local_tokenizer(recipe)
         tokenizer_id = local_tokenizer_digest(recipe.model)
     key = cache_key(recipe.data, tokenizer, recipe.train.seed, tokenizer_id)
     path = cache_path(key)
@@ -218,5 +218,19 @@ def prefill(recipe: Recipe) -> int | None:
         # rebuilt there). Neither torch nor transformers is imported for a cached recipe.
         return read_train_rows(path)
     dataset = load_data(recipe.data, tokenizer, recipe.train.seed, tokenizer_id=tokenizer_id,
-                        loader=lambda: load_tokenizer(recipe), key=key)
+                        loader=lambda: _load_local_tokenizer(recipe), key=key)
     return dataset.train.shape[0]
+
+
+def _load_local_tokenizer(recipe: Recipe) -> Any:
+    """:func:`load_tokenizer` of the builtin model or a model folder, in the pre-flight.
+
+    Raises:
+        DataError: one line naming ``model.name``, whatever the folder's files make the loader raise.
+    """
+    try:
+        return load_tokenizer(recipe)
+    except Exception as exc:  # noqa: BLE001 (any file of a model folder can be wrong; it is one line either way)
+        why = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise DataError(f"model.name: {recipe.model.name}: its tokenizer does not load ({type(exc).__name__}: "
+                        f"{why})") from None

@@ -70,17 +70,17 @@ def preflight(recipe: Recipe, allow_data_change: bool = False, dry_run: bool = F
     if recipe.launch.script is not None:  # a script run: the script owns its model and data
         return _script_preflight(recipe)
     warnings: list[str] = []
+    try:
+        _check_model(recipe)  # before the data step, which loads a model folder's tokenizer
+    except ModelNotHereError as exc:
+        if not dry_run:
+            raise
+        warnings.append(f"{exc} (a real run is refused until it is)")
     check_inputs(recipe)
     try:
         check_source(recipe.data.source)
     except DataError as exc:
         raise PreflightError(str(exc)) from None
-    try:
-        _check_model(recipe)
-    except ModelNotHereError as exc:
-        if not dry_run:
-            raise
-        warnings.append(f"{exc} (a real run is refused until it is)")
     config = recipe.launch.accelerate_config
     if config is not None and not Path(config).expanduser().is_file():
         raise PreflightError(f"launch.accelerate_config: {config}: no such file")
@@ -188,7 +188,8 @@ def check_inputs(recipe: Recipe) -> None:
         # read (runner/data/prepare.py): a bad row anywhere is one line before anything is recorded.
         rows = prefill(recipe)
     except DataError as exc:
-        field = str(exc).split(":", 1)[0] if str(exc).startswith("data.") else "data.source"
+        head = str(exc).split(":", 1)[0]
+        field = head if head.startswith(("data.", "model.")) else "data.source"
         raise InputError(str(exc), field=field, problem=str(exc)) from None
     problem = None if rows is None else layout.batch_problem(recipe, rows)
     if problem:

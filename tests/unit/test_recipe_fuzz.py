@@ -126,8 +126,6 @@ BAD = [
     (f'launch.script="{LONG}"', "launch.script"),
     ('data.eval_source="/nonexistent/eval.jsonl"', "data.eval_source"),  # was reported as data.source
     (f'name="{"n" * 10_000}"', "name"),  # was stored whole
-    ('model.name="org/no-such-model"', "model.name"),  # these failed in the rank: not loadable
-    (f'model.name="{LONG[:100]}"', "model.name"),
     ('method.lora.target_modules=["nope"]', "method.lora.target_modules"),
     ("method.lora.target_modules=[]", "method.lora.target_modules"),
     # Data too short for one optimizer step: the rank failed it (batch_size x replicas x grad_accum rows).
@@ -138,6 +136,8 @@ BAD = [
     ('data.template="{nope}"', "data.template"),  # the builtin corpus' rows have no such field: failed in the rank
     ('data.template="{"', "data.template"),
     ('data.text_field="nope"', "data.text_field"),
+    ("train.lr=1e300", "train.lr"),  # RuntimeError in AdamW's step: the step overflowed a float32 weight
+    ("train.lr=1e38", "train.lr"),
     # Taken and ignored: exit 0, the run trained without what the value asked for.
     ("train.eval_every=1", "train.eval_every"),  # no eval set: never evaluated
     ('eval.prompts=["Hello"]', "eval.prompts"),  # no eval set: never sampled
@@ -156,6 +156,22 @@ def test_values_that_failed_after_the_run_was_recorded_are_refused_before(
     code, _, err = dry_run(home, capsys, item)
     line = assert_refused(code, err, (item,), field)
     assert len(line) < 400, line  # the value is shown cut, not whole
+
+
+NOT_HERE = ['model.name="org/no-such-model"', f'model.name="{LONG[:100]}"']
+"""Hub models neither cached nor on a reachable hub: they failed in the rank, not loadable. A dry run loads
+nothing, so it only warns; a real run is refused before anything is recorded."""
+
+
+@pytest.mark.parametrize("item", NOT_HERE, ids=[n[:40] for n in NOT_HERE])
+def test_a_model_that_is_not_here_is_refused_before_the_run_is_recorded(
+        home: Path, capsys: pytest.CaptureFixture[str], item: str) -> None:
+    code, out, _ = dry_run(home, capsys, item)
+    assert code == 0 and "model.name" in out, out[-500:]
+    result = run_in_process(capsys, "run", str(QUICKSTART), "--set", item)
+    line = assert_refused(result.returncode, result.stderr, (item,), "model.name")
+    assert len(line) < 400, line
+    assert recorded(home) == (0, [])
 
 
 def test_the_recorded_run_path_refuses_them_too_and_records_nothing(
