@@ -76,7 +76,10 @@ def preflight(recipe: Recipe, allow_data_change: bool = False, dry_run: bool = F
         if not dry_run:
             raise
         warnings.append(f"{exc} (a real run is refused until it is)")
-    check_inputs(recipe)
+    rows = check_inputs(recipe)
+    problem = None if rows is None else layout.batch_problem(recipe, rows)
+    if problem:
+        raise PreflightError(problem, field="train.batch_size", problem=problem.split(": ", 1)[1])
     try:
         check_source(recipe.data.source)
     except DataError as exc:
@@ -174,10 +177,15 @@ def _script_preflight(recipe: Recipe) -> list[str]:
     return []
 
 
-def check_inputs(recipe: Recipe) -> None:
+def check_inputs(recipe: Recipe) -> int | None:
     """Check the recipe's data (read and parsed: :func:`runner.data.check.check_data`) and that run
     folders can be written (:func:`runner.spec.paths.check_runs_dir`). ``ftui sweep`` calls it once for
     the sweep's recipe before the first run.
+
+    Returns:
+        The train rows (blocks) the ranks will read, where the pre-flight tokenized or found them cached
+        (:func:`runner.data.prepare.prefill`); None where the ranks tokenize. Whether they fill one
+        optimizer step is each run's own check (its strategy and processes), in :func:`preflight`.
 
     Raises:
         InputError: one line naming the field, file or folder.
@@ -191,13 +199,11 @@ def check_inputs(recipe: Recipe) -> None:
         head = str(exc).split(":", 1)[0]
         field = head if head.startswith(("data.", "model.")) else "data.source"
         raise InputError(str(exc), field=field, problem=str(exc)) from None
-    problem = None if rows is None else layout.batch_problem(recipe, rows)
-    if problem:
-        raise InputError(problem, field="train.batch_size", problem=problem.split(": ", 1)[1])
     try:
         check_runs_dir()
     except FolderError as exc:
         raise InputError(f"run folders: {exc}") from None
+    return rows
 
 
 def check_room(recipe: Recipe, root: Path | None = None) -> None:
