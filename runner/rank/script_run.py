@@ -27,7 +27,7 @@ import traceback
 from pathlib import Path
 
 from runner import track
-from runner.rank.rank_log import redirect_output
+from runner.rank.rank_log import dump_stacks_on_signal, redirect_output
 from runner.spec import events as ev
 
 
@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ[track.RUN_ENV] = str(run_dir)
     redirect_output(ev.rank_log(run_dir, rank))
     faulthandler.enable()  # a segfault in a native library leaves its Python stack in the rank log
+    dump_stacks_on_signal(run_dir, rank)  # before the pid file: a rank the watcher finds can answer for its stacks
     pid_file = ev.rank_pid_file(run_dir, rank)
     pid_file.parent.mkdir(parents=True, exist_ok=True)
     pid_file.write_text(str(os.getpid()))

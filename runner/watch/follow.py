@@ -22,7 +22,7 @@ from runner.hardware import Probe
 from runner.spec import events as ev
 from runner.spec import watching
 from runner.watch import procs
-from runner.watch.crash import RankWatch, describe
+from runner.watch.crash import RankWatch, collective_timeout, describe
 from runner.watch.finish import Ending, Outcome, finish
 from runner.watch.host import probe_for
 from runner.watch.identity import record_watcher
@@ -30,6 +30,7 @@ from runner.watch.journal import WatcherLock
 from runner.watch.preflight import PreflightError
 from runner.watch.prepare import Prepared
 from runner.watch.sampling import HANG_CHECK_S, RunTelemetry
+from runner.watch.stacks import STACKS_WAIT_S, StackReport
 from runner.watch.stream import EventCallback, Recorder, RunStream, quietly
 from store import Store
 from store.store import utcnow
@@ -75,6 +76,8 @@ class WatchOptions:
     """The grace of the stop after the hang rule ended the run."""
     hang_check_s: float = HANG_CHECK_S
     """Seconds between two looks of the hang rule at the recent readings."""
+    stacks_wait_s: float = STACKS_WAIT_S
+    """Seconds the ranks get to write their stacks once asked (a hang, a collective timeout)."""
     clock: Callable[[], float] = field(default=time.time, compare=False)
     """The wall clock of the time-based rules (hang, vanished rank); tests drive their own."""
 
@@ -222,13 +225,24 @@ class _Watch:
         self.ranks = RankWatch(prepared.run_dir, clock=options.clock)
         self.stopper = Stopper(prepared.run_dir, launcher.group, self.request)
         self.forced_error: str | None = None
+        self.stacks = StackReport(prepared.run_dir, self._report_stacks, clock=options.clock,
+                                  wait_s=options.stacks_wait_s)
+
+    def _report_stacks(self, result: dict[str, object]) -> None:
+        """Every rank's stacks came (or the wait ran out): journal them, keep them in the run's summary
+        (``ftui show``, the Monitor) and pass them on (the progress line, a notification)."""
+        record = self.recorder.emit("stacks", **result)
+        quietly(self.stream.store.update_run, self.stream.run_id, summary={"stacks": result})
+        if self.on_event is not None:
+            self.on_event(record)
 
     def step(self) -> bool:
         """One round of the watch; True when the run is over."""
         assert self.telemetry is not None
         stream, stopper, recorder, request = self.stream, self.stopper, self.recorder, self.request
         stream.poll()
-        self.telemetry.poll(stream, recorder)
+        if self.telemetry.poll(stream, recorder) is not None:  # a hang flagged: where is every rank?
+            self.stacks.request("hang")
         if stream.mismatch and not stopper.started:
             stopper.start(grace_s=self.options.forced_grace_s)
         if request.is_set() and not stopper.started:
@@ -240,6 +254,8 @@ class _Watch:
                 event = recorder.emit("rank_exit", rank=rank, pid=pid)
                 if self.on_event is not None:
                     self.on_event(event)
+                if collective_timeout(self.prepared.run_dir, rank):  # a hang another rank timed out on
+                    self.stacks.request("collective timeout")
         if (not stopper.started and stream.end is None
                 and vanished_too_long(self.ranks.first_vanished_at, stream.last_step_time, self.options.clock(),
                                       self.options.vanished_after_s)):
@@ -250,7 +266,9 @@ class _Watch:
             self.forced_error = self.telemetry.hang_reason
             recorder.emit("hang_stop", reason=self.forced_error)
             procs.signal_group(self.launcher.group, self.prepared.run_dir, signal.SIGCONT)  # a stopped (SIGSTOP) rank cannot take SIGTERM
+            self.stacks.reopen()  # a rank that was stopped writes its stacks now
             stopper.start(grace_s=self.options.hang_stop_grace_s)
+        self.stacks.poll()
         if self.prepared.node is not None:  # several machines: heartbeat, stop requests both ways
             self.prepared.node.tick(request, self.prepared.run_dir)
         if stopper.started:
@@ -293,6 +311,9 @@ class _Watch:
                     gpu=report.gpu_note, processes={str(k): v for k, v in report.seen.items()})
         if self.prepared.node is not None:
             self.prepared.node.fault_at = self.ranks.first_vanished_at or self.options.clock()
+        stacks = quietly(self.stacks.finish)
+        if stacks and self.forced_error is not None and self.forced_error.startswith("hang:"):
+            self.forced_error = f"{self.forced_error}; {stacks}"  # where each rank was, in the run's reason
         request = self.request
         ending = Ending(exit_code, stopped_by_user=request.is_set() and not request.kill,
                         killed_by_user=request.kill, forced_error=self.forced_error, vanished=self.ranks.vanished,

@@ -48,6 +48,8 @@ class RunStream:
         self.first_step_time: float | None = None
         self.last_step_time: float | None = None
         self.last_step: int | None = None
+        self.last_event_time: float | None = None
+        """Time of the trainer's latest event of any type: a sign of progress for the hang rule."""
         self.store_error: str | None = None
         self.loss_scale_drops = 0
 
@@ -68,6 +70,8 @@ class RunStream:
         event = ev.typed(raw)
         if event is None:
             return
+        if isinstance(raw.get("time"), int | float):
+            self.last_event_time = max(float(raw["time"]), self.last_event_time or 0.0)
         if event["type"] == "start":
             self.start = event
             self._on_start(event)

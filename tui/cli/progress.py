@@ -83,9 +83,12 @@ class RunProgress:
         elif kind == "hang":
             self.progress.console.print(Text.assemble(
                 ("warning:", "yellow"),
-                f" hang suspected: no step for {event.get('since_step_s', 0):.0f} s and "
-                f"{', '.join(event.get('idle') or []) or 'devices'} idle; the run is stopped if it lasts "
-                f"as long again (--hang-after)"))
+                f" hang suspected: no progress for {event.get('since_progress_s', 0):.0f} s (no event from the "
+                f"trainer, {', '.join(event.get('idle') or []) or 'devices'} idle); the run is stopped if it "
+                f"lasts as long again (--hang-after)"))
+        elif kind == "stacks":
+            self.progress.console.print(Text.assemble(
+                ("stacks:", "yellow"), f" {event.get('summary')} (full dumps: {event.get('folder')})"))
         elif kind == "rank_exit":
             self.progress.console.print(Text.assemble(
                 ("warning:", "yellow"), f" rank {event.get('rank')} (pid {event.get('pid')}) ended before the run did"))

@@ -263,6 +263,9 @@ class MonitorScreen(Screen[None]):
             line.append("  (trainer)" if self.narrow else "  (measured by the trainer)", style="dim")
         if run.error:
             line.append(f"\nerror: {run.error}", style="red")
+        stacks = run.summary.stacks
+        if stacks is not None and stacks["summary"] not in (run.error or ""):  # the watcher asked every rank
+            line.append(f"\nstacks at the {stacks['cause']}: {stacks['summary']}", style="yellow")
         return line
 
     def _update_static(self, selector: str, content: Text) -> None:
