@@ -6,6 +6,7 @@ for itself, and nothing else:
 
 * the rank's stdout and stderr go to ``RUN/logs/rank{N}.log``, and its pid to ``RUN/ranks/{N}.pid``
   (so telemetry samples each rank, and a stop finds it);
+* its Python stacks go to ``RUN/stacks/rank{N}.txt`` on request (``runner.spec.stacks``: a hang);
 * ``FTUI_RUN_DIR`` names the run folder (:mod:`runner.track` journals there; a hand-run dry-run argv
   works without ftui's environment);
 * the script runs as ``__main__`` with ``sys.argv = [SCRIPT, *ARGS]`` from ``DIR`` (the folder

@@ -12,6 +12,7 @@ A run folder holds everything needed to understand, re-ingest or resume a run wi
     launcher.log         stdout/stderr of ``accelerate launch`` itself
     logs/rank{N}.log     stdout/stderr of each rank
     ranks/{N}.pid        the pid of each rank, written as the rank starts
+    stacks/rank{N}.txt   each rank's Python stacks, dumped on request (runner.spec.stacks)
     output/              the saved adapter or model
 
     checkpoints/step-NNNNNNNN/   resumable checkpoints (``runner.spec.checkpoint``), each with ``ftui.json``
@@ -53,8 +54,8 @@ Every event carries ``seq`` (0, 1, 2, ... within the run: its stable id), ``type
 The orchestrator adds its own (``launch``, ``exit``, ``hang``) to the store only. JSON has no NaN or
 infinity (and SQLite's json functions refuse them): the writer turns non-finite floats into null.
 
-The orchestrator journals its own events (``launch``, ``attach``, ``rank_exit``, ``hang``, ``hang_stop``,
-``stop_requested``, ``stop``, ``watcher_error``, ``exit``) in ``orchestrator.jsonl`` with their own ``seq``
+The orchestrator journals its own events (``launch``, ``attach``, ``rank_exit``, ``hang``, ``stacks``,
+``hang_stop``, ``stop_requested``, ``stop``, ``watcher_error``, ``exit``) in ``orchestrator.jsonl`` with their own ``seq``
 (:mod:`runner.watch.journal`).
 """
 

@@ -56,8 +56,9 @@ class WatchOptions:
     sample_interval_s: float = watching.SAMPLE_INTERVAL_S
     """Seconds between telemetry readings; 0 turns telemetry off."""
     hang_after_s: float = watching.HANG_AFTER_S
-    """Flag a hang when no step came for this long and a device is idle; stop the run (failed,
-    "hang: ...") when it is still hung ``hang_after_s`` after the flag."""
+    """Flag a hang when the run made no progress for this long (no trainer event, every device idle) and
+    ask every rank for its stacks; stop the run (failed, "hang: ...") when it is still hung
+    ``hang_after_s`` after the flag."""
     grace_s: float = procs.DEFAULT_GRACE_S
     """After a stop request, seconds the ranks get to finish their step, save and exit before whatever
     is left of the run is SIGKILLed (then checked: none left)."""
