@@ -287,7 +287,7 @@ class _Watch:
 
     def reap(self) -> int | None:
         """Wait for the launcher and every process of the run; kill what is left. The exit code."""
-        self.stream.on_event = None  # the caller's callbacks may be what failed; the rest is bookkeeping
+        self.stream.on_event = self.on_event = None  # the caller's callbacks may be what failed; the rest is bookkeeping
         exit_code: int | None = quietly(self.launcher.wait)
         run_dir, group = self.prepared.run_dir, self.launcher.group
         if not self.stopper.started:
