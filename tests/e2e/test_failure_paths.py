@@ -211,7 +211,8 @@ def test_ctrl_c_of_a_single_process_run_lets_the_trainer_end(ftui: Ftui, start: 
 
 def test_a_hung_trainer_is_flagged_then_stopped_and_failed(start: Callable[..., Run]) -> None:
     """The trainer stopped (SIGSTOP: alive, idle, no step) is flagged after ``--hang-after`` and, still
-    hung that long after, continued and stopped: failed with the hang as its reason."""
+    hung that long after, continued and stopped: failed with the hang as its reason, and where the trainer
+    was (its stacks, asked for at the flag and written once the stop continued it)."""
     run = start("hang", "--strategy", "single", *FAST, "--hang-after", "3", "--sample-interval", "0.25")
     run.wait_for_steps(ranks=1)
     psutil.Process(run.pids()[0]).suspend()
