@@ -2,17 +2,21 @@
 real ``ftui run --script`` and ``accelerate launch``) stop stepping after step 2 and wait, idle, in
 ``hang_here``. The watcher flags the hang, asks every rank for its stacks (faulthandler on a signal),
 reports where each one is (the journal, the run's summary, ``ftui show``, the progress line) and stops
-the run with that in its reason. The hang rule itself is tested on a driven clock in
+the run with that in its reason. Only a rank that registered the handler is ever signalled. The hang rule itself is tested on a driven clock in
 ``tests/unit/test_watch_timing.py``."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from runner.spec import stacks
 from runner.watch import journal
+from runner.watch.stacks import StackReport
 from store import Store
-from tests.support import Ftui
+from tests.support import ROOT, Ftui
 from tests.support.scripted_rank import SCRIPT
 
 
@@ -40,3 +44,50 @@ def test_a_hang_reports_every_ranks_stacks_then_stops_the_run(ftui: Ftui) -> Non
     assert f"stacks: ranks 0-1 in {where}" in out, out[-3000:]
     show = ftui.run("show", str(run.id), check=True).stdout
     assert "stacks" in show and "hang_here" in show and "faulthandler at the hang" in show, show
+
+
+WAITER = """
+import os, sys, threading
+from pathlib import Path
+from runner.rank.rank_log import dump_stacks_on_signal
+run_dir, rank, register = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "register"
+if register:
+    dump_stacks_on_signal(run_dir, rank)
+(run_dir / "ranks").mkdir(exist_ok=True)
+(run_dir / "ranks" / f"{rank}.pid").write_text(str(os.getpid()))
+
+def blocked_in_a_collective():
+    threading.Event().wait()
+
+blocked_in_a_collective()
+"""
+
+
+def test_only_ranks_that_registered_are_asked_and_each_answer_is_read(tmp_path: Path) -> None:
+    """Rank 0 registered the handler and answers; rank 1 (a process that never registered, whose default
+    action for the signal is to end) is named as silent and never signalled: it lives on."""
+    procs = [subprocess.Popen([sys.executable, "-c", WAITER, str(tmp_path), str(rank), mode], cwd=ROOT)
+             for rank, mode in ((0, "register"), (1, "plain"))]
+    try:
+        deadline = time.monotonic() + 60
+        while len(list((tmp_path / "ranks").glob("*.pid"))) < 2 or stacks.registered_pid(
+                stacks.stacks_file(tmp_path, 0)) is None:  # both started (a file each proves it)
+            assert time.monotonic() < deadline, "the processes did not start"
+            time.sleep(0.05)
+        reports: list[dict[str, object]] = []
+        report = StackReport(tmp_path, reports.append, wait_s=30.0)
+        report.request("collective timeout")
+        assert report.capture is not None and set(report.capture.asked) == {0}
+        while not reports:
+            assert time.monotonic() < deadline, "no answer"
+            report.poll()
+            time.sleep(0.05)
+        where = "blocked_in_a_collective (<string>:"
+        assert reports[0]["cause"] == "collective timeout"
+        summary = str(reports[0]["summary"])
+        assert summary.startswith(f"rank 0 in {where}") and summary.endswith("rank 1: no stacks (did not answer)")
+        assert procs[1].poll() is None, "the process that never registered was not signalled"
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
