@@ -22,9 +22,10 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 
+from runner.spec.status import TERMINAL
 from store.engine import StoreError
 from store.models import DeviceSampleRow, ProcessSampleRow, Run, RunNode, StopRequestRow
-from store.store import TERMINAL, Store, utcnow
+from store.store import Store, utcnow
 
 
 class JoinRefused(StoreError):
@@ -284,12 +285,16 @@ def settle(store: Store, run_id: int, dead_after_s: float, clock: Callable[[], f
         if any(r.status == "running" for r in rows):
             return None
         failed = [r for r in rows if r.status == "failed"]
+        status: str
+        error: str | None
         missing = (run.nnodes or len(rows)) - len(rows)
         if failed:
             first = min(failed, key=lambda r: (r.fault_at if r.fault_at is not None else float("inf"), r.slot))
             status, error = "failed", f"node {_label(first)} ({first.host}): {first.error or 'failed'}"
         elif missing > 0:
             status, error = "failed", f"only {len(rows)} of {run.nnodes} nodes joined"
+        elif any(r.status == "killed" for r in rows):
+            status, error = "killed", next((r.error for r in rows if r.status == "killed" and r.error), None)
         elif any(r.status == "stopped" for r in rows):
             status, error = "stopped", None
         else:

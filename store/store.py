@@ -78,7 +78,6 @@ from store.records import (
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
-TERMINAL = ("completed", "failed", "stopped")
 
 
 
@@ -190,15 +189,20 @@ class Store:
         total_steps: int | None = None,
         summary: dict[str, Any] | None = None,
         resumed_from: int | None = None,
+        uid: str | None = None,
+        created_at: datetime | None = None,
+        host: str | None = None,
     ) -> int:
         """Record a new run (status ``created``, a fresh :func:`store.ids.new_uid` uid) and return its id.
 
         Args:
             resumed_from: Id of the run this one continues from (its checkpoint).
+            uid, created_at, host: the run's own, when it is recorded again from its folder
+                (``ftui db rebuild``); default a new uid, now and this host.
         """
         with self._write() as s:
             run = Run(
-                uid=new_uid(),
+                uid=uid or new_uid(),
                 resumed_from=resumed_from,
                 name=name,
                 sweep_id=sweep_id,
@@ -210,9 +214,9 @@ class Store:
                 method=method,
                 model=model,
                 status="created",
-                host=socket.gethostname(),
+                host=host or socket.gethostname(),
                 run_dir=run_dir,
-                created_at=utcnow(),
+                created_at=created_at or utcnow(),
                 total_steps=total_steps,
                 summary={**(summary or {}), "schema": SCHEMA},
                 tags=[],

@@ -8,6 +8,10 @@
 
 Each test gets its level as a marker (``pytest -m unit``); the fast loop is
 ``python -m pytest tests/unit tests/integration``.
+
+The suite runs on pytest-xdist workers (``-n auto --dist loadgroup`` in pyproject.toml): a session fixture
+is made once per worker, so the tests that share something made once go to one worker as a group
+(:data:`GROUPS`), and the warm cache is one folder for all workers.
 """
 
 from __future__ import annotations
@@ -24,13 +28,20 @@ pytest_plugins = ["tests.support.postgres", "tests.support.slurm_cluster", "test
                   "tests.support.matrix"]
 
 LEVELS = ("unit", "integration", "e2e", "system")
+GROUPS = {"matrix": "matrix", "slurm_cluster": "slurm"}
+"""Fixture -> xdist group: every test of the shared matrix of real runs on one worker (it is trained once),
+and the one SLURM cluster of the machine (its daemons, munge) on one worker."""
+MAX_WORKERS = 4
+"""``-n auto``: a worker per core, at most this many (each two-rank training uses two cores)."""
 
 
 @pytest.fixture(scope="session", autouse=True)
 def warm_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One cache folder (``FTUI_CACHE``: the builtin tokenizer, tokenized data, the CPU's measured peak)
     for every home of the session, so each is built once; a test of the cache itself sets its own."""
-    path = tmp_path_factory.mktemp("ftui-cache")
+    shared = os.environ.get("PYTEST_XDIST_WORKER") is not None  # workers share the parent of their basetemps
+    path = (tmp_path_factory.getbasetemp().parent / "ftui-cache" if shared else tmp_path_factory.mktemp("ftui-cache"))
+    path.mkdir(exist_ok=True)
     saved = os.environ.get("FTUI_CACHE")
     os.environ["FTUI_CACHE"] = str(path)
     yield path
@@ -51,6 +62,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         level = item.path.relative_to(tests).parts[0]
         if level in LEVELS:
             item.add_marker(getattr(pytest.mark, level))
+        groups = {GROUPS[name] for name in getattr(item, "fixturenames", ()) if name in GROUPS}
+        if groups:
+            item.add_marker(pytest.mark.xdist_group(name="+".join(sorted(groups))))
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
 
 
 @pytest.hookimpl(hookwrapper=True)

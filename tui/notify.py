@@ -12,7 +12,9 @@ import subprocess
 import sys
 from typing import TextIO
 
-ENDED = frozenset({"completed", "failed", "stopped"})
+from runner.spec.status import TERMINAL
+
+ENDED = frozenset(TERMINAL)
 
 
 def message(run_id: int, name: str, status: str, error: str | None = None) -> tuple[str, str]:

@@ -305,7 +305,7 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
         measured_at = datetime.fromtimestamp(peak.measured_at, UTC).isoformat(timespec="seconds")
     mem, mem_source = mem_measured(run)
     est, est_source = estimated_memory(run, recipe, dims)
-    reason = run.error if run.status != "completed" else None
+    reason = (run.summary.ended or run.error) if run.status != "completed" else None  # a stop: its checkpoint
     return RunRow(
         run_id=run.id, name=run.name, strategy=run.strategy, method=run.method, devices=devices,
         device_type=run.device_type, micro_batch=micro, grad_accum=ga, global_batch=global_batch,

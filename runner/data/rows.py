@@ -67,11 +67,11 @@ def check_source(source: str, field: str = "data.source") -> None:
         return
     path = Path(source).expanduser()
     if path.is_dir():
-        raise DataError(f"data.source: {source}: is a folder, not a data file")
+        raise DataError(f"{field}: {source}: is a folder, not a data file")
     if not path.is_file():
-        raise DataError(f"data.source: file not found: {source}")
+        raise DataError(f"{field}: file not found: {source}")
     if path.suffix.lower() not in SUFFIXES:
-        raise DataError(f"data.source: {path.name}: unsupported format (use one of {', '.join(SUFFIXES)})")
+        raise DataError(f"{field}: {path.name}: unsupported format (use one of {', '.join(SUFFIXES)})")
 
 
 # ---------------------------------------------------------------------- reading rows

@@ -234,10 +234,10 @@ def stop_through_store(store: Store, run_id: int, kill: bool = False, wait: bool
         except slurm.SlurmError:
             pass  # not on a SLURM host: the store's request below still reaches the agents
         if run.status == "created" and not store_nodes.nodes(store, run_id):  # still queued: no agent to ask
-            store.update_run(run_id, status="stopped" if not kill else "failed", ended_at=utcnow(),
+            store.update_run(run_id, status="stopped" if not kill else "killed", ended_at=utcnow(),
                              error="killed by user" if kill else None,
                              summary={"stop": f"SLURM job {run.slurm_job_id} cancelled before it started"})
-            return "stopped" if not kill else "failed"
+            return "stopped" if not kill else "killed"
     store_nodes.post_stop(store, run_id, kill=kill, by=by or f"ftui stop on {socket.gethostname()}")
     if not wait:
         return run.status

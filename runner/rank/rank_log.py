@@ -6,6 +6,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import sys
+import threading
 from pathlib import Path
 
 from runner.spec import stacks
@@ -33,5 +34,5 @@ def dump_stacks_on_signal(run_dir: Path, rank: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     out = open(path, "w", encoding="utf-8")  # noqa: SIM115 (kept open for the process's life: faulthandler writes to it)
     faulthandler.register(stacks.DUMP_SIGNAL, file=out, all_threads=True, chain=False)
-    out.write(stacks.header(rank, os.getpid()))
+    out.write(stacks.header(rank, os.getpid(), threading.main_thread().ident or 0))
     out.flush()

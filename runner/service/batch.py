@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.spec.recipe import Recipe
+from runner.spec.status import ENDED_BY_USER
 from runner.spec.summary import trained_bytes
 from runner.watch.follow import execute
 from runner.watch.prepare import prepare
@@ -80,7 +81,7 @@ def find_batch_size(
         trials.append(trial)
         if on_trial is not None:
             on_trial(trial)
-        if trial.status == "stopped":
+        if trial.status in ENDED_BY_USER:
             break
         if trial.fits:
             good = b

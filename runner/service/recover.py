@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.spec import events as ev
+from runner.spec.run_record import from_epoch
 from runner.watch import journal, procs
 from runner.watch.crash import describe
 from runner.watch.detached import spawn_watcher
@@ -106,7 +107,8 @@ def recover_run(store: Store, run: Any, attach: bool = True, fake_gpus: int = 0)
         stream.flush()
         if exits:  # the watcher journaled the end and died before the store had it
             last = exits[-1]
-            outcome = project_end(store, stream, last["status"], last.get("exit_code"), last.get("error"))
+            outcome = project_end(store, stream, last["status"], last.get("exit_code"), last.get("error"),
+                                  ended_at=from_epoch(last["time"]))
             return Recovered(run.id, "finished", outcome.status, outcome.error or "")
         group = launched_group(launches[-1]) if launches else procs.group_of(run.pgid, run.pgid_started)
         if not launches and group is None:

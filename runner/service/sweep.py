@@ -24,9 +24,10 @@ from typing import Any
 from runner.service.launch import default_nproc
 from runner.spec import strategies as table
 from runner.spec.recipe import Recipe, RecipeError, dump_toml, load_recipe
+from runner.spec.status import ENDED_BY_USER
 from runner.watch.follow import Stop, WatchOptions, execute
 from runner.watch.preflight import check_inputs, preflight
-from runner.watch.prepare import prepare
+from runner.watch.prepare import prepare, record_summary
 from store import Store
 
 
@@ -159,7 +160,7 @@ def run_sweep(
         assert prepared.run_id is not None
         if warnings:  # e.g. "mp on a CPU-only machine: ... the single-process run"
             extra["sweep_note"] = "; ".join([item.note, *warnings])
-        store.update_run(prepared.run_id, summary=extra)
+        record_summary(store, prepared.run_id, prepared.run_dir, extra)  # the store and RUN/run.json
         if on_start:
             on_start(item, prepared.run_id)
         outcome = execute(store, prepared, options, on_event=on_event, stop=stop)
@@ -167,7 +168,7 @@ def run_sweep(
         results.append(result)
         if on_done:
             on_done(item, result)
-        if outcome.status == "stopped" or (stop is not None and stop.is_set()):
+        if outcome.status in ENDED_BY_USER or (stop is not None and stop.is_set()):
             break  # the user stopped the run (or killed it): the sweep ends with it
     return sweep_id, results
 

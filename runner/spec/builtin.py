@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 BUILTIN_PREFIX = "builtin:"
 TINY_LLAMA = "builtin:tiny-llama"
 PYDOC_CORPUS = "builtin:pydoc-topics"
+TINY_LLAMA_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+"""The linear layers of the builtin Llama by name: what ``method.lora.target_modules`` may name for it."""
 TOKENIZER_VOCAB = 4096
 
 # hidden 384, 6 layers, 6 heads (head dim 64), 2 kv heads: 12.6M parameters with a 4096 vocabulary.

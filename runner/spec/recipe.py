@@ -15,7 +15,15 @@ from collections.abc import Iterable, Set
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from runner.spec import layout, strategies, zero
 from runner.spec.builtin import BUILTIN_PREFIX, PYDOC_CORPUS, TINY_LLAMA
@@ -54,9 +62,33 @@ class _Section(BaseModel):
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
 
+NAME_MAX = 255
+"""Bytes in one name of a path (Linux's NAME_MAX); a longer one can never be opened."""
+PATH_MAX = 4096
+"""Bytes in a whole path, its end included (Linux's PATH_MAX)."""
+RUN_NAME_MAX = 200
+"""Characters of a run's name (``runs.name`` holds at most this many)."""
+
+
+def _path_text(value: str) -> str:
+    """A field that may name a file or folder: no NUL, and short enough for the system to open."""
+    if "\0" in value:
+        raise ValueError("a path cannot hold a NUL character")
+    size = len(value.encode())
+    if size >= PATH_MAX:
+        raise ValueError(f"too long for a path ({size} bytes; at most {PATH_MAX - 1})")
+    longest = max(len(part.encode()) for part in value.split("/"))
+    if longest > NAME_MAX:
+        raise ValueError(f"a name in the path is {longest} bytes long (at most {NAME_MAX})")
+    return value
+
+
+PathText = Annotated[str, AfterValidator(_path_text)]
+"""A recipe value that may name a local file or folder (:data:`PATH_FIELDS`)."""
+
 
 class ModelSection(_Section):
-    name: str = TINY_LLAMA
+    name: PathText = TINY_LLAMA
     """``builtin:tiny-llama``, a local folder, or a Hugging Face hub id."""
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """Dtype the weights are loaded in; ``auto`` follows train.precision for LoRA, fp32 for full."""
@@ -65,7 +97,7 @@ class ModelSection(_Section):
 
 
 class DataSection(_Section):
-    source: str = PYDOC_CORPUS
+    source: PathText = PYDOC_CORPUS
     """``builtin:pydoc-topics``, a local .jsonl/.json/.csv/.parquet/.txt file, a Hugging Face dataset
     folder (``save_to_disk``, or a local dataset folder) or a script-free hub id in the local cache
     (read offline; see ``split`` and ``subset``)."""
@@ -85,7 +117,7 @@ class DataSection(_Section):
     """The configuration (subset) of a hub dataset."""
     eval_fraction: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
     """Hold out this fraction of the rows (a seeded choice) as the eval set."""
-    eval_source: str | None = None
+    eval_source: PathText | None = None
     """A separate eval set (same kinds as ``source``); ``eval_split`` picks its split."""
     eval_split: str | None = None
     """The eval set is this split of ``eval_source`` (default: of ``source``)."""
@@ -104,7 +136,8 @@ class LoraSection(_Section):
     r: PositiveInt = 8
     alpha: PositiveInt = 16
     dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
-    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    target_modules: Annotated[list[str], Field(min_length=1)] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    """The model's modules (by name) that get LoRA adapters; the pre-flight checks the builtin model's."""
 
 
 class MethodSection(_Section):
@@ -137,7 +170,7 @@ class TrainSection(_Section):
     steps; 0 = none. A graceful stop (SIGTERM/SIGINT, ``s`` in the Monitor) always writes one."""
     keep_checkpoints: PositiveInt = 2
     """Keep only the newest this many complete checkpoints of the run."""
-    resume_from: str | None = None
+    resume_from: PathText | None = None
     """A checkpoint folder (``.../checkpoints/step-NNNNNNNN``, complete) to continue from: model or
     adapter, optimizer, scheduler, RNG and data position; the run goes on at the next step. Same world
     size and strategy as the checkpoint's. ``ftui resume ID`` fills it in."""
@@ -179,7 +212,7 @@ class LaunchSection(_Section):
     ``runner/spec/strategies.py`` says which engines each strategy takes."""
     offload: Literal["none", "optimizer", "optimizer+params"] = "none"
     """ZeRO only: keep the optimizer state (and fp32 master), or also the weights, in host memory."""
-    accelerate_config: str | None = None
+    accelerate_config: PathText | None = None
     """An accelerate config file to use as is, instead of the generated one."""
     peak_tflops: Annotated[float, Field(gt=0.0)] | None = None
     """Peak TFLOP/s of one device for MFU, instead of the datasheet table (GPU) or the measured matmul
@@ -197,7 +230,7 @@ class LaunchSection(_Section):
     """The main node's rendezvous port (``--main-port``; default 29500)."""
     rdzv_endpoint: str | None = None
     """``HOST:PORT`` of a c10d rendezvous (``--rdzv-endpoint``): node ranks assigned by arrival."""
-    script: str | None = None
+    script: PathText | None = None
     """Your own training script (accelerate, Hugging Face Trainer, TRL) to launch instead of ftui's
     trainer, with the accelerate config of ``strategy`` (:mod:`runner.spec.script`). The model, data and
     method sections are then optional: they only describe the run."""
@@ -236,7 +269,7 @@ class LaunchSection(_Section):
 class Recipe(_Section):
     """A whole recipe. Field docstrings are the reference for the TOML keys."""
 
-    name: str = "run"
+    name: Annotated[str, Field(max_length=RUN_NAME_MAX)] = "run"
     description: str = ""
     model: ModelSection = ModelSection()
     data: DataSection = DataSection()
@@ -425,7 +458,7 @@ def _first_error(exc: ValidationError, text: str, source: str, overridden: Set[s
         if sep and "." in field and " " not in field:
             path, msg = field, rest
     elif "input" in err and err["type"] not in ("missing",):
-        msg = f"{msg} (got {err['input']!r})"
+        msg = f"{msg} (got {_shown(err['input'])})"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     if path in overridden:  # the value came from the command line, not from the file's line
         return RecipeError(f"--set {path}: {msg}{more}", field=path, problem=msg + more, file="--set")
@@ -435,6 +468,12 @@ def _first_error(exc: ValidationError, text: str, source: str, overridden: Set[s
         return RecipeError(f"--set {made_by}: {path}: {msg}{more}", field=path, problem=msg + more, file="--set")
     where = f"{source}:{line}" if line else source
     return RecipeError(f"{where}: {path}: {msg}{more}", field=path, problem=msg + more, file=source, line=line)
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """A value as an error shows it: its repr, cut to ``limit`` characters with its full length said."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _find_line(text: str, path: str) -> int | None:

@@ -4,8 +4,9 @@ the one line that says where each rank is.
 Each rank registers :mod:`faulthandler` on :data:`DUMP_SIGNAL` as it starts (``runner.rank.rank_log``), so
 a signal makes the interpreter write the stacks of all its threads into ``RUN/stacks/rank{N}.txt`` from a
 C-level handler: it answers even inside a blocking gloo or NCCL call, where no Python code runs. The file
-begins with a header naming the rank's pid (:func:`header`), so that only a process that registered the
-handler is ever sent the signal (its default action ends a process); each dump is appended after it.
+begins with a header naming the rank's pid and its main thread (:func:`header`), so that only a process
+that registered the handler is ever sent the signal (its default action ends a process), and its main
+thread is known in every dump; each dump is appended after it.
 
 The watcher reads a dump back (:func:`parse_dump`) and names, per rank, the innermost frame of the main
 thread that is in ftui's or the user's code or in ``torch.distributed`` (:func:`where`):
@@ -27,7 +28,7 @@ STACKS_DIR = "stacks"
 DUMP_SIGNAL = signal.SIGUSR2
 """What asks a rank for its stacks (SIGUSR1 is the watcher's own kill request: never the same signal)."""
 
-_HEADER = re.compile(r"^ftui stacks: rank (?P<rank>\d+), pid (?P<pid>\d+)")
+_HEADER = re.compile(r"^ftui stacks: rank (?P<rank>\d+), pid (?P<pid>\d+), main thread (?P<main>0x[0-9a-f]+)")
 _THREAD = re.compile(r"^(?P<current>Current thread|Thread) (?P<ident>0x[0-9a-f]+) \(most recent call first\):")
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+|\?\?\?) in (?P<function>.*)$')
 
@@ -43,20 +44,28 @@ def stacks_file(run_dir: Path, rank: int) -> Path:
     return run_dir / STACKS_DIR / f"rank{rank}.txt"
 
 
-def header(rank: int, pid: int) -> str:
-    """The first line of a rank's stacks file: which process answers :data:`DUMP_SIGNAL`."""
-    return f"ftui stacks: rank {rank}, pid {pid} (faulthandler on {DUMP_SIGNAL.name}; each dump follows)\n"
+def thread_ident(ident: int) -> str:
+    """A thread's identifier as faulthandler writes it (``0x00007f...``: 16 hex digits)."""
+    return f"0x{ident:016x}"
 
 
-def registered_pid(path: Path) -> int | None:
-    """The pid named in a stacks file's header (the process that registered the handler), or None."""
+def header(rank: int, pid: int, main_thread: int) -> str:
+    """The first line of a rank's stacks file: which process answers :data:`DUMP_SIGNAL`, and which of its
+    threads is the main one (``threading.main_thread().ident``)."""
+    return (f"ftui stacks: rank {rank}, pid {pid}, main thread {thread_ident(main_thread)} "
+            f"(faulthandler on {DUMP_SIGNAL.name}; each dump follows)\n")
+
+
+def registered(path: Path) -> tuple[int, str] | None:
+    """The pid and main thread named in a stacks file's header (the process that registered the
+    handler), or None."""
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
             first = fh.readline()
     except OSError:
         return None
     match = _HEADER.match(first)
-    return int(match["pid"]) if match else None
+    return (int(match["pid"]), match["main"]) if match else None
 
 
 @dataclass(frozen=True)
@@ -107,9 +116,11 @@ def parse_dump(text: str) -> list[Thread]:
     return threads
 
 
-def main_thread(threads: list[Thread]) -> Thread | None:
-    """The main thread of a dump (the one not started by ``threading``; a dump cut short: the last one)."""
-    return next((t for t in threads if t.is_main), threads[-1] if threads else None)
+def main_thread(threads: list[Thread], ident: str | None = None) -> Thread | None:
+    """The main thread of a dump: the thread ``ident`` names (the header's), else the one not started by
+    ``threading`` (a dump cut short: the last one)."""
+    named = next((t for t in threads if t.ident == ident), None)
+    return named or next((t for t in threads if t.is_main), threads[-1] if threads else None)
 
 
 def is_ours(file: str) -> bool:
@@ -148,9 +159,10 @@ def where(thread: Thread) -> str:
     return f"{named.function} ({short_path(at.file)}:{at.line if at.line is not None else '?'})"
 
 
-def rank_where(text: str) -> str | None:
-    """Where the main thread of one dump is (:func:`where`), or None when the text holds no thread."""
-    thread = main_thread(parse_dump(text))
+def rank_where(text: str, main: str | None = None) -> str | None:
+    """Where the main thread (``main``: its identifier) of one dump is (:func:`where`), or None when the
+    text holds no thread."""
+    thread = main_thread(parse_dump(text), main)
     return where(thread) if thread is not None else None
 
 

@@ -266,6 +266,9 @@ class RunSummary:
     """How a stop was carried out (``ftui stop``, a cancelled SLURM job)."""
     stacks: StacksReport | None = None
     """Where every rank was when the watcher last asked for their stacks (a hang, a collective timeout)."""
+    ended: str | None = None
+    """A stopped or killed run: the step it ended at and the checkpoint it can resume from, or "no
+    checkpoint" (:func:`runner.spec.status.ended_words`)."""
     # from the trainer's end event, at the end
     train_seconds: float | None = None
     tokens_per_s: float | None = None

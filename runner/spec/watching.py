@@ -10,5 +10,9 @@ HANG_AFTER_S = 300.0
 """A hang is flagged when the run made no progress for this long (no event from the trainer, every rank
 and GPU idle), and the run is stopped when it is still hung this long after the flag."""
 
+WATCHER_CHECK_S = 5.0
+"""How often an open dashboard checks that each run it shows running on this host still has a watcher
+(:func:`runner.service.recover.recover_all`): a run whose watcher died shows ``running`` no longer than this."""
+
 GRACE_S = 30.0
 """Seconds the ranks get to finish their step, save and exit before SIGKILL."""

@@ -109,8 +109,23 @@ def memory_was_short(rank: int, recent: list[Any]) -> bool:
     return bool(used and used >= 0.9 * total)
 
 
+def solo_failure(vanished: list[tuple[int, int]] | None, launcher: tuple[int, int | None] | None) -> RankFailure | None:
+    """A rank that ran inside the launcher's own interpreter (one process: ``runner.rank.solo_launch``) and
+    died of a signal: the launcher's exit code is the rank's, and no torch elastic report names it.
+
+    Args:
+        vanished: ``(rank, pid)`` the watcher saw disappear.
+        launcher: ``(pid, exit code)`` of the launcher, when known.
+    """
+    pid, code = launcher if launcher is not None else (0, None)
+    if not vanished or code is None or code >= 0:
+        return None
+    rank = next((r for r, p in vanished if p == pid), None)
+    return RankFailure(rank, code, pid, True) if rank is not None else None
+
+
 def describe(run_dir: Path, vanished: list[tuple[int, int]] | None = None, recent: list[Any] | None = None,
-             trainer_error: str | None = None) -> str | None:
+             trainer_error: str | None = None, launcher: tuple[int, int | None] | None = None) -> str | None:
     """The one-line reason a run failed, from what the launcher, the ranks and their logs say.
 
     Args:
@@ -118,11 +133,13 @@ def describe(run_dir: Path, vanished: list[tuple[int, int]] | None = None, recen
         vanished: ``(rank, pid)`` in the order the watcher saw them disappear.
         recent: recent telemetry samples (for the OOM-killer note).
         trainer_error: the message of the trainer's ``error`` event, if any.
+        launcher: ``(pid, exit code)`` of the launcher, when known (a one-process rank's signal).
 
     Returns:
         e.g. ``"rank 1 (pid 1234) was killed by SIGKILL"``, or None when nothing is known.
     """
-    failures = launcher_failures(run_dir)
+    solo = solo_failure(vanished, launcher)
+    failures = [solo] if solo is not None else launcher_failures(run_dir)
     # A rank SIGKILLed from outside (kill -9, the OOM killer) is the cause even when the launcher observed a
     # peer first: that peer failed on the closed connection (gloo, NCCL) in the same instant.
     killed = [f for f in failures if f.exit_code == -signal.SIGKILL]

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from runner.analysis import cpu_peak
 from runner.analysis.utilisation import summarise
+from runner.spec import checkpoint as ckpt
 from runner.spec import events as ev
+from runner.spec.run_record import from_epoch
+from runner.spec.status import ENDED_BY_USER, ended_words
 from runner.spec.summary import busiest_peak
 from runner.watch.crash import describe
 from runner.watch.stream import Recorder, RunStream, quietly
@@ -43,6 +47,10 @@ class Ending:
     vanished: list[tuple[int, int]] | None = None
     recent: list[Any] | None = None
     """The last telemetry readings (which rank was killed, by what)."""
+    launcher_pid: int | None = None
+    """The launcher's pid (one process: the rank's too), to name the signal that ended it."""
+    sigkilled: str | None = None
+    """Why a stop SIGKILLed processes of the run, when it did (a second Ctrl-C, the grace ran out)."""
 
 
 def end_status(stream: RunStream, ending: Ending) -> tuple[str, str | None]:
@@ -53,7 +61,10 @@ def end_status(stream: RunStream, ending: Ending) -> tuple[str, str | None]:
     if ending.forced_error is not None:
         return "failed", ending.forced_error
     if ending.killed_by_user:
-        return "failed", "killed by user"
+        return "killed", "killed by user"
+    if ending.stopped_by_user and ended is None and ending.sigkilled is not None:
+        # the ranks never journaled their end: whatever they were saving was cut off
+        return "killed", f"stopped, but SIGKILLed before the ranks ended ({ending.sigkilled})"
     if ending.stopped_by_user or ended == "stopped":
         return "stopped", None
     exit_code = ending.exit_code
@@ -62,7 +73,8 @@ def end_status(stream: RunStream, ending: Ending) -> tuple[str, str | None]:
         # (a node without rank 0 has no trainer journal: its launcher's exit code says how it ended)
         return "completed", None
     run_dir = stream.prepared.run_dir
-    error = (describe(run_dir, ending.vanished, ending.recent, stream.error)
+    launcher = (ending.launcher_pid, exit_code) if ending.launcher_pid is not None else None
+    error = (describe(run_dir, ending.vanished, ending.recent, stream.error, launcher)
              or stream.error or error_from_logs(run_dir)
              or (f"launcher exited with code {exit_code}" if exit_code is not None else
                  f"watcher and ranks gone; last step {stream.last_step or 0}"))
@@ -74,11 +86,11 @@ def finish(store: Store, stream: RunStream, ending: Ending, recorder: Recorder |
     reads the status from there), then the store."""
     status, error = end_status(stream, ending)
     exit_code = ending.exit_code
-    if recorder is not None:
-        quietly(recorder.emit, "exit", exit_code=exit_code, status=status, error=error)
+    record = quietly(recorder.emit, "exit", exit_code=exit_code, status=status, error=error) if recorder else None
+    ended = from_epoch(record["time"]) if record is not None else None  # the journal's time, as a rebuild reads it
     node = stream.prepared.node
     if node is None:
-        return project_end(store, stream, status, exit_code, error)
+        return project_end(store, stream, status, exit_code, error, ended_at=ended)
     # One machine of several (runner/nodes/agent.py): the node with the trainer's journal writes the figures;
     # the run's status is settled from every node's row once they all ended.
     outcome = (project_end(store, stream, status, exit_code, error, final=False) if stream.start is not None
@@ -90,9 +102,10 @@ def finish(store: Store, stream: RunStream, ending: Ending, recorder: Recorder |
 
 
 def project_end(store: Store, stream: RunStream, status: str, exit_code: int | None, error: str | None,
-                final: bool = True) -> Outcome:
+                final: bool = True, ended_at: datetime | None = None) -> Outcome:
     """Write the end of a run (status, reason, figures of the end event, telemetry summary) to the store;
-    ``final=False``: the figures only (one node of several: the run's status is settled from all)."""
+    ``final=False``: the figures only (one node of several: the run's status is settled from all).
+    ``ended_at``: the time of the journal's ``exit`` event (default now)."""
     end = stream.end
     summary: dict[str, Any] = {}
     columns: dict[str, Any] = {}
@@ -125,10 +138,20 @@ def project_end(store: Store, stream: RunStream, status: str, exit_code: int | N
         columns["mean_util"] = overall.get("util_mean")
     if status == "completed":  # after the run, never during it: the peak its MFU is measured against
         summary["mfu_peak"] = mfu_peak(stream, telemetry)
+    if status in ENDED_BY_USER:
+        summary["ended"] = quietly(ended_line, stream, status)
     if final:
-        columns |= {"status": status, "ended_at": utcnow(), "exit_code": exit_code, "error": error}
+        columns |= {"status": status, "ended_at": ended_at or utcnow(), "exit_code": exit_code, "error": error}
     store.update_run(stream.run_id, summary=summary, **columns)
     return Outcome(run_id=stream.run_id, status=status, exit_code=exit_code, error=error, summary=summary)
+
+
+def ended_line(stream: RunStream, status: str) -> str:
+    """What a stopped or killed run left (:func:`runner.spec.status.ended_words`): its last step and the
+    newest checkpoint on disk that is complete (its manifest checked), the one a resume would take."""
+    newest = ckpt.latest_complete(stream.prepared.run_dir)
+    return ended_words(status, stream.last_step, ckpt.step_of(newest) if newest is not None else None,
+                       str(newest) if newest is not None else None)
 
 
 def mfu_peak(stream: RunStream, telemetry: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -21,11 +21,12 @@ from pathlib import Path
 from runner.hardware import Probe
 from runner.spec import events as ev
 from runner.spec import watching
+from runner.spec.run_record import from_epoch
 from runner.watch import procs
 from runner.watch.crash import RankWatch, collective_timeout, describe
 from runner.watch.finish import Ending, Outcome, finish
 from runner.watch.host import probe_for
-from runner.watch.identity import record_watcher
+from runner.watch.identity import record_watcher, watcher_identity
 from runner.watch.journal import WatcherLock
 from runner.watch.preflight import PreflightError
 from runner.watch.prepare import Prepared
@@ -33,7 +34,6 @@ from runner.watch.sampling import HANG_CHECK_S, RunTelemetry
 from runner.watch.stacks import STACKS_WAIT_S, StackReport
 from runner.watch.stream import EventCallback, Recorder, RunStream, quietly
 from store import Store
-from store.store import utcnow
 
 FAULT_GRACE_S = 60.0
 """A rank that vanished with no step and no end event since, while the launcher lives on: the group
@@ -155,8 +155,9 @@ def execute(store: Store, prepared: Prepared, options: WatchOptions | None = Non
         on_event: called with every journal event as it arrives (progress bars), and with the
             watcher's own ``hang`` and ``rank_exit`` events.
         stop: set it (or :meth:`runner.watch.procs.StopRequest.request`) to stop the run gracefully: what
-            Ctrl-C, SIGTERM and SIGHUP do for ``ftui run``. A second request kills what is left at
-            once; a kill request records ``failed`` ("killed by user").
+            Ctrl-C, SIGTERM and SIGHUP do for ``ftui run``. A repeated graceful request joins the
+            stop in flight (a second Ctrl-C cuts its grace short); a kill request SIGKILLs at once and
+            records ``killed``.
 
     Returns:
         The outcome; the run's row holds the same status, exit code, error and summary.
@@ -177,9 +178,12 @@ def execute(store: Store, prepared: Prepared, options: WatchOptions | None = Non
     # yet, so its pid is still its own: the start time read now is the launcher's.
     group = procs.Group(proc.pid, procs.started_at(proc.pid))
     launched = (options or WatchOptions()).clock()
-    recorder.emit("launch", argv=prepared.spec.argv, pgid=group.pgid, pgid_started=group.started,
-                  watcher_pid=os.getpid())
-    record_watcher(store, run_id, status="running", started_at=utcnow(), pgid=group.pgid, pgid_started=group.started)
+    watcher = watcher_identity()["summary"]
+    record = recorder.emit("launch", argv=prepared.spec.argv, pgid=group.pgid, pgid_started=group.started,
+                           watcher_pid=os.getpid(), watcher_started=watcher["orchestrator_create_time"],
+                           watcher_host=watcher["orchestrator_host"])
+    record_watcher(store, run_id, status="running", started_at=from_epoch(record["time"]), pgid=group.pgid,
+                   pgid_started=group.started)
     return follow(store, prepared, Launcher(group, prepared.run_dir, proc), recorder, lock, options,
                   on_event=on_event, stop=stop, launched=launched)
 
@@ -197,7 +201,9 @@ def attach(store: Store, prepared: Prepared, group: procs.Group, options: WatchO
     if not lock.acquire():
         raise PreflightError(f"run {prepared.run_id}: another process watches {prepared.run_dir}")
     recorder = Recorder(store, prepared.run_id, prepared.run_dir)
-    recorder.emit("attach", pgid=group.pgid, watcher_pid=os.getpid())
+    watcher = watcher_identity()["summary"]
+    recorder.emit("attach", pgid=group.pgid, watcher_pid=os.getpid(), watcher_started=watcher["orchestrator_create_time"],
+                  watcher_host=watcher["orchestrator_host"])
     record_watcher(store, prepared.run_id)
     return follow(store, prepared, Launcher(group, prepared.run_dir), recorder, lock, options, stop=stop,
                   launched=(options or WatchOptions()).clock())
@@ -318,12 +324,22 @@ class _Watch:
         request = self.request
         ending = Ending(exit_code, stopped_by_user=request.is_set() and not request.kill,
                         killed_by_user=request.kill, forced_error=self.forced_error, vanished=self.ranks.vanished,
-                        recent=list(self.telemetry.recent) if self.telemetry is not None else [])
+                        recent=list(self.telemetry.recent) if self.telemetry is not None else [],
+                        launcher_pid=self.launcher.group.pgid, sigkilled=self.sigkilled_because(report))
         outcome = finish(store, self.stream, ending, self.recorder)
         if report is not None:
             outcome.stop_report = report.describe()
             quietly(store.update_run, self.stream.run_id, summary={"stop": outcome.stop_report})
         return outcome
+
+
+    def sigkilled_because(self, report: procs.StopReport | None) -> str | None:
+        """Why the stop SIGKILLed processes of the run; None when it SIGKILLed none."""
+        if report is None or not report.killed:
+            return None
+        if self.request.now.is_set():
+            return "a second Ctrl-C cut the grace period short"
+        return f"the grace period of {self.options.grace_s:g} s ran out"
 
 
 def follow(store: Store, prepared: Prepared, launcher: Launcher, recorder: Recorder, lock: WatcherLock,
@@ -345,7 +361,7 @@ def follow(store: Store, prepared: Prepared, launcher: Launcher, recorder: Recor
                     break
                 time.sleep(options.poll_s)
             except KeyboardInterrupt:  # a caller without handlers (procs.StopRequest.install) in the main thread
-                watch.request.request()
+                watch.request.request(again_escalates=True)
     except BaseException as exc:  # noqa: BLE001 (any fault of the watcher: reap and record it below)
         watch.fault(exc)
     finally:

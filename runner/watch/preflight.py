@@ -12,18 +12,20 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from runner.data.cache import source_digest
 from runner.data.check import check_data
 from runner.data.prepare import prefill
 from runner.data.rows import DataError, check_source
 from runner.hardware import check_gpus_free, visible_mapping
 from runner.planner import DEFAULT_RESERVE, parse_bytes
 from runner.spec import strategies, zero
+from runner.spec.builtin import BUILTIN_PREFIX, TINY_LLAMA_LINEAR
 from runner.spec.checkpoint import CheckpointError, check_resume
 from runner.spec.paths import FolderError, check_runs_dir
 from runner.spec.recipe import Recipe, RecipeError
 from runner.spec.script import check_script
 from runner.watch.estimate import estimate_summary
-from runner.watch.host import probe_for, runs_on_cpu
+from runner.watch.host import cuda_device_count, hub_model_problem, probe_for, runs_on_cpu
 
 
 class PreflightError(RecipeError):
@@ -34,12 +36,13 @@ class InputError(RecipeError):
     """A recipe's data or folders are unusable; one line naming the field or file."""
 
 
-def launch_checks(recipe: Recipe, fake_gpus: int = 0) -> list[str]:
+def launch_checks(recipe: Recipe, fake_gpus: int = 0, allow_data_change: bool = False) -> list[str]:
     """Check a recipe before launch.
 
     Args:
         recipe: the validated recipe.
         fake_gpus: scripted GPUs of the demo mode (0: the real NVML).
+        allow_data_change: resume from a checkpoint although its data source changed since.
 
     Returns:
         Warnings, one line each (empty when nothing is worth saying).
@@ -48,12 +51,13 @@ def launch_checks(recipe: Recipe, fake_gpus: int = 0) -> list[str]:
         PreflightError: the run cannot start (a RecipeError naming the field).
         InputError: its data or folders are unusable.
     """
-    warnings = preflight(recipe)
+    warnings = preflight(recipe, allow_data_change)
     return warnings + input_warnings(recipe) + gpu_warnings(recipe, fake_gpus)
 
 
-def preflight(recipe: Recipe) -> list[str]:
-    """Check what can be checked before launch; raise :class:`PreflightError`, return warnings."""
+def preflight(recipe: Recipe, allow_data_change: bool = False) -> list[str]:
+    """Check what can be checked before launch; raise :class:`PreflightError`, return warnings.
+    ``allow_data_change``: a checkpoint to resume from may have been taken on other data."""
     if recipe.launch.script is not None:  # a script run: the script owns its model and data
         return _script_preflight(recipe)
     warnings: list[str] = []
@@ -62,14 +66,11 @@ def preflight(recipe: Recipe) -> list[str]:
         check_source(recipe.data.source)
     except DataError as exc:
         raise PreflightError(str(exc)) from None
-    name = recipe.model.name
-    if not name.startswith("builtin:") and (name.startswith(("/", ".", "~")) or os.sep in name and Path(name).exists()):
-        folder = Path(name).expanduser()
-        if not (folder / "config.json").is_file():
-            raise PreflightError(f"model.name: {name}: not a model folder (no config.json)")
+    _check_model(recipe)
     config = recipe.launch.accelerate_config
     if config is not None and not Path(config).expanduser().is_file():
         raise PreflightError(f"launch.accelerate_config: {config}: no such file")
+    _check_device(recipe)
     on_cpu = runs_on_cpu(recipe)
     if recipe.method.type == "qlora" and on_cpu:
         raise PreflightError("method.type: qlora needs a CUDA GPU (bitsandbytes 4-bit); none is visible here")
@@ -85,17 +86,50 @@ def preflight(recipe: Recipe) -> list[str]:
     if on_cpu and strategy.layer_split and recipe.launch.nproc == 1:
         warnings.append("mp on a CPU-only machine: one device, so this is the single-process run")
     if recipe.train.resume_from is not None:
-        _check_resume(recipe)
+        _check_resume(recipe, allow_data_change)
     return warnings
 
 
-def _check_resume(recipe: Recipe) -> None:
-    """The checkpoint of ``train.resume_from`` fits this run and leaves steps to train."""
+def _check_device(recipe: Recipe) -> None:
+    """``launch.device = "cuda"`` needs a CUDA GPU here (without one the ranks would train on the CPU)."""
+    if recipe.launch.device == "cuda" and cuda_device_count() == 0:
+        raise PreflightError('launch.device: "cuda" but no CUDA GPU is visible here (use "auto" or "cpu")',
+                             field="launch.device", problem='"cuda" but no CUDA GPU is visible here')
+
+
+def _check_model(recipe: Recipe) -> None:
+    """The model is there to load: the builtin one, a model folder, or a hub id in the Hugging Face cache or
+    on a reachable hub; and the builtin model has the LoRA target modules named."""
+    name = recipe.model.name
+    if name.startswith(BUILTIN_PREFIX):
+        unknown = sorted(set(recipe.method.lora.target_modules) - set(TINY_LLAMA_LINEAR))
+        if recipe.method.type != "full" and unknown:
+            raise PreflightError(f"method.lora.target_modules: {name} has no module {unknown[0]!r} "
+                                 f"(its linear layers: {', '.join(TINY_LLAMA_LINEAR)})")
+        return
+    if name.startswith(("/", ".", "~")) or os.sep in name and Path(name).exists():
+        if not (Path(name).expanduser() / "config.json").is_file():
+            raise PreflightError(f"model.name: {name}: not a model folder (no config.json)")
+        return
+    problem = hub_model_problem(name, recipe.model.revision)
+    if problem:
+        raise PreflightError(f"model.name: {name}: {problem}")
+
+
+def _check_resume(recipe: Recipe, allow_data_change: bool) -> None:
+    """The checkpoint of ``train.resume_from`` is whole (every file's hash), fits this run, was taken on
+    the same data (unless ``allow_data_change``) and leaves steps to train."""
     assert recipe.train.resume_from is not None
     try:
-        step = check_resume(recipe.train.resume_from, recipe.launch.nproc, recipe.launch.strategy)["step"]
+        manifest = check_resume(recipe.train.resume_from, recipe.launch.nproc, recipe.launch.strategy)
     except CheckpointError as exc:
         raise PreflightError(str(exc)) from None
+    step = manifest["step"]
+    saved = (manifest.get("data") or {}).get("fingerprint")
+    if saved is not None and not allow_data_change and source_digest(recipe.data.source) != saved:
+        raise PreflightError(f"train.resume_from: data.source {recipe.data.source} changed since the checkpoint "
+                             "was taken (its content differs); resume with --allow-data-change to go on with the "
+                             "new data")
     if recipe.train.max_steps and step >= recipe.train.max_steps:
         raise PreflightError(f"train.resume_from: the checkpoint is at step {step} and train.max_steps is "
                              f"{recipe.train.max_steps}: nothing left to train")
@@ -104,6 +138,7 @@ def _check_resume(recipe: Recipe) -> None:
 def _script_preflight(recipe: Recipe) -> list[str]:
     """:func:`preflight` of a script run (``runner.spec.script``): the script file, run folders, processes."""
     check_script(recipe)
+    _check_device(recipe)
     try:
         check_runs_dir()
     except FolderError as exc:

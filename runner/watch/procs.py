@@ -21,7 +21,8 @@ its command line or in its environment. What cannot be proven the run's is neith
 A graceful stop sends SIGTERM to the ranks only (the trainer's stop flag: every rank leaves the loop
 after the same step, saves and journals its ``end``); the launcher then exits on its own. It waits for
 the ranks, not for the launcher, up to a grace period, then SIGKILLs whatever of the run is left and
-checks that nothing is. A second request during the grace period kills at once.
+checks that nothing is. A kill request during the grace period kills at once; a repeated graceful
+one joins the stop in flight (:class:`StopRequest`).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 stop/scheduler pre-emption, a closed terminal or ssh session."""
 
 KILL_SIGNAL = signal.SIGUSR1
-"""Sent by ``ftui stop --kill`` to a run's watcher: kill every process now, record ``failed``."""
+"""Sent by ``ftui stop --kill`` to a run's watcher: kill every process now, record ``killed``."""
 
 
 # ---------------------------------------------------------------------- spawning
@@ -383,27 +384,32 @@ def gpu_check(pids: list[int]) -> str:
 
 
 class StopRequest:
-    """What a run's watcher was asked: stop gracefully (first SIGINT/SIGTERM/SIGHUP), stop now (a
-    second one: the grace period is cut short, the status is still ``stopped``), or kill
-    (SIGUSR1 from ``ftui stop --kill``: status ``failed``, "killed by user")."""
+    """What a run's watcher was asked: stop gracefully (SIGTERM, SIGHUP, a first Ctrl-C), stop now (a
+    second Ctrl-C: the grace period is cut short), or kill (SIGUSR1 from ``ftui stop --kill`` or the
+    dashboard's kill: SIGKILL at once).
+
+    A graceful request repeated (a second ``ftui stop``, the dashboard's stop confirmed twice, a
+    scheduler's SIGTERM after ours) joins the stop in flight: it never shortens the grace, so the ranks
+    finish their save. Only a kill, or a second Ctrl-C in the watcher's own terminal, escalates."""
 
     def __init__(self, stop: threading.Event | None = None) -> None:
         self.stop = stop or threading.Event()
         """Set on the first request: stop gracefully."""
         self.now = threading.Event()
-        """Set on a second request, or a kill: SIGKILL what is left at once."""
+        """Set on a kill, or a second Ctrl-C: SIGKILL what is left at once."""
         self.kill = False
-        """A kill was asked for (status ``failed``, "killed by user")."""
+        """A kill was asked for (status ``killed``, "killed by user")."""
 
     def is_set(self) -> bool:
         return self.stop.is_set()
 
-    def request(self, kill: bool = False) -> None:
-        """Ask for a stop (a second call escalates to a kill of what is left)."""
+    def request(self, kill: bool = False, again_escalates: bool = False) -> None:
+        """Ask for a stop. ``kill``: SIGKILL at once. ``again_escalates`` (Ctrl-C): when a stop is
+        already in flight, cut its grace short; any other repeated request changes nothing."""
         if kill:
             self.kill = True
             self.now.set()
-        elif self.stop.is_set():
+        elif again_escalates and self.stop.is_set():
             self.now.set()
         self.stop.set()
 
@@ -413,6 +419,7 @@ class StopRequest:
         previous = {sig: signal.getsignal(sig) for sig in (*STOP_SIGNALS, KILL_SIGNAL)}
         for sig in STOP_SIGNALS:
             signal.signal(sig, lambda *_: self.request())
+        signal.signal(signal.SIGINT, lambda *_: self.request(again_escalates=True))  # Ctrl-C twice: now
         signal.signal(KILL_SIGNAL, lambda *_: self.request(kill=True))
 
         def restore() -> None:

@@ -48,6 +48,8 @@ class StackCapture:
         """Every rank alive when asked (those that could not be asked too)."""
         self.asked: dict[int, int] = {}
         """Rank -> the size of its stacks file when it was asked: its answer is what follows."""
+        self.main: dict[int, str] = {}
+        """Rank -> its main thread's identifier (the header's)."""
         self.seen: dict[int, int] = {}
         self.asked_at = clock()
 
@@ -58,11 +60,12 @@ class StackCapture:
                 continue
             self.known.add(rank)
             path = stacks.stacks_file(self.run_dir, rank)
-            if stacks.registered_pid(path) != pid:
+            header = stacks.registered(path)
+            if header is None or header[0] != pid:
                 continue  # not registered (yet, or a script launched without ftui's rank start-up)
             offset = _size(path)
             if procs.signal_pids([pid], stacks.DUMP_SIGNAL):
-                self.asked[rank] = offset
+                self.asked[rank], self.main[rank] = offset, header[1]
                 self.seen.pop(rank, None)
         self.asked_at = self.clock()
 
@@ -93,7 +96,7 @@ class StackCapture:
     def result(self) -> dict[str, Any]:
         """The payload of the ``stacks`` event: ``cause``, ``ranks`` (rank -> where, None: no answer),
         ``summary`` (one line) and ``folder`` (where the full dumps stay)."""
-        where = {rank: stacks.rank_where(self.answer(rank)) if rank in self.asked else None
+        where = {rank: stacks.rank_where(self.answer(rank), self.main.get(rank)) if rank in self.asked else None
                  for rank in sorted(self.known)}
         return {"cause": self.cause, "ranks": {str(rank): place for rank, place in where.items()},
                 "summary": stacks.summary(where), "folder": str(self.run_dir / stacks.STACKS_DIR)}

@@ -194,7 +194,13 @@ def test_resume_from_a_bad_checkpoint_is_one_line_and_exit_2(ftui: Ftui, matrix:
     cut = tmp_path / "step-00000003"
     shutil.copytree(good, cut)
     (cut / "random_states_1.pkl").unlink()
+    zeroed = tmp_path / "zeroed" / "step-00000003"  # a real save's shard zeroed at its size: only its hash tells
+    shutil.copytree(good, zeroed)
+    shard = zeroed / "pytorch_model_fsdp_0" / "__0_0.distcp"
+    shard.write_bytes(bytes(shard.stat().st_size))
     cases = [
+        (["--set", f"train.resume_from={json.dumps(str(zeroed))}"],
+         "damaged checkpoint (pytorch_model_fsdp_0/__0_0.distcp's content is not what was written"),
         (["--set", f"train.resume_from={json.dumps(str(tmp_path / 'none'))}"], "no such checkpoint folder"),
         (["--set", f"train.resume_from={json.dumps(str(cut))}"], "random_states_1.pkl is missing"),
         (["--strategy", "single", "--nproc", "1", "--set", f"train.resume_from={json.dumps(str(good))}"],

@@ -70,7 +70,7 @@ def test_only_ranks_that_registered_are_asked_and_each_answer_is_read(tmp_path: 
              for rank, mode in ((0, "register"), (1, "plain"))]
     try:
         deadline = time.monotonic() + 60
-        while len(list((tmp_path / "ranks").glob("*.pid"))) < 2 or stacks.registered_pid(
+        while len(list((tmp_path / "ranks").glob("*.pid"))) < 2 or stacks.registered(
                 stacks.stacks_file(tmp_path, 0)) is None:  # both started (a file each proves it)
             assert time.monotonic() < deadline, "the processes did not start"
             time.sleep(0.05)

@@ -35,11 +35,12 @@ class Background:
     """``ftui run --script scripted_rank.py`` started in the background, and its run (found through
     ``ftui runs``)."""
 
-    def __init__(self, ftui: Ftui, name: str, *flags: str) -> None:
+    def __init__(self, ftui: Ftui, name: str, *flags: str, script_args: tuple[str, ...] = ()) -> None:
         self.ftui = ftui
         self.name = name
         self.proc = subprocess.Popen([sys.executable, "-m", "tui.cli", "run", "--script", str(SCRIPT), *flags,
-                                      "--name", name, "--sample-interval", "0"],
+                                      "--name", name, "--sample-interval", "0",
+                                      *(["--", *script_args] if script_args else [])],
                                      env=ftui.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
         self.store = Store(ftui.db)
@@ -101,8 +102,8 @@ def background(ftui: Ftui):  # type: ignore[no-untyped-def]
     """Start runs with ``background(name, *flags)``; whatever is left of them is killed afterwards."""
     started: list[Background] = []
 
-    def start(name: str, *flags: str) -> Background:
-        started.append(Background(ftui, name, *flags))
+    def start(name: str, *flags: str, script_args: tuple[str, ...] = ()) -> Background:
+        started.append(Background(ftui, name, *flags, script_args=script_args))
         return started[-1]
 
     yield start
@@ -198,7 +199,7 @@ def test_hung_rank_is_killed_after_the_grace_period(background) -> None:  # type
 
 def test_second_ctrl_c_kills_at_once_and_records_the_status(background) -> None:  # type: ignore[no-untyped-def]
     """A second Ctrl-C cuts a long grace period short (600 s: the run could not end otherwise within
-    ``finish``'s timeout); the run is still recorded."""
+    ``finish``'s timeout); the run is recorded as what happened: killed before its ranks ended."""
     bg = background("stop-twice", *DDP, "--grace", "600")
     bg.wait_for_steps(ranks=2)
     psutil.Process(bg.pids()[0]).suspend()  # keeps the run from ending on its own within the grace period
@@ -208,7 +209,9 @@ def test_second_ctrl_c_kills_at_once_and_records_the_status(background) -> None:
     code, out = bg.finish(timeout=120)
     assert code == 130, out[-3000:]
     run = bg.show()
-    assert run["status"] == "stopped"
+    assert (run["status"], run["error"]) == (
+        "killed", "stopped, but SIGKILLed before the ranks ended (a second Ctrl-C cut the grace period short)"), run
+    assert run["summary"]["ended"].endswith("; no checkpoint"), run["summary"]
     assert "SIGKILLed" in run["summary"]["stop"] and "no process of the run left" in run["summary"]["stop"]
     assert_all_gone(bg)
 
@@ -230,9 +233,73 @@ def test_ftui_stop_from_another_process(ftui: Ftui, background) -> None:  # type
     assert (again.returncode, again.stderr.strip()) == (2, f"ftui: run {bg.run_id}: not running (status stopped)")
 
 
+def test_a_second_ftui_stop_waits_for_the_save_in_flight(ftui: Ftui, background, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A second ``ftui stop`` while the first one's ranks are saving (the dashboard's stop confirmed twice
+    does the same) joins that stop: nothing is SIGKILLed, the ranks journal their end, and both commands
+    say what the watcher recorded. The ranks' save lasts until the test releases it, after the second
+    command has said what it decided."""
+    release = tmp_path / "release"
+    bg = background("stop-twice-cmd", *DDP, "--grace", "120", script_args=("--save-until", str(release)))
+    bg.wait_for_steps(ranks=2)
+    assert bg.run_id is not None
+    command = [sys.executable, "-m", "tui.cli", "stop", str(bg.run_id)]
+    said = [tmp_path / "first.txt", tmp_path / "second.txt"]
+    outs = [path.open("w") for path in said]
+    first = subprocess.Popen(command, env=ftui.env, cwd=ROOT, stdout=outs[0], stderr=subprocess.STDOUT, text=True)
+    second = None
+    try:
+        wait_for(lambda: release.with_name("release.saving").exists(), 60)  # the watcher took it: rank 0 saves
+        second = subprocess.Popen(command, env=ftui.env, cwd=ROOT, stdout=outs[1], stderr=subprocess.STDOUT,
+                                  text=True)
+        wait_for(lambda: "waiting for it to record the end" in said[1].read_text() or second.poll() is not None, 60)
+        release.touch()
+        first.wait(timeout=300)
+        second.wait(timeout=300)
+    finally:
+        for proc in (first, second):
+            if proc is not None:
+                proc.kill()
+        for out in outs:
+            out.close()
+    out_first, out_second = (path.read_text() for path in said)
+    for code, out in ((first.returncode, out_first), (second.returncode, out_second)):
+        assert code == 0, out
+        assert f"run {bg.run_id}: stopped" in out and "it recorded stopped" in " ".join(out.split()), out
+    assert "already in flight with its watcher" in " ".join(out_second.split()), out_second
+    code, out = bg.finish()
+    assert code == 130, out[-3000:]
+    stop_journalled(bg)
+    run = bg.show()
+    assert run["status"] == "stopped", run
+    assert "all processes exited within the grace period" in run["summary"]["stop"], run["summary"]["stop"]
+    assert run["summary"]["ended"].startswith("stopped at step ") and run["summary"]["ended"].endswith(
+        "; no checkpoint"), run["summary"]
+    assert_all_gone(bg)
+
+
+def test_ftui_stop_continues_a_suspended_watcher(ftui: Ftui, background) -> None:  # type: ignore[no-untyped-def]
+    """The watcher is suspended (SIGSTOP, Ctrl-Z in its terminal): ``ftui stop`` continues it, and the
+    watcher itself stops the run and records it, rather than being waited for in vain."""
+    bg = background("stop-suspended", *DDP, "--grace", "120")
+    bg.wait_for_steps(ranks=2)
+    assert bg.run_id is not None
+    watcher = psutil.Process(bg.proc.pid)
+    watcher.suspend()
+    wait_for(lambda: watcher.status() == psutil.STATUS_STOPPED, 30)
+    proc = ftui.run("stop", str(bg.run_id), "--grace", "1", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = " ".join(proc.stdout.split())  # the console folds long lines
+    assert "it was suspended (SIGSTOP or Ctrl-Z): continued with SIGCONT" in said, proc.stdout
+    assert f"run {bg.run_id}: stopped" in said and "it recorded stopped" in said, proc.stdout
+    code, out = bg.finish()
+    assert code == 130, out[-3000:]
+    stop_journalled(bg)
+    assert_all_gone(bg)
+
+
 def test_ftui_stop_kill_without_a_watcher(ftui: Ftui, background) -> None:  # type: ignore[no-untyped-def]
     """The watcher is gone (SIGKILLed): ``ftui stop --kill`` finds the run's processes itself, kills
-    them, checks, and records ``failed`` ("killed by user")."""
+    them, checks, and records ``killed`` ("killed by user")."""
     bg = background("stop-orphan", *DDP)
     bg.wait_for_steps(ranks=2)
     bg.proc.kill()
@@ -242,7 +309,7 @@ def test_ftui_stop_kill_without_a_watcher(ftui: Ftui, background) -> None:  # ty
     proc = ftui.run("stop", str(bg.run_id), "--kill", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = bg.show()
-    assert (run["status"], run["error"]) == ("failed", "killed by user")
+    assert (run["status"], run["error"]) == ("killed", "killed by user")
     assert_all_gone(bg)
 
 

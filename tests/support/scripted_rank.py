@@ -4,9 +4,11 @@ launcher and the signals between them are tested without importing torch in the 
 
 Rank 0 reports a step every ``--step-s`` seconds through :mod:`runner.track` (the journal the watcher
 reads), up to ``--steps``; every rank stays alive meanwhile. Like ftui's trainer, a SIGTERM lets the rank
-finish its step, journal its ``end`` (``stopped``) and exit 0; a second SIGTERM ends it at once. With
-``--hang-at N`` every rank stops after step N and waits, idle, in :func:`hang_here` (a hang in a known
-function, for the stacks) until it is stopped.
+finish its step, "save" until the file ``--save-until`` exists (at once without it), journal its ``end``
+(``stopped``) and exit 0; a second SIGTERM ends it at once (mid-save). Rank 0 writes ``<save-until>.saving``
+when its save begins, so a test knows the save is in flight. With ``--hang-at N`` every rank stops after
+step N and waits, idle, in :func:`hang_here` (a hang in a known function, for the stacks) until it is
+stopped.
 
     ftui run --script tests/support/scripted_rank.py --strategy ddp --nproc 2 -- --steps 100000
 """
@@ -31,6 +33,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--step-s", type=float, default=0.2)
     parser.add_argument("--hang-at", type=int, default=0)
+    parser.add_argument("--save-until", type=Path, default=None,
+                        help="a stop's save lasts until this file exists (a second SIGTERM cuts it)")
     args = parser.parse_args(argv)
     stop = threading.Event()
 
@@ -46,6 +50,7 @@ def main(argv: list[str]) -> int:
         if step == args.hang_at:
             hang_here(stop)
         if stop.wait(args.step_s):
+            _save(args.save_until)  # the stop checkpoint being written
             track.finish("stopped")
             return 0
     return 0
@@ -55,6 +60,17 @@ def hang_here(stop: threading.Event) -> None:
     """Wait, idle, until the rank is stopped: no step, no event, no CPU (what a rank stuck in a
     collective looks like from outside)."""
     stop.wait()
+
+
+def _save(until: Path | None) -> None:
+    if until is None:
+        return
+    if os.environ.get("RANK", "0") == "0":
+        until.with_name(until.name + ".saving").touch()
+    released = threading.Event()
+    while not released.wait(0.05):  # polls a file the test writes: no length of time is assumed
+        if until.exists():
+            released.set()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ from runner.watch.crash import collective_timeout, describe
 
 def dump_while_waiting(tmp_path: Path, from_worker: bool) -> str:
     """A real dump of every thread: one thread waits in ``waits_in_a_helper_thread``; the dump is written
-    by the main thread, or (``from_worker``) by a worker while the main thread waits in ``join``."""
+    by this test's thread (a rank's main thread), or (``from_worker``) by a worker while this thread
+    waits in ``join``."""
     out = tmp_path / "dump.txt"
     release = threading.Event()
 
@@ -38,19 +39,21 @@ def dump_while_waiting(tmp_path: Path, from_worker: bool) -> str:
 def test_the_main_thread_of_a_real_dump_is_found_in_our_code(tmp_path: Path) -> None:
     threads = stacks.parse_dump(dump_while_waiting(tmp_path, from_worker=False))
     assert len(threads) >= 2 and sum(t.current for t in threads) == 1
-    main = stacks.main_thread(threads)
+    main = stacks.main_thread(threads, stacks.thread_ident(threading.get_ident()))
     assert main is not None and main.current, "the main thread wrote this dump"
     place = stacks.where(main)
     assert place.startswith("dump_while_waiting (tests/unit/test_stacks.py:"), place
 
 
 def test_a_dump_written_from_another_thread_still_names_the_main_thread(tmp_path: Path) -> None:
-    threads = stacks.parse_dump(dump_while_waiting(tmp_path, from_worker=True))
-    main = stacks.main_thread(threads)
+    text = dump_while_waiting(tmp_path, from_worker=True)
+    threads = stacks.parse_dump(text)
+    main = stacks.main_thread(threads, stacks.thread_ident(threading.get_ident()))
     assert main is not None and not main.current, "a worker wrote it: the main thread is not 'Current'"
     assert stacks.where(main).startswith("dump_while_waiting (tests/unit/test_stacks.py:")
+    assert stacks.rank_where(text, main.ident) == stacks.where(main)
     helper = next(t for t in threads if any(f.function == "waits_in_a_helper_thread" for f in t.frames))
-    assert not helper.is_main
+    assert not helper.is_main, "started by threading: never taken for the main thread"
 
 
 def test_a_rank_in_a_collective_is_named_by_the_collective_at_our_line() -> None:
@@ -63,7 +66,7 @@ def test_a_rank_in_a_collective_is_named_by_the_collective_at_our_line() -> None
             f'  File "{stacks.PROJECT_ROOT}/runner/rank/trainer.py", line 44 in main\n'
             f'  File "<frozen runpy>", line 88 in _run_code\n')
     assert stacks.rank_where(dump) == "all_reduce (runner/rank/loop.py:412)"
-    assert stacks.rank_where("ftui stacks: rank 0, pid 12 (faulthandler on SIGUSR2; each dump follows)\n") is None
+    assert stacks.rank_where(stacks.header(0, 12, 1)) is None, "a header alone: no dump"
 
 
 def test_the_summary_groups_ranks_at_the_same_place_and_names_silent_ones() -> None:
@@ -75,12 +78,12 @@ def test_the_summary_groups_ranks_at_the_same_place_and_names_silent_ones() -> N
 
 def test_only_a_process_that_registered_is_named_by_its_stacks_file(tmp_path: Path) -> None:
     path = stacks.stacks_file(tmp_path, 1)
-    assert stacks.registered_pid(path) is None, "no file: never signalled"
+    assert stacks.registered(path) is None, "no file: never signalled"
     path.parent.mkdir()
     path.write_text("")
-    assert stacks.registered_pid(path) is None, "no header yet: the handler may not be registered"
-    path.write_text(stacks.header(1, 4242) + "Thread 0x1 (most recent call first):\n")
-    assert stacks.registered_pid(path) == 4242
+    assert stacks.registered(path) is None, "no header yet: the handler may not be registered"
+    path.write_text(stacks.header(1, 4242, 0x7F00AB) + "Thread 0x1 (most recent call first):\n")
+    assert stacks.registered(path) == (4242, "0x00000000007f00ab")
 
 
 GLOO = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "

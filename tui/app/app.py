@@ -14,6 +14,7 @@ from textual.binding import Binding
 from textual.markup import escape
 from textual.screen import Screen
 
+from runner.spec import watching
 from runner.spec.paths import default_db_url
 from store import RunInfo, Store, StoreError
 from store.store import utcnow
@@ -52,7 +53,8 @@ class FtuiApp(App[int]):
     def __init__(self, store: Store | Callable[[], Store], probe: Any = None, fake_gpus: int = 0,
                  now: Callable[[], datetime] = utcnow, refresh_s: float = 1.0, monitor_s: float = 1.0,
                  python: str = sys.executable, notify_on_end: bool = False,
-                 make_probe: Callable[[], Any] | None = None) -> None:
+                 make_probe: Callable[[], Any] | None = None,
+                 watcher_check_s: float = watching.WATCHER_CHECK_S) -> None:
         super().__init__()
         self.notify_on_end = notify_on_end
         """The setting ``b`` toggles (``ftui --notify`` starts with it on): when a run ends or fails, ring
@@ -70,6 +72,9 @@ class FtuiApp(App[int]):
         """The clock for durations of running runs (frozen in snapshot tests)."""
         self.refresh_s = refresh_s
         self.monitor_s = monitor_s
+        self.watcher_check_s = watcher_check_s
+        """Seconds between the checks that every running run on this host still has a watcher (a run whose
+        watcher died gets a new one, or its true status: ``tui.app.poll.settle_abandoned``)."""
         self.python = python
         """The interpreter runs are launched with (shown in the Compose preview)."""
         self.runs: list[RunInfo] = []

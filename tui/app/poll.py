@@ -299,6 +299,18 @@ class MonitorFeed:
         return lines[-self.log_lines:]
 
 
+def settle_abandoned(store: Store, fake_gpus: int = 0) -> list[str]:
+    """Recovery's rule (:func:`runner.service.recover.recover_all`) for the runs on this host whose watcher
+    died while the dashboard is open: a new watcher when their ranks still run, else their true status,
+    so that no run shows ``running`` (and a ticking duration) after its processes are gone. One line per
+    run it changed (blocking: from a worker)."""
+    from runner.service.recover import recover_all  # deferred: pydantic (recipe models): off the first paint
+
+    done = recover_all(store, fake_gpus=fake_gpus)
+    return [f"run {r.run_id}: {r.action} -> {r.status}" + (f" ({r.detail})" if r.detail else "")
+            for r in done if r.action in ("finished", "attached", "error")]
+
+
 def fmt_elapsed(seconds: float | None) -> str:
     if seconds is None:
         return "not started"

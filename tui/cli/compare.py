@@ -12,6 +12,7 @@ from runner.analysis.compare import Comparison, load_comparison, sweep_run_ids
 from runner.analysis.repeats import by_strategy, verdict
 from runner.service import sweep as sw
 from runner.spec.recipe import RecipeError
+from runner.spec.status import ENDED_BY_USER
 from runner.watch.procs import StopRequest
 from tui.cli.common import open_store
 from tui.cli.exits import ExitCode, UsageError
@@ -122,6 +123,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         console.print(rep.repeats_table(grouped))
         console.print(verdict(grouped), markup=False)
     console.print(f"reopen with: ftui compare --sweep {sweep_id}", markup=False)
-    if stop.is_set() or any(r.status == "stopped" for r in results):
+    if stop.is_set() or any(r.status in ENDED_BY_USER for r in results):
         return ExitCode.INTERRUPTED
     return ExitCode.OK if cmp.fastest_id is not None else ExitCode.FAILED

@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 from runner.planner.memory import DEFAULT_RESERVE
 from runner.spec import strategies, watching
+from runner.spec.status import STATUSES
 from tui.cli.exits import UsageError
 
 COMMANDS: tuple[str, ...] = (
@@ -25,7 +26,7 @@ COMMANDS: tuple[str, ...] = (
     "tui.cli.estimate",  # estimate
     "tui.cli.compare",   # compare, sweep
     "tui.cli.recover",   # recover
-    "tui.cli.db",        # db upgrade, db current
+    "tui.cli.db",        # db upgrade, db current, db rebuild
     "tui.cli.slurm",     # slurm
 )
 """The modules that hold the commands' handlers (tests/integration/test_cli.py checks that every handler the parser
@@ -159,7 +160,8 @@ def _watch_options(parser: argparse.ArgumentParser) -> None:
 def _grace_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grace", type=seconds_at_least(0), default=watching.GRACE_S, metavar="SECONDS",
                         help="on Ctrl-C, SIGTERM or SIGHUP: seconds the ranks get to finish their step, save and exit "
-                             f"before SIGKILL (default {watching.GRACE_S:g}; a second Ctrl-C kills at once)")
+                             f"before SIGKILL (default {watching.GRACE_S:g}; a second Ctrl-C kills at once, a second "
+                             "SIGTERM or ftui stop waits for the stop in flight)")
 
 
 def _node_options(parser: argparse.ArgumentParser) -> None:
@@ -208,6 +210,7 @@ def _run(sub: Any) -> None:
     run.add_argument("--find-batch-size", action="store_true",
                      help="find the largest micro-batch that fits with short real runs, then stop")
     run.add_argument("--mem-cap", metavar="SIZE", help="with --find-batch-size: budget per rank, e.g. 3GiB")
+    _data_change_option(run)
     _watch_options(run)
     _grace_option(run)
     run.add_argument("--notify", action="store_true",
@@ -219,10 +222,11 @@ def _run(sub: Any) -> None:
 
     resume = sub.add_parser(
         "resume", help="continue a run from its newest complete checkpoint, as a new run",
-        description="Continue run ID from the newest complete checkpoint in its folder (train.save_every, "
-                    "or a graceful stop, writes them): a new run with the same recipe, strategy and process "
-                    "count, going on at the next step.")
+        description="Continue run ID from the newest checkpoint in its folder whose files verify (train.save_every, "
+                    "or a graceful stop, writes them; a damaged newer one is passed over with a warning): a new "
+                    "run with the same recipe, strategy and process count, going on at the next step.")
     resume.add_argument("run_id", type=int, metavar="ID", help="the run to continue")
+    _data_change_option(resume)
     _watch_options(resume)
     _grace_option(resume)
     _node_options(resume)  # a multi-node run: the same command on each node (README: More than one machine)
@@ -230,22 +234,30 @@ def _run(sub: Any) -> None:
     resume.set_defaults(handler="tui.cli.run:cmd_resume")
 
 
+def _data_change_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--allow-data-change", action="store_true",
+                        help="resume although the data source changed since the checkpoint was taken")
+
+
 def _stop(sub: Any) -> None:
     stop = sub.add_parser(
         "stop", help="stop a running run (graceful; --kill: at once)",
         description="Stop a run on this host: its ranks finish their step, save and exit; after the grace period "
-                    "whatever is left gets SIGKILL. Afterwards no process of the run is left (checked).")
+                    "whatever is left gets SIGKILL. Afterwards no process of the run is left (checked). Stopping a "
+                    "run that is already stopping waits for that stop; only --kill kills at once. The status says "
+                    "what happened: stopped (with its checkpoint, or none) or killed.")
     stop.add_argument("run_id", type=positive_int, metavar="ID", help="the run (ftui runs lists them)")
-    stop.add_argument("--kill", action="store_true", help="SIGKILL every process of the run now (status failed)")
+    stop.add_argument("--kill", action="store_true", help="SIGKILL every process of the run now (status killed)")
     stop.add_argument("--grace", type=seconds_at_least(0), default=watching.GRACE_S, metavar="SECONDS",
-                      help=f"seconds the ranks get before SIGKILL (default {watching.GRACE_S:g})")
+                      help="seconds the ranks get before SIGKILL when no watcher of the run is alive (a live "
+                           f"watcher keeps the grace it was started with) (default {watching.GRACE_S:g})")
     db_option(stop)
     stop.set_defaults(handler="tui.cli.stop:cmd_stop")
 
 
 def _runs(sub: Any) -> None:
     runs = sub.add_parser("runs", help="list the runs in the store")
-    runs.add_argument("--status", choices=["created", "running", "completed", "failed", "stopped"])
+    runs.add_argument("--status", choices=STATUSES)
     runs.add_argument("--format", choices=["text", "json"], default="text")
     shown = runs.add_mutually_exclusive_group()
     shown.add_argument("--limit", type=positive_int, metavar="N",
@@ -366,7 +378,7 @@ def _recover(sub: Any) -> None:
 
 
 def _db(sub: Any) -> None:
-    db = sub.add_parser("db", help="the store's schema version: upgrade it, or show it")
+    db = sub.add_parser("db", help="the store's schema version (upgrade, current); rebuild it from the run folders")
     db_option(db)
     db.set_defaults(handler="tui.cli.db:cmd_no_action")
     actions = db.add_subparsers(title="actions", metavar="ACTION")
@@ -376,6 +388,16 @@ def _db(sub: Any) -> None:
     current = actions.add_parser("current", help="print the database's schema revision")
     db_option(current)
     current.set_defaults(handler="tui.cli.db:cmd_current")
+    rebuild = actions.add_parser(
+        "rebuild", help="record the runs of the run folders that the database lacks (a lost or deleted one)",
+        description="Rebuild the store from the run folders: every run folder whose run the database lacks is "
+                    "recorded again from its journals (recipe, steps, metrics, telemetry, launch, end); runs "
+                    "already there are left as they are. Creates the database if missing. Safe to run twice.")
+    rebuild.add_argument("--runs-dir", type=Path, default=None, metavar="DIR",
+                         help="the folder of run folders (default: the runs folder of FTUI_HOME)")
+    rebuild.add_argument("--format", choices=["text", "json"], default="text")
+    db_option(rebuild)
+    rebuild.set_defaults(handler="tui.cli.db:cmd_rebuild")
 
 
 def _slurm(sub: Any) -> None:

@@ -14,6 +14,7 @@ from rich.text import Text
 from runner.service import launch
 from runner.spec import strategies
 from runner.spec.recipe import Recipe, RecipeError, load_recipe, parse_recipe
+from runner.spec.status import ENDED_BY_USER
 from runner.watch.follow import WatchOptions
 from runner.watch.prepare import Prepared
 from runner.watch.procs import StopRequest
@@ -89,7 +90,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     node_spec = nodes.spec_for(args, recipe)  # several machines: this one's rendezvous
     source = str(args.recipe) if args.recipe is not None else str(recipe.launch.script)
     try:
-        warnings = launch.check(recipe, args.fake_gpus)  # the same pre-flight as the TUI's Launch
+        # the same pre-flight as the TUI's Launch
+        warnings = launch.check(recipe, args.fake_gpus, getattr(args, "allow_data_change", False))
     except RecipeError as exc:
         raise UsageError(f"{args.recipe}: {exc}" if args.recipe is not None else str(exc)) from None
     out = console(stderr=args.format == "json")
@@ -128,13 +130,16 @@ def cmd_resume(args: argparse.Namespace) -> int:
     """``ftui resume ID``: a new run continuing run ID from its newest complete checkpoint."""
     store = open_store(args, create=False)
     out = console()
+    recover_quietly(store, out)  # a run whose watcher died is settled first: only a live run is refused
     try:
         if nodes.given(args):
             prepared = nodes.prepare_resume(args, store, out)
         else:
-            prepared = launch.resume(store, args.run_id)
+            prepared = launch.resume(store, args.run_id, args.allow_data_change)
     except RecipeError as exc:
         raise UsageError(str(exc)) from None
+    for warning in prepared.warnings:  # checkpoints passed over: run text, never markup
+        out.print(Text.assemble(("warning:", "yellow"), f" {warning}"), soft_wrap=True)
     out.print(f"resuming run {args.run_id} from {prepared.recipe.train.resume_from}", markup=False, highlight=False,
               soft_wrap=True)
     return follow(args, store, prepared, out)
@@ -182,8 +187,8 @@ def follow(args: argparse.Namespace, store: Store, prepared: Prepared, out: Cons
         out.print(f"stop: {outcome.stop_report}", markup=False)
     if outcome.status == "completed":
         return ExitCode.OK
-    if outcome.status == "stopped":
-        out.print("[yellow]stopped[/]")
+    if outcome.status in ENDED_BY_USER:  # by the user: Ctrl-C, SIGTERM, ftui stop
+        out.print(Text(run.summary.ended or outcome.status, style="yellow"))
         return ExitCode.INTERRUPTED
     out.print(Text.assemble(("failed:", "red"), f" {outcome.error or ''}"))
     return ExitCode.FAILED

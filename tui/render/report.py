@@ -47,7 +47,8 @@ def _num(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
-STATUS_STYLE = {"completed": "green", "failed": "red", "stopped": "yellow", "running": "cyan", "created": "dim"}
+STATUS_STYLE = {"completed": "green", "failed": "red", "stopped": "yellow", "killed": "magenta", "running": "cyan",
+                "created": "dim"}
 
 
 
@@ -121,6 +122,8 @@ def run_summary_table(run: RunInfo | None) -> Table:
     if run is None:
         return table
     table.add_row("status", Text(run.status, style=STATUS_STYLE.get(run.status, "")), "orchestrator")
+    if run.summary.ended:  # a stop: the step it ended at, and the checkpoint it can resume from or none
+        table.add_row(*text_row("ended", run.summary.ended, "orchestrator (checkpoint manifest checked)"))
     script = run.method == "script" or "script = " in (run.recipe_text or "")  # launch.script (runner.spec.script)
     missing = "not reported" if script and run.status != "running" else "-"
     table.add_row(*text_row("distributed type", run.distributed_type or missing, "accelerate (in effect)"))

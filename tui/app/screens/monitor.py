@@ -16,6 +16,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 from textual.worker import get_current_worker
 
+from runner.spec.status import TERMINAL
 from tui.app.messages import MonitorSnapshot, MonitorUpdate, Notice
 from tui.app.poll import MonitorFeed, fmt_elapsed
 from tui.app.screens.modals import ConfirmScreen
@@ -132,7 +133,7 @@ class MonitorScreen(Screen[None]):
                 self.log.warning(f"monitor poll: {exc}")
             else:
                 self.post_message(MonitorUpdate(snap))
-                if snap.run is not None and snap.run.status in ("completed", "failed", "stopped"):
+                if snap.run is not None and snap.run.status in TERMINAL:
                     # Finished runs do not change; one last read and the worker rests.
                     return
             for _ in range(5):
@@ -185,7 +186,7 @@ class MonitorScreen(Screen[None]):
         ranks = self.query_one("#ranks", DataTable)
         rows_known = all(d.key in devices.rows for d in [*snap.devices, *([snap.host] if snap.host else [])]) and all(
             str(r.rank) in ranks.rows for r in snap.ranks)
-        finished = run.status in ("completed", "failed", "stopped")
+        finished = run.status in TERMINAL
         if rows_known and not finished and self._skipped_tables + 1 < TABLES_EVERY:
             self._skipped_tables += 1
             return  # the device and rank tables redraw every TABLES_EVERY polls (the rest every poll)
@@ -261,6 +262,8 @@ class MonitorScreen(Screen[None]):
                 f"  lr {'-' if snap.lr is None else format(snap.lr, '.2e')}"
                 f"  grad norm {'-' if snap.grad_norm is None else format(snap.grad_norm, '.3g')}")
             line.append("  (trainer)" if self.narrow else "  (measured by the trainer)", style="dim")
+        if run.summary.ended:  # a stop: the step it ended at, and its checkpoint or none
+            line.append(f"\n{run.summary.ended}", style=STATUS_STYLE.get(run.status, ""))
         if run.error:
             line.append(f"\nerror: {run.error}", style="red")
         stacks = run.summary.stacks

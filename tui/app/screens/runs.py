@@ -16,7 +16,7 @@ from textual.worker import get_current_worker
 
 from store import MetricPoint, RunInfo, Store
 from tui.app.messages import CompareRuns, LaunchFailed, Notice, OpenRun, RunLaunched, RunsLoaded
-from tui.app.poll import run_duration
+from tui.app.poll import run_duration, settle_abandoned
 from tui.app.screens.modals import ConfirmScreen, PromptScreen
 from tui.render.report import STATUS_STYLE, fmt_seconds
 from tui.render.words import distributed_words
@@ -121,8 +121,13 @@ class RunsScreen(Screen[None]):
     def poll_runs(self) -> None:
         worker = get_current_worker()
         first = True
+        checked = time.monotonic()  # ftui's start recovered what it found; then every watcher_check_s
         while not worker.is_cancelled:
             try:
+                if time.monotonic() - checked >= self.ftui.watcher_check_s:
+                    checked = time.monotonic()
+                    for line in settle_abandoned(self.ftui.store, self.ftui.fake_gpus):
+                        self.post_message(Notice(f"recover: {line}"))
                 # Under another screen (the Monitor, Compare) the list is not shown: re-reading and redrawing
                 # every run each second there cost the Monitor 45-65% of a core on a 2,000-run store
                 # (BENCHMARKS.md). Not ``is_current``: it is also true for a screen in the background.

@@ -1,0 +1,91 @@
+"""``ftui db rebuild``: a deleted database is recorded again from the run folders, field for field as
+``ftui show --format json`` gave it, with every journal row; rebuilding twice adds nothing, and a store
+that lost one run gets that one back. The runs are real ``ftui run --script`` launches of the scripted
+rank (:mod:`tests.support.scripted_rank`): real watcher, launcher, journals and telemetry, no model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner.watch import journal
+from store import Store
+from tests.support import Ftui, new_home, run_in_process
+from tests.support.scripted_rank import SCRIPT
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Ftui:
+    """A home with two finished runs: one completed, one whose rank failed (a bad script argument)."""
+    ftui = new_home(tmp_path_factory.mktemp("rebuild"))
+    ftui.run("run", "--script", str(SCRIPT), "--name", "good", "--", "--steps", "3", "--step-s", "0", check=True)
+    bad = ftui.run("run", "--script", str(SCRIPT), "--name", "bad", "--", "--no-such-flag")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    return ftui
+
+
+@pytest.fixture
+def ftui(home: Ftui, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Any:
+    """``ftui ARGS`` against the home, in this process (the read and rebuild commands: no start-up cost)."""
+    monkeypatch.setenv("FTUI_HOME", str(home.home))
+    monkeypatch.setenv("FTUI_DB", home.db)
+    return lambda *args: run_in_process(capsys, *args)
+
+
+def _everything(ftui: Any) -> list[dict[str, Any]]:
+    runs = json.loads(ftui("runs", "--format", "json").stdout)
+    return [json.loads(ftui("show", str(run["id"]), "--format", "json").stdout) for run in sorted(runs, key=lambda r: r["id"])]
+
+
+def _rows(db: str, run_id: int) -> tuple[list[tuple[Any, ...]], int, int]:
+    store = Store(db, create=False)
+    try:
+        events = sorted((e.source, e.seq, e.type, e.time, json.dumps(e.payload, sort_keys=True))
+                        for e in store.events(run_id))
+        return events, len(store.samples(run_id)), len(store.process_samples(run_id))
+    finally:
+        store.close()
+
+
+def test_a_deleted_database_is_rebuilt_from_the_run_folders_field_for_field(home: Ftui, ftui: Any) -> None:
+    before = _everything(ftui)
+    assert [r["status"] for r in before] == ["completed", "failed"]
+    rows_before = [_rows(home.db, r["id"]) for r in before]
+    db_file = Path(home.db.removeprefix("sqlite:///"))
+    for path in db_file.parent.glob(db_file.name + "*"):  # the database and its WAL files
+        path.rename(path.with_name("lost-" + path.name))
+    rebuilt = ftui("db", "rebuild", "--format", "json")
+    assert [r["action"] for r in json.loads(rebuilt.stdout)] == ["added", "added"]
+    after = _everything(ftui)
+    assert after == before
+    assert [_rows(home.db, r["id"]) for r in after] == rows_before
+    good_dir = Path(after[0]["run_dir"])
+    assert len(_rows(home.db, 1)[0]) == len(journal.read_jsonl(good_dir / "events.jsonl")) + len(
+        journal.read_jsonl(good_dir / journal.ORCHESTRATOR_FILE))
+
+    again = ftui("db", "rebuild", "--format", "json")
+    assert [r["action"] for r in json.loads(again.stdout)] == ["present", "present"]
+    assert _everything(ftui) == before
+
+
+def test_a_store_that_lost_one_run_gets_it_back_and_keeps_the_others(home: Ftui, ftui: Any) -> None:
+    before = _everything(ftui)
+    store = Store(home.db, create=False)
+    try:
+        assert store.delete_run(before[1]["id"])
+    finally:
+        store.close()
+    out = ftui("db", "rebuild").stdout
+    assert "bad: added as run" in out and "good: present" in out, out
+    after = _everything(ftui)
+    assert after[0] == before[0]
+    assert {k: v for k, v in after[1].items() if k != "id"} == {k: v for k, v in before[1].items() if k != "id"}
+
+
+def test_rebuild_of_a_missing_runs_folder_is_one_line_and_exit_2(ftui: Any, tmp_path: Path) -> None:
+    proc = ftui("db", "rebuild", "--runs-dir", str(tmp_path / "nowhere"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "--runs-dir" in proc.stderr and "no such folder" in proc.stderr
