@@ -28,7 +28,7 @@ import traceback
 from pathlib import Path
 
 from runner import track
-from runner.rank.rank_log import dump_stacks_on_signal, redirect_output
+from runner.rank.rank_log import caused_by_full_disk, dump_stacks_on_signal, flush_quietly, redirect_output
 from runner.spec import events as ev
 
 
@@ -75,13 +75,15 @@ def main(argv: list[str] | None = None) -> None:
         if exc.code is not None and not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
     except BaseException as exc:  # noqa: BLE001 (report every failure, then exit non-zero)
-        traceback.print_exc()
+        try:
+            traceback.print_exc()
+        except OSError:
+            pass  # the log's disk is full: the exit code says it
         track.error(f"{type(exc).__name__}: {exc}".strip())
-        code = 1
+        code = ev.EXIT_NO_SPACE if caused_by_full_disk(exc) else 1
     track.finish("completed" if code == 0 else "failed")
     atexit._run_exitfuncs()  # the script's own exit handlers (loggers, trackers) still run
-    sys.stdout.flush()
-    sys.stderr.flush()
+    flush_quietly(None)
     # As the trainer: two-rank gloo runs abort at interpreter teardown now and then (docs/cpu-facts.md).
     os._exit(code)
 

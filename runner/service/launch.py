@@ -68,14 +68,15 @@ def default_nproc() -> int:
     return max(2, cuda_device_count())
 
 
-def check(recipe: Recipe, fake_gpus: int = 0, allow_data_change: bool = False) -> list[str]:
+def check(recipe: Recipe, fake_gpus: int = 0, allow_data_change: bool = False, dry_run: bool = False) -> list[str]:
     """The pre-flight of every launch (:func:`runner.watch.preflight.launch_checks`); its warnings.
-    ``allow_data_change``: a checkpoint to resume from may have been taken on other data.
+    ``allow_data_change``: a checkpoint to resume from may have been taken on other data; ``dry_run``:
+    nothing will be loaded.
 
     Raises:
         runner.spec.recipe.RecipeError: the run cannot start (one line naming the field or file).
     """
-    return launch_checks(recipe, fake_gpus, allow_data_change)
+    return launch_checks(recipe, fake_gpus, allow_data_change, dry_run)
 
 
 def dry_run(request: LaunchRequest) -> Prepared:

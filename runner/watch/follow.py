@@ -310,6 +310,15 @@ class _Watch:
         quietly(self.stream.flush)
         return exit_code
 
+    def unrecorded(self) -> tuple[str, ...]:
+        """What the run folder still had not taken at the end (its disk full), one line each."""
+        lines = []
+        if self.recorder.journal_error is not None:
+            lines.append(f"{self.recorder.journal_error}: the watcher's last events are not in the run folder")
+        if self.telemetry is not None and self.telemetry.file_error is not None:
+            lines.append(f"{self.telemetry.file_error}: the last telemetry readings are not in the run folder")
+        return tuple(lines)
+
     def record_end(self, store: Store, exit_code: int | None) -> Outcome:
         """Journal the stop (if any) and record the run's end."""
         report = self.stopper.report
@@ -325,7 +334,8 @@ class _Watch:
         ending = Ending(exit_code, stopped_by_user=request.is_set() and not request.kill,
                         killed_by_user=request.kill, forced_error=self.forced_error, vanished=self.ranks.vanished,
                         recent=list(self.telemetry.recent) if self.telemetry is not None else [],
-                        launcher_pid=self.launcher.group.pgid, sigkilled=self.sigkilled_because(report))
+                        launcher_pid=self.launcher.group.pgid, sigkilled=self.sigkilled_because(report),
+                        unrecorded=self.unrecorded())
         outcome = finish(store, self.stream, ending, self.recorder)
         if report is not None:
             outcome.stop_report = report.describe()

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from runner.hardware.disks import is_no_space, write_problem
 from runner.spec import events as ev
 from runner.spec.checkpoint import CheckpointError, checkpoints_root, newest_verified, read_manifest, verify
 from runner.spec.launch import LaunchSpec, build_launch
@@ -21,9 +22,9 @@ from runner.spec.script import store_method, store_model
 from runner.watch.estimate import estimate_summary
 from runner.watch.host import cpu_threads, free_port
 from runner.watch.identity import record_watcher
-from runner.watch.preflight import PreflightError, preflight
+from runner.watch.preflight import PreflightError, check_room, preflight
 from runner.watch.procs import StopRequest
-from store import Store
+from store import Store, StoreError
 from store.nodes import Settled
 from store.store import utcnow
 
@@ -84,10 +85,13 @@ def prepare(
             :func:`runner.nodes.agent.prepare_node`).
 
     Raises:
-        PreflightError: the run folder cannot be claimed (the run is recorded failed).
+        PreflightError: the run folder cannot be claimed or written (the run is recorded failed).
+        InputError: the run folders' disk has no room for a checkpoint (nothing is recorded).
     """
     root = root or runs_dir()
     run_id: int | None = None
+    if store is not None:
+        check_room(recipe, root)  # before anything is recorded
     # The folder is named by a globally unique id, never by the store's integer id: two stores
     # sharing one data folder would otherwise write into the same folder.
     if store is not None:
@@ -110,17 +114,32 @@ def prepare(
         uid = f"dry-run-{new_run_uid()}"
     try:
         run_dir = claim_run_folder(root, uid, recipe.name)
+        port = nodes.main_port if nodes is not None else free_port()
+        spec = write_launch(recipe, run_dir, port, nodes)
     except (RunFolderError, OSError) as exc:
+        problem = f"run folder: {write_problem(root, exc)}" if isinstance(exc, OSError) and is_no_space(exc) else str(exc)
         if store is not None and run_id is not None:
-            store.update_run(run_id, status="failed", error=str(exc), ended_at=utcnow())
-        raise PreflightError(str(exc)) from None
-    port = nodes.main_port if nodes is not None else free_port()
-    spec = write_launch(recipe, run_dir, port, nodes)
+            fail_unstarted(store, run_id, problem)
+        raise PreflightError(problem) from None
     if store is not None and run_id is not None:
-        store.update_run(run_id, run_dir=str(run_dir))
-        _write_record(store, run_id, run_dir)
-        record_summary(store, run_id, run_dir, {"uid": uid, "estimate": estimate_summary(recipe)})
+        try:
+            store.update_run(run_id, run_dir=str(run_dir))
+            _write_record(store, run_id, run_dir)
+            record_summary(store, run_id, run_dir, {"uid": uid, "estimate": estimate_summary(recipe)})
+        except (StoreError, OSError) as exc:  # a disk that filled since the run was created: it does not start
+            problem = f"run folder: {write_problem(run_dir, exc)}" if isinstance(exc, OSError) else str(exc)
+            fail_unstarted(store, run_id, problem)
+            raise PreflightError(problem) from None
     return Prepared(run_id=run_id, run_dir=run_dir, spec=spec, recipe=recipe)
+
+
+def fail_unstarted(store: Store, run_id: int, problem: str) -> None:
+    """Record a run that will not start as failed (never left ``created``); a store that cannot take it
+    now leaves it to recover, which fails a ``created`` run without a launch."""
+    try:
+        store.update_run(run_id, status="failed", error=problem, ended_at=utcnow())
+    except Exception:  # noqa: BLE001 (the problem is what the caller reports)
+        pass
 
 
 def _write_record(store: Store, run_id: int, run_dir: Path) -> None:

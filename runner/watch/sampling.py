@@ -11,10 +11,11 @@ from queue import SimpleQueue
 from typing import Any
 
 from runner.hardware import DeviceSample, Probe, ProcessGpuMemory
+from runner.hardware.disks import write_problem
 from runner.spec import events as ev
-from runner.watch.journal import append_samples
+from runner.watch.journal import SAMPLES_FILE, append_samples
 from runner.watch.prepare import Prepared
-from runner.watch.stream import Recorder, RunStream
+from runner.watch.stream import Recorder, RunStream, store_problem
 from runner.watch.telemetry import HangDetector, Sampler
 from store import Store
 from store.nodes import ingest_node_samples
@@ -108,6 +109,11 @@ class RunTelemetry:
         self.recent: deque[Any] = deque(maxlen=2000)
         self.sampler: Sampler | None = None
         self.unsaved: Batch = ([], [])
+        self.unwritten: Batch = ([], [])
+        """Readings ``samples.jsonl`` did not take yet (its disk full)."""
+        self.file_error: str | None = None
+        """Why ``samples.jsonl`` could not be written, while it cannot."""
+        self.store_error: str | None = None
         self.hang = HangRule(hang_after_s, launched, clock=clock, check_every_s=hang_check_s)
         if interval_s <= 0:
             return
@@ -150,7 +156,7 @@ class RunTelemetry:
             samples.extend(more)
             procs.extend(more_procs)
         if (samples or procs) and self.run_id is not None:
-            append_samples(self.run_dir, samples, procs)  # the run folder first: the store is a projection
+            self._append(samples, procs)  # the run folder first: the store is a projection
             self.recent.extend(samples)
             self.unsaved[0].extend(samples)
             self.unsaved[1].extend(procs)
@@ -160,9 +166,22 @@ class RunTelemetry:
                     ingest_node_samples(self.store, self.run_id, self.node.slot, *self.unsaved)
                 else:
                     self.store.ingest_samples(self.run_id, *self.unsaved)
-            except Exception:  # noqa: BLE001 (samples.jsonl has them; see RunStream.flush)
+            except Exception as exc:  # noqa: BLE001 (samples.jsonl has them; see RunStream.flush)
+                self.store_error = store_problem(self.store, exc)
                 return
-            self.unsaved = ([], [])
+            self.unsaved, self.store_error = ([], []), None
+
+    def _append(self, samples: list[DeviceSample], procs: list[ProcessGpuMemory]) -> None:
+        """Append to ``samples.jsonl`` what it has not taken yet, then this batch. A disk that does not take
+        them ends nothing: they wait (and go to the store meanwhile, which recover reads by time)."""
+        self.unwritten[0].extend(samples)
+        self.unwritten[1].extend(procs)
+        try:
+            append_samples(self.run_dir, *self.unwritten)
+        except OSError as exc:
+            self.file_error = write_problem(self.run_dir / SAMPLES_FILE, exc)
+            return
+        self.unwritten, self.file_error = ([], []), None
 
     def close(self) -> None:
         """Stop the sampler and write what it read last."""

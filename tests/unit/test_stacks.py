@@ -104,3 +104,11 @@ def test_a_collective_timeout_in_a_rank_log_is_found_and_named_in_the_reason(tmp
     log.write_text(NCCL + "\nterminate called after throwing an instance of 'c10::DistBackendError'\n")
     reason = describe(tmp_path)
     assert reason == f"rank 1 (pid 77) was killed by SIGABRT; collective timeout (a hang): {NCCL}"
+
+
+def test_a_run_folder_that_takes_no_stacks_file_leaves_the_rank_running_and_unasked(tmp_path: Path) -> None:
+    from runner.rank.rank_log import dump_stacks_on_signal
+
+    (tmp_path / stacks.STACKS_DIR).write_text("a file where the folder goes")  # no folder can be made
+    dump_stacks_on_signal(tmp_path, 0)  # no exception: the rank goes on
+    assert stacks.registered(stacks.stacks_file(tmp_path, 0)) is None, "no header: the watcher never asks it"

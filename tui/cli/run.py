@@ -18,7 +18,8 @@ from runner.spec.status import ENDED_BY_USER
 from runner.watch.follow import WatchOptions
 from runner.watch.prepare import Prepared
 from runner.watch.procs import StopRequest
-from store import Store
+from runner.watch.stream import quietly
+from store import Store, StoreError
 from tui.cli import nodes
 from tui.cli.common import console, open_store
 from tui.cli.estimate import run_finder
@@ -91,7 +92,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     source = str(args.recipe) if args.recipe is not None else str(recipe.launch.script)
     try:
         # the same pre-flight as the TUI's Launch
-        warnings = launch.check(recipe, args.fake_gpus, getattr(args, "allow_data_change", False))
+        warnings = launch.check(recipe, args.fake_gpus, getattr(args, "allow_data_change", False),
+                                dry_run=bool(getattr(args, "dry_run", False)))
     except RecipeError as exc:
         raise UsageError(f"{args.recipe}: {exc}" if args.recipe is not None else str(exc)) from None
     out = console(stderr=args.format == "json")
@@ -121,7 +123,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             out.print(f"node #{prepared.node.slot} of {node_spec.nnodes} ({node_spec.backend} rendezvous at "
                       f"{node_spec.main_addr}:{node_spec.main_port}, run key {node_spec.run_key}); the progress "
                       "shows on the node that gets rank 0", markup=False, soft_wrap=True)
-    except RecipeError as exc:
+    except (RecipeError, StoreError) as exc:  # StoreError: the database cannot take the run (its disk full)
         raise UsageError(str(exc)) from None
     return follow(args, store, prepared, out)
 
@@ -178,13 +180,15 @@ def follow(args: argparse.Namespace, store: Store, prepared: Prepared, out: Cons
             outcome = launch.run(store, prepared, watch_options(args), on_event=on_event, stop=stop)
     finally:
         restore()
-    run = store.get_run(outcome.run_id)
-    assert run is not None  # recorded by launch.record before it started
+    run = quietly(store.get_run, outcome.run_id)  # a database gone bad meanwhile: the notes below say it
     if getattr(args, "notify", False):
-        run_ended(outcome.run_id, run.name, outcome.status, outcome.error)
-    out.print(run_report(run))
+        run_ended(outcome.run_id, run.name if run is not None else recipe.name, outcome.status, outcome.error)
+    if run is not None:
+        out.print(run_report(run))
     if outcome.stop_report:
         out.print(f"stop: {outcome.stop_report}", markup=False)
+    for note in outcome.notes:
+        out.print(Text.assemble(("warning:", "yellow"), f" {note}"), soft_wrap=True)
     if outcome.status == "completed":
         return ExitCode.OK
     if outcome.status in ENDED_BY_USER:  # by the user: Ctrl-C, SIGTERM, ftui stop
