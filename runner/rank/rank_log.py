@@ -1,16 +1,20 @@
-"""Each rank's output goes to its own log, ``RUN/logs/rank{N}.log`` (:func:`runner.spec.events.rank_log`), and
-a rank that fails says why there and in the journal, as far as the disk lets it (:func:`report_failure`)."""
+"""Each rank's output goes to its own log, ``RUN/logs/rank{N}.log`` (:func:`runner.spec.events.rank_log`),
+a rank that fails says why there and in the journal, as far as the disk lets it (:func:`report_failure`),
+and its Python stacks go, on request, to ``RUN/stacks/rank{N}.txt`` (:mod:`runner.spec.stacks`)."""
 
 from __future__ import annotations
 
 import errno
+import faulthandler
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 from runner.spec import events as ev
+from runner.spec import stacks
 
 
 def redirect_output(log: Path) -> None:
@@ -24,6 +28,23 @@ def redirect_output(log: Path) -> None:
     os.close(fd)
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+
+def dump_stacks_on_signal(run_dir: Path, rank: int) -> None:
+    """Write every thread's Python stack to ``RUN/stacks/rank{N}.txt`` whenever this process gets
+    :data:`runner.spec.stacks.DUMP_SIGNAL` (faulthandler's C-level handler: it answers inside a blocking
+    collective too). The header naming this process is written once the handler is registered: the
+    watcher signals only the process a header names, so never one that cannot take the signal yet. A
+    disk that takes no file leaves the rank without it (no header: it is never asked), never failed."""
+    path = stacks.stacks_file(run_dir, rank)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        out = open(path, "w", encoding="utf-8")  # noqa: SIM115 (kept open for the process's life: faulthandler writes to it)
+        faulthandler.register(stacks.DUMP_SIGNAL, file=out, all_threads=True, chain=False)
+        out.write(stacks.header(rank, os.getpid(), threading.main_thread().ident or 0))
+        out.flush()
+    except OSError:
+        return
 
 
 def caused_by_full_disk(exc: BaseException) -> bool:

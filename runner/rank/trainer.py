@@ -16,7 +16,7 @@ import os
 import warnings
 from pathlib import Path
 
-from runner.rank.rank_log import redirect_output, run_reporting
+from runner.rank.rank_log import dump_stacks_on_signal, redirect_output, run_reporting
 from runner.spec import events as ev
 
 
@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
 
     redirect_output(ev.rank_log(run_dir, rank))
     faulthandler.enable()  # a segfault in a native library leaves its Python stack in the rank log
+    dump_stacks_on_signal(run_dir, rank)  # before the pid file: a rank the watcher finds can answer for its stacks
     # transformers 5 deprecates names that peft still calls every step; the log should show our own.
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     pid_file = ev.rank_pid_file(run_dir, rank)

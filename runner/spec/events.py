@@ -12,6 +12,7 @@ A run folder holds everything needed to understand, re-ingest or resume a run wi
     launcher.log         stdout/stderr of ``accelerate launch`` itself
     logs/rank{N}.log     stdout/stderr of each rank
     ranks/{N}.pid        the pid of each rank, written as the rank starts
+    stacks/rank{N}.txt   each rank's Python stacks, dumped on request (runner.spec.stacks)
     output/              the saved adapter or model
 
     checkpoints/step-NNNNNNNN/   resumable checkpoints (``runner.spec.checkpoint``), each with ``ftui.json``
@@ -19,9 +20,12 @@ A run folder holds everything needed to understand, re-ingest or resume a run wi
 Every event carries ``seq`` (0, 1, 2, ... within the run: its stable id), ``type`` and ``time``
 (unix seconds). Types written by the trainer (rank 0):
 
-- ``phase``: before step 1, what the trainer is doing now: ``phase`` (``"tokenizing"``,
-  ``"loading_model"``, ``"preparing"``, ``"resuming"``; ``start`` follows the last) and ``detail`` (a few words for a
-  person: the model, the strategy). Each starts where the previous one ends.
+- ``phase``: what the trainer is doing now, where no step comes for a while: ``phase`` and ``detail`` (a
+  few words for a person: the model, the strategy, the step). Before step 1: ``"tokenizing"``,
+  ``"loading_model"``, ``"preparing"``, ``"resuming"`` (each starts where the previous one ends; ``start``
+  follows the last); between steps: ``"evaluating"`` (a ``metrics`` event ends it) and ``"saving"`` (a
+  checkpoint, ended by its ``checkpoint`` event, or the final model, ended by ``end``). Each is a sign of
+  progress for the watcher's hang rule.
 
 - ``start``: world size, distributed type in effect, params, total steps, ... and ``start_step`` (0, or
   the checkpoint's step when resumed) with ``resumed_from`` (the checkpoint folder or null) and
@@ -53,8 +57,8 @@ Every event carries ``seq`` (0, 1, 2, ... within the run: its stable id), ``type
 The orchestrator adds its own (``launch``, ``exit``, ``hang``) to the store only. JSON has no NaN or
 infinity (and SQLite's json functions refuse them): the writer turns non-finite floats into null.
 
-The orchestrator journals its own events (``launch``, ``attach``, ``rank_exit``, ``hang``, ``hang_stop``,
-``stop_requested``, ``stop``, ``watcher_error``, ``exit``) in ``orchestrator.jsonl`` with their own ``seq``
+The orchestrator journals its own events (``launch``, ``attach``, ``rank_exit``, ``hang``, ``stacks``,
+``hang_stop``, ``stop_requested``, ``stop``, ``watcher_error``, ``exit``) in ``orchestrator.jsonl`` with their own ``seq``
 (:mod:`runner.watch.journal`).
 """
 
@@ -164,19 +168,22 @@ class StartEvent(TypedDict):
     schedule, which layers each process holds."""
 
 
-Phase = Literal["tokenizing", "loading_model", "preparing", "resuming"]
+Phase = Literal["tokenizing", "loading_model", "preparing", "resuming", "evaluating", "saving"]
 
 PHASE_WORDS: dict[str, str] = {
     "tokenizing": "tokenizing the data",
     "loading_model": "loading the model",
     "preparing": "preparing the strategy",
     "resuming": "restoring the checkpoint",
+    "evaluating": "evaluating",
+    "saving": "saving",
 }
 """Each phase as a person says it (the CLI's progress line and the Monitor share these words)."""
 
 
 class PhaseEvent(TypedDict):
-    """Before step 1: the trainer entered a phase (the silent minutes of loading and preparing)."""
+    """The trainer entered a phase: the silent minutes of loading and preparing before step 1, an
+    evaluation or a save between steps."""
 
     type: Literal["phase"]
     phase: Phase

@@ -31,6 +31,11 @@ _BLOCK = re.compile(
     r"rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(?P<code>-?\d+)\s*\(pid:\s*(?P<pid>\d+)\)"
 )
 _OOM = ("CUDA out of memory", "OutOfMemoryError")
+_COLLECTIVE_TIMEOUT = re.compile(
+    r"Timed out waiting \d+ ?ms"                      # gloo: "Timed out waiting 1800000ms for recv operation"
+    r"|collective operation timeout"                  # NCCL's watchdog: "Watchdog caught collective operation timeout"
+    r"|ran for \d+ milliseconds before timing out"    # NCCL: the same line's end
+    r"|DistBackendError.*timed? ?out", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,16 @@ def rank_log_reason(run_dir: Path, rank: int) -> str | None:
         if head.endswith(("Error", "Exception")) and " " not in head:
             return text[:300]
     return None
+
+
+def collective_timeout(run_dir: Path, rank: int) -> str | None:
+    """The line of a rank's log saying a collective timed out (gloo or NCCL): a hang some rank timed out
+    on (the stacks of the others say where they were); None when there is none."""
+    try:
+        lines = ev.rank_log(run_dir, rank).read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    return next((line.strip()[:300] for line in reversed(lines) if _COLLECTIVE_TIMEOUT.search(line)), None)
 
 
 _NO_SPACE_PATH = re.compile(r"No space left on device: '(?P<path>[^']+)'")
@@ -159,7 +174,7 @@ def describe(run_dir: Path, vanished: list[tuple[int, int]] | None = None, recen
         rank, pid = vanished[0]
         reason = f"rank {rank} (pid {pid}) ended before the run did"
         detail = rank_log_reason(run_dir, rank) or run_folder_full(run_dir)
-        return f"{reason}: {detail}" if detail else reason
+        return _with_timeout(run_dir, rank, f"{reason}: {detail}" if detail else reason)
     if first is None:
         return None
     who = f"rank {first.rank}" + (f" (pid {first.pid})" if first.pid else "")
@@ -171,12 +186,20 @@ def describe(run_dir: Path, vanished: list[tuple[int, int]] | None = None, recen
                 reason += f"; {detail}"
             elif recent is not None and memory_was_short(first.rank, recent):
                 reason += " (the kernel's OOM killer, if memory was short: the last reading was near the limit)"
-        return reason
+        return _with_timeout(run_dir, first.rank, reason)
     detail = rank_log_reason(run_dir, first.rank) or (trainer_error if first.rank == 0 else None)
     if first.exit_code == ev.EXIT_NO_SPACE and not (detail and detail.startswith("no space left")):
         detail = no_space(run_dir)
     reason = f"{who} exited with code {first.exit_code}"
-    return f"{reason}: {detail}" if detail else reason
+    return _with_timeout(run_dir, first.rank, f"{reason}: {detail}" if detail else reason)
+
+
+def _with_timeout(run_dir: Path, rank: int, reason: str) -> str:
+    """``reason``, and the collective timeout in the rank's log when it does not say it already."""
+    timeout = collective_timeout(run_dir, rank)
+    if timeout is None or _COLLECTIVE_TIMEOUT.search(reason):
+        return reason
+    return f"{reason}; collective timeout (a hang): {timeout}"
 
 
 class RankWatch:

@@ -66,6 +66,8 @@ class RunStream:
         self.first_step_time: float | None = None
         self.last_step_time: float | None = None
         self.last_step: int | None = None
+        self.last_event_time: float | None = None
+        """Time of the trainer's latest event of any type: a sign of progress for the hang rule."""
         self.store_error: str | None = None
         """Why the store could not be written, while it cannot (None once a write works again)."""
         self.unsaved_updates: list[dict[str, Any]] = []
@@ -89,6 +91,8 @@ class RunStream:
         event = ev.typed(raw)
         if event is None:
             return
+        if isinstance(raw.get("time"), int | float):
+            self.last_event_time = max(float(raw["time"]), self.last_event_time or 0.0)
         if event["type"] == "start":
             self.start = event
             self._on_start(event)

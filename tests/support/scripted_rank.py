@@ -6,7 +6,9 @@ Rank 0 reports a step every ``--step-s`` seconds through :mod:`runner.track` (th
 reads), up to ``--steps``; every rank stays alive meanwhile. Like ftui's trainer, a SIGTERM lets the rank
 finish its step, "save" until the file ``--save-until`` exists (at once without it), journal its ``end``
 (``stopped``) and exit 0; a second SIGTERM ends it at once (mid-save). Rank 0 writes ``<save-until>.saving``
-when its save begins, so a test knows the save is in flight.
+when its save begins, so a test knows the save is in flight. With ``--hang-at N`` every rank stops after
+step N and waits, idle, in :func:`hang_here` (a hang in a known function, for the stacks) until it is
+stopped.
 
     ftui run --script tests/support/scripted_rank.py --strategy ddp --nproc 2 -- --steps 100000
 """
@@ -30,6 +32,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--step-s", type=float, default=0.2)
+    parser.add_argument("--hang-at", type=int, default=0)
     parser.add_argument("--save-until", type=Path, default=None,
                         help="a stop's save lasts until this file exists (a second SIGTERM cuts it)")
     args = parser.parse_args(argv)
@@ -44,11 +47,19 @@ def main(argv: list[str]) -> int:
     track.start(total_steps=args.steps, world_size=int(os.environ.get("WORLD_SIZE", "1")))
     for step in range(1, args.steps + 1):
         track.log({"loss": 3.0 / step, "tokens": 64 * step}, step=step)
+        if step == args.hang_at:
+            hang_here(stop)
         if stop.wait(args.step_s):
             _save(args.save_until)  # the stop checkpoint being written
             track.finish("stopped")
             return 0
     return 0
+
+
+def hang_here(stop: threading.Event) -> None:
+    """Wait, idle, until the rank is stopped: no step, no event, no CPU (what a rank stuck in a
+    collective looks like from outside)."""
+    stop.wait()
 
 
 def _save(until: Path | None) -> None:

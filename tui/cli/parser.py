@@ -152,8 +152,9 @@ def _watch_options(parser: argparse.ArgumentParser) -> None:
                         metavar="SECONDS", help=f"telemetry: seconds between device readings (default "
                                                 f"{watching.SAMPLE_INTERVAL_S:g}; 0 turns telemetry off)")
     parser.add_argument("--hang-after", type=seconds_at_least(1), default=watching.HANG_AFTER_S, metavar="SECONDS",
-                        help="flag a hang when no step came for this long and every device is idle "
-                             f"(default {watching.HANG_AFTER_S:g})")
+                        help="flag a hang (and ask every rank for its stacks) when the run made no progress "
+                             "for this long: no event from the trainer and every device idle; stop it when "
+                             f"it lasts as long again (default {watching.HANG_AFTER_S:g})")
 
 
 def _grace_option(parser: argparse.ArgumentParser) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+from collections.abc import Callable
+from typing import Any
 
 from rich.console import Console
 from rich.text import Text
@@ -24,7 +26,7 @@ from tui.cli.estimate import run_finder
 from tui.cli.exits import ExitCode, UsageError
 from tui.cli.progress import RunProgress
 from tui.cli.recover import recover_quietly
-from tui.notify import run_ended
+from tui.notify import run_ended, run_hung
 from tui.render.report import run_report
 
 
@@ -151,6 +153,18 @@ def watch_options(args: argparse.Namespace) -> WatchOptions:
                         fake_gpus=args.fake_gpus)
 
 
+def notify_hang(on_event: Callable[[dict[str, Any]], None], store: Store,
+                run_id: int | None) -> Callable[[dict[str, Any]], None]:
+    """``on_event``, and the bell and a desktop notification when a hang's stacks come (``--notify``)."""
+    def call(event: dict[str, Any]) -> None:
+        on_event(event)
+        if event.get("type") == "stacks" and run_id is not None:
+            run = store.get_run(run_id)
+            run_hung(run_id, run.name if run is not None else "", str(event.get("summary")))
+
+    return call
+
+
 def follow(args: argparse.Namespace, store: Store, prepared: Prepared, out: Console) -> int:
     """Run a prepared run with live progress, print its summary; the exit code of ``ftui run``."""
     recipe = prepared.recipe
@@ -160,7 +174,10 @@ def follow(args: argparse.Namespace, store: Store, prepared: Prepared, out: Cons
     restore = stop.install()  # Ctrl-C, SIGTERM, SIGHUP: graceful stop, recorded; a second one: kill now
     try:
         with RunProgress(out) as progress:
-            outcome = launch.run(store, prepared, watch_options(args), on_event=progress.on_event, stop=stop)
+            on_event: Callable[[dict[str, Any]], None] = progress.on_event
+            if getattr(args, "notify", False):
+                on_event = notify_hang(progress.on_event, store, prepared.run_id)
+            outcome = launch.run(store, prepared, watch_options(args), on_event=on_event, stop=stop)
     finally:
         restore()
     run = quietly(store.get_run, outcome.run_id)  # a database gone bad meanwhile: the notes below say it
