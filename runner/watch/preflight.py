@@ -59,14 +59,15 @@ def launch_checks(recipe: Recipe, fake_gpus: int = 0, allow_data_change: bool = 
         PreflightError: the run cannot start (a RecipeError naming the field).
         InputError: its data or folders are unusable.
     """
-    warnings = preflight(recipe, allow_data_change, dry_run)
+    warnings = preflight(recipe, allow_data_change, dry_run, fake_gpus)
     return warnings + input_warnings(recipe) + gpu_warnings(recipe, fake_gpus)
 
 
-def preflight(recipe: Recipe, allow_data_change: bool = False, dry_run: bool = False) -> list[str]:
+def preflight(recipe: Recipe, allow_data_change: bool = False, dry_run: bool = False, fake_gpus: int = 0) -> list[str]:
     """Check what can be checked before launch; raise :class:`PreflightError`, return warnings.
     ``allow_data_change``: a checkpoint to resume from may have been taken on other data; ``dry_run``:
-    nothing will be loaded, so a hub model not here yet is a warning."""
+    nothing will be loaded, so a hub model not here yet is a warning; ``fake_gpus``: the demo mode's
+    scripted GPUs, which ``launch.gpus`` may name."""
     if recipe.launch.script is not None:  # a script run: the script owns its model and data
         return _script_preflight(recipe)
     warnings: list[str] = []
@@ -87,7 +88,7 @@ def preflight(recipe: Recipe, allow_data_change: bool = False, dry_run: bool = F
     config = recipe.launch.accelerate_config
     if config is not None and not Path(config).expanduser().is_file():
         raise PreflightError(f"launch.accelerate_config: {config}: no such file")
-    _check_device(recipe)
+    _check_device(recipe, fake_gpus)
     on_cpu = runs_on_cpu(recipe)
     if recipe.method.type == "qlora" and on_cpu:
         raise PreflightError("method.type: qlora needs a CUDA GPU (bitsandbytes 4-bit); none is visible here")
@@ -107,14 +108,14 @@ def preflight(recipe: Recipe, allow_data_change: bool = False, dry_run: bool = F
     return warnings
 
 
-def _check_device(recipe: Recipe) -> None:
+def _check_device(recipe: Recipe, fake_gpus: int = 0) -> None:
     """``launch.device = "cuda"`` and ``launch.gpus`` need a CUDA GPU here (without one the ranks would
-    train on the CPU)."""
+    train on the CPU); the demo mode's scripted GPUs (``fake_gpus``) may be listed."""
     launch = recipe.launch
     if launch.device == "cuda" and cuda_device_count() == 0:
         raise PreflightError('launch.device: "cuda" but no CUDA GPU is visible here (use "auto" or "cpu")',
                              field="launch.device", problem='"cuda" but no CUDA GPU is visible here')
-    if launch.gpus is not None and cuda_device_count() == 0:
+    if launch.gpus is not None and not fake_gpus and cuda_device_count() == 0:
         problem = f"GPUs {launch.gpus} listed but no CUDA GPU is visible here (leave it out to run on the CPU)"
         raise PreflightError(f"launch.gpus: {problem}", field="launch.gpus", problem=problem)
 
