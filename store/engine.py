@@ -20,6 +20,8 @@ from typing import Any, NoReturn, TypeVar
 from sqlalchemy import Connection, Engine, create_engine, event, make_url
 from sqlalchemy.exc import OperationalError
 
+from runner.hardware.disks import is_full, is_no_space, no_space
+
 _R = TypeVar("_R")
 
 
@@ -80,6 +82,8 @@ def retry_locked(call: Callable[[], _R], url: str, lock_timeout: float, *,
         try:
             return call()
         except OperationalError as exc:
+            if full_disk(url, exc):  # one line naming the disk, not the driver's traceback
+                raise StoreError(describe_error(url, exc)) from None
             if not is_lock_error(exc):
                 raise
             left = deadline - clock()
@@ -91,6 +95,26 @@ def retry_locked(call: Callable[[], _R], url: str, lock_timeout: float, *,
             sleep(min(next(delays), left))
 
 
+def database_path(url: str) -> Path | None:
+    """The file of an SQLite database (None for a server, memory, or a URL that does not parse)."""
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001
+        return None
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database or "")
+
+
+def full_disk(url: str, exc: BaseException) -> bool:
+    """Whether a driver error comes from a full disk: SQLite's "database or disk is full", or its "disk I/O
+    error" (what a full disk gives while the -wal or -shm file is made) where the database's disk is full."""
+    if is_no_space(exc):
+        return True
+    path = database_path(url)
+    return path is not None and "disk i/o error" in str(exc).lower() and is_full(path)
+
+
 def describe_error(url: str, exc: BaseException) -> str:
     """``--db URL: reason`` in one line for a driver error met while opening or reading a database."""
     reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -99,6 +123,9 @@ def describe_error(url: str, exc: BaseException) -> str:
         reason = "not an SQLite database (file is not a database)"
     elif "readonly database" in lower or "read-only" in lower:
         reason = "read-only database (ftui needs to write to it, and SQLite to its -wal/-shm files beside it)"
+    elif full_disk(url, exc):
+        path = database_path(url)
+        reason = no_space(path) if path is not None else "no space left on the database server's disk"
     elif "unable to open database file" in lower:
         reason = "cannot open the database file (check the path, and that its folder is writable)"
     # SQLAlchemy appends "(Background on this error at: ...)" on a line of its own: dropped above.

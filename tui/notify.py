@@ -1,4 +1,4 @@
-"""Tell the user a run ended: the terminal bell and, where ``notify-send`` exists, a desktop notification.
+"""Tell the user a run ended (or hung: where each rank is): the terminal bell and, where ``notify-send`` exists, a desktop notification.
 
 Used by ``ftui run --notify`` and the dashboard's notify setting (``b`` on the Runs screen). No rich, no
 Textual: both front ends call it. ``notify-send`` is run with an argv list (never a shell), so a run's
@@ -65,3 +65,9 @@ def run_ended(run_id: int, name: str, status: str, error: str | None = None, *, 
     if bell:
         ring_bell(stream)
     return desktop(run_id, name, status, error)
+
+
+def run_hung(run_id: int, name: str, stacks: str, *, bell: bool = True, stream: TextIO | None = None) -> list[str] | None:
+    """A hang was declared and every rank's stacks read (``stacks``: the one line of where each rank is):
+    ring the bell and notify the desktop, before the run is stopped."""
+    return run_ended(run_id, name, "hung", stacks, bell=bell, stream=stream)

@@ -11,6 +11,7 @@ from pathlib import Path
 from runner.nodes.agent import NodeAgent
 from runner.spec.checkpoint import (
     CheckpointError,
+    adopt,
     check_complete,
     check_resume,
     checkpoints_root,
@@ -130,13 +131,14 @@ def _part(dcp: Path, part: str) -> list[Path]:
 def copy_dcp_parts(path: Path, world_size: int, others: list[Path]) -> list[str]:
     """Copy into ``path`` the DCP files it lacks from the other nodes' folders (:func:`dcp_sources`), each
     through a temporary name and a rename; returns the names copied."""
-    copied = []
+    copied: dict[str, Path] = {}
     for dst, src in sorted(dcp_sources(path, world_size, others).items()):
         tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")  # (c10d: another node may copy the same file)
         shutil.copyfile(src, tmp)
         os.replace(tmp, dst)
-        copied.append(str(dst.relative_to(path)))
-    return copied
+        copied[str(dst.relative_to(path))] = src
+    adopt(path, copied)  # listed with the source's hashes: the copied metadata may then be loaded
+    return list(copied)
 
 
 def describe_nodes(nodes: list[store_nodes.NodeInfo]) -> str:

@@ -19,7 +19,15 @@ Split on its seams:
 from runner.planner.activations import ActivationBytes, activation_bytes
 from runner.planner.glue import inputs_from_recipe, recipe_param_dtype
 from runner.planner.inputs import EstimateInput
-from runner.planner.memory import DEFAULT_RESERVE, GIB, PARTS, MemoryBreakdown, breakdown_json, estimate
+from runner.planner.memory import (
+    DEFAULT_RESERVE,
+    GIB,
+    PARTS,
+    MemoryBreakdown,
+    breakdown_json,
+    checkpoint_bytes,
+    estimate,
+)
 from runner.planner.recommend import Recommendation, estimate_report, gpus_needed, recommend
 from runner.planner.shapes import (
     LinearSpec,
@@ -46,6 +54,7 @@ __all__ = [
     "Recommendation",
     "activation_bytes",
     "breakdown_json",
+    "checkpoint_bytes",
     "estimate",
     "estimate_report",
     "gpus_needed",

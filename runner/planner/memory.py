@@ -531,3 +531,15 @@ def breakdown_json(b: MemoryBreakdown) -> dict[str, int]:
             "activations_stored": b.activations_stored, "grads_total": b.grads_total,
             "peak_phase": b.peak_phase, "phases": dict(b.phases),  # type: ignore[dict-item]
             **({"approximate": b.approximate} if b.approximate else {})}  # type: ignore[dict-item]
+
+
+def checkpoint_bytes(inp: EstimateInput) -> int:
+    """Bytes one resumable checkpoint of the whole run takes on disk (every rank's part together): the
+    trainable weights and AdamW's two moments (with DeepSpeed's fp32 master), plus the frozen base where the
+    engine saves the whole model (FSDP's sharded state, DeepSpeed); a LoRA run elsewhere saves only its
+    adapter (runner/rank/checkpointing.py). What the pre-flight wants free under the run folder."""
+    run = _resolve(inp)
+    s = _model_states(inp, run)
+    whole_model = run.deepspeed or run.row.accelerate_type == "FSDP"
+    saved = s.params if whole_model or inp.method == "full" else s.train * s.tw
+    return round(saved + s.optimizer + s.master)

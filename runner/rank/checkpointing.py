@@ -3,7 +3,9 @@
 With ``train.save_every`` (and at a graceful stop) every rank takes part in accelerate's ``save_state`` into
 ``RUN/checkpoints/step-N`` (:mod:`runner.spec.checkpoint`); a run whose recipe sets ``train.resume_from`` to
 such a folder restores model or adapter, optimizer, scheduler and RNG states after ``prepare``
-(:class:`Checkpointer`). At the end the adapter (LoRA) or model (full) is written to ``RUN/output`` and
+(:class:`Checkpointer`). Loading runs no code from the folder: every pickled file is read with
+``torch.load(weights_only=True)``, and a torch distributed checkpoint's metadata (a plain pickle) only
+from a folder whose manifest this ftui home signed (:func:`load_state`). At the end the adapter (LoRA) or model (full) is written to ``RUN/output`` and
 read back (:func:`save_accelerated`, :func:`save_gathered`).
 """
 
@@ -14,6 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from runner.data.cache import source_digest
 from runner.spec import checkpoint as ck
 from runner.spec import events as ev
 
@@ -25,7 +28,9 @@ def check_resume(setup: Setup, shape: DataShape) -> dict[str, Any]:
     """The manifest of ``train.resume_from``, checked against this run (one-line errors)."""
     train = setup.recipe.train
     assert train.resume_from is not None
-    manifest = ck.check_resume(train.resume_from, setup.accelerator.num_processes, setup.recipe.launch.strategy)
+    # The pre-flight verified every file's hash; each rank checks the manifest and sizes (cheap).
+    manifest = ck.check_resume(train.resume_from, setup.accelerator.num_processes, setup.recipe.launch.strategy,
+                               content=False)
     data = manifest.get("data") or {}
     here = {"rows": shape.rows, "rows_per_step": shape.rows_per_step, "steps_per_epoch": shape.steps_per_epoch}
     for key, value in here.items():
@@ -55,6 +60,7 @@ class Checkpointer:
         self.model = model
         self.shape = shape
         self.adapter_keys: set[str] | None = None
+        self.data_fingerprint = source_digest(setup.recipe.data.source)  # once: the data does not change mid-run
         acc = setup.accelerator
         if acc.distributed_type.value == "FSDP":
             plugin = acc.state.fsdp_plugin
@@ -91,7 +97,7 @@ class Checkpointer:
             "data": {"rows": shape.rows, "rows_per_step": shape.rows_per_step,
                      "steps_per_epoch": shape.steps_per_epoch}
             | {"step_in_epoch": step % shape.steps_per_epoch, "seed": recipe.train.seed,
-               "shuffle": recipe.data.shuffle},
+               "shuffle": recipe.data.shuffle, "fingerprint": self.data_fingerprint},
             "recipe_digest": recipe.model_copy(
                 update={"train": recipe.train.model_copy(update={"resume_from": None})}).digest(),
             "world_size": acc.num_processes,
@@ -122,9 +128,9 @@ class Checkpointer:
             missing = ck.missing_rank_parts(folder, acc.num_processes, node_ranks, metadata=acc.is_main_process)
             if missing:
                 raise RuntimeError(f"checkpoint {folder.name}: parts missing after the save: {', '.join(missing)}")
-            files = ck.file_sizes(folder)
-            size = sum(files.values())
-            ck.write_manifest(folder, manifest | {"files": files, "bytes": size, "complete": True})
+            sealed = ck.seal(folder, manifest)  # data files fsynced and hashed before the manifest says complete
+            size = sealed["bytes"]
+            ck.write_manifest(folder, sealed)
             removed = ck.prune(setup.run_dir, recipe.train.keep_checkpoints, folder)
         acc.wait_for_everyone()
         setup.emit(ev.CheckpointEvent(type="checkpoint", step=step, path=str(folder), seconds=time.perf_counter() - t0,
@@ -145,7 +151,7 @@ class Checkpointer:
                     f"{len(self.adapter_keys)} trainable ones (another method, model or LoRA shape?)"
                 )
             kwargs["strict"] = False  # the frozen base is not in the file; the checks here stand in
-        self.setup.accelerator.load_state(str(folder), **kwargs)
+        load_state(self.setup.accelerator, folder, **kwargs)
         if self.adapter_keys is not None:
             # strict=False would also pass over keys that match nothing: check every tensor arrived.
             from safetensors.torch import load_file
@@ -155,6 +161,67 @@ class Checkpointer:
             wrong = [k for k, v in saved_tensors.items() if not params[plain_name(k)].detach().cpu().equal(v)]
             if wrong:
                 raise ck.CheckpointError(f"train.resume_from: {len(wrong)} tensors did not load, e.g. {wrong[0]}")
+
+
+def load_state(acc: Any, folder: Path, **kwargs: Any) -> None:
+    """accelerate's ``load_state`` of ``folder``, loading nothing that can run code: the registered
+    objects (the lr scheduler, ``custom_checkpoint_N.pkl``, which accelerate reads with
+    ``weights_only=False``) are read with ``weights_only=True`` (:func:`load_plain_state`), and a torch
+    distributed checkpoint (whose metadata torch unpickles) only from a folder this ftui home signed.
+
+    Raises:
+        CheckpointError: one line naming ``train.resume_from`` and the file that could not be loaded.
+    """
+    import accelerate.accelerator  # deferred: torch
+
+    if any(folder.glob(f"*/{ck.UNSAFE_NAME}")) and (reason := ck.untrusted(folder)) is not None:
+        raise ck.CheckpointError(f"train.resume_from: refused to load its torch distributed checkpoint metadata "
+                                 f"(a pickle, which can run code): {reason}")
+    # accelerate's load_state calls this module-level name for each registered object; it is ours for the call.
+    accelerates = accelerate.accelerator.load_custom_state
+    accelerate.accelerator.load_custom_state = load_plain_state
+    try:
+        acc.load_state(str(folder), **kwargs)
+    except ck.CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (any failure of a load is this one line)
+        raise ck.CheckpointError(f"train.resume_from: {load_failure(folder, exc)}") from None
+    finally:
+        accelerate.accelerator.load_custom_state = accelerates
+
+
+def load_plain_state(obj: Any, path: str, index: int = 0) -> None:
+    """Restore a registered object from ``custom_checkpoint_{index}.pkl`` in ``path``, read as plain data
+    (``weights_only=True``: tensors, numbers, strings, containers; a pickle naming anything else is refused).
+
+    Raises:
+        CheckpointError: one line naming the file.
+    """
+    import torch  # deferred: torch
+
+    file = Path(path) / f"custom_checkpoint_{index}.pkl"
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 (an unpickling error names the global it refused)
+        raise ck.CheckpointError(f"train.resume_from: {file}: not loadable as plain data, refused: "
+                                 f"{one_line(exc)}") from None
+    obj.load_state_dict(state)
+
+
+def load_failure(folder: Path, exc: BaseException) -> str:
+    """Why loading ``folder`` failed, naming the file: the first whose content is not what was written
+    (the files are hashed only now, after a failure), else the loader's own error."""
+    try:
+        ck.verify(folder)
+    except ck.CheckpointError as damaged:
+        return str(damaged)
+    return f"{folder}: loading failed: {one_line(exc)}"
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one short line: its type and the first line of its message."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first[:300]}"
 
 
 def save_accelerated(setup: Setup, model: Any) -> str:

@@ -298,10 +298,12 @@ def _cadence(setup: Setup, engine: Engine, shape: DataShape, p: _Progress, stop_
     if engine.evaluates and setup.dataset.eval is not None and (
             done == shape.total_steps or (train.eval_every and done % train.eval_every == 0)):
         begin = time.perf_counter()
+        setup.emit(ev.PhaseEvent(type="phase", phase="evaluating", detail=f"step {done}"))
         run_eval(setup, engine, done)
         p.eval_spans.append((begin, time.perf_counter()))
     every = train.save_every > 0 and done % train.save_every == 0
     if (every or stop_requested) and engine.checkpointer is not None and zero.checkpoints_supported(setup.strategy):
+        setup.emit(ev.PhaseEvent(type="phase", phase="saving", detail=f"the checkpoint of step {done}"))
         p.last_checkpoint = engine.checkpointer.save(done, p.epoch, p.tokens_done, reason="every" if every else "stop")
 
 
@@ -311,7 +313,10 @@ def _finish(setup: Setup, engine: Engine, p: _Progress, meter: Any) -> Status:
     steps_done = p.step + 1
     # Evaluations between steps are not training time.
     train_seconds = p.last_step_end - p.first_step_start - sum(e - b for b, e in p.eval_spans if e <= p.last_step_end)
-    saved = engine.save() if train.save and p.status == "completed" else None
+    saved = None
+    if train.save and p.status == "completed":
+        setup.emit(ev.PhaseEvent(type="phase", phase="saving", detail="the trained model"))
+        saved = engine.save()
     measured: dict[str, Any] = {}
     if steps_done > p.start_step:
         measured = {**meter.result(), "measured_steps": min(steps_done - p.start_step, memtrack.MEASURED_STEPS)}

@@ -6,6 +6,7 @@ for itself, and nothing else:
 
 * the rank's stdout and stderr go to ``RUN/logs/rank{N}.log``, and its pid to ``RUN/ranks/{N}.pid``
   (so telemetry samples each rank, and a stop finds it);
+* its Python stacks go to ``RUN/stacks/rank{N}.txt`` on request (``runner.spec.stacks``: a hang);
 * ``FTUI_RUN_DIR`` names the run folder (:mod:`runner.track` journals there; a hand-run dry-run argv
   works without ftui's environment);
 * the script runs as ``__main__`` with ``sys.argv = [SCRIPT, *ARGS]`` from ``DIR`` (the folder
@@ -27,7 +28,7 @@ import traceback
 from pathlib import Path
 
 from runner import track
-from runner.rank.rank_log import redirect_output
+from runner.rank.rank_log import caused_by_full_disk, dump_stacks_on_signal, flush_quietly, redirect_output
 from runner.spec import events as ev
 
 
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ[track.RUN_ENV] = str(run_dir)
     redirect_output(ev.rank_log(run_dir, rank))
     faulthandler.enable()  # a segfault in a native library leaves its Python stack in the rank log
+    dump_stacks_on_signal(run_dir, rank)  # before the pid file: a rank the watcher finds can answer for its stacks
     pid_file = ev.rank_pid_file(run_dir, rank)
     pid_file.parent.mkdir(parents=True, exist_ok=True)
     pid_file.write_text(str(os.getpid()))
@@ -73,13 +75,15 @@ def main(argv: list[str] | None = None) -> None:
         if exc.code is not None and not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
     except BaseException as exc:  # noqa: BLE001 (report every failure, then exit non-zero)
-        traceback.print_exc()
+        try:
+            traceback.print_exc()
+        except OSError:
+            pass  # the log's disk is full: the exit code says it
         track.error(f"{type(exc).__name__}: {exc}".strip())
-        code = 1
+        code = ev.EXIT_NO_SPACE if caused_by_full_disk(exc) else 1
     track.finish("completed" if code == 0 else "failed")
     atexit._run_exitfuncs()  # the script's own exit handlers (loggers, trackers) still run
-    sys.stdout.flush()
-    sys.stderr.flush()
+    flush_quietly(None)
     # As the trainer: two-rank gloo runs abort at interpreter teardown now and then (docs/cpu-facts.md).
     os._exit(code)
 

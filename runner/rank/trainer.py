@@ -13,12 +13,10 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import os
-import sys
-import traceback
 import warnings
 from pathlib import Path
 
-from runner.rank.rank_log import redirect_output
+from runner.rank.rank_log import dump_stacks_on_signal, redirect_output, run_reporting
 from runner.spec import events as ev
 
 
@@ -32,34 +30,23 @@ def main(argv: list[str] | None = None) -> None:
 
     redirect_output(ev.rank_log(run_dir, rank))
     faulthandler.enable()  # a segfault in a native library leaves its Python stack in the rank log
+    dump_stacks_on_signal(run_dir, rank)  # before the pid file: a rank the watcher finds can answer for its stacks
     # transformers 5 deprecates names that peft still calls every step; the log should show our own.
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     pid_file = ev.rank_pid_file(run_dir, rank)
     pid_file.parent.mkdir(parents=True, exist_ok=True)
     pid_file.write_text(str(os.getpid()))
 
-    journal = ev.JournalWriter(run_dir / ev.EVENTS_FILE) if rank == 0 else None
-    code = 0
-    try:
+    def train(journal: ev.JournalWriter | None) -> str:
         # deferred: torch (with accelerate and transformers, loaded once the rank's output goes to its log)
         from runner.rank.run import Trainer
 
-        status = Trainer(run_dir, rank, journal).run()
-        code = 1 if status == "failed" else 0
-    except BaseException as exc:  # noqa: BLE001 (report every failure, then exit non-zero)
-        traceback.print_exc()
-        if journal is not None:
-            journal.write(ev.ErrorEvent(type="error", message=f"{type(exc).__name__}: {exc}".strip(), rank=rank))
-        code = 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if journal is not None:
-            journal.close()
+        return Trainer(run_dir, rank, journal).run()
+
+    code = run_reporting(train, run_dir, rank)
     # Two-rank gloo runs abort at interpreter exit ~5% of the time ("terminate called without an
     # active exception"); skipping interpreter teardown avoided it in 20/20 runs (docs/cpu-facts.md).
     os._exit(code)
-
 
 if __name__ == "__main__":
     main()

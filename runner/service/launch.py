@@ -68,13 +68,15 @@ def default_nproc() -> int:
     return max(2, cuda_device_count())
 
 
-def check(recipe: Recipe, fake_gpus: int = 0) -> list[str]:
+def check(recipe: Recipe, fake_gpus: int = 0, allow_data_change: bool = False, dry_run: bool = False) -> list[str]:
     """The pre-flight of every launch (:func:`runner.watch.preflight.launch_checks`); its warnings.
+    ``allow_data_change``: a checkpoint to resume from may have been taken on other data; ``dry_run``:
+    nothing will be loaded.
 
     Raises:
         runner.spec.recipe.RecipeError: the run cannot start (one line naming the field or file).
     """
-    return launch_checks(recipe, fake_gpus)
+    return launch_checks(recipe, fake_gpus, allow_data_change, dry_run)
 
 
 def dry_run(request: LaunchRequest) -> Prepared:
@@ -94,13 +96,15 @@ def record(store: Store, request: LaunchRequest) -> Prepared:
     return prepare(store, request.recipe, source=request.source)
 
 
-def resume(store: Store, run_id: int) -> Prepared:
-    """Record a new run continuing run ``run_id`` from its newest complete checkpoint; start nothing.
+def resume(store: Store, run_id: int, allow_data_change: bool = False) -> Prepared:
+    """Record a new run continuing run ``run_id`` from its newest checkpoint that verifies; start nothing.
+    The checkpoints passed over are in the result's ``warnings``.
 
     Raises:
-        runner.watch.preflight.PreflightError: no such run, no complete checkpoint (one line).
+        runner.watch.preflight.PreflightError: no such run, a run still running, no usable checkpoint,
+            changed data without ``allow_data_change`` (one line).
     """
-    return prepare_resume(store, run_id)
+    return prepare_resume(store, run_id, allow_data_change=allow_data_change)
 
 
 def resume_node(store: Store, request: NodeResumeRequest, warn: Callable[[str], None] | None = None) -> Prepared:

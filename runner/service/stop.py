@@ -60,7 +60,8 @@ is given up on (this process then stops the run itself)."""
 
 
 def request_stop(store: Store, run_id: int, kill: bool = False, grace_s: float = DEFAULT_GRACE_S,
-                 wait: bool = True, poll_s: float = 0.25, answer_s: float = ANSWER_S) -> StopResult:
+                 wait: bool = True, poll_s: float = 0.25, answer_s: float = ANSWER_S,
+                 on_asked: Callable[[str], None] | None = None) -> StopResult:
     """Stop a run started anywhere (``ftui run`` in another terminal, the TUI, node agents elsewhere).
 
     A run on other machines (several nodes, a SLURM job, a watcher on another host) is asked through the
@@ -85,6 +86,8 @@ def request_stop(store: Store, run_id: int, kill: bool = False, grace_s: float =
         wait: wait for the status to change (False: ask the watcher and return; the TUI).
         poll_s: seconds between reads of the store.
         answer_s: seconds a live watcher gets to journal that it took the request.
+        on_asked: told what was asked of a live watcher (or that a stop is already in flight) before the
+            wait, so a command can say it at once.
 
     Raises:
         StopRefused: no such run, or the run is not running.
@@ -107,6 +110,8 @@ def request_stop(store: Store, run_id: int, kill: bool = False, grace_s: float =
         lead = (f"{'kill' if kill else 'graceful stop'} asked of its watcher (pid {pid})" if signalled else
                 f"a graceful stop was already in flight with its watcher (pid {pid}): waited for it, not asked again")
         asked = "; ".join([lead, *notes])
+        if on_asked is not None:
+            on_asked(asked)
         if not wait:
             return StopResult(run_id, run.status, asked)
         waited = _wait_for_watcher(store, run_id, int(pid), created, asked, grace_s, poll_s, answer_s)

@@ -12,6 +12,7 @@ A run folder holds everything needed to understand, re-ingest or resume a run wi
     launcher.log         stdout/stderr of ``accelerate launch`` itself
     logs/rank{N}.log     stdout/stderr of each rank
     ranks/{N}.pid        the pid of each rank, written as the rank starts
+    stacks/rank{N}.txt   each rank's Python stacks, dumped on request (runner.spec.stacks)
     output/              the saved adapter or model
 
     checkpoints/step-NNNNNNNN/   resumable checkpoints (``runner.spec.checkpoint``), each with ``ftui.json``
@@ -19,9 +20,12 @@ A run folder holds everything needed to understand, re-ingest or resume a run wi
 Every event carries ``seq`` (0, 1, 2, ... within the run: its stable id), ``type`` and ``time``
 (unix seconds). Types written by the trainer (rank 0):
 
-- ``phase``: before step 1, what the trainer is doing now: ``phase`` (``"tokenizing"``,
-  ``"loading_model"``, ``"preparing"``, ``"resuming"``; ``start`` follows the last) and ``detail`` (a few words for a
-  person: the model, the strategy). Each starts where the previous one ends.
+- ``phase``: what the trainer is doing now, where no step comes for a while: ``phase`` and ``detail`` (a
+  few words for a person: the model, the strategy, the step). Before step 1: ``"tokenizing"``,
+  ``"loading_model"``, ``"preparing"``, ``"resuming"`` (each starts where the previous one ends; ``start``
+  follows the last); between steps: ``"evaluating"`` (a ``metrics`` event ends it) and ``"saving"`` (a
+  checkpoint, ended by its ``checkpoint`` event, or the final model, ended by ``end``). Each is a sign of
+  progress for the watcher's hang rule.
 
 - ``start``: world size, distributed type in effect, params, total steps, ... and ``start_step`` (0, or
   the checkpoint's step when resumed) with ``resumed_from`` (the checkpoint folder or null) and
@@ -53,8 +57,8 @@ Every event carries ``seq`` (0, 1, 2, ... within the run: its stable id), ``type
 The orchestrator adds its own (``launch``, ``exit``, ``hang``) to the store only. JSON has no NaN or
 infinity (and SQLite's json functions refuse them): the writer turns non-finite floats into null.
 
-The orchestrator journals its own events (``launch``, ``attach``, ``rank_exit``, ``hang``, ``hang_stop``,
-``stop_requested``, ``stop``, ``watcher_error``, ``exit``) in ``orchestrator.jsonl`` with their own ``seq``
+The orchestrator journals its own events (``launch``, ``attach``, ``rank_exit``, ``hang``, ``stacks``,
+``hang_stop``, ``stop_requested``, ``stop``, ``watcher_error``, ``exit``) in ``orchestrator.jsonl`` with their own ``seq``
 (:mod:`runner.watch.journal`).
 """
 
@@ -63,9 +67,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 EVENTS_FILE = "events.jsonl"
 RECIPE_FILE = "recipe.toml"
@@ -73,6 +78,11 @@ ACCELERATE_FILE = "accelerate.yaml"
 LAUNCH_FILE = "launch.json"
 LAUNCHER_LOG = "launcher.log"
 OUTPUT_DIR = "output"
+
+EXIT_NO_SPACE = 28
+"""What a rank exits with when it failed because a disk was full (ENOSPC's number): the one word that
+reaches the watcher when the full disk is the one holding the rank's log (torch elastic's report, or the
+launcher's own exit code for one process)."""
 
 
 def rank_log(run_dir: Path, rank: int) -> Path:
@@ -158,19 +168,22 @@ class StartEvent(TypedDict):
     schedule, which layers each process holds."""
 
 
-Phase = Literal["tokenizing", "loading_model", "preparing", "resuming"]
+Phase = Literal["tokenizing", "loading_model", "preparing", "resuming", "evaluating", "saving"]
 
 PHASE_WORDS: dict[str, str] = {
     "tokenizing": "tokenizing the data",
     "loading_model": "loading the model",
     "preparing": "preparing the strategy",
     "resuming": "restoring the checkpoint",
+    "evaluating": "evaluating",
+    "saving": "saving",
 }
 """Each phase as a person says it (the CLI's progress line and the Monitor share these words)."""
 
 
 class PhaseEvent(TypedDict):
-    """Before step 1: the trainer entered a phase (the silent minutes of loading and preparing)."""
+    """The trainer entered a phase: the silent minutes of loading and preparing before step 1, an
+    evaluation or a save between steps."""
 
     type: Literal["phase"]
     phase: Phase
@@ -337,13 +350,43 @@ def typed(event: dict[str, Any]) -> TrainerEvent | None:
     return event  # type: ignore[return-value]  # the writer built it from the TypedDict of its type
 
 
+def append_whole(fd: int, data: bytes) -> None:
+    """Append ``data`` to the file open at ``fd`` (``O_APPEND``) whole or not at all: a write the disk
+    cannot take (full, an I/O error) is cut back off the file, so that no torn line is left for the next
+    one to run on from.
+
+    Raises:
+        OSError: the write failed; the file is as it was.
+    """
+    size = os.fstat(fd).st_size
+    done = 0
+    try:
+        while done < len(data):
+            done += os.write(fd, data[done:])
+    except OSError:
+        if done:
+            try:  # shrinking needs no room
+                os.ftruncate(fd, size)
+            except OSError:
+                pass
+        raise
+
+
 class JournalWriter:
-    """Appends events to ``events.jsonl``: one ``write`` per record, flushed, so that lines from a
-    crashing process are whole or absent, never torn."""
+    """Appends events to ``events.jsonl``, each write whole or not at all (:func:`append_whole`), so that
+    lines from a crashing process are whole or absent, never torn.
+
+    A write the disk does not take ends nothing: the events wait, in order, and go with the next one
+    (:attr:`unwritten`); the first failure is said once on stderr (the rank's log)."""
 
     def __init__(self, path: Path) -> None:
-        self._file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        self.path = path
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self._seq = 0
+        self.unwritten: list[str] = []
+        """Lines the disk did not take yet."""
+        self.failed: OSError | None = None
+        """The last write error, while the disk takes nothing."""
 
     def emit(self, type_: str, **payload: Any) -> dict[str, Any]:
         import time
@@ -355,9 +398,25 @@ class JournalWriter:
         except ValueError:  # a NaN or infinity somewhere: JSON (and SQLite's json1) has none
             record = finite_json(record)
             line = json.dumps(record, separators=(",", ":"), allow_nan=False)
-        self._file.write(line + "\n")
-        self._file.flush()
+        self.unwritten.append(line + "\n")
+        self._write()
         return record
+
+    def _write(self) -> None:
+        if self._fd is None or not self.unwritten:
+            return
+        try:
+            append_whole(self._fd, "".join(self.unwritten).encode())
+        except OSError as exc:
+            if self.failed is None:
+                try:
+                    print(f"ftui: cannot write {self.path} ({exc.strerror}); events kept until it can", file=sys.stderr,
+                          flush=True)
+                except OSError:
+                    pass
+            self.failed = exc
+            return
+        self.unwritten, self.failed = [], None
 
     def write(self, event: TrainerEvent) -> dict[str, Any]:
         """Append one typed trainer event (the checked path; :meth:`emit` is the untyped one)."""
@@ -365,14 +424,25 @@ class JournalWriter:
         return self.emit(event["type"], **payload)
 
     def close(self) -> None:
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
+        """Write what waits (a last try), sync and close."""
+        if self._fd is None:
+            return
+        self._write()
+        fd, self._fd = self._fd, None
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
 
 @dataclass
 class JournalReader:
-    """Tails ``events.jsonl`` incrementally; only complete lines are returned."""
+    """Tails ``events.jsonl`` incrementally; only complete lines are returned.
+
+    A journal cut short under the reader (log rotation's copytruncate, ``truncate -s 0``) is read again from
+    its start: what the writer appends after the cut is new (the store skips what it has by ``seq``)."""
 
     path: Path
     _offset: int = 0
@@ -382,6 +452,8 @@ class JournalReader:
         """Events appended since the last call (possibly none)."""
         try:
             with open(self.path, "rb") as fh:
+                if os.fstat(fh.fileno()).st_size < self._offset:  # cut short: the writer goes on from its new end
+                    self._offset, self._partial = 0, b""
                 fh.seek(self._offset)
                 chunk = fh.read()
         except FileNotFoundError:

@@ -39,7 +39,11 @@ def update_record(run_dir: Path, fields: dict[str, Any], summary: dict[str, Any]
         record["summary"] = {**record.get("summary", {}), **summary}
     path = run_dir / RUN_RECORD_FILE
     partial = path.with_name(f".{RUN_RECORD_FILE}.{os.getpid()}")
-    partial.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+    try:
+        partial.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+    except OSError:  # a full disk: no half-written file is left beside the record
+        partial.unlink(missing_ok=True)
+        raise
     os.replace(partial, path)
 
 

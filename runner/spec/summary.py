@@ -136,6 +136,19 @@ class TelemetrySummary(TypedDict):
     """GPU memory peak of each rank's own processes (NVML), added by the orchestrator."""
 
 
+class StacksReport(TypedDict):
+    """The ranks' Python stacks, asked for by the watcher (``runner.watch.stacks``; the ``stacks`` event)."""
+
+    cause: str
+    """``hang`` or ``collective timeout``."""
+    ranks: dict[str, str | None]
+    """Rank -> where its main thread was (``all_reduce (runner/rank/loop.py:412)``), None: no answer."""
+    summary: str
+    """The one line: ``rank 1 in all_reduce (...); rank 0 in tokenize (...)``."""
+    folder: str
+    """The run's ``stacks`` folder: the full dumps, one file per rank."""
+
+
 GPU_UTIL_UNIT = "GPU busy % (NVML: time a kernel ran, not FLOPs)"
 CPU_CORE_UNIT = "CPU % of one core (psutil)"
 
@@ -251,6 +264,8 @@ class RunSummary:
     orchestrator_host: str | None = None
     stop: str | None = None
     """How a stop was carried out (``ftui stop``, a cancelled SLURM job)."""
+    stacks: StacksReport | None = None
+    """Where every rank was when the watcher last asked for their stacks (a hang, a collective timeout)."""
     ended: str | None = None
     """A stopped or killed run: the step it ended at and the checkpoint it can resume from, or "no
     checkpoint" (:func:`runner.spec.status.ended_words`)."""
@@ -314,7 +329,7 @@ def _default(f: Any) -> Any:
 def _json_types(annotation: str) -> tuple[type, ...]:
     """The JSON value types an attribute's annotation (a string: postponed evaluation) admits."""
     head = annotation.split("|")[0].split("[")[0].strip()
-    if head in ("dict", "EstimateSummary", "TelemetrySummary"):
+    if head in ("dict", "EstimateSummary", "TelemetrySummary", "StacksReport"):
         return (dict,)
     return {"list": (list,), "int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}[head]
 

@@ -7,8 +7,8 @@ SAMPLE_INTERVAL_S = 0.5
 """Seconds between telemetry readings; 0 turns telemetry off."""
 
 HANG_AFTER_S = 300.0
-"""A hang is flagged when no step came for this long and a device is idle, and the run is stopped when it
-is still hung this long after the flag."""
+"""A hang is flagged when the run made no progress for this long (no event from the trainer, every rank
+and GPU idle), and the run is stopped when it is still hung this long after the flag."""
 
 WATCHER_CHECK_S = 5.0
 """How often an open dashboard checks that each run it shows running on this host still has a watcher

@@ -8,6 +8,10 @@ Three sources, best first:
 2. The rank pids the ranks wrote to ``RUN/ranks/{N}.pid``, watched with psutil: a rank that vanishes
    while the run goes on is noted at once (its exit status is its parent's to read, not ours).
 3. The rank's own log: the last exception line, and CUDA's "out of memory".
+
+A full disk is named wherever it shows (:func:`no_space_reason`): a rank's exit code
+:data:`runner.spec.events.EXIT_NO_SPACE`, "No space left on device" in its log or in the trainer's error,
+or, for a rank that vanished without a word, a run folder with no room left.
 """
 
 from __future__ import annotations
@@ -20,12 +24,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runner.hardware.disks import is_full, no_space, says_no_space
 from runner.spec import events as ev
 
 _BLOCK = re.compile(
     r"rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(?P<code>-?\d+)\s*\(pid:\s*(?P<pid>\d+)\)"
 )
 _OOM = ("CUDA out of memory", "OutOfMemoryError")
+_COLLECTIVE_TIMEOUT = re.compile(
+    r"Timed out waiting \d+ ?ms"                      # gloo: "Timed out waiting 1800000ms for recv operation"
+    r"|collective operation timeout"                  # NCCL's watchdog: "Watchdog caught collective operation timeout"
+    r"|ran for \d+ milliseconds before timing out"    # NCCL: the same line's end
+    r"|DistBackendError.*timed? ?out", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -72,12 +82,40 @@ def rank_log_reason(run_dir: Path, rank: int) -> str | None:
     for line in reversed(lines):
         if any(marker in line for marker in _OOM):
             return "out of GPU memory: " + line.strip()[:300]
+        full = no_space_reason(run_dir, line)
+        if full:
+            return full
     for line in reversed(lines):
         text = line.strip()
         head = text.split(":", 1)[0]
         if head.endswith(("Error", "Exception")) and " " not in head:
             return text[:300]
     return None
+
+
+def collective_timeout(run_dir: Path, rank: int) -> str | None:
+    """The line of a rank's log saying a collective timed out (gloo or NCCL): a hang some rank timed out
+    on (the stacks of the others say where they were); None when there is none."""
+    try:
+        lines = ev.rank_log(run_dir, rank).read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    return next((line.strip()[:300] for line in reversed(lines) if _COLLECTIVE_TIMEOUT.search(line)), None)
+
+
+_NO_SPACE_PATH = re.compile(r"No space left on device: '(?P<path>[^']+)'")
+def no_space_reason(run_dir: Path, text: str | None) -> str | None:
+    """``no space left on DEVICE (PATH)`` when ``text`` (a log line, the trainer's error) says the disk was
+    full; the path it names, else the run folder."""
+    if not text or not says_no_space(text):
+        return None
+    named = _NO_SPACE_PATH.search(text)
+    return no_space(Path(named["path"]) if named else run_dir)
+
+
+def run_folder_full(run_dir: Path) -> str | None:
+    """``no space left on DEVICE (RUN)`` when the run folder's filesystem has (next to) no room left."""
+    return no_space(run_dir) if is_full(run_dir) else None
 
 
 def memory_was_short(rank: int, recent: list[Any]) -> bool:
@@ -130,12 +168,13 @@ def describe(run_dir: Path, vanished: list[tuple[int, int]] | None = None, recen
     killed = [f for f in failures if f.exit_code == -signal.SIGKILL]
     first = killed[0] if killed else failures[0] if failures else None
     if first is None and trainer_error:
-        return trainer_error  # the trainer caught it and said so: the best words there are
+        # the trainer caught it and said so: the best words there are
+        return no_space_reason(run_dir, trainer_error) or trainer_error
     if first is None and vanished:
         rank, pid = vanished[0]
         reason = f"rank {rank} (pid {pid}) ended before the run did"
-        detail = rank_log_reason(run_dir, rank)
-        return f"{reason}: {detail}" if detail else reason
+        detail = rank_log_reason(run_dir, rank) or run_folder_full(run_dir)
+        return _with_timeout(run_dir, rank, f"{reason}: {detail}" if detail else reason)
     if first is None:
         return None
     who = f"rank {first.rank}" + (f" (pid {first.pid})" if first.pid else "")
@@ -147,10 +186,20 @@ def describe(run_dir: Path, vanished: list[tuple[int, int]] | None = None, recen
                 reason += f"; {detail}"
             elif recent is not None and memory_was_short(first.rank, recent):
                 reason += " (the kernel's OOM killer, if memory was short: the last reading was near the limit)"
-        return reason
+        return _with_timeout(run_dir, first.rank, reason)
     detail = rank_log_reason(run_dir, first.rank) or (trainer_error if first.rank == 0 else None)
+    if first.exit_code == ev.EXIT_NO_SPACE and not (detail and detail.startswith("no space left")):
+        detail = no_space(run_dir)
     reason = f"{who} exited with code {first.exit_code}"
-    return f"{reason}: {detail}" if detail else reason
+    return _with_timeout(run_dir, first.rank, f"{reason}: {detail}" if detail else reason)
+
+
+def _with_timeout(run_dir: Path, rank: int, reason: str) -> str:
+    """``reason``, and the collective timeout in the rank's log when it does not say it already."""
+    timeout = collective_timeout(run_dir, rank)
+    if timeout is None or _COLLECTIVE_TIMEOUT.search(reason):
+        return reason
+    return f"{reason}; collective timeout (a hang): {timeout}"
 
 
 class RankWatch:

@@ -11,13 +11,14 @@ from typing import Any
 
 from runner.analysis import cpu_peak
 from runner.analysis.utilisation import summarise
+from runner.hardware.disks import no_space
 from runner.spec import checkpoint as ckpt
 from runner.spec import events as ev
 from runner.spec.run_record import from_epoch
 from runner.spec.status import ENDED_BY_USER, ended_words
 from runner.spec.summary import busiest_peak
 from runner.watch.crash import describe
-from runner.watch.stream import Recorder, RunStream, quietly
+from runner.watch.stream import Recorder, RunStream, quietly, store_problem
 from store import Store
 from store.store import utcnow
 
@@ -33,6 +34,8 @@ class Outcome:
     summary: dict[str, Any] = field(default_factory=dict)
     stop_report: str | None = None
     """After a stop: what was signalled, killed and checked (:meth:`runner.watch.procs.StopReport.describe`)."""
+    notes: list[str] = field(default_factory=list)
+    """What of the run could not be recorded (a full disk under the run folder or the database), one line each."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,8 @@ class Ending:
     """The launcher's pid (one process: the rank's too), to name the signal that ended it."""
     sigkilled: str | None = None
     """Why a stop SIGKILLed processes of the run, when it did (a second Ctrl-C, the grace ran out)."""
+    unrecorded: tuple[str, ...] = ()
+    """What the run folder did not take by the end (its disk full), one line each."""
 
 
 def end_status(stream: RunStream, ending: Ending) -> tuple[str, str | None]:
@@ -78,6 +83,8 @@ def end_status(stream: RunStream, ending: Ending) -> tuple[str, str | None]:
              or stream.error or error_from_logs(run_dir)
              or (f"launcher exited with code {exit_code}" if exit_code is not None else
                  f"watcher and ranks gone; last step {stream.last_step or 0}"))
+    if exit_code == ev.EXIT_NO_SPACE and "no space left" not in error:  # one process: the rank is the launcher
+        error = f"{error}: {no_space(run_dir)}"
     return "failed", error
 
 
@@ -90,15 +97,35 @@ def finish(store: Store, stream: RunStream, ending: Ending, recorder: Recorder |
     ended = from_epoch(record["time"]) if record is not None else None  # the journal's time, as a rebuild reads it
     node = stream.prepared.node
     if node is None:
-        return project_end(store, stream, status, exit_code, error, ended_at=ended)
+        return stored_end(store, stream, status, exit_code, error, ending.unrecorded, ended_at=ended)
     # One machine of several (runner/nodes/agent.py): the node with the trainer's journal writes the figures;
     # the run's status is settled from every node's row once they all ended.
-    outcome = (project_end(store, stream, status, exit_code, error, final=False) if stream.start is not None
-               else Outcome(run_id=stream.run_id, status=status, exit_code=exit_code, error=error))
+    outcome = (stored_end(store, stream, status, exit_code, error, ending.unrecorded, final=False)
+               if stream.start is not None else Outcome(run_id=stream.run_id, status=status, exit_code=exit_code,
+                                                        error=error, notes=list(ending.unrecorded)))
     settled = node.finish(status, error, exit_code)
     if settled is not None:
         outcome.status, outcome.error = settled.status, settled.error
     return outcome
+
+
+def stored_end(store: Store, stream: RunStream, status: str, exit_code: int | None, error: str | None,
+               unrecorded: tuple[str, ...] = (), final: bool = True, ended_at: datetime | None = None) -> Outcome:
+    """:func:`project_end`, or (the store cannot take it: its disk full) the outcome with a note that says
+    so; the journal has the end already, and recover records it."""
+    try:
+        outcome = project_end(store, stream, status, exit_code, error, final=final, ended_at=ended_at)
+    except Exception as exc:  # noqa: BLE001
+        outcome = Outcome(run_id=stream.run_id, status=status, exit_code=exit_code, error=error)
+        outcome.notes.append(not_stored(store_problem(store, exc)))
+    outcome.notes[:0] = unrecorded
+    return outcome
+
+
+def not_stored(problem: str) -> str:
+    """The line that says the store missed the end of a run, and how it gets it."""
+    return (f"the store was not written ({problem}); the run folder's journals hold the run: `ftui recover` "
+            "records it once the database can be written")
 
 
 def project_end(store: Store, stream: RunStream, status: str, exit_code: int | None, error: str | None,

@@ -23,7 +23,7 @@ from runner.spec import events as ev
 from runner.spec import watching
 from runner.spec.run_record import from_epoch
 from runner.watch import procs
-from runner.watch.crash import RankWatch, describe
+from runner.watch.crash import RankWatch, collective_timeout, describe
 from runner.watch.finish import Ending, Outcome, finish
 from runner.watch.host import probe_for
 from runner.watch.identity import record_watcher, watcher_identity
@@ -31,6 +31,7 @@ from runner.watch.journal import WatcherLock
 from runner.watch.preflight import PreflightError
 from runner.watch.prepare import Prepared
 from runner.watch.sampling import HANG_CHECK_S, RunTelemetry
+from runner.watch.stacks import STACKS_WAIT_S, StackReport
 from runner.watch.stream import EventCallback, Recorder, RunStream, quietly
 from store import Store
 
@@ -55,8 +56,9 @@ class WatchOptions:
     sample_interval_s: float = watching.SAMPLE_INTERVAL_S
     """Seconds between telemetry readings; 0 turns telemetry off."""
     hang_after_s: float = watching.HANG_AFTER_S
-    """Flag a hang when no step came for this long and a device is idle; stop the run (failed,
-    "hang: ...") when it is still hung ``hang_after_s`` after the flag."""
+    """Flag a hang when the run made no progress for this long (no trainer event, every device idle) and
+    ask every rank for its stacks; stop the run (failed, "hang: ...") when it is still hung
+    ``hang_after_s`` after the flag."""
     grace_s: float = procs.DEFAULT_GRACE_S
     """After a stop request, seconds the ranks get to finish their step, save and exit before whatever
     is left of the run is SIGKILLed (then checked: none left)."""
@@ -75,6 +77,8 @@ class WatchOptions:
     """The grace of the stop after the hang rule ended the run."""
     hang_check_s: float = HANG_CHECK_S
     """Seconds between two looks of the hang rule at the recent readings."""
+    stacks_wait_s: float = STACKS_WAIT_S
+    """Seconds the ranks get to write their stacks once asked (a hang, a collective timeout)."""
     clock: Callable[[], float] = field(default=time.time, compare=False)
     """The wall clock of the time-based rules (hang, vanished rank); tests drive their own."""
 
@@ -228,13 +232,24 @@ class _Watch:
         self.ranks = RankWatch(prepared.run_dir, clock=options.clock)
         self.stopper = Stopper(prepared.run_dir, launcher.group, self.request)
         self.forced_error: str | None = None
+        self.stacks = StackReport(prepared.run_dir, self._report_stacks, clock=options.clock,
+                                  wait_s=options.stacks_wait_s)
+
+    def _report_stacks(self, result: dict[str, object]) -> None:
+        """Every rank's stacks came (or the wait ran out): journal them, keep them in the run's summary
+        (``ftui show``, the Monitor) and pass them on (the progress line, a notification)."""
+        record = self.recorder.emit("stacks", **result)
+        quietly(self.stream.store.update_run, self.stream.run_id, summary={"stacks": result})
+        if self.on_event is not None:
+            self.on_event(record)
 
     def step(self) -> bool:
         """One round of the watch; True when the run is over."""
         assert self.telemetry is not None
         stream, stopper, recorder, request = self.stream, self.stopper, self.recorder, self.request
         stream.poll()
-        self.telemetry.poll(stream, recorder)
+        if self.telemetry.poll(stream, recorder) is not None:  # a hang flagged: where is every rank?
+            self.stacks.request("hang")
         if stream.mismatch and not stopper.started:
             stopper.start(grace_s=self.options.forced_grace_s)
         if request.is_set() and not stopper.started:
@@ -246,6 +261,8 @@ class _Watch:
                 event = recorder.emit("rank_exit", rank=rank, pid=pid)
                 if self.on_event is not None:
                     self.on_event(event)
+                if collective_timeout(self.prepared.run_dir, rank):  # a hang another rank timed out on
+                    self.stacks.request("collective timeout")
         if (not stopper.started and stream.end is None
                 and vanished_too_long(self.ranks.first_vanished_at, stream.last_step_time, self.options.clock(),
                                       self.options.vanished_after_s)):
@@ -256,7 +273,9 @@ class _Watch:
             self.forced_error = self.telemetry.hang_reason
             recorder.emit("hang_stop", reason=self.forced_error)
             procs.signal_group(self.launcher.group, self.prepared.run_dir, signal.SIGCONT)  # a stopped (SIGSTOP) rank cannot take SIGTERM
+            self.stacks.reopen()  # a rank that was stopped writes its stacks now
             stopper.start(grace_s=self.options.hang_stop_grace_s)
+        self.stacks.poll()
         if self.prepared.node is not None:  # several machines: heartbeat, stop requests both ways
             self.prepared.node.tick(request, self.prepared.run_dir)
         if stopper.started:
@@ -274,7 +293,7 @@ class _Watch:
 
     def reap(self) -> int | None:
         """Wait for the launcher and every process of the run; kill what is left. The exit code."""
-        self.stream.on_event = None  # the caller's callbacks may be what failed; the rest is bookkeeping
+        self.stream.on_event = self.on_event = None  # the caller's callbacks may be what failed; the rest is bookkeeping
         exit_code: int | None = quietly(self.launcher.wait)
         run_dir, group = self.prepared.run_dir, self.launcher.group
         if not self.stopper.started:
@@ -291,6 +310,15 @@ class _Watch:
         quietly(self.stream.flush)
         return exit_code
 
+    def unrecorded(self) -> tuple[str, ...]:
+        """What the run folder still had not taken at the end (its disk full), one line each."""
+        lines = []
+        if self.recorder.journal_error is not None:
+            lines.append(f"{self.recorder.journal_error}: the watcher's last events are not in the run folder")
+        if self.telemetry is not None and self.telemetry.file_error is not None:
+            lines.append(f"{self.telemetry.file_error}: the last telemetry readings are not in the run folder")
+        return tuple(lines)
+
     def record_end(self, store: Store, exit_code: int | None) -> Outcome:
         """Journal the stop (if any) and record the run's end."""
         report = self.stopper.report
@@ -299,11 +327,15 @@ class _Watch:
                     gpu=report.gpu_note, processes={str(k): v for k, v in report.seen.items()})
         if self.prepared.node is not None:
             self.prepared.node.fault_at = self.ranks.first_vanished_at or self.options.clock()
+        stacks = quietly(self.stacks.finish)
+        if stacks and self.forced_error is not None and self.forced_error.startswith("hang:"):
+            self.forced_error = f"{self.forced_error}; {stacks}"  # where each rank was, in the run's reason
         request = self.request
         ending = Ending(exit_code, stopped_by_user=request.is_set() and not request.kill,
                         killed_by_user=request.kill, forced_error=self.forced_error, vanished=self.ranks.vanished,
                         recent=list(self.telemetry.recent) if self.telemetry is not None else [],
-                        launcher_pid=self.launcher.group.pgid, sigkilled=self.sigkilled_because(report))
+                        launcher_pid=self.launcher.group.pgid, sigkilled=self.sigkilled_because(report),
+                        unrecorded=self.unrecorded())
         outcome = finish(store, self.stream, ending, self.recorder)
         if report is not None:
             outcome.stop_report = report.describe()

@@ -9,8 +9,9 @@ Two files beside the trainer's ``events.jsonl``:
     samples.jsonl        telemetry, appended in batches: one line per reading, ``{"k": "d"|"p", ...}``
                          (``d`` a device sample, ``p`` a process's GPU memory) with the store's columns
 
-Both are appended with one ``write`` per batch, flushed, so a line is whole or absent. Readers skip
-a torn last line. Samples are re-ingested idempotently by time: a batch is written to the store in
+Both are appended whole or not at all (:func:`runner.spec.events.append_whole`: a write the disk cannot take is cut back
+off), so a line is whole or absent, and a later line never runs on from a torn one. Readers skip a torn
+last line (a watcher killed mid-write). Samples are re-ingested idempotently by time: a batch is written to the store in
 one transaction and readings arrive in time order, so "time greater than the newest stored" is exact.
 """
 
@@ -22,9 +23,9 @@ import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from runner.spec.events import JournalReader
+from runner.spec.events import JournalReader, append_whole
 
 ORCHESTRATOR_FILE = "orchestrator.jsonl"
 SAMPLES_FILE = "samples.jsonl"
@@ -33,6 +34,15 @@ WATCHER_LOCK = "watcher.lock"
 DEVICE_FIELDS = ("time", "host", "kind", "index", "name", "util_pct", "mem_used", "mem_total", "power_w",
                  "temp_c", "sm_clock_mhz", "pid", "source")
 PROCESS_FIELDS = ("time", "host", "gpu_index", "pid", "rank", "used_bytes", "source")
+
+
+def append_text(path: Path, text: str) -> None:
+    """Append ``text`` to ``path`` whole or not at all (:func:`runner.spec.events.append_whole`)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        append_whole(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -47,23 +57,46 @@ class OrchestratorJournal:
         self.path = run_dir / ORCHESTRATOR_FILE
         existing = read_jsonl(self.path)
         self._seq = max((int(e.get("seq", -1)) for e in existing), default=-1) + 1
-        self._file: IO[str] = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
-    def emit(self, type_: str, **payload: Any) -> dict[str, Any]:
-        """Append one event and return it (as it should then go to the store)."""
+    def record(self, type_: str, **payload: Any) -> dict[str, Any]:
+        """The next event, numbered, not written yet (:meth:`write`)."""
         record = {"seq": self._seq, "type": type_, "time": time.time(), **payload}
         self._seq += 1
-        self._file.write(json.dumps(record, separators=(",", ":"), default=str) + "\n")
-        self._file.flush()
+        return record
+
+    def write(self, records: list[dict[str, Any]]) -> None:
+        """Append records in one write, whole or not at all (:func:`append_whole`).
+
+        Raises:
+            OSError: the disk did not take them; nothing of them is in the file.
+        """
+        assert self._fd is not None, "the journal is closed"
+        text = "".join(json.dumps(r, separators=(",", ":"), default=str) + "\n" for r in records)
+        append_whole(self._fd, text.encode())
+
+    def emit(self, type_: str, **payload: Any) -> dict[str, Any]:
+        """Append one event and return it (as it should then go to the store).
+
+        Raises:
+            OSError: the disk did not take it (it is numbered all the same: :class:`runner.watch.stream.Recorder`
+                writes it again later).
+        """
+        record = self.record(type_, **payload)
+        self.write([record])
         return record
 
     def close(self) -> None:
         """Flush to disk and close."""
-        if self._file.closed:
+        if self._fd is None:
             return
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
+        fd, self._fd = self._fd, None
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass  # what the disk could not take was said when it was written
+        finally:
+            os.close(fd)
 
 
 def sample_lines(samples: Iterable[Any], procs: Iterable[Any]) -> str:
@@ -76,11 +109,14 @@ def sample_lines(samples: Iterable[Any], procs: Iterable[Any]) -> str:
 
 
 def append_samples(run_dir: Path, samples: list[Any], procs: list[Any]) -> None:
-    """Append one batch of readings to ``samples.jsonl`` (one write, flushed)."""
+    """Append one batch of readings to ``samples.jsonl``, whole or not at all.
+
+    Raises:
+        OSError: the disk did not take it; the file is as it was.
+    """
     text = sample_lines(samples, procs)
     if text:
-        with open(run_dir / SAMPLES_FILE, "a", encoding="utf-8") as fh:
-            fh.write(text)
+        append_text(run_dir / SAMPLES_FILE, text)
 
 
 class _Row:

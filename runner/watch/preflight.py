@@ -12,15 +12,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from runner.data.cache import source_digest
 from runner.data.check import check_data
 from runner.data.prepare import prefill
 from runner.data.rows import DataError, check_source
 from runner.hardware import check_gpus_free, visible_mapping
-from runner.planner import DEFAULT_RESERVE, parse_bytes
+from runner.hardware.disks import filesystem_of
+from runner.planner import DEFAULT_RESERVE, checkpoint_bytes, inputs_from_recipe, parse_bytes
 from runner.spec import strategies, zero
 from runner.spec.builtin import BUILTIN_PREFIX, TINY_LLAMA_LINEAR
 from runner.spec.checkpoint import CheckpointError, check_resume
-from runner.spec.paths import FolderError, check_runs_dir
+from runner.spec.paths import FolderError, check_runs_dir, runs_dir
 from runner.spec.recipe import Recipe, RecipeError
 from runner.spec.script import check_script
 from runner.watch.estimate import estimate_summary
@@ -31,16 +33,24 @@ class PreflightError(RecipeError):
     """A problem found before launch; one line naming the field or file."""
 
 
+class ModelNotHereError(PreflightError):
+    """A hub model neither in the Hugging Face cache nor on a reachable hub: a run cannot load it, a dry run
+    (which loads nothing) only warns."""
+
+
 class InputError(RecipeError):
     """A recipe's data or folders are unusable; one line naming the field or file."""
 
 
-def launch_checks(recipe: Recipe, fake_gpus: int = 0) -> list[str]:
+def launch_checks(recipe: Recipe, fake_gpus: int = 0, allow_data_change: bool = False,
+                  dry_run: bool = False) -> list[str]:
     """Check a recipe before launch.
 
     Args:
         recipe: the validated recipe.
         fake_gpus: scripted GPUs of the demo mode (0: the real NVML).
+        allow_data_change: resume from a checkpoint although its data source changed since.
+        dry_run: nothing will be loaded (``--dry-run``): a hub model that is not here yet is a warning.
 
     Returns:
         Warnings, one line each (empty when nothing is worth saying).
@@ -49,12 +59,14 @@ def launch_checks(recipe: Recipe, fake_gpus: int = 0) -> list[str]:
         PreflightError: the run cannot start (a RecipeError naming the field).
         InputError: its data or folders are unusable.
     """
-    warnings = preflight(recipe)
+    warnings = preflight(recipe, allow_data_change, dry_run)
     return warnings + input_warnings(recipe) + gpu_warnings(recipe, fake_gpus)
 
 
-def preflight(recipe: Recipe) -> list[str]:
-    """Check what can be checked before launch; raise :class:`PreflightError`, return warnings."""
+def preflight(recipe: Recipe, allow_data_change: bool = False, dry_run: bool = False) -> list[str]:
+    """Check what can be checked before launch; raise :class:`PreflightError`, return warnings.
+    ``allow_data_change``: a checkpoint to resume from may have been taken on other data; ``dry_run``:
+    nothing will be loaded, so a hub model not here yet is a warning."""
     if recipe.launch.script is not None:  # a script run: the script owns its model and data
         return _script_preflight(recipe)
     warnings: list[str] = []
@@ -63,7 +75,12 @@ def preflight(recipe: Recipe) -> list[str]:
         check_source(recipe.data.source)
     except DataError as exc:
         raise PreflightError(str(exc)) from None
-    _check_model(recipe)
+    try:
+        _check_model(recipe)
+    except ModelNotHereError as exc:
+        if not dry_run:
+            raise
+        warnings.append(f"{exc} (a real run is refused until it is)")
     config = recipe.launch.accelerate_config
     if config is not None and not Path(config).expanduser().is_file():
         raise PreflightError(f"launch.accelerate_config: {config}: no such file")
@@ -83,7 +100,7 @@ def preflight(recipe: Recipe) -> list[str]:
     if on_cpu and strategy.layer_split and recipe.launch.nproc == 1:
         warnings.append("mp on a CPU-only machine: one device, so this is the single-process run")
     if recipe.train.resume_from is not None:
-        _check_resume(recipe)
+        _check_resume(recipe, allow_data_change)
     return warnings
 
 
@@ -110,16 +127,23 @@ def _check_model(recipe: Recipe) -> None:
         return
     problem = hub_model_problem(name, recipe.model.revision)
     if problem:
-        raise PreflightError(f"model.name: {name}: {problem}")
+        raise ModelNotHereError(f"model.name: {name}: {problem}", field="model.name", problem=problem)
 
 
-def _check_resume(recipe: Recipe) -> None:
-    """The checkpoint of ``train.resume_from`` fits this run and leaves steps to train."""
+def _check_resume(recipe: Recipe, allow_data_change: bool) -> None:
+    """The checkpoint of ``train.resume_from`` is whole (every file's hash), fits this run, was taken on
+    the same data (unless ``allow_data_change``) and leaves steps to train."""
     assert recipe.train.resume_from is not None
     try:
-        step = check_resume(recipe.train.resume_from, recipe.launch.nproc, recipe.launch.strategy)["step"]
+        manifest = check_resume(recipe.train.resume_from, recipe.launch.nproc, recipe.launch.strategy)
     except CheckpointError as exc:
         raise PreflightError(str(exc)) from None
+    step = manifest["step"]
+    saved = (manifest.get("data") or {}).get("fingerprint")
+    if saved is not None and not allow_data_change and source_digest(recipe.data.source) != saved:
+        raise PreflightError(f"train.resume_from: data.source {recipe.data.source} changed since the checkpoint "
+                             "was taken (its content differs); resume with --allow-data-change to go on with the "
+                             "new data")
     if recipe.train.max_steps and step >= recipe.train.max_steps:
         raise PreflightError(f"train.resume_from: the checkpoint is at step {step} and train.max_steps is "
                              f"{recipe.train.max_steps}: nothing left to train")
@@ -162,6 +186,32 @@ def check_inputs(recipe: Recipe) -> None:
         check_runs_dir()
     except FolderError as exc:
         raise InputError(f"run folders: {exc}") from None
+
+
+def check_room(recipe: Recipe, root: Path | None = None) -> None:
+    """The run folders' filesystem has room for one checkpoint of this run (the planner's
+    :func:`runner.planner.checkpoint_bytes`; a graceful stop writes one even without ``train.save_every``).
+    Checked as a run is recorded (:func:`runner.watch.prepare.prepare`), not for a dry run, which writes
+    nothing. A script run (its model is its own) and a model whose shape cannot be had offline are not checked.
+
+    Raises:
+        InputError: one line naming the device, the folder and both sizes.
+    """
+    if recipe.launch.script is not None:
+        return
+    root = root or runs_dir()
+    try:
+        need = checkpoint_bytes(inputs_from_recipe(recipe, allow_network=False))
+    except Exception:  # noqa: BLE001 (no shape offline: nothing to check against)
+        return
+    fs = filesystem_of(root)
+    if fs.free_bytes < need:
+        raise InputError(f"run folders: no room for a checkpoint on {fs.name} ({root}): {_mib(need)} needed, "
+                         f"{_mib(fs.free_bytes)} free (free some space, or set FTUI_HOME to a bigger disk)")
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
 
 
 def input_warnings(recipe: Recipe) -> list[str]:

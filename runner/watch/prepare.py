@@ -6,12 +6,13 @@ complete checkpoint) and a prepared run read back from its folder (the backgroun
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from runner.hardware.disks import is_no_space, write_problem
 from runner.spec import events as ev
-from runner.spec.checkpoint import checkpoints_root, latest_complete, read_manifest
+from runner.spec.checkpoint import CheckpointError, checkpoints_root, newest_verified, read_manifest, verify
 from runner.spec.launch import LaunchSpec, build_launch
 from runner.spec.paths import RunFolderError, claim_run_folder, new_run_uid, runs_dir
 from runner.spec.recipe import Recipe, load_recipe
@@ -21,9 +22,9 @@ from runner.spec.script import store_method, store_model
 from runner.watch.estimate import estimate_summary
 from runner.watch.host import cpu_threads, free_port
 from runner.watch.identity import record_watcher
-from runner.watch.preflight import PreflightError, preflight
+from runner.watch.preflight import PreflightError, check_room, preflight
 from runner.watch.procs import StopRequest
-from store import Store
+from store import Store, StoreError
 from store.nodes import Settled
 from store.store import utcnow
 
@@ -58,6 +59,8 @@ class Prepared:
     recipe: Recipe
     node: NodePart | None = None
     """This machine's part when the run spans several machines, else None."""
+    warnings: tuple[str, ...] = ()
+    """What a person should see before it starts (one line each): checkpoints a resume passed over."""
 
 
 def prepare(
@@ -82,10 +85,13 @@ def prepare(
             :func:`runner.nodes.agent.prepare_node`).
 
     Raises:
-        PreflightError: the run folder cannot be claimed (the run is recorded failed).
+        PreflightError: the run folder cannot be claimed or written (the run is recorded failed).
+        InputError: the run folders' disk has no room for a checkpoint (nothing is recorded).
     """
     root = root or runs_dir()
     run_id: int | None = None
+    if store is not None:
+        check_room(recipe, root)  # before anything is recorded
     # The folder is named by a globally unique id, never by the store's integer id: two stores
     # sharing one data folder would otherwise write into the same folder.
     if store is not None:
@@ -108,17 +114,32 @@ def prepare(
         uid = f"dry-run-{new_run_uid()}"
     try:
         run_dir = claim_run_folder(root, uid, recipe.name)
+        port = nodes.main_port if nodes is not None else free_port()
+        spec = write_launch(recipe, run_dir, port, nodes)
     except (RunFolderError, OSError) as exc:
+        problem = f"run folder: {write_problem(root, exc)}" if isinstance(exc, OSError) and is_no_space(exc) else str(exc)
         if store is not None and run_id is not None:
-            store.update_run(run_id, status="failed", error=str(exc), ended_at=utcnow())
-        raise PreflightError(str(exc)) from None
-    port = nodes.main_port if nodes is not None else free_port()
-    spec = write_launch(recipe, run_dir, port, nodes)
+            fail_unstarted(store, run_id, problem)
+        raise PreflightError(problem) from None
     if store is not None and run_id is not None:
-        store.update_run(run_id, run_dir=str(run_dir))
-        _write_record(store, run_id, run_dir)
-        record_summary(store, run_id, run_dir, {"uid": uid, "estimate": estimate_summary(recipe)})
+        try:
+            store.update_run(run_id, run_dir=str(run_dir))
+            _write_record(store, run_id, run_dir)
+            record_summary(store, run_id, run_dir, {"uid": uid, "estimate": estimate_summary(recipe)})
+        except (StoreError, OSError) as exc:  # a disk that filled since the run was created: it does not start
+            problem = f"run folder: {write_problem(run_dir, exc)}" if isinstance(exc, OSError) else str(exc)
+            fail_unstarted(store, run_id, problem)
+            raise PreflightError(problem) from None
     return Prepared(run_id=run_id, run_dir=run_dir, spec=spec, recipe=recipe)
+
+
+def fail_unstarted(store: Store, run_id: int, problem: str) -> None:
+    """Record a run that will not start as failed (never left ``created``); a store that cannot take it
+    now leaves it to recover, which fails a ``created`` run without a launch."""
+    try:
+        store.update_run(run_id, status="failed", error=problem, ended_at=utcnow())
+    except Exception:  # noqa: BLE001 (the problem is what the caller reports)
+        pass
 
 
 def _write_record(store: Store, run_id: int, run_dir: Path) -> None:
@@ -154,34 +175,67 @@ def run_uid(store: Store, run_id: int) -> str:
     return str(uid) if uid else new_run_uid()
 
 
-def prepare_resume(store: Store, run_id: int, root: Path | None = None) -> Prepared:
-    """Record a new run that continues run ``run_id`` from its newest complete checkpoint: the old
-    run's recipe (same strategy and process count) with ``train.resume_from`` set. Starts nothing.
+RUNNING = ("created", "running")
+"""The statuses of a run that may still train: it is not resumed (a second training of it would start)."""
+
+
+def prepare_resume(store: Store, run_id: int, root: Path | None = None, allow_data_change: bool = False) -> Prepared:
+    """Record a new run that continues run ``run_id`` from its newest checkpoint whose files verify: the
+    old run's recipe (same strategy and process count) with ``train.resume_from`` set. Starts nothing.
+    Newer checkpoints passed over (damaged, cut short) are in the result's warnings; a run that has none
+    of its own (a resumed run that ended before its first save) continues from the one it started from.
 
     Raises:
-        PreflightError: one line: no such run, no complete checkpoint, or a recipe that no longer loads.
+        PreflightError: one line: no such run, a run still running, no usable checkpoint, a recipe that no
+            longer loads, or data that changed (unless ``allow_data_change``).
     """
     old = store.get_run(run_id)
     if old is None:
         raise PreflightError(f"run {run_id}: no such run in {store.url}")
+    if old.status in RUNNING:
+        raise PreflightError(f"run {run_id}: still {old.status}; resuming it would train it twice (stop it first: "
+                             f"`ftui stop {run_id}`)")
     if (old.nnodes or 1) > 1:  # each machine holds its own part of each checkpoint (docs/multi-node.md)
         raise PreflightError(f"run {run_id}: ran on {old.nnodes} machines; on each of them run `ftui resume "
                              f"{run_id} --node-rank K --main-addr ADDR` (docs/multi-node.md)")
-    run_dir = Path(old.run_dir) if old.run_dir else None
-    checkpoint = latest_complete(run_dir) if run_dir is not None else None
-    if run_dir is None or checkpoint is None:
-        where = checkpoints_root(run_dir) if run_dir is not None else "its run folder"
-        raise PreflightError(f"run {run_id}: no complete checkpoint in {where} (train.save_every, or a "
+    if not old.run_dir:
+        raise PreflightError(f"run {run_id}: no complete checkpoint in its run folder (train.save_every, or a "
                              "graceful stop, writes one)")
+    run_dir = Path(old.run_dir)
+    checkpoint, warnings = resume_checkpoint(run_id, run_dir, old.summary.resumed_from)
     recipe = load_recipe(run_dir / ev.RECIPE_FILE)
     recipe = recipe.model_copy(update={"train": recipe.train.model_copy(update={"resume_from": str(checkpoint)})})
-    preflight(recipe)
+    preflight(recipe, allow_data_change)
     prepared = prepare(store, recipe, source=f"resume of run {run_id}", root=root, resumed_from=run_id)
     assert prepared.run_id is not None
     step = (read_manifest(checkpoint) or {}).get("step")
     resumed: dict[str, Any] = {"run_id": run_id, "checkpoint": str(checkpoint), "step": step}
     record_summary(store, prepared.run_id, prepared.run_dir, {"resumed_from": resumed})
-    return prepared
+    return replace(prepared, warnings=tuple(warnings))
+
+
+def resume_checkpoint(run_id: int, run_dir: Path, parent: dict[str, Any] | None) -> tuple[Path, list[str]]:
+    """The checkpoint a resume of run ``run_id`` starts from, and what it passed over (one line each): the
+    run's newest that verifies, else the one it was itself resumed from (its parent's), if that verifies.
+
+    Raises:
+        PreflightError: one line: no checkpoint to resume from, with what was passed over.
+    """
+    checkpoint, warnings = newest_verified(run_dir)
+    if checkpoint is not None:
+        return checkpoint, warnings
+    inherited = (parent or {}).get("checkpoint")
+    if inherited:
+        try:
+            verify(Path(inherited))
+        except CheckpointError as exc:
+            warnings.append(f"its parent's checkpoint skipped: {exc}")
+        else:
+            warnings.append(f"run {run_id} wrote no checkpoint; resuming from the one it started from, {inherited}")
+            return Path(inherited), warnings
+    why = f" ({'; '.join(warnings)})" if warnings else ""
+    raise PreflightError(f"run {run_id}: no complete checkpoint in {checkpoints_root(run_dir)} (train.save_every, "
+                         f"or a graceful stop, writes one){why}")
 
 
 def load_prepared(run_id: int, run_dir: Path) -> Prepared:

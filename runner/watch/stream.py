@@ -1,6 +1,11 @@
 """Journal to store: the trainer's ``events.jsonl`` streamed into the store in batches
 (:class:`RunStream`, which also keeps what the watcher decides on: start, steps, end, errors), and
-the watcher's own events written journal first (:class:`Recorder`)."""
+the watcher's own events written journal first (:class:`Recorder`).
+
+No write here ends a run: a store that cannot be written (locked, its disk full) keeps what it missed
+pending and takes it at the next write that works; a journal line the disk cannot take is kept and
+written again. Each keeps its problem as one line (:func:`runner.hardware.disks.write_problem`) for the
+end of the run to report."""
 
 from __future__ import annotations
 
@@ -9,14 +14,27 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runner.hardware.disks import is_no_space, write_problem
 from runner.spec import events as ev
 from runner.spec import strategies
 from runner.spec.flops import run_flops_per_token
 from runner.watch.journal import OrchestratorJournal
 from runner.watch.prepare import Prepared
-from store import Store
+from store import Store, StoreError
+from store.engine import database_path, describe_error
 
 EventCallback = Callable[[dict[str, Any]], None]
+
+
+def store_problem(store: Store, exc: BaseException) -> str:
+    """One line for a store write that failed: ``--db URL: no space left on DEVICE (PATH)`` when its disk
+    is full, else the store's own words."""
+    if isinstance(exc, StoreError):
+        return str(exc)[:500]
+    path = database_path(store.url)
+    if path is not None and is_no_space(exc):
+        return f"--db {store.url}: {write_problem(path, exc)}"
+    return describe_error(store.url, exc)[:500]
 
 
 def quietly(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -48,7 +66,12 @@ class RunStream:
         self.first_step_time: float | None = None
         self.last_step_time: float | None = None
         self.last_step: int | None = None
+        self.last_event_time: float | None = None
+        """Time of the trainer's latest event of any type: a sign of progress for the hang rule."""
         self.store_error: str | None = None
+        """Why the store could not be written, while it cannot (None once a write works again)."""
+        self.unsaved_updates: list[dict[str, Any]] = []
+        """Run-row updates the store did not take yet, in order (written again before the next batch)."""
         self.loss_scale_drops = 0
 
     def poll(self) -> None:
@@ -68,6 +91,8 @@ class RunStream:
         event = ev.typed(raw)
         if event is None:
             return
+        if isinstance(raw.get("time"), int | float):
+            self.last_event_time = max(float(raw["time"]), self.last_event_time or 0.0)
         if event["type"] == "start":
             self.start = event
             self._on_start(event)
@@ -91,25 +116,35 @@ class RunStream:
         skips by seq, so a batch must not be skipped over: the pending list keeps the order)."""
         self.last_flush = time.monotonic()
         try:
+            while self.unsaved_updates:
+                self.store.update_run(self.run_id, **self.unsaved_updates[0])
+                self.unsaved_updates.pop(0)
             self.store.ingest(self.run_id, self.pending)
         except Exception as exc:  # noqa: BLE001
-            self.store_error = f"{type(exc).__name__}: {exc}"[:300]
+            self.store_error = store_problem(self.store, exc)
             return
         self.pending = []
         self.store_error = None
 
+    def update_run(self, **values: Any) -> None:
+        """Write to the run's row now, or (the store failing) with the next batch that goes through."""
+        if self.unsaved_updates:  # keep the order: a later figure must not be overwritten by an older one
+            self.unsaved_updates.append(values)
+            return
+        try:
+            self.store.update_run(self.run_id, **values)
+        except Exception as exc:  # noqa: BLE001 (the journal has the event whatever the store does now)
+            self.store_error = store_problem(self.store, exc)
+            self.unsaved_updates.append(values)
+
     def _update_summary(self, summary: dict[str, Any]) -> None:
-        try:  # a figure for the summary; the journal has the event whatever the store does now
-            self.store.update_run(self.run_id, summary=summary)
-        except Exception:  # noqa: BLE001
-            pass
+        self.update_run(summary=summary)
 
     def _on_start(self, event: ev.StartEvent) -> None:
         launch = self.prepared.recipe.launch
         strategy = strategies.resolve(launch.strategy, launch.engine)
         in_effect = event.get("distributed_type")
-        self.store.update_run(
-            self.run_id,
+        self.update_run(
             distributed_type=in_effect,
             device_type=event.get("device_type"),
             total_steps=event.get("total_steps"),
@@ -133,22 +168,45 @@ class RunStream:
 
 
 class Recorder:
-    """The watcher's events: to ``RUN/orchestrator.jsonl`` first, then to the store."""
+    """The watcher's events: to ``RUN/orchestrator.jsonl`` first, then to the store. Neither write
+    raises: what one did not take is kept, in order, and offered again with the next event."""
 
     def __init__(self, store: Store, run_id: int, run_dir: Path, source: str = "orchestrator") -> None:
         self.store = store
         self.run_id = run_id
         self.source = source  # each node of a multi-node run numbers its own events
         self.journal = OrchestratorJournal(run_dir)
+        self.unwritten: list[dict[str, Any]] = []
+        """Events the run folder's disk did not take yet."""
+        self.unstored: list[dict[str, Any]] = []
+        """Events the store did not take yet (ingest skips by ``seq``: none may be skipped over)."""
+        self.journal_error: str | None = None
+        """Why the journal could not be written, while it cannot."""
+        self.store_error: str | None = None
 
     def emit(self, type_: str, **payload: Any) -> dict[str, Any]:
-        """Journal one event, then offer it to the store; the journaled record."""
-        record = self.journal.emit(type_, **payload)
+        """Journal one event, then offer it to the store; the record."""
+        record = self.journal.record(type_, **payload)
+        self.unwritten.append(record)
+        self.unstored.append(record)
+        self._write()
         try:
-            self.store.ingest(self.run_id, [record], source=self.source)
-        except Exception:  # noqa: BLE001 (the journal has it; recover re-ingests it)
-            pass
+            self.store.ingest(self.run_id, self.unstored, source=self.source)
+        except Exception as exc:  # noqa: BLE001 (the journal has it; recover re-ingests it)
+            self.store_error = store_problem(self.store, exc)
+        else:
+            self.unstored, self.store_error = [], None
         return record
 
+    def _write(self) -> None:
+        try:
+            self.journal.write(self.unwritten)
+        except OSError as exc:
+            self.journal_error = write_problem(self.journal.path, exc)
+        else:
+            self.unwritten, self.journal_error = [], None
+
     def close(self) -> None:
+        if self.unwritten:
+            self._write()
         self.journal.close()

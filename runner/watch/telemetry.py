@@ -1,7 +1,8 @@
 """Telemetry over a run: a sampling thread and a hang detector.
 
 The :class:`Sampler` reads a :class:`runner.hardware.Probe` on a fixed monotonic schedule and hands
-batches to one sink (the store's writer), and :class:`HangDetector` notices a run that is alive but idle.
+batches to one sink (the store's writer), and :class:`HangDetector` notices a run that is alive and makes
+no progress anywhere.
 The run's utilisation summary is :func:`runner.analysis.utilisation.summarise`.
 
 Times in samples, step events and windows are wall-clock seconds (``time.time()``); the schedule
@@ -169,21 +170,23 @@ class Sampler:
 
 
 class HangDetector:
-    """Flags a run that is alive but idle: no training step for a while and devices doing nothing.
+    """Flags a run that is alive and makes no progress anywhere.
 
-    A device (rank process or GPU) is idle when every reading it has in the last ``window_s``
-    seconds is below ``idle_util_pct``. The detector fires when no step has come for
-    ``hang_after_s`` and at least one device is idle, once per episode: it fires again only
-    after a new step or after every device has been busy again. A collective stuck with the GPU
-    spinning at 100% (a classic NCCL hang) is not idle, so it is not flagged here.
+    A sign of progress is an event from the trainer (a step, a phase such as tokenizing or loading, a
+    checkpoint, metrics: ``last_event_time``) or a reading of a rank or GPU at or above ``idle_util_pct``
+    (its time). The limit counts from the latest sign of the run as a whole: one rank working (rank 0
+    tokenizing at 70% CPU while rank 1 waits at a barrier) keeps the run alive. The detector fires when
+    the latest sign is ``hang_after_s`` old and the last ``window_s`` hold readings to judge by, once per
+    episode: again only after a new sign of progress. A collective stuck with the GPU spinning at 100%
+    (a classic NCCL hang) counts as busy, so it is left to NCCL's own timeout (``runner.watch.crash``).
 
     Args:
-        hang_after_s: Seconds without a step before a hang is suspected.
+        hang_after_s: Seconds without any sign of progress before a hang is suspected.
         idle_util_pct: Utilisation under which a device counts as idle (GPU %, or CPU% of one
             core for a rank).
-        window_s: How far back readings are looked at.
-        started_at: Wall-clock launch time, used as the reference before the first step (a hang
-            in start-up, such as a rendezvous that never completes); ``None`` ignores start-up.
+        window_s: How far back readings are looked at for the ``idle`` and ``busy`` lists.
+        started_at: Wall-clock launch time, the first sign of progress (a hang in start-up, such as a
+            rendezvous that never completes); ``None`` ignores start-up.
     """
 
     def __init__(
@@ -197,25 +200,39 @@ class HangDetector:
         self.idle_util_pct = idle_util_pct
         self.window_s = window_s
         self.started_at = started_at
-        self._episode: float | None = None  # the reference time of the episode already reported
+        self.last_busy: float | None = None
+        """Time of the latest reading of a busy rank or GPU seen so far."""
+        self._episode: float | None = None  # the last sign of progress of the episode already reported
+
+    def note(self, samples: Iterable[DeviceSample]) -> None:
+        """Take the busy readings among ``samples`` as signs of progress."""
+        for s in samples:
+            if (s.kind in ("rank", "gpu") and s.util_pct is not None and s.util_pct >= self.idle_util_pct
+                    and (self.last_busy is None or s.time > self.last_busy)):
+                self.last_busy = s.time
+
+    def last_progress(self, last_event_time: float | None) -> float | None:
+        """The latest sign of progress: the trainer's last event, a busy reading, or the launch."""
+        signs = [t for t in (last_event_time, self.last_busy, self.started_at) if t is not None]
+        return max(signs) if signs else None
 
     def check(
-        self, now: float, last_step_time: float | None, samples: Iterable[DeviceSample]
+        self, now: float, last_event_time: float | None, samples: Iterable[DeviceSample]
     ) -> dict[str, Any] | None:
         """Look at the latest readings; return an event dict when a new hang episode starts.
 
         Args:
             now: Current wall-clock time.
-            last_step_time: Wall-clock time of the last step event, ``None`` before the first.
-            samples: Recent samples (older ones than ``window_s`` are ignored); rank and GPU
-                samples count, host samples do not.
+            last_event_time: Wall-clock time of the trainer's last event, ``None`` before the first.
+            samples: Recent samples; rank and GPU samples count, host samples do not.
 
         Returns:
-            ``{"event": "hang_suspected", "time", "since_step_s", "last_step_time",
-            "idle": ["rank:0", ...], "busy": [...], "max_util_pct"}`` once per episode, else
-            ``None``.
+            ``{"event": "hang_suspected", "time", "since_progress_s", "last_progress", "last_event_time",
+            "idle": ["rank:0", ...], "busy": [...], "max_util_pct"}`` once per episode, else ``None``.
         """
-        reference = last_step_time if last_step_time is not None else self.started_at
+        samples = list(samples)
+        self.note(samples)
+        reference = self.last_progress(last_event_time)
         if reference is None:
             return None
         peaks: dict[str, float] = {}
@@ -223,20 +240,18 @@ class HangDetector:
             if s.kind in ("rank", "gpu") and s.util_pct is not None and now - s.time <= self.window_s:
                 key = f"{s.kind}:{s.index}"
                 peaks[key] = max(peaks.get(key, 0.0), s.util_pct)
-        idle = sorted(k for k, u in peaks.items() if u < self.idle_util_pct)
-        busy = sorted(k for k, u in peaks.items() if u >= self.idle_util_pct)
-        if self._episode is not None and (self._episode != reference or not idle):
-            self._episode = None  # a step came, or everything is working again: episode over
-        stalled = now - reference >= self.hang_after_s
-        if not stalled or not idle or self._episode is not None:
+        if self._episode is not None and self._episode != reference:
+            self._episode = None  # a sign of progress came: episode over
+        if now - reference < self.hang_after_s or not peaks or self._episode is not None:
             return None
         self._episode = reference
         return {
             "event": "hang_suspected",
             "time": now,
-            "since_step_s": round(now - reference, 1),
-            "last_step_time": last_step_time,
-            "idle": idle,
-            "busy": busy,
+            "since_progress_s": round(now - reference, 1),
+            "last_progress": reference,
+            "last_event_time": last_event_time,
+            "idle": sorted(k for k, u in peaks.items() if u < self.idle_util_pct),
+            "busy": sorted(k for k, u in peaks.items() if u >= self.idle_util_pct),
             "max_util_pct": max(peaks.values()),
         }

@@ -155,6 +155,10 @@ def test_a_resumed_run_continues_the_loss_curve_exactly(ftui: Ftui, matrix: Matr
     events = _events(run_dir)
     saves = [e for e in events if e["type"] == "checkpoint"]
     assert [e["step"] for e in saves] == list(range(1, STEPS + 1))
+    # each save is announced as it begins (a phase: a sign of progress for the hang rule, words for a person)
+    announced = [e for e in events if e["type"] == "phase" and e["phase"] == "saving"]
+    assert [e["detail"] for e in announced] == [f"the checkpoint of step {n}" for n in range(1, STEPS + 1)]
+    assert all(a["seq"] < s["seq"] for a, s in zip(announced, saves, strict=True))
     assert all(e["seconds"] > 0 and e["bytes"] > 0 and e["reason"] == "every" for e in saves)
     assert [e["removed"] for e in saves] == [[], [], [], ["step-00000001"], ["step-00000002"]]  # pruned
     step3 = ck.checkpoint_dir(run_dir, 3)
@@ -190,7 +194,13 @@ def test_resume_from_a_bad_checkpoint_is_one_line_and_exit_2(ftui: Ftui, matrix:
     cut = tmp_path / "step-00000003"
     shutil.copytree(good, cut)
     (cut / "random_states_1.pkl").unlink()
+    zeroed = tmp_path / "zeroed" / "step-00000003"  # a real save's shard zeroed at its size: only its hash tells
+    shutil.copytree(good, zeroed)
+    shard = zeroed / "pytorch_model_fsdp_0" / "__0_0.distcp"
+    shard.write_bytes(bytes(shard.stat().st_size))
     cases = [
+        (["--set", f"train.resume_from={json.dumps(str(zeroed))}"],
+         "damaged checkpoint (pytorch_model_fsdp_0/__0_0.distcp's content is not what was written"),
         (["--set", f"train.resume_from={json.dumps(str(tmp_path / 'none'))}"], "no such checkpoint folder"),
         (["--set", f"train.resume_from={json.dumps(str(cut))}"], "random_states_1.pkl is missing"),
         (["--strategy", "single", "--nproc", "1", "--set", f"train.resume_from={json.dumps(str(good))}"],

@@ -211,7 +211,8 @@ def test_ctrl_c_of_a_single_process_run_lets_the_trainer_end(ftui: Ftui, start: 
 
 def test_a_hung_trainer_is_flagged_then_stopped_and_failed(start: Callable[..., Run]) -> None:
     """The trainer stopped (SIGSTOP: alive, idle, no step) is flagged after ``--hang-after`` and, still
-    hung that long after, continued and stopped: failed with the hang as its reason."""
+    hung that long after, continued and stopped: failed with the hang as its reason, and where the trainer
+    was (its stacks, asked for at the flag and written once the stop continued it)."""
     run = start("hang", "--strategy", "single", *FAST, "--hang-after", "3", "--sample-interval", "0.25")
     run.wait_for_steps(ranks=1)
     psutil.Process(run.pids()[0]).suspend()
@@ -219,10 +220,15 @@ def test_a_hung_trainer_is_flagged_then_stopped_and_failed(start: Callable[..., 
     assert code == 1, out[-3000:]
     final = run.store.get_run(run.run_id)
     assert final is not None and final.status == "failed"
-    assert final.error is not None and final.error.startswith("hang: no step for "), final.error
-    assert final.error.endswith(" s, devices idle")
+    assert final.error is not None and final.error.startswith("hang: no progress for "), final.error
+    # the trainer was stopped mid-step: its stacks, read once it was continued, say where in our code
+    assert "; rank 0 in " in final.error and "(runner/" in final.error, final.error
+    stacks = final.summary.stacks
+    assert stacks is not None and stacks["ranks"]["0"], stacks
+    assert "(most recent call first)" in (run.run_dir / "stacks" / "rank0.txt").read_text()
     events = run.watcher_events()
     assert events.index("hang") < events.index("hang_stop") < events.index("stop") < events.index("exit"), events
+    assert "stacks" in events, events
     assert "hang suspected" in out
     assert_all_gone(run)
 

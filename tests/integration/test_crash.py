@@ -67,9 +67,9 @@ def test_a_gloo_message_with_brackets_is_printed_as_text() -> None:
     buffer = io.StringIO()
     progress = RunProgress(Console(file=buffer, width=300, force_terminal=False))
     progress.on_event({"type": "error", "message": f"RuntimeError: {GLOO}"})
-    progress.on_event({"type": "hang", "since_step_s": 12.0, "idle": ["rank:0"]})
+    progress.on_event({"type": "hang", "since_progress_s": 12.0, "idle": ["rank:0"]})
     assert GLOO in buffer.getvalue()
-    assert "hang suspected: no step for 12 s" in buffer.getvalue()
+    assert "hang suspected: no progress for 12 s" in buffer.getvalue()
 
 
 def test_the_launcher_report_names_the_rank_and_the_signal(tmp_path: Path) -> None:
@@ -205,12 +205,12 @@ def test_a_hang_that_lasts_is_stopped_and_failed(tmp_path: Path) -> None:
     options = WatchOptions(sample_interval_s=0.1, hang_after_s=1.0, hang_check_s=0.1, hang_stop_grace_s=5.0)
     outcome = execute(store, prepared, options)
     assert outcome.status == "failed"
-    assert outcome.error is not None and outcome.error.startswith("hang: no step for ")
-    assert outcome.error.endswith(" s, devices idle")
+    assert outcome.error is not None and outcome.error.startswith("hang: no progress for ")
+    assert outcome.error.endswith(" s (no event from the trainer, every device idle)"), "no rank could be asked"
     types = [e.type for e in store.events(outcome.run_id) if e.source == "orchestrator"]
     assert types == ["launch", "hang", "hang_stop", "stop", "exit"]
     hang, stop = (store.events(outcome.run_id, kind)[0] for kind in ("hang", "stop"))
-    assert hang.payload["since_step_s"] >= 1.0
+    assert hang.payload["since_progress_s"] >= 1.0
     assert stop.payload["graceful"], "SIGTERM ended the sleeper within the grace: nothing SIGKILLed"
 
 

@@ -89,3 +89,21 @@ def test_ftui_run_notify_rings_and_notifies_when_the_run_ends(fake_notify_send: 
     assert "\a" in proc.stderr
     assert calls(fake_notify_send) == [["--app-name=ftui", "--urgency=normal", "--", "ftui: run 1 completed",
                                         "notified"]]
+
+
+def test_a_hang_rings_and_notifies_where_each_rank_is(fake_notify_send: Path, tmp_path: Path) -> None:
+    """``ftui run --notify``: the stacks of a hang notify at once, before the run is stopped."""
+    from tui.cli.run import notify_hang
+
+    store = Store(f"sqlite:///{tmp_path / 'ftui.db'}")
+    run_id = store.create_run(name="ddp [x]", recipe_text="", recipe_hash="", strategy="ddp", nproc=2,
+                              method="lora", model="m", run_dir=str(tmp_path / "run"))
+    seen: list[dict] = []
+    on_event = notify_hang(seen.append, store, run_id)
+    on_event({"type": "step", "step": 1})
+    assert calls(fake_notify_send) == [], "only the stacks of a hang notify"
+    where = "rank 0 in tokenize (runner/data/blocks.py:80); rank 1 in all_reduce (runner/rank/loop.py:412)"
+    on_event({"type": "stacks", "summary": where})
+    assert [e["type"] for e in seen] == ["step", "stacks"]
+    assert calls(fake_notify_send) == [["--app-name=ftui", "--urgency=normal", "--", f"ftui: run {run_id} hung",
+                                        f"ddp [x]: {where}"]]

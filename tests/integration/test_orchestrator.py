@@ -53,7 +53,7 @@ def test_an_idle_rank_without_steps_is_flagged_as_a_hang(tmp_path: Path) -> None
     hangs = store.events(outcome.run_id, "hang")
     assert len(hangs) == 1, "flagged once per episode"
     assert hangs[0].payload["idle"] == ["rank:0"]
-    assert hangs[0].payload["since_step_s"] >= 1.0
+    assert hangs[0].payload["since_progress_s"] >= 1.0
     assert any(e["type"] == "hang" for e in seen)
     samples = store.samples(outcome.run_id)
     assert {s.kind for s in samples} >= {"rank", "host"}

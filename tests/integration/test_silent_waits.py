@@ -28,6 +28,20 @@ def test_the_progress_line_names_the_phase_before_step_one() -> None:
     assert description() == "training (FSDP, 2 proc, global batch 8)"
 
 
+def test_the_progress_line_names_a_save_or_an_evaluation_until_the_next_step() -> None:
+    console = Console(file=io.StringIO(), width=120, force_terminal=False)
+    progress = RunProgress(console)
+    description = lambda: progress.progress.tasks[0].description  # noqa: E731
+    progress.on_event({"type": "start", "distributed_type": "NO", "world_size": 1, "total_steps": 8})
+    progress.on_event({"type": "step", "step": 2, "loss": 2.0, "tokens_per_s": 10.0})
+    progress.on_event({"type": "phase", "phase": "saving", "detail": "the checkpoint of step 2"})
+    assert description() == "saving (the checkpoint of step 2)"
+    progress.on_event({"type": "phase", "phase": "evaluating", "detail": "step 2"})
+    assert description() == "evaluating (step 2)"
+    progress.on_event({"type": "step", "step": 3, "loss": 1.9, "tokens_per_s": 10.0})
+    assert description() == "training (NO, 1 proc)"
+
+
 def test_the_monitor_says_the_trainers_phase_before_step_one(tmp_path: Path) -> None:
     from store import Store
     from tui.app.poll import MonitorFeed

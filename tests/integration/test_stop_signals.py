@@ -233,26 +233,39 @@ def test_ftui_stop_from_another_process(ftui: Ftui, background) -> None:  # type
     assert (again.returncode, again.stderr.strip()) == (2, f"ftui: run {bg.run_id}: not running (status stopped)")
 
 
-def test_a_second_ftui_stop_waits_for_the_save_in_flight(ftui: Ftui, background) -> None:  # type: ignore[no-untyped-def]
+def test_a_second_ftui_stop_waits_for_the_save_in_flight(ftui: Ftui, background, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A second ``ftui stop`` while the first one's ranks are saving (the dashboard's stop confirmed twice
     does the same) joins that stop: nothing is SIGKILLed, the ranks journal their end, and both commands
-    say what the watcher recorded. The ranks' save takes 8 s (``--save-s``): the second request must land
-    while they save, and a request rightly ignored leaves nothing for the test to wait on."""
-    bg = background("stop-twice-cmd", *DDP, "--grace", "120", script_args=("--save-s", "8"))
+    say what the watcher recorded. The ranks' save lasts until the test releases it, after the second
+    command has said what it decided."""
+    release = tmp_path / "release"
+    bg = background("stop-twice-cmd", *DDP, "--grace", "120", script_args=("--save-until", str(release)))
     bg.wait_for_steps(ranks=2)
     assert bg.run_id is not None
-    first = subprocess.Popen([sys.executable, "-m", "tui.cli", "stop", str(bg.run_id)], env=ftui.env, cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    command = [sys.executable, "-m", "tui.cli", "stop", str(bg.run_id)]
+    said = [tmp_path / "first.txt", tmp_path / "second.txt"]
+    outs = [path.open("w") for path in said]
+    first = subprocess.Popen(command, env=ftui.env, cwd=ROOT, stdout=outs[0], stderr=subprocess.STDOUT, text=True)
+    second = None
     try:
-        wait_for(lambda: "stop_requested" in bg.watcher_events(), 60)  # the watcher took it: the ranks save
-        second = ftui.run("stop", str(bg.run_id), timeout=300)
-        out_first = first.communicate(timeout=300)[0]
+        wait_for(lambda: release.with_name("release.saving").exists(), 60)  # the watcher took it: rank 0 saves
+        second = subprocess.Popen(command, env=ftui.env, cwd=ROOT, stdout=outs[1], stderr=subprocess.STDOUT,
+                                  text=True)
+        wait_for(lambda: "waiting for it to record the end" in said[1].read_text() or second.poll() is not None, 60)
+        release.touch()
+        first.wait(timeout=300)
+        second.wait(timeout=300)
     finally:
-        first.kill()
-    for code, out in ((first.returncode, out_first), (second.returncode, second.stdout + second.stderr)):
+        for proc in (first, second):
+            if proc is not None:
+                proc.kill()
+        for out in outs:
+            out.close()
+    out_first, out_second = (path.read_text() for path in said)
+    for code, out in ((first.returncode, out_first), (second.returncode, out_second)):
         assert code == 0, out
         assert f"run {bg.run_id}: stopped" in out and "it recorded stopped" in " ".join(out.split()), out
-    assert "already in flight with its watcher" in " ".join(second.stdout.split()), second.stdout
+    assert "already in flight with its watcher" in " ".join(out_second.split()), out_second
     code, out = bg.finish()
     assert code == 130, out[-3000:]
     stop_journalled(bg)

@@ -226,3 +226,18 @@ async def test_dashboard_over_a_store_that_cannot_open_exits_2_with_one_line(tmp
     assert app.return_code == 2
     assert app.store_error is not None
     assert str(app.store_error) == f"--db sqlite:///{tmp_path}: {tmp_path} is a folder, not a database file"
+
+
+async def test_monitor_shows_where_each_rank_was_as_text(store: Store) -> None:
+    """A run whose watcher asked its ranks for their stacks: the Monitor says where each was, as text."""
+    run_id = add_finished_run(store, "alpha", 1e-3)
+    where = "rank 0 in tokenize (runner/data/[bold]blocks.py:80); rank 1 in all_reduce (runner/rank/loop.py:412)"
+    store.update_run(run_id, summary={"stacks": {"cause": "hang", "ranks": {}, "summary": where, "folder": "x"}})
+    app = make_app(store, refresh_s=0.2, monitor_s=0.2)
+    async with app.run_test(size=(120, 30)) as pilot:
+        app.open_run(run_id)
+        await wait_for(pilot, lambda: isinstance(app.screen, MonitorScreen) and app.screen.snapshot is not None,
+                       what="monitor")
+        screen = app.screen
+        assert isinstance(screen, MonitorScreen) and screen.snapshot is not None
+        assert f"stacks at the hang: {where}" in screen.progress_text(screen.snapshot).plain

@@ -4,8 +4,11 @@ launcher and the signals between them are tested without importing torch in the 
 
 Rank 0 reports a step every ``--step-s`` seconds through :mod:`runner.track` (the journal the watcher
 reads), up to ``--steps``; every rank stays alive meanwhile. Like ftui's trainer, a SIGTERM lets the rank
-finish its step, "save" for ``--save-s`` seconds, journal its ``end`` (``stopped``) and exit 0; a second
-SIGTERM ends it at once (mid-save).
+finish its step, "save" until the file ``--save-until`` exists (at once without it), journal its ``end``
+(``stopped``) and exit 0; a second SIGTERM ends it at once (mid-save). Rank 0 writes ``<save-until>.saving``
+when its save begins, so a test knows the save is in flight. With ``--hang-at N`` every rank stops after
+step N and waits, idle, in :func:`hang_here` (a hang in a known function, for the stacks) until it is
+stopped.
 
     ftui run --script tests/support/scripted_rank.py --strategy ddp --nproc 2 -- --steps 100000
 """
@@ -29,8 +32,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--step-s", type=float, default=0.2)
-    parser.add_argument("--save-s", type=float, default=0.0,
-                        help="seconds a stop's save takes before the end is journaled (a second SIGTERM cuts it)")
+    parser.add_argument("--hang-at", type=int, default=0)
+    parser.add_argument("--save-until", type=Path, default=None,
+                        help="a stop's save lasts until this file exists (a second SIGTERM cuts it)")
     args = parser.parse_args(argv)
     stop = threading.Event()
 
@@ -43,11 +47,30 @@ def main(argv: list[str]) -> int:
     track.start(total_steps=args.steps, world_size=int(os.environ.get("WORLD_SIZE", "1")))
     for step in range(1, args.steps + 1):
         track.log({"loss": 3.0 / step, "tokens": 64 * step}, step=step)
+        if step == args.hang_at:
+            hang_here(stop)
         if stop.wait(args.step_s):
-            threading.Event().wait(args.save_s)  # the stop checkpoint being written
+            _save(args.save_until)  # the stop checkpoint being written
             track.finish("stopped")
             return 0
     return 0
+
+
+def hang_here(stop: threading.Event) -> None:
+    """Wait, idle, until the rank is stopped: no step, no event, no CPU (what a rank stuck in a
+    collective looks like from outside)."""
+    stop.wait()
+
+
+def _save(until: Path | None) -> None:
+    if until is None:
+        return
+    if os.environ.get("RANK", "0") == "0":
+        until.with_name(until.name + ".saving").touch()
+    released = threading.Event()
+    while not released.wait(0.05):  # polls a file the test writes: no length of time is assumed
+        if until.exists():
+            released.set()
 
 
 if __name__ == "__main__":

@@ -30,53 +30,81 @@ class Clock:
         self.now += seconds
 
 
+def reading(t: float, rank: int, util: float) -> DeviceSample:
+    return DeviceSample(t, "box", "rank", rank, f"rank {rank}", util, None, None, None, None, None, "test", None)
+
+
 def idle(t: float) -> list[DeviceSample]:
-    return [DeviceSample(t, "box", "rank", 0, "rank 0", 0.5, None, None, None, None, None, "test", None)]
+    return [reading(t, 0, 0.5)]
 
 
 def busy(t: float) -> list[DeviceSample]:
-    return [DeviceSample(t, "box", "rank", 0, "rank 0", 95.0, None, None, None, None, None, "test", None)]
+    return [reading(t, 0, 95.0)]
 
 
 def test_the_hang_rule_flags_after_hang_after_and_stops_hang_after_later() -> None:
     clock = Clock()
     rule = HangRule(hang_after_s=10.0, started_at=clock.now, clock=clock, check_every_s=1.0)
-    last_step = clock.now + 2.0
-    clock.now = last_step + 9.5
-    assert rule.check(last_step, False, idle(clock.now)) is None  # 9.5 s without a step: not yet
+    last_event = clock.now + 2.0
+    clock.now = last_event + 9.5
+    assert rule.check(last_event, False, idle(clock.now)) is None  # 9.5 s without progress: not yet
     clock.now += 0.4
-    assert rule.check(last_step, False, idle(clock.now)) is None, "checked 0.4 s ago: not due"
+    assert rule.check(last_event, False, idle(clock.now)) is None, "checked 0.4 s ago: not due"
     clock.now += 0.6
-    event = rule.check(last_step, False, idle(clock.now))
-    assert event is not None and event["since_step_s"] == 10.5 and event["idle"] == ["rank:0"]
-    assert rule.should_stop(last_step, False) is None, "just flagged"
+    event = rule.check(last_event, False, idle(clock.now))
+    assert event is not None and event["since_progress_s"] == 10.5 and event["idle"] == ["rank:0"]
+    assert rule.should_stop(last_event, False) is None, "just flagged"
     clock.now += 9.9
-    assert rule.check(last_step, False, idle(clock.now)) is None, "one flag per episode"
-    assert rule.should_stop(last_step, False) is None
+    assert rule.check(last_event, False, idle(clock.now)) is None, "one flag per episode"
+    assert rule.should_stop(last_event, False) is None
     clock.now += 0.1
-    assert rule.should_stop(last_step, False) == "hang: no step for 20 s, devices idle"
-    assert rule.reason == "hang: no step for 20 s, devices idle"
-    assert rule.should_stop(last_step, False) is None, "the stop is decided once"
+    reason = "hang: no progress for 20 s (no event from the trainer, every device idle)"
+    assert rule.should_stop(last_event, False) == reason
+    assert rule.reason == reason
+    assert rule.should_stop(last_event, False) is None, "the stop is decided once"
 
 
-def test_a_step_ends_the_hang_episode_and_its_stop() -> None:
+def test_an_event_ends_the_hang_episode_and_its_stop() -> None:
     clock = Clock()
     rule = HangRule(hang_after_s=5.0, started_at=clock.now, clock=clock)
     clock.now += 6.0
-    assert rule.check(None, False, idle(clock.now)) is not None, "before the first step: from the launch"
+    assert rule.check(None, False, idle(clock.now)) is not None, "before the first event: from the launch"
     clock.now += 1.0
-    step = clock.now
-    assert rule.check(step, False, idle(clock.now)) is None and rule.flagged is None, "a step came"
+    phase = clock.now  # rank 0 says it saves, evaluates, loads: an event, so progress
+    assert rule.check(phase, False, idle(clock.now)) is None and rule.flagged is None, "an event came"
     clock.now += 5.0
-    assert rule.should_stop(step, False) is None, "the episode is over: nothing to stop"
-    assert rule.check(step, False, idle(clock.now)) is not None, "a new episode, 5 s after that step"
+    assert rule.should_stop(phase, False) is None, "the episode is over: nothing to stop"
+    assert rule.check(phase, False, idle(clock.now)) is not None, "a new episode, 5 s after that event"
+
+
+def test_one_rank_working_while_the_others_wait_is_not_a_hang() -> None:
+    """Rank 0 tokenizes (70.7% CPU) for 18 s, no step, while rank 1 waits at 0%: with --hang-after 6 the
+    run goes on, and the limit counts from rank 0's last busy reading once it too is idle."""
+    clock = Clock()
+    rule = HangRule(hang_after_s=6.0, started_at=clock.now, clock=clock)
+    recent: list[DeviceSample] = []
+    for _ in range(18):
+        clock.now += 1.0
+        recent += [reading(clock.now, 0, 70.7), reading(clock.now, 1, 0.0)]
+        assert rule.check(None, False, recent) is None, f"{clock.now - 1000:.0f} s: rank 0 works"
+        assert rule.should_stop(None, False) is None
+    busy_until = clock.now
+    for _ in range(5):
+        clock.now += 1.0
+        recent += [reading(clock.now, 0, 0.0), reading(clock.now, 1, 0.0)]
+        assert rule.check(None, False, recent) is None, "idle for less than the limit"
+    clock.now += 1.0
+    recent += [reading(clock.now, 0, 0.0), reading(clock.now, 1, 0.0)]
+    event = rule.check(None, False, recent)
+    assert event is not None and event["last_progress"] == busy_until and event["since_progress_s"] == 6.0
 
 
 def test_busy_devices_or_an_ended_run_are_never_a_hang() -> None:
     clock = Clock()
     rule = HangRule(hang_after_s=5.0, started_at=clock.now, clock=clock)
-    clock.now += 60.0
-    assert rule.check(None, False, busy(clock.now)) is None, "a collective spinning at 95%"
+    for _ in range(60):
+        clock.now += 1.0
+        assert rule.check(None, False, busy(clock.now)) is None, "a collective spinning at 95%"
     clock.now += 1.0
     assert rule.check(None, True, idle(clock.now)) is None, "the run ended"
     assert rule.should_stop(None, True) is None

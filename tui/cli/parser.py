@@ -152,8 +152,9 @@ def _watch_options(parser: argparse.ArgumentParser) -> None:
                         metavar="SECONDS", help=f"telemetry: seconds between device readings (default "
                                                 f"{watching.SAMPLE_INTERVAL_S:g}; 0 turns telemetry off)")
     parser.add_argument("--hang-after", type=seconds_at_least(1), default=watching.HANG_AFTER_S, metavar="SECONDS",
-                        help="flag a hang when no step came for this long and every device is idle "
-                             f"(default {watching.HANG_AFTER_S:g})")
+                        help="flag a hang (and ask every rank for its stacks) when the run made no progress "
+                             "for this long: no event from the trainer and every device idle; stop it when "
+                             f"it lasts as long again (default {watching.HANG_AFTER_S:g})")
 
 
 def _grace_option(parser: argparse.ArgumentParser) -> None:
@@ -209,6 +210,7 @@ def _run(sub: Any) -> None:
     run.add_argument("--find-batch-size", action="store_true",
                      help="find the largest micro-batch that fits with short real runs, then stop")
     run.add_argument("--mem-cap", metavar="SIZE", help="with --find-batch-size: budget per rank, e.g. 3GiB")
+    _data_change_option(run)
     _watch_options(run)
     _grace_option(run)
     run.add_argument("--notify", action="store_true",
@@ -220,15 +222,21 @@ def _run(sub: Any) -> None:
 
     resume = sub.add_parser(
         "resume", help="continue a run from its newest complete checkpoint, as a new run",
-        description="Continue run ID from the newest complete checkpoint in its folder (train.save_every, "
-                    "or a graceful stop, writes them): a new run with the same recipe, strategy and process "
-                    "count, going on at the next step.")
+        description="Continue run ID from the newest checkpoint in its folder whose files verify (train.save_every, "
+                    "or a graceful stop, writes them; a damaged newer one is passed over with a warning): a new "
+                    "run with the same recipe, strategy and process count, going on at the next step.")
     resume.add_argument("run_id", type=int, metavar="ID", help="the run to continue")
+    _data_change_option(resume)
     _watch_options(resume)
     _grace_option(resume)
     _node_options(resume)  # a multi-node run: the same command on each node (README: More than one machine)
     db_option(resume)
     resume.set_defaults(handler="tui.cli.run:cmd_resume")
+
+
+def _data_change_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--allow-data-change", action="store_true",
+                        help="resume although the data source changed since the checkpoint was taken")
 
 
 def _stop(sub: Any) -> None:

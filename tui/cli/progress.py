@@ -38,6 +38,8 @@ class RunProgress:
             refresh_per_second=2,
         )
         self.task = self.progress.add_task("starting", total=None, loss="-", tps="-")
+        self.training: str | None = None
+        """The description while steps come (a phase between steps shows instead until the next step)."""
 
     def __enter__(self) -> RunProgress:
         self.progress.start()
@@ -48,7 +50,7 @@ class RunProgress:
 
     def on_event(self, event: dict[str, Any]) -> None:
         kind = event["type"]
-        if kind == "phase":  # before step 1: say what the minutes of loading are spent on
+        if kind == "phase":  # say what the minutes of loading, evaluating or saving are spent on
             # the description column is markup: a data path is the user's text
             self.progress.update(self.task, description=escape(phase_words(event)))
         elif kind == "start":
@@ -56,17 +58,16 @@ class RunProgress:
             # the global batch is what a speed means: a --nproc 2 DDP run trains twice the rows per step
             rows = (event.get("tokens_per_step") or 0) // max(1, event.get("context_length") or 1) or None
             batch = f", global batch {rows}" if rows else ""
-            self.progress.update(
-                self.task,
-                description=f"training ({dist}, {event.get('world_size')} proc{batch})",
-                total=event.get("total_steps"),
-            )
+            self.training = f"training ({dist}, {event.get('world_size')} proc{batch})"
+            self.progress.update(self.task, description=self.training, total=event.get("total_steps"))
             self.progress.console.print(Text(
                 f"start: {dist} on {event.get('device_type') or 'not reported'} × {event.get('world_size')}, "
                 f"{(event.get('params') or 0) / 1e6:.1f}M params, {(event.get('trainable_params') or 0) / 1e6:.2f}M trainable"
                 + (f", global batch {rows} rows x {event.get('context_length')} tokens per step" if rows else "")
             ))
         elif kind == "step":
+            if self.training:  # a phase between steps (a save, an evaluation) is over
+                self.progress.update(self.task, description=self.training)
             self.progress.update(
                 self.task,
                 completed=event["step"],
@@ -83,9 +84,12 @@ class RunProgress:
         elif kind == "hang":
             self.progress.console.print(Text.assemble(
                 ("warning:", "yellow"),
-                f" hang suspected: no step for {event.get('since_step_s', 0):.0f} s and "
-                f"{', '.join(event.get('idle') or []) or 'devices'} idle; the run is stopped if it lasts "
-                f"as long again (--hang-after)"))
+                f" hang suspected: no progress for {event.get('since_progress_s', 0):.0f} s (no event from the "
+                f"trainer, {', '.join(event.get('idle') or []) or 'devices'} idle); the run is stopped if it "
+                f"lasts as long again (--hang-after)"))
+        elif kind == "stacks":
+            self.progress.console.print(Text.assemble(
+                ("stacks:", "yellow"), f" {event.get('summary')} (full dumps: {event.get('folder')})"))
         elif kind == "rank_exit":
             self.progress.console.print(Text.assemble(
                 ("warning:", "yellow"), f" rank {event.get('rank')} (pid {event.get('pid')}) ended before the run did"))

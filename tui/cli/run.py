@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+from collections.abc import Callable
+from typing import Any
 
 from rich.console import Console
 from rich.text import Text
@@ -16,14 +18,15 @@ from runner.spec.status import ENDED_BY_USER
 from runner.watch.follow import WatchOptions
 from runner.watch.prepare import Prepared
 from runner.watch.procs import StopRequest
-from store import Store
+from runner.watch.stream import quietly
+from store import Store, StoreError
 from tui.cli import nodes
 from tui.cli.common import console, open_store
 from tui.cli.estimate import run_finder
 from tui.cli.exits import ExitCode, UsageError
 from tui.cli.progress import RunProgress
 from tui.cli.recover import recover_quietly
-from tui.notify import run_ended
+from tui.notify import run_ended, run_hung
 from tui.render.report import run_report
 
 
@@ -88,7 +91,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     node_spec = nodes.spec_for(args, recipe)  # several machines: this one's rendezvous
     source = str(args.recipe) if args.recipe is not None else str(recipe.launch.script)
     try:
-        warnings = launch.check(recipe, args.fake_gpus)  # the same pre-flight as the TUI's Launch
+        # the same pre-flight as the TUI's Launch
+        warnings = launch.check(recipe, args.fake_gpus, getattr(args, "allow_data_change", False),
+                                dry_run=bool(getattr(args, "dry_run", False)))
     except RecipeError as exc:
         raise UsageError(f"{args.recipe}: {exc}" if args.recipe is not None else str(exc)) from None
     out = console(stderr=args.format == "json")
@@ -118,7 +123,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             out.print(f"node #{prepared.node.slot} of {node_spec.nnodes} ({node_spec.backend} rendezvous at "
                       f"{node_spec.main_addr}:{node_spec.main_port}, run key {node_spec.run_key}); the progress "
                       "shows on the node that gets rank 0", markup=False, soft_wrap=True)
-    except RecipeError as exc:
+    except (RecipeError, StoreError) as exc:  # StoreError: the database cannot take the run (its disk full)
         raise UsageError(str(exc)) from None
     return follow(args, store, prepared, out)
 
@@ -127,13 +132,16 @@ def cmd_resume(args: argparse.Namespace) -> int:
     """``ftui resume ID``: a new run continuing run ID from its newest complete checkpoint."""
     store = open_store(args, create=False)
     out = console()
+    recover_quietly(store, out)  # a run whose watcher died is settled first: only a live run is refused
     try:
         if nodes.given(args):
             prepared = nodes.prepare_resume(args, store, out)
         else:
-            prepared = launch.resume(store, args.run_id)
+            prepared = launch.resume(store, args.run_id, args.allow_data_change)
     except RecipeError as exc:
         raise UsageError(str(exc)) from None
+    for warning in prepared.warnings:  # checkpoints passed over: run text, never markup
+        out.print(Text.assemble(("warning:", "yellow"), f" {warning}"), soft_wrap=True)
     out.print(f"resuming run {args.run_id} from {prepared.recipe.train.resume_from}", markup=False, highlight=False,
               soft_wrap=True)
     return follow(args, store, prepared, out)
@@ -145,6 +153,18 @@ def watch_options(args: argparse.Namespace) -> WatchOptions:
                         fake_gpus=args.fake_gpus)
 
 
+def notify_hang(on_event: Callable[[dict[str, Any]], None], store: Store,
+                run_id: int | None) -> Callable[[dict[str, Any]], None]:
+    """``on_event``, and the bell and a desktop notification when a hang's stacks come (``--notify``)."""
+    def call(event: dict[str, Any]) -> None:
+        on_event(event)
+        if event.get("type") == "stacks" and run_id is not None:
+            run = store.get_run(run_id)
+            run_hung(run_id, run.name if run is not None else "", str(event.get("summary")))
+
+    return call
+
+
 def follow(args: argparse.Namespace, store: Store, prepared: Prepared, out: Console) -> int:
     """Run a prepared run with live progress, print its summary; the exit code of ``ftui run``."""
     recipe = prepared.recipe
@@ -154,16 +174,21 @@ def follow(args: argparse.Namespace, store: Store, prepared: Prepared, out: Cons
     restore = stop.install()  # Ctrl-C, SIGTERM, SIGHUP: graceful stop, recorded; a second one: kill now
     try:
         with RunProgress(out) as progress:
-            outcome = launch.run(store, prepared, watch_options(args), on_event=progress.on_event, stop=stop)
+            on_event: Callable[[dict[str, Any]], None] = progress.on_event
+            if getattr(args, "notify", False):
+                on_event = notify_hang(progress.on_event, store, prepared.run_id)
+            outcome = launch.run(store, prepared, watch_options(args), on_event=on_event, stop=stop)
     finally:
         restore()
-    run = store.get_run(outcome.run_id)
-    assert run is not None  # recorded by launch.record before it started
+    run = quietly(store.get_run, outcome.run_id)  # a database gone bad meanwhile: the notes below say it
     if getattr(args, "notify", False):
-        run_ended(outcome.run_id, run.name, outcome.status, outcome.error)
-    out.print(run_report(run))
+        run_ended(outcome.run_id, run.name if run is not None else recipe.name, outcome.status, outcome.error)
+    if run is not None:
+        out.print(run_report(run))
     if outcome.stop_report:
         out.print(f"stop: {outcome.stop_report}", markup=False)
+    for note in outcome.notes:
+        out.print(Text.assemble(("warning:", "yellow"), f" {note}"), soft_wrap=True)
     if outcome.status == "completed":
         return ExitCode.OK
     if outcome.status in ENDED_BY_USER:  # by the user: Ctrl-C, SIGTERM, ftui stop

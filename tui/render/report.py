@@ -200,6 +200,10 @@ def run_summary_table(run: RunInfo | None) -> Table:
             table.add_row(*text_row("MFU peak/device", stored.label(), stored.source.split(", ")[0]))
     if run.error:
         table.add_row("error", Text(run.error, style="red"), "")
+    stacks = run.summary.stacks
+    if stacks is not None:  # where each rank was when the watcher asked (a hang, a collective timeout)
+        table.add_row(*text_row("stacks", stacks["summary"],
+                                f"faulthandler at the {stacks['cause']}; full dumps: {stacks['folder']}"))
     return table
 
 

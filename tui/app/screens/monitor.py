@@ -266,6 +266,9 @@ class MonitorScreen(Screen[None]):
             line.append(f"\n{run.summary.ended}", style=STATUS_STYLE.get(run.status, ""))
         if run.error:
             line.append(f"\nerror: {run.error}", style="red")
+        stacks = run.summary.stacks
+        if stacks is not None and stacks["summary"] not in (run.error or ""):  # the watcher asked every rank
+            line.append(f"\nstacks at the {stacks['cause']}: {stacks['summary']}", style="yellow")
         return line
 
     def _update_static(self, selector: str, content: Text) -> None:
