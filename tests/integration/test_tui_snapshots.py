@@ -3,6 +3,7 @@ with every time-dependent figure frozen (the app's clock, the interpreter path, 
 
 from __future__ import annotations
 
+import shutil
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -22,15 +23,27 @@ NOW = T0 + timedelta(minutes=7)
 SIZES = [(120, 40), (80, 24)]
 
 
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A home filled once for the module (the runs, their metrics, samples and logs): each test copies it."""
+    home = tmp_path_factory.mktemp("snapshots")
+    store = Store(f"sqlite:///{home}/ftui.db")
+    fill(store, home)
+    store.close()
+    return home
+
+
 @pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
+def store(filled: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
+    """The filled home, copied to ``tmp_path`` (the run folders' paths are kept: they are read only)."""
     monkeypatch.setenv("FTUI_HOME", str(tmp_path))
     monkeypatch.delenv("FTUI_DB", raising=False)
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(app_module, "_cpu_threads", lambda nproc, device: 2)
-    store = Store(f"sqlite:///{tmp_path}/ftui.db")
-    fill(store, tmp_path)
-    return store
+    for name in ("ftui.db", "ftui.db-wal"):
+        if (filled / name).exists():
+            shutil.copyfile(filled / name, tmp_path / name)
+    return Store(f"sqlite:///{tmp_path}/ftui.db")
 
 
 def fill(store: Store, tmp: Path) -> None:
