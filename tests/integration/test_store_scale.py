@@ -312,12 +312,13 @@ async def test_the_runs_screen_reads_the_newest_until_asked_for_all(many: dict[s
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     from textual.widgets import DataTable, Static
 
+    from tests.support.dashboard import NO_WATCHER_CHECK
     from tui.app import make_app
     from tui.app.screens import runs as runs_screen
 
     monkeypatch.setattr(runs_screen, "RUNS_SHOWN", 20)
     total = len(many["ids"]) + 1
-    app = make_app(Store(many["url"], create=False), refresh_s=0.2)
+    app = make_app(Store(many["url"], create=False), refresh_s=0.2, watcher_check_s=NO_WATCHER_CHECK)
     async with app.run_test(size=(120, 40)) as pilot:
         for _ in range(100):
             await pilot.pause(0.05)
