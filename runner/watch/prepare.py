@@ -183,7 +183,8 @@ def prepare_resume(store: Store, run_id: int, root: Path | None = None, allow_da
     """Record a new run that continues run ``run_id`` from its newest checkpoint whose files verify: the
     old run's recipe (same strategy and process count) with ``train.resume_from`` set. Starts nothing.
     Newer checkpoints passed over (damaged, cut short) are in the result's warnings; a run that has none
-    of its own (a resumed run that ended before its first save) continues from the one it started from.
+    of its own (a resumed run that failed or stopped before its first save) continues from the one it started
+    from.
 
     Raises:
         PreflightError: one line: no such run, a run still running, no usable checkpoint, a recipe that no
@@ -202,7 +203,9 @@ def prepare_resume(store: Store, run_id: int, root: Path | None = None, allow_da
         raise PreflightError(f"run {run_id}: no complete checkpoint in its run folder (train.save_every, or a "
                              "graceful stop, writes one)")
     run_dir = Path(old.run_dir)
-    checkpoint, warnings = resume_checkpoint(run_id, run_dir, old.summary.resumed_from)
+    # A completed run trained every step: the checkpoint it started from would only train them again.
+    parent = old.summary.resumed_from if old.status != "completed" else None
+    checkpoint, warnings = resume_checkpoint(run_id, run_dir, parent)
     recipe = load_recipe(run_dir / ev.RECIPE_FILE)
     recipe = recipe.model_copy(update={"train": recipe.train.model_copy(update={"resume_from": str(checkpoint)})})
     preflight(recipe, allow_data_change)

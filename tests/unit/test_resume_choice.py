@@ -109,6 +109,11 @@ def test_a_resumed_run_that_died_before_its_first_save_goes_on_from_its_parents(
     prepared = launch.resume(store, child)
     assert prepared.recipe.train.resume_from == str(start)
     assert prepared.warnings == (f"run {child} wrote no checkpoint; resuming from the one it started from, {start}",)
+    # A completed child trained every step: its parent's checkpoint is not offered (it would train them again).
+    store.update_run(child, status="completed")
+    with pytest.raises(PreflightError, match="no complete checkpoint"):
+        launch.resume(store, child)
+    store.update_run(child, status="failed")
     # The parent's checkpoint damaged too: nothing to resume from, and the line says why.
     (start / "optimizer.bin").write_bytes(b"x")
     with pytest.raises(PreflightError, match=r"no complete checkpoint .*its parent's checkpoint skipped: .*"
