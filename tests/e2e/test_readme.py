@@ -4,7 +4,6 @@ comparison as a reopening of the shared matrix's sweep, which trains the README'
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from tests.support import QUICKSTART, ROOT, new_home
@@ -26,7 +25,8 @@ def test_the_readme_first_five_minutes_in_a_fresh_home(tmp_path: Path) -> None:
     assert "quickstart" in printed["ftui runs"] and "completed" in printed["ftui show 1"]
     assert "recommendation" in printed["ftui estimate recipes/tinyllama-1.1b-lora.toml --gpu-mem 48GiB --gpus 4"]
     assert "accelerate" in printed["ftui run recipes/quickstart.toml --strategy ddp --nproc 2 --dry-run"]
-    assert "GPU 7" in printed["ftui --fake-gpus 8 gpus"]
+    demo = printed["ftui --fake-gpus 8 gpus"]
+    assert "fake NVML" in demo and demo.count("H100") == 8, demo
     assert [r["id"] for r in home.runs()] == [1], "a dry run records nothing"
 
 
@@ -43,5 +43,6 @@ def test_the_readme_comparison_is_the_matrix_sweep_reopened(matrix: Matrix, tmp_
     command = next(c for c in RUN if "--sweep" in c).replace("ID", sweep.id).replace("report.html", str(report))
     matrix.ftui.run(*command.split()[1:], check=True)
     html = report.read_text()
+    assert html.startswith("<!DOCTYPE html>")
     for strategy in flags["--strategies"].split(","):
-        assert f"run {sweep.run_ids[strategy]}" in html or json.dumps(strategy) in html or strategy in html
+        assert f"run {sweep.run_ids[strategy]} " in html, strategy  # its curves, labelled by run
