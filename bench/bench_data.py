@@ -68,7 +68,7 @@ def first_step_s(path: Path, home: Path) -> dict[str, float]:
     t0 = time.time()
     subprocess.run([sys.executable, "-m", "tui.cli", "run", str(ROOT / "recipes" / "chat-lora.toml"),
                     "--set", f'data.source="{path}"', "--set", "train.max_steps=1", "--set", "data.context_length=256", "--set", "data.eval_fraction=0.0",
-                    "--set", "train.eval_every=0", "--set", "train.save=false", "--sample-interval", "0"],
+                    "--set", "train.eval_every=0", "--set", "eval.prompts=[]", "--set", "train.save=false", "--sample-interval", "0"],
                    env=env, check=True, capture_output=True, cwd=ROOT)
     journal = max((home / "runs").iterdir(), key=lambda p: p.stat().st_mtime) / "events.jsonl"
     times = {}

@@ -1,10 +1,11 @@
 """The tokenized-data cache: its key and its files.
 
-Tokenized data is cached under ``FTUI_HOME``'s cache folder (``cache/data/<key>.pt``), keyed by a hash
-over the source's content, the eval set's, the tokenizer (its vocabulary and merges, chat template and
-special tokens), the data section (context length, packing, mask rule, fields, row limit) and, for an
-``eval_fraction``, the seed. So the second run of a recipe reads blocks instead of tokenizing, and of
-the ranks of one run only the first tokenizes (``main_process_first``): the others read its file.
+Tokenized data is cached under ``FTUI_HOME``'s cache folder (``cache/data/<key>.pt``, its block counts
+beside it in ``<key>.json`` for the pre-flight), keyed by a hash over the source's content, the eval
+set's, the tokenizer (its vocabulary and merges, chat template and special tokens), the data section
+(context length, packing, mask rule, fields, row limit) and, for an ``eval_fraction``, the seed. So the
+second run of a recipe reads blocks instead of tokenizing, and of the ranks of one run only the first
+tokenizes (``main_process_first``): the others read its file.
 """
 
 from __future__ import annotations
@@ -169,11 +170,50 @@ def write_cache(path: Path, cached: Cached) -> None:
         os.close(fd)
         torch.save(payload, tmp)
         os.replace(tmp, path)  # atomic: a reader sees the whole file or none
+        _write_counts(path, cached)
     except (OSError, RuntimeError):
         pass
     finally:
         if tmp and os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def counts_path(path: Path) -> Path:
+    """The JSON beside a cache file that holds its block counts (read without torch)."""
+    return path.with_suffix(".json")
+
+
+def _write_counts(path: Path, cached: Cached) -> None:
+    """Write the counts of a cache file beside it, atomically."""
+    counts = {"train_rows": cached.train.shape[0], "eval_rows": 0 if cached.eval is None else cached.eval.shape[0]}
+    fd, tmp = tempfile.mkstemp(prefix="tmp-", suffix=".json", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(counts, fh)
+        os.replace(tmp, counts_path(path))
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def read_train_rows(path: Path) -> int | None:
+    """The train blocks of a cache file: from the counts beside it (no torch), else from the file itself,
+    writing the counts for the next time (a file written before counts were kept); None when the cache
+    file is damaged (the ranks rebuild it)."""
+    try:
+        rows = json.loads(counts_path(path).read_text())["train_rows"]
+        if isinstance(rows, int) and not isinstance(rows, bool) and rows >= 0:
+            return rows
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    cached = read_cache(path)
+    if cached is None:
+        return None
+    try:
+        _write_counts(path, cached)
+    except OSError:
+        pass  # counted again next time
+    return cached.train.shape[0]
 
 
 def _pack(blocks: Blocks | None) -> dict[str, Any] | None:

@@ -16,6 +16,7 @@ from runner.data.rows import (
     check_row,
     check_source,
     head_rows,
+    is_dataset_source,
     is_file_source,
     read_rows,
     row_text,
@@ -40,6 +41,7 @@ def check_data(data: DataSection) -> None:
     check_source(data.source)
     if data.eval_source is not None:
         check_source(data.eval_source, "data.eval_source")
+    check_dataset_fields(data)
     if data.source.startswith(BUILTIN_PREFIX):
         if data.train_on == "completions" or data.format in ("chat", "completion"):
             raise DataError(f"data.train_on: {data.source} is plain text: no prompts or assistant turns "
@@ -76,6 +78,27 @@ def check_data(data: DataSection) -> None:
             row_text(row, data, path, index)
         else:
             check_row(row, fmt, data, f"data.source: {path.name} row {index + 1}")
+
+
+def check_dataset_fields(data: DataSection) -> None:
+    """``data.split``, ``data.subset`` and ``data.eval_split`` name parts of a Hugging Face dataset: given
+    for a file or the builtin corpus, which have none, they would be ignored.
+
+    Raises:
+        DataError: one line naming the field.
+    """
+    def refuse(field: str, value: str, source: str) -> None:
+        raise DataError(f"{field}: {value[:60]!r} names a part of a Hugging Face dataset, and {source} is not one "
+                        "(it has no splits or subsets)")
+
+    if not is_dataset_source(data.source):
+        if data.split != "train":
+            refuse("data.split", data.split, data.source)
+        if data.subset is not None:
+            refuse("data.subset", data.subset, data.source)
+    eval_source = data.eval_source or data.source
+    if data.eval_split is not None and not is_dataset_source(eval_source):
+        refuse("data.eval_split", data.eval_split, eval_source)
 
 
 def check_dataset(data: DataSection) -> None:

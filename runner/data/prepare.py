@@ -7,8 +7,9 @@ labels equal to the ids; both are cut into blocks (:mod:`runner.data.blocks`). T
 rows.
 
 The blocks are cached by a key over everything that decides them (:mod:`runner.data.cache`). ``ftui
-run``'s pre-flight fills the cache for chat and completion data (every row checked: a bad row is one line
-and exit 2 before anything is recorded).
+run``'s pre-flight fills the cache wherever the tokenizer is local (every row checked, the blocks
+counted: a bad row, or data too short for one optimizer step, is one line and exit 2 before anything is
+recorded).
 """
 
 from __future__ import annotations
@@ -22,8 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 from runner.data import chat
 from runner.data.blocks import Blocks, to_blocks
-from runner.data.cache import Cached, cache_key, cache_path, local_tokenizer_digest, read_cache, write_cache
-from runner.data.rows import DataError, check_row, head_rows, is_file_source, read_rows, row_text
+from runner.data.cache import (
+    Cached,
+    cache_key,
+    cache_path,
+    local_tokenizer_digest,
+    read_cache,
+    read_train_rows,
+    write_cache,
+)
+from runner.data.rows import DataError, check_row, read_rows, row_text
 from runner.spec import builtin
 from runner.spec.paths import cache_dir
 
@@ -182,46 +191,46 @@ def load_tokenizer(recipe: Recipe) -> Any:
     return tok
 
 
-def needs_prefill(data: DataSection) -> bool:
-    """Whether the pre-flight tokenizes the data (every row checked, the cache filled): chat and
-    prompt/completion data and any eval set, where bad rows are common and sit anywhere in the file."""
-    if data.source.startswith(builtin.BUILTIN_PREFIX) and data.eval_fraction == 0 and data.eval_source is None:
-        return False
-    if data.format in ("chat", "completion") or data.eval_fraction > 0 or data.eval_source or data.eval_split:
-        return True
-    try:
-        if is_file_source(data.source):
-            rows = head_rows(Path(data.source).expanduser(), 1)
-        else:
-            rows, _ = read_rows(data.source, data, data.split)
-    except DataError:
-        return True
-    return bool(rows) and chat.row_format(rows[0], data) != "text"
-
-
-def prefill(recipe: Recipe) -> DataSet | None:
+def prefill(recipe: Recipe) -> int | None:
     """The pre-flight's data step: tokenize into the cache (the ranks then only read it), so that every
-    bad row is found before launch. Only where :func:`needs_prefill` and the tokenizer is local (the
-    builtin one, or a model folder); otherwise the ranks do it. None when nothing was tokenized (the
-    data was cached already, or the ranks tokenize).
+    bad row, and data too short for one optimizer step, is found before launch. Only where the tokenizer
+    is local (the builtin one, or a model folder); otherwise the ranks do it.
+
+    Returns:
+        The train rows (blocks) the ranks will read; None when unknown here (the ranks tokenize, or a
+        cache file written without its counts).
 
     Raises:
         DataError: one line naming the file and row.
     """
-    if not needs_prefill(recipe.data):
-        return None
     name = recipe.model.name
     if not name.startswith(builtin.BUILTIN_PREFIX) and not Path(name).expanduser().is_dir():
         return None
     tokenizer_id = local_tokenizer_digest(recipe.model)
     tokenizer = None
     if tokenizer_id is None:  # the builtin tokenizer, not trained yet: loading it trains it
-        tokenizer = load_tokenizer(recipe)
+        tokenizer = _load_local_tokenizer(recipe)
         tokenizer_id = local_tokenizer_digest(recipe.model)
     key = cache_key(recipe.data, tokenizer, recipe.train.seed, tokenizer_id)
-    if cache_path(key).is_file():
+    path = cache_path(key)
+    if path.is_file():
         # Cached: its rows were checked when it was written, and the ranks read it (a damaged file is
         # rebuilt there). Neither torch nor transformers is imported for a cached recipe.
-        return None
-    return load_data(recipe.data, tokenizer, recipe.train.seed, tokenizer_id=tokenizer_id,
-                     loader=lambda: load_tokenizer(recipe), key=key)
+        return read_train_rows(path)
+    dataset = load_data(recipe.data, tokenizer, recipe.train.seed, tokenizer_id=tokenizer_id,
+                        loader=lambda: _load_local_tokenizer(recipe), key=key)
+    return dataset.train.shape[0]
+
+
+def _load_local_tokenizer(recipe: Recipe) -> Any:
+    """:func:`load_tokenizer` of the builtin model or a model folder, in the pre-flight.
+
+    Raises:
+        DataError: one line naming ``model.name``, whatever the folder's files make the loader raise.
+    """
+    try:
+        return load_tokenizer(recipe)
+    except Exception as exc:  # noqa: BLE001 (any file of a model folder can be wrong; it is one line either way)
+        why = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise DataError(f"model.name: {recipe.model.name}: its tokenizer does not load ({type(exc).__name__}: "
+                        f"{why})") from None

@@ -90,12 +90,6 @@ class Engine(ABC):
         """The ``preparing`` phase event's detail."""
         return f"{self.setup.recipe.launch.strategy} x {self.setup.accelerator.num_processes}"
 
-    def batch_too_big(self, rows: int, rows_per_step: int) -> str:
-        """The error when ``rows`` of data cannot fill one optimizer step."""
-        train = self.setup.recipe.train
-        return (f"train.batch_size: {rows} rows of data cannot fill one optimizer step of "
-                f"{rows_per_step} rows (batch_size {train.batch_size} x grad_accum {train.grad_accum})")
-
     @abstractmethod
     def prepare(self, model: Any, shape: DataShape) -> None:
         """Wrap or split the loaded ``model`` and build the optimizer (:attr:`model`, :attr:`optimizer`)."""

@@ -32,7 +32,7 @@ from runner.rank.engine import Engine, MicroBatch
 from runner.rank.measure import gather_list
 from runner.rank.model_load import load_model
 from runner.spec import events as ev
-from runner.spec import zero
+from runner.spec import layout, zero
 from runner.spec.flops import dims_from_config
 
 MEMORY_EVERY_S = 10.0
@@ -111,11 +111,13 @@ def train(setup: Setup, engine: Engine) -> Status:
 
 
 def _data_shape(setup: Setup, engine: Engine, rows: int) -> DataShape:
-    train = setup.recipe.train
-    rows_per_step = train.batch_size * engine.replicas * train.grad_accum
+    recipe, train = setup.recipe, setup.recipe.train
+    rows_per_step = layout.rows_per_step(recipe)  # the pre-flight's count too
+    assert rows_per_step == train.batch_size * engine.replicas * train.grad_accum, (rows_per_step, engine.replicas)
+    problem = layout.batch_problem(recipe, rows)
+    if problem:
+        raise ValueError(problem)
     steps_per_epoch = rows // rows_per_step
-    if steps_per_epoch == 0:
-        raise ValueError(engine.batch_too_big(rows, rows_per_step))
     total_steps = train.max_steps or max(1, math.floor(train.epochs * steps_per_epoch))
     return DataShape(rows=rows, rows_per_step=rows_per_step, steps_per_epoch=steps_per_epoch,
                      total_steps=total_steps)

@@ -71,8 +71,30 @@ def recipe_problem(recipe: Recipe) -> str | None:
     return None
 
 
+def rows_per_step(recipe: Recipe) -> int:
+    """Rows of one optimizer step over every process: ``train.batch_size`` x ``train.grad_accum`` x the
+    data parallel replicas of the strategy (:meth:`runner.spec.strategies.Strategy.global_batch`; the
+    processes of one pipeline or tensor-parallel group are one replica). The rank's loop and the pre-flight
+    both take it from here."""
+    launch, train = recipe.launch, recipe.train
+    world = launch.nproc * (launch.nnodes or 1)
+    return strategies.get(launch.strategy).global_batch(train.batch_size, train.grad_accum, world, tp_size(recipe))
+
+
+def batch_problem(recipe: Recipe, rows: int) -> str | None:
+    """The one line when ``rows`` of train data (blocks) cannot fill one optimizer step (None: they can)."""
+    step = rows_per_step(recipe)
+    if rows >= step:
+        return None
+    train = recipe.train
+    replicas = step // (train.batch_size * train.grad_accum)
+    return (f"train.batch_size: {rows} rows of data cannot fill one optimizer step of {step} rows (batch_size "
+            f"{train.batch_size} x {replicas} data parallel replicas x grad_accum {train.grad_accum})")
+
+
 def replicas(recipe: Recipe) -> int:
-    """Data parallel replicas of a tensor-parallel run: ``nproc / tp_size`` groups (1 for other layouts)."""
+    """Data parallel replicas of a tensor-parallel run: its processes over every machine in groups of
+    ``tp_size`` (1 for other layouts; :func:`rows_per_step` counts the same)."""
     if not strategies.get(recipe.launch.strategy).tensor_parallel:
         return 1
-    return max(1, recipe.launch.nproc // tp_size(recipe))
+    return max(1, recipe.launch.nproc * (recipe.launch.nnodes or 1) // tp_size(recipe))

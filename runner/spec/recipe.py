@@ -46,12 +46,17 @@ class RecipeError(ValueError):
 
     def __init__(self, message: str, *, field: str | None = None, problem: str | None = None,
                  file: str | None = None, line: int | None = None) -> None:
-        # One line whatever the input held (a value with a newline is shown escaped).
-        super().__init__(message.replace("\r", "\\r").replace("\n", "\\n"))
+        super().__init__(one_line(message))
         self.field = field
         self.problem = problem if problem is not None else message
         self.file = file
         self.line = line
+
+
+def one_line(text: str) -> str:
+    """``text`` as one line whatever the input held: a character that ends a line (``\\n``, ``\\x1e``,
+    ``\\u2028``) or is not printable is shown escaped, as Python writes it."""
+    return "".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in text)
 
 
 class _Section(BaseModel):
@@ -60,6 +65,10 @@ class _Section(BaseModel):
 
 
 PositiveInt = Annotated[int, Field(gt=0)]
+
+LR_MAX = 3.4e37
+"""The largest ``train.lr``: AdamW's first step is lr / (1 - beta1) = 10 lr, and a step past float32's
+largest value (3.4e38) cannot be applied to a float32 weight at all."""
 NonNegInt = Annotated[int, Field(ge=0)]
 
 NAME_MAX = 255
@@ -74,6 +83,8 @@ def _path_text(value: str) -> str:
     """A field that may name a file or folder: no NUL, and short enough for the system to open."""
     if "\0" in value:
         raise ValueError("a path cannot hold a NUL character")
+    if value.startswith("~") and os.path.expanduser(value).startswith("~"):
+        raise ValueError(f"{value.split('/')[0][:60]!r}: no such user to expand")
     size = len(value.encode())
     if size >= PATH_MAX:
         raise ValueError(f"too long for a path ({size} bytes; at most {PATH_MAX - 1})")
@@ -150,6 +161,8 @@ class TrainSection(_Section):
     """Micro-batch per device (per process)."""
     grad_accum: PositiveInt = 1
     lr: Annotated[float, Field(gt=0.0)] = 1e-3
+    """AdamW's learning rate; at most :data:`LR_MAX`, whose first step still fits a float32 weight (a
+    larger lr that diverges is ``train.on_nan``'s to handle)."""
     schedule: Literal["constant", "linear", "cosine"] = "cosine"
     warmup_steps: NonNegInt = 0
     max_steps: NonNegInt = 0
@@ -183,6 +196,14 @@ class TrainSection(_Section):
     """Evaluate on the held-out set (``data.eval_fraction`` or ``data.eval_source``) every this many
     optimizer steps; with an eval set the run is always evaluated at its end too."""
 
+
+    @field_validator("lr")
+    @classmethod
+    def _check_lr(cls, value: float) -> float:
+        if value > LR_MAX:
+            raise ValueError(f"{value:g} is above {LR_MAX:g}: AdamW's first step (10 x lr) would not fit a float32 "
+                             "weight")
+        return value
 
     @property
     def accelerate_mixed_precision(self) -> str:
@@ -299,7 +320,23 @@ class Recipe(_Section):
         problem = zero.recipe_problem(self)  # the ZeRO stages' engine and offload
         if problem:
             raise ValueError(problem)
+        problem = self._eval_problem()
+        if problem:
+            raise ValueError(problem)
         return self
+
+    def _eval_problem(self) -> str | None:
+        """An evaluation asked for (``train.eval_every``, ``eval.prompts``) with no eval set to run it on:
+        the rank would never evaluate. A script run's data section only describes the run."""
+        data = self.data
+        if self.launch.script is not None or data.eval_fraction > 0 or data.eval_source or data.eval_split:
+            return None
+        fix = "(set data.eval_fraction, data.eval_source or data.eval_split)"
+        if self.train.eval_every:
+            return f"train.eval_every: {self.train.eval_every} but the recipe has no eval set {fix}"
+        if self.eval.prompts:
+            return f"eval.prompts: they are sampled at each evaluation, and the recipe has no eval set {fix}"
+        return None
 
     def to_toml(self) -> str:
         """The recipe as TOML text (every field, defaults included), loadable by :func:`parse_recipe`.

@@ -19,7 +19,7 @@ from runner.data.rows import DataError, check_source
 from runner.hardware import check_gpus_free, visible_mapping
 from runner.hardware.disks import filesystem_of
 from runner.planner import DEFAULT_RESERVE, checkpoint_bytes, inputs_from_recipe, parse_bytes
-from runner.spec import strategies, zero
+from runner.spec import layout, strategies, zero
 from runner.spec.builtin import BUILTIN_PREFIX, TINY_LLAMA_LINEAR
 from runner.spec.checkpoint import CheckpointError, check_resume
 from runner.spec.paths import FolderError, check_runs_dir, runs_dir
@@ -59,32 +59,36 @@ def launch_checks(recipe: Recipe, fake_gpus: int = 0, allow_data_change: bool = 
         PreflightError: the run cannot start (a RecipeError naming the field).
         InputError: its data or folders are unusable.
     """
-    warnings = preflight(recipe, allow_data_change, dry_run)
+    warnings = preflight(recipe, allow_data_change, dry_run, fake_gpus)
     return warnings + input_warnings(recipe) + gpu_warnings(recipe, fake_gpus)
 
 
-def preflight(recipe: Recipe, allow_data_change: bool = False, dry_run: bool = False) -> list[str]:
+def preflight(recipe: Recipe, allow_data_change: bool = False, dry_run: bool = False, fake_gpus: int = 0) -> list[str]:
     """Check what can be checked before launch; raise :class:`PreflightError`, return warnings.
     ``allow_data_change``: a checkpoint to resume from may have been taken on other data; ``dry_run``:
-    nothing will be loaded, so a hub model not here yet is a warning."""
+    nothing will be loaded, so a hub model not here yet is a warning; ``fake_gpus``: the demo mode's
+    scripted GPUs, which ``launch.gpus`` may name."""
     if recipe.launch.script is not None:  # a script run: the script owns its model and data
         return _script_preflight(recipe)
     warnings: list[str] = []
-    check_inputs(recipe)
     try:
-        check_source(recipe.data.source)
-    except DataError as exc:
-        raise PreflightError(str(exc)) from None
-    try:
-        _check_model(recipe)
+        _check_model(recipe)  # before the data step, which loads a model folder's tokenizer
     except ModelNotHereError as exc:
         if not dry_run:
             raise
         warnings.append(f"{exc} (a real run is refused until it is)")
+    rows = check_inputs(recipe)
+    problem = None if rows is None else layout.batch_problem(recipe, rows)
+    if problem:
+        raise PreflightError(problem, field="train.batch_size", problem=problem.split(": ", 1)[1])
+    try:
+        check_source(recipe.data.source)
+    except DataError as exc:
+        raise PreflightError(str(exc)) from None
     config = recipe.launch.accelerate_config
     if config is not None and not Path(config).expanduser().is_file():
         raise PreflightError(f"launch.accelerate_config: {config}: no such file")
-    _check_device(recipe)
+    _check_device(recipe, fake_gpus)
     on_cpu = runs_on_cpu(recipe)
     if recipe.method.type == "qlora" and on_cpu:
         raise PreflightError("method.type: qlora needs a CUDA GPU (bitsandbytes 4-bit); none is visible here")
@@ -104,24 +108,32 @@ def preflight(recipe: Recipe, allow_data_change: bool = False, dry_run: bool = F
     return warnings
 
 
-def _check_device(recipe: Recipe) -> None:
-    """``launch.device = "cuda"`` needs a CUDA GPU here (without one the ranks would train on the CPU)."""
-    if recipe.launch.device == "cuda" and cuda_device_count() == 0:
+def _check_device(recipe: Recipe, fake_gpus: int = 0) -> None:
+    """``launch.device = "cuda"`` and ``launch.gpus`` need a CUDA GPU here (without one the ranks would
+    train on the CPU); the demo mode's scripted GPUs (``fake_gpus``) may be listed."""
+    launch = recipe.launch
+    if launch.device == "cuda" and cuda_device_count() == 0:
         raise PreflightError('launch.device: "cuda" but no CUDA GPU is visible here (use "auto" or "cpu")',
                              field="launch.device", problem='"cuda" but no CUDA GPU is visible here')
+    if launch.gpus is not None and not fake_gpus and cuda_device_count() == 0:
+        problem = f"GPUs {launch.gpus} listed but no CUDA GPU is visible here (leave it out to run on the CPU)"
+        raise PreflightError(f"launch.gpus: {problem}", field="launch.gpus", problem=problem)
 
 
 def _check_model(recipe: Recipe) -> None:
     """The model is there to load: the builtin one, a model folder, or a hub id in the Hugging Face cache or
     on a reachable hub; and the builtin model has the LoRA target modules named."""
     name = recipe.model.name
+    local = name.startswith(("/", ".", "~")) or os.sep in name and Path(name).exists()
+    if recipe.model.revision is not None and (local or name.startswith(BUILTIN_PREFIX)):
+        raise PreflightError(f"model.revision: {name[:200]} is not a hub model; a revision pins a hub id only")
     if name.startswith(BUILTIN_PREFIX):
         unknown = sorted(set(recipe.method.lora.target_modules) - set(TINY_LLAMA_LINEAR))
         if recipe.method.type != "full" and unknown:
             raise PreflightError(f"method.lora.target_modules: {name} has no module {unknown[0]!r} "
                                  f"(its linear layers: {', '.join(TINY_LLAMA_LINEAR)})")
         return
-    if name.startswith(("/", ".", "~")) or os.sep in name and Path(name).exists():
+    if local:
         if not (Path(name).expanduser() / "config.json").is_file():
             raise PreflightError(f"model.name: {name}: not a model folder (no config.json)")
         return
@@ -166,26 +178,33 @@ def _script_preflight(recipe: Recipe) -> list[str]:
     return []
 
 
-def check_inputs(recipe: Recipe) -> None:
+def check_inputs(recipe: Recipe) -> int | None:
     """Check the recipe's data (read and parsed: :func:`runner.data.check.check_data`) and that run
     folders can be written (:func:`runner.spec.paths.check_runs_dir`). ``ftui sweep`` calls it once for
     the sweep's recipe before the first run.
+
+    Returns:
+        The train rows (blocks) the ranks will read, where the pre-flight tokenized or found them cached
+        (:func:`runner.data.prepare.prefill`); None where the ranks tokenize. Whether they fill one
+        optimizer step is each run's own check (its strategy and processes), in :func:`preflight`.
 
     Raises:
         InputError: one line naming the field, file or folder.
     """
     try:
         check_data(recipe.data)
-        # Chat, completion and eval data are tokenized here, every row checked, into the cache the ranks
+        # The data is tokenized here, every row checked and the blocks counted, into the cache the ranks
         # read (runner/data/prepare.py): a bad row anywhere is one line before anything is recorded.
-        prefill(recipe)
+        rows = prefill(recipe)
     except DataError as exc:
-        field = str(exc).split(":", 1)[0] if str(exc).startswith("data.") else "data.source"
+        head = str(exc).split(":", 1)[0]
+        field = head if head.startswith(("data.", "model.")) else "data.source"
         raise InputError(str(exc), field=field, problem=str(exc)) from None
     try:
         check_runs_dir()
     except FolderError as exc:
         raise InputError(f"run folders: {exc}") from None
+    return rows
 
 
 def check_room(recipe: Recipe, root: Path | None = None) -> None:

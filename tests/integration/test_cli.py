@@ -7,7 +7,21 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support import QUICKSTART, ROOT, Ftui
+import pytest
+
+from tests.support import QUICKSTART, ROOT, CliResult, Ftui, run_in_process
+
+
+@pytest.fixture
+def in_process(ftui: Ftui, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """``ftui ARGS`` on the session's home through ``main`` in this process: for what a command prints
+    and its exit code (the bad recipe and the start-up's imports are checked in real processes)."""
+    monkeypatch.setenv("FTUI_HOME", str(ftui.home))
+    monkeypatch.setenv("FTUI_DB", ftui.db)
+
+    def run(*args: str) -> CliResult:
+        return run_in_process(capsys, *args)
+    return run
 
 
 def test_help_and_runs_do_not_import_torch_or_textual(ftui: Ftui) -> None:
@@ -48,25 +62,27 @@ def test_core_never_imports_the_tui() -> None:
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 
-def test_bad_recipe_is_one_line_and_exit_2(ftui: Ftui, tmp_path: Path) -> None:
+def test_bad_recipe_is_one_line_and_exit_2(ftui: Ftui, in_process, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The first in a real process (what its stderr holds, nothing more); the rest through ``main``."""
     bad = tmp_path / "bad.toml"
     bad.write_text("[train]\nbatch_size = true\n")
     proc = ftui.run("run", str(bad))
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"ftui: {bad}:2: train.batch_size: Input should be a valid integer (got True)"
-    proc = ftui.run("run", str(QUICKSTART), "--set", "data.source=/nope/data.jsonl")
+    proc = in_process("run", str(QUICKSTART), "--set", "data.source=/nope/data.jsonl")
     assert proc.returncode == 2 and "data.source: file not found: /nope/data.jsonl" in proc.stderr
     assert "Traceback" not in proc.stderr
-    proc = ftui.run("run", str(tmp_path / "missing.toml"))
+    proc = in_process("run", str(tmp_path / "missing.toml"))
     assert proc.returncode == 2 and "missing.toml: cannot read recipe" in proc.stderr
-    proc = ftui.run("show", "999999")
+    proc = in_process("show", "999999")
     assert proc.returncode == 2 and "run 999999: no such run" in proc.stderr
 
 
-def test_dry_run_prints_the_launch_and_runs_nothing(ftui: Ftui) -> None:
+def test_dry_run_prints_the_launch_and_runs_nothing(ftui: Ftui, in_process) -> None:  # type: ignore[no-untyped-def]
     before = len(ftui.runs())
-    proc = ftui.run("run", str(QUICKSTART), "--strategy", "fsdp", "--set", "train.max_steps=50", "--dry-run",
-                    "--format", "json", check=True)
+    proc = in_process("run", str(QUICKSTART), "--strategy", "fsdp", "--set", "train.max_steps=50", "--dry-run",
+                      "--format", "json")
+    assert proc.returncode == 0, proc.stderr
     launch = json.loads(proc.stdout)
     assert set(launch) == {"argv", "env", "accelerate_config"}
     assert launch["argv"][1:4] == ["-m", "runner.rank.loopback_launch", "--config_file"]  # accelerate launch, loopback store
@@ -75,7 +91,7 @@ def test_dry_run_prints_the_launch_and_runs_nothing(ftui: Ftui) -> None:
     recipe = (config.parent / "recipe.toml").read_text()
     assert "max_steps = 50" in recipe and 'strategy = "fsdp"' in recipe and "nproc = 2" in recipe
     assert len(ftui.runs()) == before, "a dry run records nothing"
-    text = ftui.run("run", str(QUICKSTART), "--dry-run", check=True).stdout
+    text = in_process("run", str(QUICKSTART), "--dry-run").stdout
     assert "runner.rank.solo_launch" in text and "distributed_type: 'NO'" in text
 
 
@@ -96,19 +112,19 @@ BAD_INPUTS = [
 ]
 
 
-def test_more_bad_input_is_one_line_naming_the_field_and_exit_2(ftui: Ftui, tmp_path: Path) -> None:
+def test_more_bad_input_is_one_line_naming_the_field_and_exit_2(in_process, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     not_a_db = tmp_path / "junk.db"
     not_a_db.write_text("this is no sqlite file, just text long enough to have a header\n" * 4)
     for argv, expected in BAD_INPUTS:
         argv = [str(QUICKSTART) if a == "QUICKSTART" else a.replace("NOTADB", str(not_a_db)) for a in argv]
-        proc = ftui.run(*argv, "--dry-run") if argv[0] == "run" else ftui.run(*argv)
+        proc = in_process(*argv, "--dry-run") if argv[0] == "run" else in_process(*argv)
         assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
         assert "Traceback" not in proc.stderr, argv
         last = proc.stderr.strip().splitlines()[-1]
         assert expected in last, (argv, proc.stderr)
     latin1 = tmp_path / "latin1.toml"
     latin1.write_bytes('name = "caf\xe9"\n'.encode("latin-1"))
-    proc = ftui.run("run", str(latin1))
+    proc = in_process("run", str(latin1))
     assert proc.returncode == 2 and proc.stderr.strip() == f"ftui: {latin1}: not a TOML recipe (TOML is UTF-8 text)"
 
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+import pytest
+from textual.command import CommandList, CommandPalette
 from textual.widgets import DataTable, Static
 
 from store import Store
+from tests.support import CliResult, run_in_process
 from tests.support.dashboard import wait_for
 from tui.app import make_app
 from tui.app.messages import RunsLoaded
@@ -40,22 +41,24 @@ def add_run(store: Store, name: str, status: str = "completed") -> int:
     return run_id
 
 
-def ftui(store: Store, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "FTUI_HOME": str(tmp_path), "FTUI_DB": store.url, "COLUMNS": "250"}
-    return subprocess.run([sys.executable, "-m", "tui.cli", *args], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
-
-
-def test_runs_show_compare_print_markup_like_names_verbatim(store: Store, tmp_path: Path) -> None:
+def test_runs_show_compare_print_markup_like_names_verbatim(store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commands' own output, through ``main`` in this process (the same handlers and printing)."""
     ids = [add_run(store, name, status="failed" if i == 0 else "completed") for i, name in enumerate(NAMES)]
-    runs = ftui(store, tmp_path, "runs")
+    monkeypatch.setenv("FTUI_DB", store.url)
+    monkeypatch.setenv("COLUMNS", "250")
+
+    def ftui(*args: str) -> CliResult:
+        return run_in_process(capsys, *args)
+
+    runs = ftui("runs")
     assert runs.returncode == 0, runs.stderr
     for name in NAMES:
         assert name in runs.stdout, (name, runs.stdout)
-    show = ftui(store, tmp_path, "show", str(ids[0]))
+    show = ftui("show", str(ids[0]))
     assert show.returncode == 0, show.stderr
     assert ERROR in show.stdout, show.stdout
-    cmp = ftui(store, tmp_path, "compare", *map(str, ids))
+    cmp = ftui("compare", *map(str, ids))
     assert cmp.returncode == 0, cmp.stderr
     for name in NAMES:  # the recipe diff lists the names as they are
         assert name in cmp.stdout, (name, cmp.stdout)
@@ -97,10 +100,10 @@ async def test_runs_screen_and_monitor_show_markup_like_names(store: Store) -> N
             assert name in cells, cells
         assert any(c.startswith("[v2],[/]") for c in cells), cells  # the tags (then " · " and the note)
         await pilot.press("slash", *"[v2]", "enter")  # the filter matches the literal brackets
-        await pilot.pause(0.5)
-        assert table.row_count == 1 and str(table.get_row_at(0)[2]) == "ablation [v2]"
-        await pilot.press("slash", "ctrl+a", "backspace", "enter")
-        await pilot.pause(0.5)
+        await wait_for(pilot, lambda: table.row_count == 1, what="the filter to leave one row")
+        assert str(table.get_row_at(0)[2]) == "ablation [v2]"
+        await pilot.press("slash", "end", *["backspace"] * len("[v2]"), "enter")
+        await wait_for(pilot, lambda: table.row_count == len(NAMES), what="the cleared filter")
         for run_id, name in zip(ids, NAMES, strict=True):
             app.open_run(run_id)
             await wait_for(pilot, lambda: isinstance(app.screen, MonitorScreen) and app.screen.snapshot is not None)
@@ -112,7 +115,11 @@ async def test_runs_screen_and_monitor_show_markup_like_names(store: Store) -> N
             await wait_for(pilot, lambda: isinstance(app.screen, RunsScreen))
         # The palette lists "Open run N <name>" (its titles are markup: the name is escaped).
         await pilot.press("ctrl+p")
-        await pilot.pause(0.5)
+        await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette), what="the palette")
         await pilot.press(*"ablation")
-        await pilot.pause(1.0)
+        hits = app.screen.query_one(CommandList)
+
+        def prompts() -> list[str]:
+            return [str(getattr(hits.get_option_at_index(i).prompt, "plain", "")) for i in range(hits.option_count)]
+        await wait_for(pilot, lambda: any("ablation [v2]" in p for p in prompts()), what="the palette's hit")
         await pilot.press("escape")

@@ -54,13 +54,14 @@ def test_without_notify_send_the_bell_still_rings(monkeypatch: pytest.MonkeyPatc
 
 async def test_the_dashboard_setting_notifies_when_a_run_it_saw_running_ends(
         fake_notify_send: Path, tmp_path: Path) -> None:
+    from tests.support.dashboard import NO_WATCHER_CHECK
     from tui.app import make_app
 
     store = Store(f"sqlite:///{tmp_path / 'ftui.db'}")
     run_id = store.create_run(name="quickstart", recipe_text="", recipe_hash="", strategy="single", nproc=1,
                               method="lora", model="builtin:tiny-llama", run_dir="")
     store.update_run(run_id, status="running")
-    app = make_app(store, refresh_s=0.2, notify_on_end=False)
+    app = make_app(store, refresh_s=0.2, notify_on_end=False, watcher_check_s=NO_WATCHER_CHECK)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause(0.5)
         await pilot.press("b")  # the setting: on

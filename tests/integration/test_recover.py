@@ -32,7 +32,7 @@ from runner.watch.detached import start_detached
 from runner.watch.prepare import load_prepared, prepare
 from runner.watch.stream import Recorder
 from store import Store
-from tests.support import QUICKSTART, ROOT, Ftui
+from tests.support import QUICKSTART, ROOT, Ftui, run_in_process
 
 FAKE_RANK = textwrap.dedent(
     """
@@ -139,6 +139,25 @@ def test_a_run_whose_watcher_and_ranks_died_is_failed_with_its_last_step(tmp_pat
     assert run is not None and run.error is not None
     last = max(e["step"] for e in journal.read_jsonl(run_dir / ev.EVENTS_FILE) if e["type"] == "step")
     assert run.error.startswith(f"watcher and ranks gone; last step {last}")
+    assert_store_equals_journal(store, run_id, run_dir)
+
+
+def test_a_read_shows_the_true_status_of_a_run_whose_processes_are_gone_without_recover(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``ftui runs`` and ``ftui show`` settle a run left ``running`` by a dead watcher and dead ranks
+    before they print it: no read shows a run running whose processes are gone."""
+    store, run_id, run_dir, watcher = _detached_fake_run(tmp_path, steps=200, hold=4)
+    rank = _kill_watcher_after(watcher, run_dir, 4)
+    assert store.get_run(run_id).status == "running"  # type: ignore[union-attr]
+    db = ["--db", store.url]
+    alive = run_in_process(capsys, "runs", "--format", "json", *db)
+    assert [r["status"] for r in json.loads(alive.stdout)] == ["running"], "its rank still lives: running is true"
+    os.kill(rank, signal.SIGKILL)
+    _wait_for(lambda: not _alive(rank), 30)
+    listed = run_in_process(capsys, "runs", "--format", "json", *db)
+    assert listed.returncode == 0 and [r["status"] for r in json.loads(listed.stdout)] == ["failed"], listed
+    shown = json.loads(run_in_process(capsys, "show", str(run_id), "--format", "json", *db).stdout)
+    assert shown["status"] == "failed" and shown["error"].startswith("watcher and ranks gone; last step ")
     assert_store_equals_journal(store, run_id, run_dir)
 
 

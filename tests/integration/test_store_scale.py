@@ -29,6 +29,7 @@ from runner.spec.flops import run_flops_per_token
 from store import Store, migrate
 from store.rollup import BLOCK_COLUMNS, SPANS, downsample_points, rollup_named, rollup_rows
 from store.store import utcnow
+from tests.support import CliResult, run_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "recipes" / "quickstart.toml"
@@ -249,6 +250,16 @@ def _ftui(home: Path, *args: str, python_args: tuple[str, ...] = ()) -> subproce
                           text=True, timeout=300)
 
 
+@pytest.fixture
+def ftui_here(many: dict[str, Any], capsys: pytest.CaptureFixture[str],
+              monkeypatch: pytest.MonkeyPatch) -> Callable[..., CliResult]:
+    """``ftui ARGS`` in this process on the many-runs home, 200 columns wide: for what a command reads
+    and prints (the process's imports are tested apart, in a subprocess)."""
+    monkeypatch.setenv("FTUI_HOME", str(many["home"]))
+    monkeypatch.setenv("COLUMNS", "200")
+    return lambda *args: run_in_process(capsys, *args)
+
+
 def test_compare_reads_the_right_figures_from_many_runs(many: dict[str, Any]) -> None:
     from runner.analysis.compare import load_comparison
 
@@ -269,8 +280,8 @@ def test_compare_reads_the_right_figures_from_many_runs(many: dict[str, Any]) ->
             assert fpt is not None and row.mfu == pytest.approx(fpt * (run.tokens_per_s or 0) / PEAK["flops"])
 
 
-def test_runs_lists_every_run_from_the_summary_columns(many: dict[str, Any]) -> None:
-    out = _ftui(many["home"], "runs", "--format", "json", "--db", many["url"])
+def test_runs_lists_every_run_from_the_summary_columns(many: dict[str, Any], ftui_here: Callable[..., CliResult]) -> None:
+    out = ftui_here("runs", "--format", "json", "--db", many["url"])
     assert out.returncode == 0, out.stderr
     runs = {r["id"]: r for r in json.loads(out.stdout)}
     assert set(runs) == set(many["ids"]) | {many["old"]}
@@ -278,21 +289,22 @@ def test_runs_lists_every_run_from_the_summary_columns(many: dict[str, Any]) -> 
     assert long_run["steps_done"] == 3000 and long_run["status"] == "completed"
 
 
-def test_the_runs_table_shows_the_newest_and_says_how_many_are_not_shown(many: dict[str, Any]) -> None:
+def test_the_runs_table_shows_the_newest_and_says_how_many_are_not_shown(many: dict[str, Any],
+                                                                         ftui_here: Callable[..., CliResult]) -> None:
     newest = sorted(many["ids"] + [many["old"]], reverse=True)
-    out = _ftui(many["home"], "runs", "--limit", "10", "--db", many["url"])
+    out = ftui_here("runs", "--limit", "10", "--db", many["url"])
     assert out.returncode == 0, out.stderr
     shown = [int(line.split()[0]) for line in out.stdout.splitlines()
              if line.split()[:1] and line.split()[0].isdigit() and "older runs" not in line]
     assert shown == newest[:10]
     assert f"{len(newest) - 10} older runs not shown: --limit N or --all" in out.stdout
-    everything = _ftui(many["home"], "runs", "--all", "--db", many["url"])
+    everything = ftui_here("runs", "--all", "--db", many["url"])
     assert everything.returncode == 0 and "older runs not shown" not in everything.stdout
     assert len([line for line in everything.stdout.splitlines() if line.split()[:1] and line.split()[0].isdigit()]
                ) == len(newest)
-    limited = _ftui(many["home"], "runs", "--format", "json", "--limit", "3", "--db", many["url"])
+    limited = ftui_here("runs", "--format", "json", "--limit", "3", "--db", many["url"])
     assert [r["id"] for r in json.loads(limited.stdout)] == newest[:3]
-    both = _ftui(many["home"], "runs", "--all", "--limit", "3", "--db", many["url"])
+    both = ftui_here("runs", "--all", "--limit", "3", "--db", many["url"])
     assert both.returncode == 2 and "not allowed with" in both.stderr
 
 
@@ -300,12 +312,13 @@ async def test_the_runs_screen_reads_the_newest_until_asked_for_all(many: dict[s
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     from textual.widgets import DataTable, Static
 
+    from tests.support.dashboard import NO_WATCHER_CHECK
     from tui.app import make_app
     from tui.app.screens import runs as runs_screen
 
     monkeypatch.setattr(runs_screen, "RUNS_SHOWN", 20)
     total = len(many["ids"]) + 1
-    app = make_app(Store(many["url"], create=False), refresh_s=0.2)
+    app = make_app(Store(many["url"], create=False), refresh_s=0.2, watcher_check_s=NO_WATCHER_CHECK)
     async with app.run_test(size=(120, 40)) as pilot:
         for _ in range(100):
             await pilot.pause(0.05)
@@ -336,8 +349,9 @@ def test_ftui_compare_imports_neither_torch_nor_transformers(many: dict[str, Any
     assert all(r["mfu"] is not None for r in rows if r["status"] == "completed")
 
 
-def test_a_run_recorded_without_stored_figures_still_compares(many: dict[str, Any]) -> None:
-    out = _ftui(many["home"], "compare", str(many["ids"][5]), str(many["old"]), "--format", "json",
+def test_a_run_recorded_without_stored_figures_still_compares(many: dict[str, Any],
+                                                             ftui_here: Callable[..., CliResult]) -> None:
+    out = ftui_here("compare", str(many["ids"][5]), str(many["old"]), "--format", "json",
                 "--peak-tflops", "0.25", "--db", many["url"])
     assert out.returncode == 0, out.stderr[-2000:]
     old = json.loads(out.stdout)["runs"][1]

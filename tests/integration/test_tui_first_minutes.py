@@ -9,7 +9,7 @@ import pytest
 from textual.widgets import Input
 
 from store import Store
-from tests.support.dashboard import wait_for
+from tests.support.dashboard import NO_WATCHER_CHECK, wait_for
 from tui.app import make_app
 from tui.app.screens.compose import ComposeScreen, field_id
 from tui.app.screens.modals import ConfirmScreen, PromptScreen
@@ -39,7 +39,7 @@ def error_of(screen, path: str) -> str:  # type: ignore[no-untyped-def]
 
 async def test_compose_switches_quickstart_to_fsdp_on_two_processes(store: Store) -> None:
     """The whole form is one recipe: strategy fsdp + processes 2 is valid, whichever is set first."""
-    app = make_app(store)
+    app = make_app(store, watcher_check_s=NO_WATCHER_CHECK)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("2")
         await wait_for(pilot, lambda: isinstance(app.screen, ComposeScreen), what="compose")
@@ -66,7 +66,7 @@ async def test_compose_switches_quickstart_to_fsdp_on_two_processes(store: Store
 async def test_save_proposes_a_new_file_and_asks_before_overwriting(store: Store) -> None:
     shipped = Path("recipes/quickstart.toml")
     original = shipped.read_text()
-    app = make_app(store)
+    app = make_app(store, watcher_check_s=NO_WATCHER_CHECK)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("2")
         await wait_for(pilot, lambda: isinstance(app.screen, ComposeScreen), what="compose")
@@ -92,7 +92,7 @@ async def test_save_proposes_a_new_file_and_asks_before_overwriting(store: Store
 
 
 async def test_launch_refused_by_the_preflight_shows_why_and_records_nothing(store: Store) -> None:
-    app = make_app(store)
+    app = make_app(store, watcher_check_s=NO_WATCHER_CHECK)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("2")
         await wait_for(pilot, lambda: isinstance(app.screen, ComposeScreen), what="compose")
@@ -149,7 +149,7 @@ async def test_devices_screen_shows_gpu_processes_and_which_run_owns_them(store:
         lib = FakeNvml.demo(2, pids=[rank.pid, 4_000_000], tick_s=None)
         lib.advance(30)
         probe = Probe(nvml=NvmlBackend(lib=lib), processes=_FixedHost())  # type: ignore[arg-type]
-        app = make_app(store, probe=probe, fake_gpus=2, monitor_s=0.2)
+        app = make_app(store, probe=probe, fake_gpus=2, monitor_s=0.2, watcher_check_s=NO_WATCHER_CHECK)
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.press("3")
             await wait_for(pilot, lambda: isinstance(app.screen, DevicesScreen) and app.screen.snapshot is not None,
@@ -175,7 +175,7 @@ async def test_stop_asks_first(store: Store) -> None:
     run_id = store.create_run(name="r", recipe_text="", recipe_hash="x", strategy="single", nproc=1,
                               method="lora", model="m", run_dir="")
     store.update_run(run_id, status="running")
-    app = make_app(store, monitor_s=0.2)
+    app = make_app(store, monitor_s=0.2, watcher_check_s=NO_WATCHER_CHECK)
     async with app.run_test(size=(120, 40)) as pilot:
         app.open_run(run_id)
         await wait_for(pilot, lambda: isinstance(app.screen, MonitorScreen) and app.screen.snapshot is not None,
@@ -198,7 +198,7 @@ async def test_runs_screen_hint_keys_help_and_live_step(store: Store) -> None:
     from tui.app.screens.modals import KeysScreen
     from tui.app.screens.runs import RunsScreen
 
-    app = make_app(store, refresh_s=0.2)
+    app = make_app(store, refresh_s=0.2, watcher_check_s=NO_WATCHER_CHECK)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause(0.5)
         hint = app.screen.query_one("#runs-empty")

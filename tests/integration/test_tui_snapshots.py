@@ -3,6 +3,7 @@ with every time-dependent figure frozen (the app's clock, the interpreter path, 
 
 from __future__ import annotations
 
+import shutil
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from runner.hardware import DeviceSample, ProcessGpuMemory
 from runner.spec.recipe import load_recipe
 from store import Store
+from tests.support.dashboard import NO_WATCHER_CHECK
 from tui.app import app as app_module
 from tui.app import make_app
 
@@ -22,15 +24,27 @@ NOW = T0 + timedelta(minutes=7)
 SIZES = [(120, 40), (80, 24)]
 
 
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A home filled once for the module (the runs, their metrics, samples and logs): each test copies it."""
+    home = tmp_path_factory.mktemp("snapshots")
+    store = Store(f"sqlite:///{home}/ftui.db")
+    fill(store, home)
+    store.close()
+    return home
+
+
 @pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
+def store(filled: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
+    """The filled home, copied to ``tmp_path`` (the run folders' paths are kept: they are read only)."""
     monkeypatch.setenv("FTUI_HOME", str(tmp_path))
     monkeypatch.delenv("FTUI_DB", raising=False)
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(app_module, "_cpu_threads", lambda nproc, device: 2)
-    store = Store(f"sqlite:///{tmp_path}/ftui.db")
-    fill(store, tmp_path)
-    return store
+    for name in ("ftui.db", "ftui.db-wal"):
+        if (filled / name).exists():
+            shutil.copyfile(filled / name, tmp_path / name)
+    return Store(f"sqlite:///{tmp_path}/ftui.db")
 
 
 def fill(store: Store, tmp: Path) -> None:
@@ -79,7 +93,7 @@ def fill(store: Store, tmp: Path) -> None:
 
 
 def app_for(store: Store):  # type: ignore[no-untyped-def]
-    return make_app(store, now=lambda: NOW, python="python", refresh_s=0.2, monitor_s=0.2)
+    return make_app(store, now=lambda: NOW, python="python", refresh_s=0.2, monitor_s=0.2, watcher_check_s=NO_WATCHER_CHECK)
 
 
 async def settle(pilot) -> None:  # type: ignore[no-untyped-def]
@@ -210,7 +224,7 @@ def test_devices(snap_compare, store: Store, size) -> None:  # type: ignore[no-u
     lib = FakeNvml.demo(8, pids=[4_000_001, 4_000_002, 4_000_003], tick_s=None)
     lib.advance(30)
     probe = Probe(nvml=NvmlBackend(lib=lib, host="box"), processes=_FixedHost())  # type: ignore[arg-type]
-    app = make_app(store, probe=probe, fake_gpus=8, now=lambda: NOW, python="python", refresh_s=0.2, monitor_s=0.2)
+    app = make_app(store, probe=probe, fake_gpus=8, now=lambda: NOW, python="python", refresh_s=0.2, monitor_s=0.2, watcher_check_s=NO_WATCHER_CHECK)
 
     async def before(pilot) -> None:  # type: ignore[no-untyped-def]
         await settle(pilot)
@@ -228,7 +242,7 @@ def test_runs_empty(snap_compare, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     """The first screen of a new user: what to press, or the one command to run."""
     monkeypatch.setenv("FTUI_HOME", str(tmp_path))
     monkeypatch.chdir(ROOT)
-    app = make_app(Store(f"sqlite:///{tmp_path}/ftui.db"), now=lambda: NOW, python="python", refresh_s=0.2)
+    app = make_app(Store(f"sqlite:///{tmp_path}/ftui.db"), now=lambda: NOW, python="python", refresh_s=0.2, watcher_check_s=NO_WATCHER_CHECK)
 
     async def before(pilot) -> None:  # type: ignore[no-untyped-def]
         await pilot.pause(0.5)

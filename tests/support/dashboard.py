@@ -18,6 +18,11 @@ from textual.widgets import DataTable
 from store import Store
 from tests.support import QUICKSTART, ROOT
 
+NO_WATCHER_CHECK = float("inf")
+"""``make_app(watcher_check_s=)`` for a store whose ``running`` runs are written by hand: the dashboard's
+check for dead watchers (which would settle them as failed, at a time that depends on the machine's load)
+never runs; tests/integration/test_dashboard_watcher_gone.py tests the check itself."""
+
 
 @pytest.fixture
 def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:

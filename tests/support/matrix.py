@@ -239,6 +239,7 @@ def cold_repeat(tmp_path_factory: pytest.TempPathFactory) -> ColdRepeat:
     source = chat_rows(scratch / "chat.jsonl")
     text = CHAT.read_text().replace('source = "data/chat.jsonl"', f"source = {json.dumps(str(source))}")
     text = text.replace("eval_fraction = 0.1", "eval_fraction = 0.0").replace("eval_every = 20", "eval_every = 0")
+    text = text.replace("\nprompts = [", "\n# prompts = [")  # no eval set: no evaluation to sample them at
     text = text.replace("max_steps = 60", "max_steps = 1\nsave = false").replace("context_length = 128",
                                                                                  "context_length = 64")
     recipe = scratch / "chat.toml"

@@ -32,7 +32,7 @@ from runner.spec.builtin import tiny_llama_config
 from runner.spec.strategies import names as strategy_names
 
 ALL_LLAMA_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-MICRO_BATCH, SEQ = 4, 256
+MICRO_BATCH, SEQ = 2, 128
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from runner.spec.recipe import Recipe
+from runner.watch.host import cuda_device_count
 from store import Store
 from tests.support import QUICKSTART, ROOT, new_home, run_in_process
 
@@ -127,10 +128,29 @@ BAD = [
     (f'name="{"n" * 10_000}"', "name"),  # was stored whole
     ('method.lora.target_modules=["nope"]', "method.lora.target_modules"),
     ("method.lora.target_modules=[]", "method.lora.target_modules"),
+    # Data too short for one optimizer step: the rank failed it (batch_size x replicas x grad_accum rows).
+    ("data.context_length=100000", "train.batch_size"),
+    ("train.batch_size=100000", "train.batch_size"),
+    ("data.rows=1", "train.batch_size"),
+    ("data.eval_fraction=0.99", "train.batch_size"),
+    ('data.template="{nope}"', "data.template"),  # the builtin corpus' rows have no such field: failed in the rank
+    ('data.template="{"', "data.template"),
+    ('data.text_field="nope"', "data.text_field"),
+    ("train.lr=1e300", "train.lr"),  # RuntimeError in AdamW's step: the step overflowed a float32 weight
+    ("train.lr=1e38", "train.lr"),
+    # Taken and ignored: exit 0, the run trained without what the value asked for.
+    ("train.eval_every=1", "train.eval_every"),  # no eval set: never evaluated
+    ('eval.prompts=["Hello"]', "eval.prompts"),  # no eval set: never sampled
+    ('model.revision="main"', "model.revision"),  # the builtin model has no revisions
+    ('data.split="test"', "data.split"),  # the builtin corpus has no splits
+    ('data.subset="nope"', "data.subset"),
+    ('data.eval_split="nope"', "data.eval_split"),  # it evaluated on the training corpus
+    pytest.param("launch.gpus=[0]", "launch.gpus", marks=pytest.mark.skipif(
+        cuda_device_count() > 0, reason="a GPU is visible: the value is usable here")),  # trained on the CPU
 ]
 
 
-@pytest.mark.parametrize(("item", "field"), BAD, ids=[b[0][:40] for b in BAD])
+@pytest.mark.parametrize(("item", "field"), BAD, ids=[str(getattr(b, "values", b)[0])[:40] for b in BAD])
 def test_values_that_failed_after_the_run_was_recorded_are_refused_before(
         home: Path, capsys: pytest.CaptureFixture[str], item: str, field: str) -> None:
     code, _, err = dry_run(home, capsys, item)
@@ -158,3 +178,12 @@ def test_the_recorded_run_path_refuses_them_too_and_records_nothing(
     result = run_in_process(capsys, "run", str(QUICKSTART), "--set", 'launch.device="cuda"')  # not a dry run
     assert_refused(result.returncode, result.stderr, ("launch.device",), "launch.device")
     assert recorded(home) == (0, [])
+
+
+def test_the_rows_of_every_data_parallel_replica_are_counted(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """438 blocks of the builtin corpus fill a step of 300 rows on one process, not on two DDP replicas."""
+    assert dry_run(home, capsys, "train.batch_size=300")[0] == 0
+    item = ("train.batch_size=300", "launch.strategy=\"ddp\"", "launch.nproc=2")
+    code, _, err = dry_run(home, capsys, *item)
+    line = assert_refused(code, err, item, "train.batch_size")
+    assert "one optimizer step of 600 rows" in line, line

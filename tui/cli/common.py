@@ -28,6 +28,21 @@ def open_store(args: argparse.Namespace, *, create: bool) -> Store:
         raise UsageError(str(exc)) from None
 
 
+def settle_abandoned(store: Store) -> None:
+    """Before a read: the runs of this host left ``running`` or ``created`` by a watcher that died are
+    settled as ``ftui recover --no-attach`` settles them (their end from the journal; a run whose ranks
+    still live stays ``running``), so a read never shows a run running whose processes are gone. A read
+    goes on whatever this meets (a read-only database, say)."""
+    if not any(store.list_runs(status=status, limit=1) for status in ("running", "created")):
+        return
+    from runner.service.recover import recover_all  # deferred: only when a run may be abandoned
+
+    try:
+        recover_all(store, attach=False)
+    except Exception:  # noqa: BLE001 (the read is what was asked; recovery is a courtesy of it)
+        return
+
+
 def console(stderr: bool = False) -> Console:
     """A rich console for the CLI's output. Text that comes from a run or a user is passed to it as
     ``rich.text.Text`` (or with ``markup=False``), never as markup."""

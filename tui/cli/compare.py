@@ -14,7 +14,7 @@ from runner.service import sweep as sw
 from runner.spec.recipe import RecipeError
 from runner.spec.status import ENDED_BY_USER
 from runner.watch.procs import StopRequest
-from tui.cli.common import open_store
+from tui.cli.common import open_store, settle_abandoned
 from tui.cli.exits import ExitCode, UsageError
 from tui.cli.progress import SweepProgress
 from tui.render import compare as rep
@@ -59,6 +59,7 @@ def _emit(args: argparse.Namespace, cmp: Comparison) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     _output(args)
     store = open_store(args, create=False)
+    settle_abandoned(store)
     ids = list(args.run_ids)
     if args.sweep:
         in_sweep = sweep_run_ids(store, args.sweep)

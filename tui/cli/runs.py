@@ -14,7 +14,7 @@ from rich.text import Text
 from runner.nodes.slurm import job_state
 from store import RunInfo, Store
 from store.nodes import nodes_of, samples_per_node
-from tui.cli.common import console, open_store
+from tui.cli.common import console, open_store, settle_abandoned
 from tui.cli.exits import ExitCode, UsageError
 from tui.cli.parser import TABLE_LIMIT
 from tui.render.report import run_detail, run_to_json, runs_table
@@ -22,6 +22,7 @@ from tui.render.report import run_detail, run_to_json, runs_table
 
 def cmd_runs(args: argparse.Namespace) -> int:
     store = open_store(args, create=False)
+    settle_abandoned(store)
     # A team's store holds thousands of runs: the table shows the newest (rendering every row of 2,000
     # took 1.8 s); JSON, for scripts, holds every run unless --limit says otherwise.
     limit = args.limit if args.limit is not None else (None if args.all or args.format == "json" else TABLE_LIMIT)
@@ -42,6 +43,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     store = open_store(args, create=False)
+    settle_abandoned(store)
     run = store.get_run(args.run_id)
     if run is None:
         raise UsageError(f"run {args.run_id}: no such run in {store.url}")

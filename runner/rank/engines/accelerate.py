@@ -93,12 +93,6 @@ class AccelerateEngine(Engine):
         acc = self.setup.accelerator
         return f"{super().preparing_detail()} ({acc.distributed_type.value})"
 
-    def batch_too_big(self, rows: int, rows_per_step: int) -> str:
-        train = self.setup.recipe.train
-        return (f"train.batch_size: {rows} rows of data cannot fill one optimizer step of "
-                f"{rows_per_step} rows (batch_size {train.batch_size} x {self.replicas} processes x grad_accum "
-                f"{train.grad_accum})")
-
     def build(self, model: Any, trainable: list[Any]) -> tuple[Any, Any]:
         """The prepared ``(model, optimizer)``: torch's AdamW over ``trainable``."""
         train = self.setup.recipe.train
