@@ -1,7 +1,7 @@
 """Recovery: runs whose watcher died (``ftui run`` or the TUI's background watcher SIGKILLed,
 a reboot) get a true status, or a new watcher, from what their run folder and processes say.
 
-The rule (README, "Reliability"):
+The rule (docs/reliability.md, "If the watcher dies"):
 
 * The ranks do not depend on their watcher: they run in a session of their own and go on training
   when it dies. A run is *abandoned* when its status is ``created``/``running``, it was watched on

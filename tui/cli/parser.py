@@ -168,7 +168,7 @@ def _node_options(parser: argparse.ArgumentParser) -> None:
     """The multi-node flags of ``ftui run`` and ``ftui resume`` (:mod:`tui.cli.nodes` reads them)."""
     group = parser.add_argument_group(
         "more than one machine",
-        "Run the same command on every machine (README: More than one machine); each starts its own ranks and "
+        "Run the same command on every machine (docs/multi-node.md); each starts its own ranks and "
         "writes to the shared store (--db), and one run ties them together.")
     group.add_argument("--nnodes", type=positive_int, metavar="N", help="machines in the run (launch.nnodes)")
     group.add_argument("--node-rank", type=int, metavar="K",
@@ -229,7 +229,7 @@ def _run(sub: Any) -> None:
     _data_change_option(resume)
     _watch_options(resume)
     _grace_option(resume)
-    _node_options(resume)  # a multi-node run: the same command on each node (README: More than one machine)
+    _node_options(resume)  # a multi-node run: the same command on each node (docs/multi-node.md)
     db_option(resume)
     resume.set_defaults(handler="tui.cli.run:cmd_resume")
 

@@ -47,7 +47,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     out.print(f"wrote {path}", markup=False)
     if db_url.startswith("sqlite"):
         out.print("note: the store is SQLite: every node must see that file (a shared disk); PostgreSQL is the "
-                  "store for several machines (README: More than one machine)", markup=False)
+                  "store for several machines (docs/multi-node.md)", markup=False)
     if not args.submit:
         out.print(f"submit it with: sbatch {path}   (or ftui slurm ... --submit)", markup=False)
         return ExitCode.OK
