@@ -35,7 +35,7 @@ def settle_abandoned(store: Store) -> None:
     goes on whatever this meets (a read-only database, say)."""
     if not any(store.list_runs(status=status, limit=1) for status in ("running", "created")):
         return
-    from runner.service.recover import recover_all  # deferred: pydantic (recipes), only when a run may be abandoned
+    from runner.service.recover import recover_all  # deferred: pydantic, only when a run may be abandoned
 
     try:
         recover_all(store, attach=False)
