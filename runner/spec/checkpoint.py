@@ -259,9 +259,13 @@ def signed(manifest: dict[str, Any]) -> bool:
 
 def adopt(folder: Path, copied: dict[str, Path]) -> list[str]:
     """List in ``folder``'s signed manifest the files copied into it from another machine's folder of the
-    same checkpoint (name here -> source file), each only when the source's manifest is signed by this
-    ftui home and the copy's hash is the one listed there; re-sign. Returns the names listed: a copy left
-    out is never unpickled (:func:`untrusted`)."""
+    same checkpoint (name here -> source file), each only when the copy's hash is the one the source's
+    manifest lists; re-sign. Returns the names listed: a copy left out is never unpickled
+    (:func:`untrusted`).
+
+    The sources are the run's own node folders, found through the store (never a path a user gave), so
+    their manifests vouch for the copies' content although another machine's ftui home signed them (each
+    machine has its own key)."""
     manifest = read_manifest(folder) or {}
     if not signed(manifest):
         return []
@@ -270,7 +274,7 @@ def adopt(folder: Path, copied: dict[str, Path]) -> list[str]:
         src_folder = src.parents[len(Path(name).parts) - 1]
         theirs = read_manifest(src_folder) or {}
         digest = (theirs.get("digests") or {}).get(name)
-        if signed(theirs) and digest is not None and file_digest(folder / name, sync=True) == digest:
+        if theirs.get("complete") and digest is not None and file_digest(folder / name, sync=True) == digest:
             manifest["files"][name] = (folder / name).stat().st_size
             manifest["digests"][name] = digest
             added.append(name)

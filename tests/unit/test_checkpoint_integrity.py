@@ -137,9 +137,14 @@ def test_only_a_folder_this_home_signed_may_have_its_pickled_metadata_loaded(
     assert "not signed by this ftui home" in (ck.untrusted(elsewhere) or "")
 
 
-def test_metadata_copied_from_another_node_is_listed_only_with_a_matching_signed_hash(tmp_path: Path) -> None:
-    mine = _checkpoint(tmp_path / "node1", 2)
+def test_metadata_copied_from_another_node_is_listed_only_with_the_hash_its_manifest_lists(
+        tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each machine has its own home and key: the other node's manifest vouches for the copy by its hash."""
+    monkeypatch.setenv("FTUI_HOME", str(tmp_path / "other-machine"))
     theirs = _checkpoint(tmp_path / "node0", 2, dcp=True)
+    monkeypatch.setenv("FTUI_HOME", str(home))
+    assert not ck.signed(ck.read_manifest(theirs) or {})  # signed by the other machine's key
+    mine = _checkpoint(tmp_path / "node1", 2)
     (mine / "pytorch_model_fsdp_0").mkdir()
     name = "pytorch_model_fsdp_0/.metadata"
     (mine / name).write_bytes((theirs / name).read_bytes())
