@@ -97,17 +97,18 @@ def test_mp_alone_run_by_hand_from_the_dry_run_trains_like_single(ftui: Ftui, ma
     assert losses == pytest.approx(matrix["single"].losses, abs=LOSS_TOLERANCE)
 
 
-def test_a_failing_run_is_recorded_as_failed(ftui: Ftui, tmp_path: Path) -> None:
-    # The pre-flight reads the first rows (a bad first row is refused before anything is recorded, exit 2):
-    # a problem further down is found by the trainer, after launch, and the run is recorded as failed.
+def test_a_bad_row_deep_in_plain_text_is_refused_before_anything_is_recorded(ftui: Ftui, tmp_path: Path) -> None:
+    # The pre-flight tokenizes every row into the cache the ranks read (it counts the rows a step needs):
+    # a bad row anywhere is one line naming the field and the row, exit 2, and no run is recorded.
     data = tmp_path / "rows.jsonl"
     data.write_text('{"text": "hello world"}\n' * 30 + '{"content": "hello"}\n')
+    before = len(ftui.runs())
     proc = ftui.run("run", str(QUICKSTART), "--set", f"data.source={json.dumps(str(data))}", "--name", "t-fails")
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    run = next(r for r in ftui.runs() if r["name"] == "t-fails")
-    assert run["status"] == "failed"
-    assert "data.text_field" in run["error"] and "'text'" in run["error"]
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "data.text_field" in lines[0] and "'text'" in lines[0], proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
+    assert len(ftui.runs()) == before
 
 
 def _wait_for(probe: Any, timeout: float = 300.0) -> Any:
