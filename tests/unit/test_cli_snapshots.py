@@ -25,8 +25,10 @@ def store(tmp_path: Path) -> Store:
     store = Store(f"sqlite:///{tmp_path / 'ftui.db'}")
     for i, (name, strategy, nproc) in enumerate([("quickstart", "single", 1), ("ablation [v2] lr sweep", "ddp", 2),
                                                   ("tinyllama-1.1b-lora", "fsdp", 4)]):
+        # The running one runs on another machine of the team's store: a read here leaves it as recorded.
         run_id = store.create_run(name=name, recipe_text=golden["recipe"], recipe_hash="", strategy=strategy,
-                                  nproc=nproc, method="lora", model="builtin:tiny-llama", run_dir=RUN_DIR)
+                                  nproc=nproc, method="lora", model="builtin:tiny-llama", run_dir=RUN_DIR,
+                                  host="gpu-box-2" if i == 2 else None)
         store.update_run(run_id, status=("completed", "failed", "running")[i], tokens_per_s=1234.5 * (i + 1),
                          final_loss=7.25 + i, train_seconds=61.0 * (i + 1), distributed_type="NO",
                          total_steps=30, steps_done=30, summary=golden["summary"] if i == 0 else {})
