@@ -4,7 +4,6 @@ and its Python stacks go, on request, to ``RUN/stacks/rank{N}.txt`` (:mod:`runne
 
 from __future__ import annotations
 
-import errno
 import faulthandler
 import os
 import sys
@@ -13,6 +12,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from runner.hardware.disks import is_no_space
 from runner.spec import events as ev
 from runner.spec import stacks
 
@@ -48,17 +48,9 @@ def dump_stacks_on_signal(run_dir: Path, rank: int) -> None:
 
 
 def caused_by_full_disk(exc: BaseException) -> bool:
-    """Whether ``exc`` or an exception it came from is ENOSPC (or a quota: EDQUOT)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if "No space left on device" in str(current):  # what torch's C++ writers say in a RuntimeError
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+    """Whether ``exc`` or an exception it came from says the disk is full (:func:`runner.hardware.disks.is_no_space`:
+    ENOSPC, a quota, or the words torch's C++ writers put in a RuntimeError)."""
+    return is_no_space(exc)
 
 
 def report_failure(exc: BaseException, journal: ev.JournalWriter | None, rank: int) -> int:
