@@ -111,12 +111,13 @@ def host_nproc_limit(on_cpu: bool, gpus: int, cpu_cores: int) -> int:
     return max(1, cpu_cores) * CPU_RANKS_PER_CORE if on_cpu else gpus
 
 
-def host_nproc_problem(nproc: int, on_cpu: bool, gpus: int, cpu_cores: int) -> str | None:
+def host_nproc_problem(nproc: int, on_cpu: bool, gpus: int, cpu_cores: int, listed: bool = False) -> str | None:
     """Why ``nproc`` processes on one machine are more than it has devices for (None: they fit).
 
     The one place that decides it, for ``ftui run``, ``sweep``, ``resume``, ``--dry-run`` and Compose alike.
     ``nproc`` is per machine (``launch.nproc``; a multi-node run checks it on each node against that node),
-    ``gpus`` the GPUs the ranks will see, ``cpu_cores`` the physical cores. The line names the field and the
+    ``gpus`` the GPUs the ranks will see (``listed``: those ``launch.gpus`` names), ``cpu_cores`` the physical
+    cores. The line names the field and the
     host's count; the caller adds how to go on anyway (``--force``, or Compose's toggle).
     """
     limit = host_nproc_limit(on_cpu, gpus, cpu_cores)
@@ -126,5 +127,6 @@ def host_nproc_problem(nproc: int, on_cpu: bool, gpus: int, cpu_cores: int) -> s
         have = (f"this host trains on CPU with {cpu_cores} core{'s' if cpu_cores != 1 else ''} "
                 f"(at most {limit} processes: {CPU_RANKS_PER_CORE} per core)")
     else:
-        have = f"this host has {gpus} GPU{'s' if gpus != 1 else ''} (one process per GPU)"
+        owner = "launch.gpus lists" if listed else "this host has"
+        have = f"{owner} {gpus} GPU{'s' if gpus != 1 else ''} (one process per GPU)"
     return f"launch.nproc (--nproc): {nproc} processes, but {have}"

@@ -31,8 +31,10 @@ def nproc_over_host(recipe: Recipe) -> str | None:
     :func:`runner.spec.layout.host_nproc_problem` with this host's GPUs (those of ``launch.gpus`` where it
     lists them) and cores. The pre-flight refuses it unless forced; Compose asks it as the form changes."""
     facts = current()
-    gpus = len(recipe.launch.gpus) if recipe.launch.gpus is not None else facts.visible_gpus
-    return layout.host_nproc_problem(recipe.launch.nproc, runs_on_cpu(recipe), gpus, facts.cpu_cores)
+    listed = recipe.launch.gpus
+    gpus = len(listed) if listed is not None else facts.visible_gpus
+    return layout.host_nproc_problem(recipe.launch.nproc, runs_on_cpu(recipe), gpus, facts.cpu_cores,
+                                     listed=listed is not None)
 
 
 def cpu_threads(recipe: Recipe) -> int | None:
