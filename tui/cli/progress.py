@@ -1,41 +1,74 @@
-"""The live progress line of headless ``ftui run``: step/total, loss, tokens/s, ETA (rich)."""
+"""The live progress line of headless ``ftui run``: step/total, loss, tokens/s, ETA (rich).
+
+On a narrow terminal the line stays one line: the description and the bar shrink (the description cut
+with an ellipsis), never the step count, loss, tokens/s or the ETA. Rich's table shrinks only the
+columns that may wrap, so those two may and every other one may not.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
+    Task,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.table import Column
 from rich.text import Text
 
 from runner.spec.events import phase_words
+
+BAR_WIDTH = 18
+"""The bar's width where there is room: at 120 columns it leaves the whole training description."""
+
+
+class Description(ProgressColumn):
+    """The task's description as plain text (a phase names the user's paths: never markup), in a column
+    that gives way first on a narrow terminal: cut with an ellipsis, on one line."""
+
+    def __init__(self, text: str = "", style: str = "bold") -> None:
+        super().__init__(table_column=Column(no_wrap=False, min_width=1))  # wrappable: rich shrinks it first
+        self.text = text
+        self.style = style
+
+    def render(self, task: Task) -> Text:
+        return Text(self.text or task.description, style=self.style, no_wrap=True, overflow="ellipsis")
+
+
+def _kept(column: ProgressColumn) -> ProgressColumn:
+    """``column``, never shrunk nor wrapped on a narrow terminal (the step count, loss, speed, ETA)."""
+    column._table_column = Column(no_wrap=True)  # rich keeps a column's settings here
+    return column
 
 
 class RunProgress:
     """Feeds trainer events into a rich progress bar; use as a context manager."""
 
-    def __init__(self, console: Console, label: str = "") -> None:
+    def __init__(self, console: Console, label: str = "", clock: Callable[[], float] | None = None) -> None:
+        """``label``: what a sweep's line starts with (its run); ``clock``: seconds for the elapsed time and
+        the ETA (default: rich's monotonic clock)."""
         self.progress = Progress(
-            *([TextColumn(escape(label))] if label else []),
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"),
-            TextColumn("{task.fields[tps]} tok/s"),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
+            *([_kept(Description(label, style=""))] if label else []),
+            Description(),
+            BarColumn(bar_width=BAR_WIDTH, table_column=Column(no_wrap=False, min_width=1)),
+            _kept(MofNCompleteColumn()),
+            _kept(TextColumn("loss {task.fields[loss]}", markup=False)),
+            _kept(TextColumn("{task.fields[tps]} tok/s", markup=False)),
+            _kept(TimeElapsedColumn()),
+            _kept(TextColumn("ETA", markup=False)),
+            _kept(TimeRemainingColumn()),
             console=console,
             transient=False,
             refresh_per_second=2,
+            get_time=clock,
         )
         self.task = self.progress.add_task("starting", total=None, loss="-", tps="-")
         self.training: str | None = None
@@ -51,8 +84,7 @@ class RunProgress:
     def on_event(self, event: dict[str, Any]) -> None:
         kind = event["type"]
         if kind == "phase":  # say what the minutes of loading, evaluating or saving are spent on
-            # the description column is markup: a data path is the user's text
-            self.progress.update(self.task, description=escape(phase_words(event)))
+            self.progress.update(self.task, description=phase_words(event))  # plain text: a data path is the user's
         elif kind == "start":
             dist = event.get("distributed_type") or "not reported"  # a script may not say (runner.track)
             # the global batch is what a speed means: a --nproc 2 DDP run trains twice the rows per step
