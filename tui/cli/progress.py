@@ -34,8 +34,9 @@ class Description(ProgressColumn):
     """The task's description as plain text (a phase names the user's paths: never markup), in a column
     that gives way first on a narrow terminal: cut with an ellipsis, on one line."""
 
-    def __init__(self, text: str = "", style: str = "bold") -> None:
-        super().__init__(table_column=Column(no_wrap=False, min_width=1))  # wrappable: rich shrinks it first
+    def __init__(self, text: str = "", style: str = "bold", table_column: Column | None = None) -> None:
+        # wrappable by default: rich shrinks it first (its text never wraps: cut with an ellipsis)
+        super().__init__(table_column=table_column or Column(no_wrap=False, min_width=1))
         self.text = text
         self.style = style
 
@@ -43,10 +44,9 @@ class Description(ProgressColumn):
         return Text(self.text or task.description, style=self.style, no_wrap=True, overflow="ellipsis")
 
 
-def _kept(column: ProgressColumn) -> ProgressColumn:
-    """``column``, never shrunk nor wrapped on a narrow terminal (the step count, loss, speed, ETA)."""
-    column._table_column = Column(no_wrap=True)  # rich keeps a column's settings here
-    return column
+def _kept() -> Column:
+    """The table column of a part never shrunk nor wrapped on a narrow terminal (step count, loss, speed, ETA)."""
+    return Column(no_wrap=True)
 
 
 class RunProgress:
@@ -56,15 +56,15 @@ class RunProgress:
         """``label``: what a sweep's line starts with (its run); ``clock``: seconds for the elapsed time and
         the ETA (default: rich's monotonic clock)."""
         self.progress = Progress(
-            *([_kept(Description(label, style=""))] if label else []),
+            *([Description(label, style="", table_column=_kept())] if label else []),
             Description(),
             BarColumn(bar_width=BAR_WIDTH, table_column=Column(no_wrap=False, min_width=1)),
-            _kept(MofNCompleteColumn()),
-            _kept(TextColumn("loss {task.fields[loss]}", markup=False)),
-            _kept(TextColumn("{task.fields[tps]} tok/s", markup=False)),
-            _kept(TimeElapsedColumn()),
-            _kept(TextColumn("ETA", markup=False)),
-            _kept(TimeRemainingColumn()),
+            MofNCompleteColumn(table_column=_kept()),
+            TextColumn("loss {task.fields[loss]}", markup=False, table_column=_kept()),
+            TextColumn("{task.fields[tps]} tok/s", markup=False, table_column=_kept()),
+            TimeElapsedColumn(table_column=_kept()),
+            TextColumn("ETA", markup=False, table_column=_kept()),
+            TimeRemainingColumn(table_column=_kept()),
             console=console,
             transient=False,
             refresh_per_second=2,
