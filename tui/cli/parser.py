@@ -274,8 +274,10 @@ def _runs(sub: Any) -> None:
     db_option(runs)
     runs.set_defaults(handler="tui.cli.runs:cmd_runs")
 
-    show = sub.add_parser("show", help="show one run: recipe, status, summary, metrics")
+    show = sub.add_parser("show", help="show one run: status, summary, metrics (--recipe: its recipe too)")
     show.add_argument("run_id", type=int)
+    show.add_argument("--recipe", action="store_true",
+                      help="print the whole resolved recipe the run was launched with (else: where it is)")
     show.add_argument("--format", choices=["text", "json"], default="text")
     db_option(show)
     show.set_defaults(handler="tui.cli.runs:cmd_show")
