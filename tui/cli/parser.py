@@ -364,6 +364,8 @@ def _compare(sub: Any) -> None:
     sweep.add_argument("--repeat", type=positive_int, default=1, metavar="N",
                        help="run each strategy N times and report medians and spread (min-max)")
     _force_option(sweep)
+    sweep.add_argument("--dry-run", action="store_true",
+                       help="check the recipe and print the runs the sweep would make; run and record nothing")
     _comparison_options(sweep)
     db_option(sweep)
     sweep.set_defaults(handler="tui.cli.compare:cmd_sweep")
