@@ -437,6 +437,7 @@ def _slurm(sub: Any) -> None:
     slurm.add_argument("--output", "-o", type=Path, metavar="FILE",
                        help="where to write the script (default: ftui-<recipe name>.sbatch here)")
     slurm.add_argument("--submit", action="store_true", help="submit it (sbatch) and record the run")
+    _force_option(slurm)  # passed on to each node's ftui run / ftui resume
     slurm.add_argument("--resume", type=int, metavar="ID",
                        help="resume run ID with its own recipe (read from the store; no RECIPE): the nodes run "
                             "ftui resume ID --rdzv-endpoint, the run folders on a shared filesystem")
