@@ -120,6 +120,8 @@ def host_nproc_problem(nproc: int, on_cpu: bool, gpus: int, cpu_cores: int, list
     cores. The line names the field and the
     host's count; the caller adds how to go on anyway (``--force``, or Compose's toggle).
     """
+    if not on_cpu and gpus == 0:  # a GPU run with no GPU here: the device's own check says so
+        return None
     limit = host_nproc_limit(on_cpu, gpus, cpu_cores)
     if nproc <= limit:
         return None

@@ -39,6 +39,7 @@ def test_the_limit_is_one_process_per_gpu_and_on_cpu_two_per_core() -> None:
     assert host_nproc_problem(9, on_cpu=False, gpus=8, cpu_cores=2) == (
         "launch.nproc (--nproc): 9 processes, but this host has 8 GPUs (one process per GPU)")
     assert host_nproc_problem(4, on_cpu=True, gpus=0, cpu_cores=2) is None
+    assert host_nproc_problem(2, on_cpu=False, gpus=0, cpu_cores=2) is None, "no GPU: launch.device's problem"
     assert host_nproc_problem(64, on_cpu=True, gpus=0, cpu_cores=2) == (
         "launch.nproc (--nproc): 64 processes, but this host trains on CPU with 2 cores (at most 4 processes: "
         "2 per core)")
