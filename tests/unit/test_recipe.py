@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from runner.spec.recipe import Recipe, RecipeError, load_recipe, parse_recipe
-from tests.support import QUICKSTART, run_in_process
+from tests.support import QUICKSTART, CliResult, run_in_process
 
 RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.toml"))
 
@@ -63,6 +63,14 @@ def test_an_unknown_field_gets_the_closest_known_one(capsys: pytest.CaptureFixtu
     assert (result.returncode, result.stderr) == (2, f"ftui: {cases['train.batchsize=2']}\n")
     result = run_in_process(capsys, "sweep", str(QUICKSTART), "--grid", "train.batchsize=1,2")
     assert (result.returncode, result.stderr) == (2, f"ftui: {cases['train.batchsize=2']}\n")
+
+
+def test_an_unknown_flag_gets_the_closest_flag_of_its_command(capsys: pytest.CaptureFixture[str]) -> None:
+    said = {("run", "r.toml", "--nprocs", "4"): "unrecognized arguments: --nprocs 4 (did you mean --nproc?)",
+            ("show", "1", "--recipes"): "unrecognized arguments: --recipes (did you mean --recipe?)",
+            ("run", "r.toml", "--zzzz"): "unrecognized arguments: --zzzz"}
+    for argv, line in said.items():
+        assert run_in_process(capsys, *argv) == CliResult(2, "", f"ftui: {line}\n")
 
 
 def test_missing_file_is_one_line() -> None:

@@ -9,6 +9,7 @@ help, never the store, pydantic, torch or textual (tests/unit/test_architecture.
 from __future__ import annotations
 
 import argparse
+import difflib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -69,7 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """Parse ``argv``; for ``ftui run``, what follows ``--`` is the script's own arguments
-    (``args.script_args``), never read as ftui's."""
+    (``args.script_args``), never read as ftui's. An unknown flag gets the command's closest one."""
+    try:
+        return _parse(parser, argv)
+    except UsageError as exc:
+        raise UsageError(f"{exc}{_did_you_mean(parser, argv, str(exc))}") from None
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     if "--" in argv:
         cut = argv.index("--")
         args = parser.parse_args(argv[:cut])
@@ -77,6 +85,19 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
             args.script_args = argv[cut + 1:]
             return args
     return parser.parse_args(argv)
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, argv: list[str], message: str) -> str:
+    """`` (did you mean --nproc?)`` for argparse's ``unrecognized arguments: --nprocs 4``: the closest flag
+    of the command named in ``argv`` (difflib), else nothing."""
+    unknown = [w for w in message.removeprefix("unrecognized arguments: ").split() if w.startswith("--")]
+    if not message.startswith("unrecognized arguments: ") or not unknown:
+        return ""
+    commands = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+    command = next((commands[w] for w in argv if w in commands), parser)
+    flags = [f for a in command._actions for f in a.option_strings if f.startswith("--")]
+    close = difflib.get_close_matches(unknown[0].split("=")[0], flags, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 # ---------------------------------------------------------------------- argument types and shared options
