@@ -35,11 +35,11 @@ def _line(width: int, label: str = "") -> str:
 def test_the_line_keeps_step_loss_speed_and_eta(width: int, label: str) -> None:
     line = _line(width, label)
     assert len(line) <= width, line
-    assert line.startswith(label or "training"), line
+    assert line.startswith(label or "training "), line  # at least the head of the description
     # 877 steps left at 2 s each: 29 min 14 s
     for kept in ("123/1000", "loss 7.6912", "1,232 tok/s", "0:04:06", "ETA 0:29:14"):
         assert kept in line, (width, kept, line)
     if width == 120 and not label:
         assert DESCRIPTION in line, line
     if width == 80:
-        assert DESCRIPTION not in line and "…" in line, "the description gives way first"
+        assert DESCRIPTION not in line, "the description gives way first"

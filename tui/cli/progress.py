@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rich.console import Console
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -30,9 +32,33 @@ BAR_WIDTH = 18
 """The bar's width where there is room: at 120 columns it leaves the whole training description."""
 
 
+MORE_THAN_THE_HEAD = 12
+"""Columns past a description's head below which its cut parenthesis says too little to show."""
+
+
+class Fitted:
+    """A description on one line in whatever width it is given: whole where it fits; cut with an ellipsis
+    where that still says something of its parenthesis; else its head (``training``), cut if need be.
+    Plain text, never markup."""
+
+    def __init__(self, text: str, style: str) -> None:
+        self.text = text
+        self.style = style
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        text, width = self.text, options.max_width
+        head = text.split(" (", 1)[0]
+        if cell_len(text) > width and width < cell_len(head) + MORE_THAN_THE_HEAD:
+            text = head
+        yield Text(text, style=self.style, no_wrap=True, overflow="ellipsis")
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement(1, cell_len(self.text))
+
+
 class Description(ProgressColumn):
-    """The task's description as plain text (a phase names the user's paths: never markup), in a column
-    that gives way first on a narrow terminal: cut with an ellipsis, on one line."""
+    """The task's description (:class:`Fitted`: a phase names the user's paths) in a column that gives
+    way first on a narrow terminal."""
 
     def __init__(self, text: str = "", style: str = "bold", table_column: Column | None = None) -> None:
         # wrappable by default: rich shrinks it first (its text never wraps: cut with an ellipsis)
@@ -40,8 +66,8 @@ class Description(ProgressColumn):
         self.text = text
         self.style = style
 
-    def render(self, task: Task) -> Text:
-        return Text(self.text or task.description, style=self.style, no_wrap=True, overflow="ellipsis")
+    def render(self, task: Task) -> Fitted:
+        return Fitted(self.text or task.description, self.style)
 
 
 def _kept() -> Column:
