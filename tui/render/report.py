@@ -8,6 +8,7 @@ process RSS (getrusage/psutil) is shown as such, never as "measured memory".
 from __future__ import annotations
 
 import tomllib
+from pathlib import Path
 from typing import Any
 
 from rich.console import Group
@@ -16,6 +17,7 @@ from rich.text import Text
 
 from runner.analysis.mfu import Peak
 from runner.hardware.records import SOURCE_LABELS
+from runner.spec.events import RECIPE_FILE
 from runner.spec.strategies import STRATEGIES, recipe_global_batch
 from runner.spec.summary import RunSummary, model_state_bytes, rank_peak, rank_rss
 from store import MetricPoint, NamedMetricPoint, RunInfo
@@ -333,16 +335,17 @@ def run_report(run: RunInfo) -> Group:
     return Group(run_summary_table(run), *([memory] if memory is not None else []))
 
 
-def run_detail(run: RunInfo, metrics: list[MetricPoint]) -> Group:
-    """``ftui show``: the summary, the memory table, the recipe the run was launched with, the metrics (the
-    first and last steps of a long run, with a line saying how many were left out)."""
+def run_detail(run: RunInfo, metrics: list[MetricPoint], with_recipe: bool = False) -> Group:
+    """``ftui show``: the summary, the memory table, the metrics (the first and last steps of a long run,
+    with a line saying how many were left out), and where the recipe the run was launched with is; the
+    whole resolved recipe only ``with_recipe`` (``--recipe``: some 60 lines, which buried the metrics)."""
     parts: list[Any] = [run_report(run)]
-    if run.recipe_text:
+    if with_recipe and run.recipe_text:
         parts.append(Text("recipe", style="bold"))
         parts.append(Text(run.recipe_text.rstrip()))  # the user's text: never markup
     if metrics:
         table = Table(title="metrics (measured)")
-        for col in ("step", "loss", "lr", "grad norm", "tokens/s", "step time"):
+        for col in ("step", "loss", "lr", "grad norm", "tokens/s", "step time (s)"):
             table.add_column(col, justify="right")
         head, tail = (metrics, []) if len(metrics) <= 20 else (metrics[:5], metrics[-15:])
         for m in head:
@@ -356,6 +359,9 @@ def run_detail(run: RunInfo, metrics: list[MetricPoint]) -> Group:
                 table.add_row(*_metric_cells(m))
         parts.append(table)
     parts.append(Text(f"run folder: {run.run_dir}", style="dim"))
+    if run.recipe_text and not with_recipe:
+        where = f", or {Path(run.run_dir) / RECIPE_FILE}" if run.run_dir else ""
+        parts.append(Text(f"recipe: ftui show {run.id} --recipe{where}", style="dim"))
     return Group(*parts)
 
 
