@@ -90,3 +90,61 @@ async def test_compare_moves_between_runs_with_right_at_once(store: Store) -> No
                        what=f"the last run in view, not {visible_columns(table)}")
         assert table.cursor_column == 8 and visible_columns(table)[0] == "figure"
         assert isinstance(table.get_cell_at(table.cursor_coordinate), Text)
+
+
+async def runs_screen(app: Any, pilot: Any, rows: int) -> Any:
+    from tui.app.screens.runs import RunsScreen
+
+    await wait_for(pilot, lambda: isinstance(app.screen, RunsScreen)
+                   and app.screen.query_one(DataTable).row_count == rows, what=f"{rows} runs listed")
+    return app.screen
+
+
+async def test_runs_cursor_stays_on_its_run_when_a_run_is_added(store: Store) -> None:
+    """The cursor is on run 2 (the second row, newest first); a new run lands on top from the poll: the
+    cursor is still on run 2, a row lower, so that R or enter act on the run the user chose."""
+    ids = [add_run(store, f"run-{i}", 1e-3) for i in range(3)]
+    app = make_app(store, refresh_s=0.2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await runs_screen(app, pilot, 3)
+        await pilot.press("down")
+        assert screen.current_id() == ids[1]
+        new = add_run(store, "newest", 2e-3)
+        await runs_screen(app, pilot, 4)
+        table = screen.query_one(DataTable)
+        assert screen.current_id() == ids[1] and table.cursor_row == 2, (screen.current_id(), table.cursor_row)
+        assert screen.current_run().id != new
+
+
+async def test_runs_sort_reverses_on_a_second_press_and_shows_its_direction(store: Store) -> None:
+    """s moves to the next sort in its first direction, s again reverses it; the sorted column's header
+    ends with the arrow; runs without the figure stay last; the strategy shows its process count."""
+    slow = add_run(store, "slow", 1e-3, tokens_per_s=500.0, nproc=2, strategy="ddp")
+    fast = add_run(store, "fast", 1e-3, tokens_per_s=4000.0)
+    mid = add_run(store, "mid", 1e-3, tokens_per_s=1500.0)
+    app = make_app(store, refresh_s=0.2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await runs_screen(app, pilot, 3)
+        table = screen.query_one(DataTable)
+
+        def order() -> list[int]:
+            return [int(str(table.get_row_at(i)[1])) for i in range(table.row_count)]
+
+        def header(key: str) -> str:
+            return str(table.columns[key].label)  # type: ignore[index]
+
+        assert order() == [mid, fast, slow] and header("id") == "id ↓"
+        strategy = list(table.columns).index("strategy")  # type: ignore[arg-type]
+        assert str(table.get_row(str(slow))[strategy]) == "ddp x2"
+        await pilot.press("s")
+        assert (screen.sort_column, screen.sort_descending) == ("id", False) and order() == [slow, fast, mid]
+        assert header("id") == "id ↑"
+        for _ in range(6):  # name ↑, name ↓, status ↑, status ↓, wall time ↓, wall time ↑
+            await pilot.press("s")
+        await pilot.press("s")
+        await pilot.pause()
+        assert screen.sort_column == "tokens/s" and order() == [fast, mid, slow], order()
+        assert header("tokens/s") == "tokens/s ↓" and header("id") == "id"
+        await pilot.press("s")
+        await pilot.pause()
+        assert order() == [slow, mid, fast] and header("tokens/s") == "tokens/s ↑"

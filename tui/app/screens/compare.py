@@ -178,7 +178,7 @@ class CompareScreen(Screen[None]):
                 cells.append(text)
                 if cut:
                     clipped.append((r.run_id, path, str(v)))
-            diff.add_row(Text(path), *cells, key=path)  # paths: schema keys
+            diff.add_row(path, *cells, key=path)  # paths: schema keys (no markup)
         if not cmp.recipe_diff:
             diff.add_row("(recipes identical)", *["" for _ in cmp.rows])
         return clipped
