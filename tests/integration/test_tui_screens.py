@@ -4,29 +4,32 @@ the Runs cursor follows its run, not its row; sort direction; the Monitor's empt
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rich.text import Text
 from textual.widgets import DataTable, Static
 
+from runner.hardware import DeviceSample
 from runner.spec.recipe import load_recipe
 from store import Store
 from tests.support import QUICKSTART
 from tests.support.dashboard import wait_for
 from tui.app import make_app
 from tui.app.screens.compare import CompareScreen
+from tui.app.screens.monitor import MonitorScreen
 
 LONG_PATH = "/data/checkpoints/" + "a-very-long-folder-name/" * 6 + "step-000120"
 
 
 def add_run(store: Store, name: str, lr: float, *overrides: str, tokens_per_s: float = 1000.0,
-            nproc: int = 1, strategy: str = "single") -> int:
-    """A completed quickstart run with five logged steps, written straight into the store."""
+            nproc: int = 1, strategy: str = "single", steps: int = 5) -> int:
+    """A completed quickstart run with ``steps`` logged steps, written straight into the store."""
     recipe = load_recipe(QUICKSTART, [f"name={name}", f"train.lr={lr}", *overrides])
     run_id = store.create_run(name=name, recipe_text=recipe.to_toml(), recipe_hash=recipe.digest(),
                               strategy=strategy, nproc=nproc, method="lora", model=recipe.model.name, run_dir="")
     store.ingest(run_id, [{"seq": i, "type": "step", "time": 1000.0 + i, "step": i, "loss": 5.0 - 0.1 * i,
-                           "tokens_per_s": tokens_per_s, "step_time": 0.5} for i in range(1, 6)])
+                           "tokens_per_s": tokens_per_s, "step_time": 0.5} for i in range(1, steps + 1)])
     store.update_run(run_id, status="completed", final_loss=4.0, tokens_per_s=tokens_per_s, train_seconds=2.5)
     return run_id
 
@@ -148,3 +151,43 @@ async def test_runs_sort_reverses_on_a_second_press_and_shows_its_direction(stor
         await pilot.press("s")
         await pilot.pause()
         assert order() == [slow, mid, fast] and header("tokens/s") == "tokens/s ↑"
+
+
+async def test_monitor_of_a_finished_cpu_run(store: Store, tmp_path: Path) -> None:
+    """A finished run on CPU whose last rank sample read RSS 0 (its rank had exited) and whose log is
+    empty: the rank table shows the last real RSS, marked as the last sample; the memory history is
+    green at 3% of the host; the step axis has whole ticks; the rank table sits right under the device
+    table (no band of empty rows at 120x40); l says there is no log line yet, and where it looked."""
+    run_id = add_run(store, "finished", 1e-3, steps=30)
+    run_dir = tmp_path / "run-finished"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "logs" / "rank0.log").write_text("")
+    store.update_run(run_id, run_dir=str(run_dir))
+    total = 16 * 2**30
+    samples = [DeviceSample(1000.0 + k, "box", "rank", 0, "rank 0", 90.0, rss, total, None, None, None, "psutil", 4242)
+               for k, rss in enumerate([480 * 2**20, 500 * 2**20, 0])]
+    samples += [DeviceSample(1000.0 + k, "box", "host", -1, "host CPU (2 cores)", 40.0, 6 * 2**30, total, None,
+                             None, None, "psutil", None) for k in range(3)]
+    store.add_samples(run_id, samples, [])
+    app = make_app(store, refresh_s=0.2, monitor_s=0.2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.open_run(run_id)
+        await wait_for(pilot, lambda: isinstance(app.screen, MonitorScreen) and app.screen.snapshot is not None
+                       and app.screen.query_one("#ranks", DataTable).row_count == 1, what="the monitor's tables")
+        await pilot.pause()
+        screen = app.screen
+        ranks = screen.query_one("#ranks", DataTable)
+        row = [str(c) for c in ranks.get_row("0")]
+        assert row[3] == "500.0 MiB" and "last sample" in row[5], row
+        devices = screen.query_one("#devices", DataTable)
+        history = devices.get_row("rank:0")[list(devices.columns).index("mem history")]  # type: ignore[arg-type]
+        assert isinstance(history, Text) and history.style == "green", history
+        assert ranks.region.y == devices.region.bottom, (devices.region, ranks.region)
+        plot = screen.query_one("#loss").render().plain.splitlines()
+        axis = plot[next(i for i, line in enumerate(plot) if "└" in line) + 1].split()
+        assert axis[0] == "1" and axis[-1] == "30" and all(tick.isdigit() for tick in axis), axis
+        await pilot.press("l")
+        await wait_for(pilot, lambda: any("no log lines yet for rank 0" in str(n.message) for n in app._notifications),
+                       what="the empty-log notice")
+        notice = next(str(n.message) for n in app._notifications if "no log lines" in str(n.message))
+        assert notice.endswith(f"file {run_dir / 'logs' / 'rank0.log'}"), notice

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.cells import cell_len
@@ -217,7 +218,9 @@ class MonitorScreen(Screen[None]):
             if narrow and gpus:
                 cells += [temp, power]
             else:
-                cells.append(Text(spark(d.mem_history, spark_w, mem_top), style="magenta"))
+                # Coloured by the share of the limit now (green at 3%), whatever the scale of its shape.
+                share = d.mem_history[-1] if d.mem_history else None
+                cells.append(Text(spark(d.mem_history, spark_w, mem_top), style=level_style(share)))
             if not narrow and not gpus:
                 cells.insert(1, "psutil" if is_host else d.source)
             if not narrow:
@@ -226,10 +229,13 @@ class MonitorScreen(Screen[None]):
                                    style=level_style(d.temp_c, 70, 85)), f"{power} W" if d.power_w else "-"]
             _upsert(devices, d.key, *cells)
         for r in snap.ranks:
+            # A finished run's ranks are gone: their RSS is the last one sampled while they ran, said so.
+            rss = fmt_bytes(r.rss) + (" (last)" if finished and narrow and r.rss is not None else "")
             cells = [str(r.rank), str(r.pid or "-"), "-" if r.cpu_pct is None else f"{r.cpu_pct:.0f}",
-                     fmt_bytes(r.rss), fmt_bytes(r.gpu_mem) if r.gpu_mem is not None else "- (no GPU)"]
+                     rss, fmt_bytes(r.gpu_mem) if r.gpu_mem is not None else "- (no GPU)"]
             if not narrow:
-                cells.append(r.source + (f" / {gpu_source}" if r.gpu_mem is not None else ""))
+                cells.append(r.source + (", last sample" if finished else "")
+                             + (f" / {gpu_source}" if r.gpu_mem is not None else ""))
             _upsert(ranks, str(r.rank), *cells)
 
     def progress_text(self, snap: MonitorSnapshot) -> Text:
@@ -292,6 +298,9 @@ class MonitorScreen(Screen[None]):
 
     def action_toggle_logs(self) -> None:
         self.logs_toggled = not self.logs_toggled
+        snap = self.snapshot
+        if snap is not None and snap.run is not None and not snap.log_tail:  # nothing to show: say where it would be
+            self.notify(empty_logs_line(snap.run.id, snap.run.run_dir), severity="warning", markup=False)
 
     @work(thread=True, group="signal")
     def _signal(self, kill: bool, what: str) -> None:
@@ -327,6 +336,18 @@ class MonitorScreen(Screen[None]):
                 self._signal(True, "kill")
 
         self.app.push_screen(ConfirmScreen(f"Kill run {self.run_id} (SIGKILL every process)?"), done)
+
+
+def empty_logs_line(run_id: int, run_dir: str) -> str:
+    """What ``l`` says when the rank logs hold no line yet: which ranks' files it read, by path."""
+    if not run_dir:
+        return f"no log lines: run {run_id} has no run folder"
+    logs = sorted((Path(run_dir) / "logs").glob("rank*.log"), key=lambda p: p.stem)
+    if len(logs) > 1:
+        ranks = [p.stem.removeprefix("rank") for p in logs]
+        return f"no log lines yet for ranks {ranks[0]}-{ranks[-1]}, files {logs[0].parent}/rank*.log"
+    log = logs[0] if logs else Path(run_dir) / "logs" / "rank0.log"
+    return f"no log lines yet for rank {log.stem.removeprefix('rank')}, file {log}"
 
 
 def named_text(snap: MonitorSnapshot) -> Text:
