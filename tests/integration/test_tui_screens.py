@@ -191,3 +191,33 @@ async def test_monitor_of_a_finished_cpu_run(store: Store, tmp_path: Path) -> No
                        what="the empty-log notice")
         notice = next(str(n.message) for n in app._notifications if "no log lines" in str(n.message))
         assert notice.endswith(f"file {run_dir / 'logs' / 'rank0.log'}"), notice
+
+
+class _FixedHost:
+    """The host's psutil reading, scripted (the hardware boundary): load on this machine stays out."""
+
+    def sample(self, pids_by_rank: Any, owners: Any = None) -> list[DeviceSample]:
+        return [DeviceSample(0.0, "box", "host", -1, "host CPU (2 cores)", 37.0, 6 * 2**30, 16 * 2**30,
+                             None, None, None, "psutil", None)]
+
+
+async def test_devices_at_120_and_80_columns_cut_nothing_and_name_the_source(store: Store) -> None:
+    """8 scripted GPUs: at 120x40 the processes' title is one line; at 80x24 the GPU table fits and still
+    names where its figures come from."""
+    from runner.hardware import FakeNvml, NvmlBackend, Probe
+
+    lib = FakeNvml.demo(8, pids=[4_000_001], tick_s=None)
+    probe = Probe(nvml=NvmlBackend(lib=lib, host="box"), processes=_FixedHost())  # type: ignore[arg-type]
+    app = make_app(store, probe=probe, fake_gpus=8, refresh_s=0.2, monitor_s=0.2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("3")
+        await wait_for(pilot, lambda: getattr(app.screen, "snapshot", None) is not None, what="the devices")
+        await pilot.pause()
+        assert app.screen.query_one("#procs-title").region.height == 1
+        await pilot.resize_terminal(80, 24)
+        await wait_for(pilot, lambda: app.screen.query_one("#gpu-table", DataTable).columns.get("temp") is not None
+                       and "SM MHz" not in app.screen.query_one("#gpu-table", DataTable).columns, what="80 columns")
+        await pilot.pause()
+        gpus = app.screen.query_one("#gpu-table", DataTable)
+        assert sum(c.get_render_width(gpus) for c in gpus.columns.values()) <= 78
+        assert any("fake NVML" in str(c.label) for c in gpus.columns.values())

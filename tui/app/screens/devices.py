@@ -223,7 +223,8 @@ class DevicesScreen(Screen[None]):
         self.query_one("#host-line", Static).update(line)
         table = self.query_one("#gpu-table", DataTable)
         table.display = bool(snap.gpus)
-        columns = (("GPU", "name", "util", "memory", "temp", "power") if narrow else
+        # 80 columns: the source in the memory header, as wide as its cells (the util column is narrow).
+        columns = (("GPU", "name", "util", f"memory ({snap.source})", "temp", "power") if narrow else
                    ("GPU", "name", f"util ({snap.source})", "memory", "temp", "power", "SM MHz"))
         if tuple(str(c.label) for c in table.columns.values()) != columns:
             table.clear(columns=True)
@@ -244,10 +245,11 @@ class DevicesScreen(Screen[None]):
                 Text(power), Text("-" if g.sm_clock_mhz is None else str(g.sm_clock_mhz)),
             ][: len(columns)])
         what = "GPU compute processes" if snap.gpus else "processes of ftui runs, then the busiest others"
+        # One line at 120 columns (the sources of memory and CPU %), the count alone at 80.
         self.query_one("#procs-title", Static).update(Text.assemble(
             (what, "bold"), f" ({len(snap.procs)})" + ("" if narrow else
-            f"; owner: the ftui run whose process group holds it; memory: "
-            f"{'GPU memory, ' + snap.source if snap.gpus else 'RSS, psutil'}; CPU %: of one core, psutil")))
+            f" · owner: the ftui run (by process group) · memory: "
+            f"{'GPU, ' + snap.source if snap.gpus else 'RSS, psutil'} · CPU %: of a core, psutil")))
         procs = self.query_one("#proc-table", DataTable)
         procs.clear()
         if not snap.procs:
