@@ -183,6 +183,7 @@ async def test_monitor_of_a_finished_cpu_run(store: Store, tmp_path: Path) -> No
         history = devices.get_row("rank:0")[list(devices.columns).index("mem history")]  # type: ignore[arg-type]
         assert isinstance(history, Text) and history.style == "green", history
         assert ranks.region.y == devices.region.bottom, (devices.region, ranks.region)
+        assert devices.region.height == devices.row_count + 1, devices.region  # its header and rows, no more
         plot = screen.query_one("#loss").render().plain.splitlines()
         axis = plot[next(i for i, line in enumerate(plot) if "└" in line) + 1].split()
         assert axis[0] == "1" and axis[-1] == "30" and all(tick.isdigit() for tick in axis), axis
