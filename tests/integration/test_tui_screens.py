@@ -20,14 +20,15 @@ from tui.app.screens.compare import CompareScreen
 from tui.app.screens.monitor import MonitorScreen
 
 LONG_PATH = "/data/checkpoints/" + "a-very-long-folder-name/" * 6 + "step-000120"
+LONG_METHOD = "lora (rank 16, alpha 32, dropout 0.05, targets q_proj, k_proj, v_proj, o_proj)"
 
 
 def add_run(store: Store, name: str, lr: float, *overrides: str, tokens_per_s: float = 1000.0,
-            nproc: int = 1, strategy: str = "single", steps: int = 5) -> int:
+            nproc: int = 1, strategy: str = "single", steps: int = 5, method: str = "lora") -> int:
     """A completed quickstart run with ``steps`` logged steps, written straight into the store."""
     recipe = load_recipe(QUICKSTART, [f"name={name}", f"train.lr={lr}", *overrides])
     run_id = store.create_run(name=name, recipe_text=recipe.to_toml(), recipe_hash=recipe.digest(),
-                              strategy=strategy, nproc=nproc, method="lora", model=recipe.model.name, run_dir="")
+                              strategy=strategy, nproc=nproc, method=method, model=recipe.model.name, run_dir="")
     store.ingest(run_id, [{"seq": i, "type": "step", "time": 1000.0 + i, "step": i, "loss": 5.0 - 0.1 * i,
                            "tokens_per_s": tokens_per_s, "step_time": 0.5} for i in range(1, steps + 1)])
     store.update_run(run_id, status="completed", final_loss=4.0, tokens_per_s=tokens_per_s, train_seconds=2.5)
@@ -57,10 +58,11 @@ async def open_compare(app: Any, pilot: Any, ids: list[int]) -> CompareScreen:
 
 
 async def test_compare_fits_three_runs_at_120_columns_and_cuts_long_values(store: Store) -> None:
-    """Three runs side by side at 120x40, one with a long resume path: its cell ends in an ellipsis, its
-    full text is listed under the table, and the recipe table stays clear of the loss chart."""
+    """Three runs side by side at 120x40, one with a long resume path and a long method: each cell ends
+    in an ellipsis, its full text is listed under the table, and the recipe table stays clear of the loss
+    chart."""
     ids = [add_run(store, "alpha", 1e-3), add_run(store, "beta", 2e-3, f"train.resume_from={LONG_PATH}"),
-           add_run(store, "gamma", 3e-3)]
+           add_run(store, "gamma", 3e-3, method=LONG_METHOD)]
     app = make_app(store, refresh_s=0.2)
     async with app.run_test(size=(120, 40)) as pilot:
         screen = await open_compare(app, pilot, ids)
@@ -70,7 +72,10 @@ async def test_compare_fits_three_runs_at_120_columns_and_cuts_long_values(store
         diff = screen.query_one("#diff", DataTable)
         row = [str(c) for c in diff.get_row("train.resume_from")]
         assert row[2].endswith("…") and LONG_PATH.startswith(row[2][:-1]), row
-        assert LONG_PATH in str(screen.query_one("#compare-full", Static).render())
+        method = [str(c) for c in table.get_row("method")]
+        assert method[3].endswith("…") and LONG_METHOD.startswith(method[3][:-1]), method
+        full = str(screen.query_one("#compare-full", Static).render())
+        assert LONG_PATH in full and LONG_METHOD in full, full
         plot = screen.query_one("#compare-loss")
         assert diff.virtual_size.width <= diff.scrollable_content_region.width
         assert diff.region.right < plot.region.x

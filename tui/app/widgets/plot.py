@@ -126,7 +126,8 @@ class LinePlot(PlotextPlot):
             plt.plot(xs, ys, label=name, marker="braille", color=COLORS[i % len(COLORS)])
         every_x = [x for _, xs, _ in curves for x in xs]
         if every_x and all(float(x).is_integer() for x in every_x):  # steps: whole ticks, never 8.2
-            plt.xticks(whole_ticks(min(every_x), max(every_x), max(2, self.size.width // 12 or 5)))
+            ticks = whole_ticks(min(every_x), max(every_x), max(2, self.size.width // 12 or 5))
+            plt.xticks([float(t) for t in ticks], [str(t) for t in ticks])
         if not curves:
             plt.text("no data yet", 0.5, 0.5, alignment="center")
             plt.xlim(0, 1)
