@@ -19,6 +19,9 @@ from tui.app import make_app
 from tui.app.screens.compare import CompareScreen
 from tui.app.screens.monitor import MonitorScreen
 
+DIMS = {"layers": 6, "heads": 6, "head_dim": 64, "seq_len": 256, "embedding_params": 1572864}
+PEAK = {"flops": 250e9, "source": "measured matmul peak (CPU), fp32", "kind": "measured", "dtype": "fp32",
+        "threads": 1, "measured_at": 1795447228.6, "fingerprint": "x", "machine": "test", "size": 512, "load": 0.5}
 LONG_PATH = "/data/checkpoints/" + "a-very-long-folder-name/" * 6 + "step-000120"
 LONG_METHOD = "lora (rank 16, alpha 32, dropout 0.05, targets q_proj, k_proj, v_proj, o_proj)"
 
@@ -31,7 +34,11 @@ def add_run(store: Store, name: str, lr: float, *overrides: str, tokens_per_s: f
                               strategy=strategy, nproc=nproc, method=method, model=recipe.model.name, run_dir="")
     store.ingest(run_id, [{"seq": i, "type": "step", "time": 1000.0 + i, "step": i, "loss": 5.0 - 0.1 * i,
                            "tokens_per_s": tokens_per_s, "step_time": 0.5} for i in range(1, steps + 1)])
-    store.update_run(run_id, status="completed", final_loss=4.0, tokens_per_s=tokens_per_s, train_seconds=2.5)
+    # The figures the trainer stores (model dimensions, the estimate, the CPU peak): the comparison reads
+    # them rather than building the model's config through transformers (10 s of imports).
+    store.update_run(run_id, status="completed", final_loss=4.0, tokens_per_s=tokens_per_s, train_seconds=2.5,
+                     summary={"model_dims": DIMS, "estimate": {"per_device_bytes": {"total": 125820416}},
+                              "mfu_peak": PEAK, "params": 12587904, "trainable_params": 122880})
     return run_id
 
 
