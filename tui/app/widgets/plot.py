@@ -13,6 +13,9 @@ from tui.app.poll import downsample
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 COLORS = ["cyan", "magenta", "yellow", "green", "red", "blue", "white"]
+X_TICKS = 6
+"""Ticks on a step axis: as many at 80 columns as at 120 (a fixed count: the plot's width is not known
+yet when its data first arrives)."""
 
 
 def spark(values: list[float], width: int, top: float | None = None) -> str:
@@ -126,7 +129,7 @@ class LinePlot(PlotextPlot):
             plt.plot(xs, ys, label=name, marker="braille", color=COLORS[i % len(COLORS)])
         every_x = [x for _, xs, _ in curves for x in xs]
         if every_x and all(float(x).is_integer() for x in every_x):  # steps: whole ticks, never 8.2
-            ticks = whole_ticks(min(every_x), max(every_x), max(2, self.size.width // 12 or 5))
+            ticks = whole_ticks(min(every_x), max(every_x), X_TICKS)
             plt.xticks([float(t) for t in ticks], [str(t) for t in ticks])
         if not curves:
             plt.text("no data yet", 0.5, 0.5, alignment="center")
