@@ -105,6 +105,10 @@ async def test_compare_moves_between_runs_with_right_at_once(store: Store) -> No
                        what=f"the last run in view, not {visible_columns(table)}")
         assert table.cursor_column == 8 and visible_columns(table)[0] == "figure"
         assert isinstance(table.get_cell_at(table.cursor_coordinate), Text)
+        # Down still scrolls the screen to the sources and the recipe table below (the table passes it on).
+        await pilot.press("down", "down", "down")
+        await wait_for(pilot, lambda: screen.query_one("#compare").scroll_y > 0, what="the screen scrolled down")
+        assert app.focused is table
 
 
 async def runs_screen(app: Any, pilot: Any, rows: int) -> Any:
