@@ -4,6 +4,7 @@ the Runs cursor follows its run, not its row; sort direction; the Monitor's empt
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -219,11 +220,12 @@ class _FixedHost:
 
 
 async def test_devices_at_120_and_80_columns_cut_nothing_and_name_the_source(store: Store) -> None:
-    """8 scripted GPUs: at 120x40 the processes' title is one line; at 80x24 the GPU table fits and still
-    names where its figures come from."""
+    """8 scripted GPUs, one process on them this one (psutil sees it): its CPU % is filled in from the
+    second poll; at 120x40 the processes' title is one line; at 80x24 the GPU table fits and still names
+    where its figures come from."""
     from runner.hardware import FakeNvml, NvmlBackend, Probe
 
-    lib = FakeNvml.demo(8, pids=[4_000_001], tick_s=None)
+    lib = FakeNvml.demo(8, pids=[os.getpid()], tick_s=None)
     probe = Probe(nvml=NvmlBackend(lib=lib, host="box"), processes=_FixedHost())  # type: ignore[arg-type]
     app = make_app(store, probe=probe, fake_gpus=8, refresh_s=0.2, monitor_s=0.2)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -231,6 +233,8 @@ async def test_devices_at_120_and_80_columns_cut_nothing_and_name_the_source(sto
         await wait_for(pilot, lambda: getattr(app.screen, "snapshot", None) is not None, what="the devices")
         await pilot.pause()
         assert app.screen.query_one("#procs-title").region.height == 1
+        procs = app.screen.query_one("#proc-table", DataTable)
+        await wait_for(pilot, lambda: str(procs.get_row_at(0)[4]).isdigit(), what="the GPU process's CPU %")
         await pilot.resize_terminal(80, 24)
         await wait_for(pilot, lambda: app.screen.query_one("#gpu-table", DataTable).columns.get("temp") is not None
                        and "SM MHz" not in app.screen.query_one("#gpu-table", DataTable).columns, what="80 columns")

@@ -110,6 +110,20 @@ class DevicesFeed:
         except (psutil.Error, OSError):
             return "-", "(not visible here)"
 
+    def cpu_of(self, pid: int) -> float | None:
+        """CPU % of one core of a GPU process since the last poll (psutil); None at its first sight (the
+        baseline) or when it is not visible from here."""
+        try:
+            known = self._procs.get(pid)
+            if known is None:
+                self._procs[pid] = psutil.Process(pid)
+                self._procs[pid].cpu_percent(None)
+                return None
+            return float(known.cpu_percent(None))
+        except psutil.Error:
+            self._procs.pop(pid, None)
+            return None
+
     def cpu_processes(self, owners: dict[int, str]) -> list[ProcRow]:
         """Every process of a running run and the busiest others, CPU % of one core (psutil)."""
         rows: list[tuple[float, ProcRow]] = []
@@ -144,8 +158,10 @@ class DevicesFeed:
             gpu_procs: list[ProcessGpuMemory] = procs or self.probe.nvml.process_memory({}, owners={})
             for p in gpu_procs:
                 user, cmd = self.describe(p.pid)
-                rows.append(ProcRow(f"GPU {p.gpu_index}", p.pid, owners.get(p.pid, "not ftui"), user, cmd, None,
-                                    p.used_bytes, SOURCE_LABELS.get(p.source, p.source)))
+                rows.append(ProcRow(f"GPU {p.gpu_index}", p.pid, owners.get(p.pid, "not ftui"), user, cmd,
+                                    self.cpu_of(p.pid), p.used_bytes, SOURCE_LABELS.get(p.source, p.source)))
+            for pid in set(self._procs) - {p.pid for p in gpu_procs}:  # processes gone from the GPUs
+                del self._procs[pid]
         else:
             rows = self.cpu_processes(owners)
         limits = {i.index: i.power_limit_w for i in self.probe.nvml.gpu_infos()} if gpus else {}
