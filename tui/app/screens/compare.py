@@ -81,6 +81,7 @@ class CompareScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.title = "compare runs " + ", ".join(map(str, self.run_ids))
+        self.sub_title = "←/→ a run at a time, ↓ more"
         self.query_one("#compare-sources", Static).update(Text("reading the runs…", style="dim"))
         self.load()
 
