@@ -22,7 +22,7 @@ from runner.spec.strategies import STRATEGIES, recipe_global_batch
 from runner.spec.summary import RunSummary, model_state_bytes, rank_peak, rank_rss
 from store import MetricPoint, NamedMetricPoint, RunInfo
 from tui.render.plain import row as text_row
-from tui.render.words import distributed_words
+from tui.render.words import distributed_words, strategy_words
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -60,7 +60,7 @@ _RUN_COLUMNS: tuple[tuple[str, str, Any, int], ...] = (
     ("id", "right", lambda r: str(r.id), 8),
     ("name", "left", lambda r: r.name, 28),
     ("status", "left", lambda r: Text(r.status, style=STATUS_STYLE.get(r.status, "")), 9),
-    ("strategy", "left", lambda r: f"{r.strategy} x{r.nproc}" if r.nproc > 1 else r.strategy, 10),
+    ("strategy", "left", lambda r: strategy_words(r.strategy, r.nproc), 10),
     ("tokens/s", "right", lambda r: _num(r.tokens_per_s, ",.0f"), 9),
     ("final loss", "right", lambda r: _num(r.final_loss, ".4f"), 10),
     ("train time", "right", lambda r: fmt_seconds(r.train_seconds), 10),
