@@ -38,6 +38,8 @@ NF4_BITS = 4.0
 # 256 such blocks (QLoRA paper, section 3): 8/64 + 32/(64*256) = 0.127 bits per parameter.
 NF4_DOUBLE_QUANT_OVERHEAD_BITS = 8 / 64 + 32 / (64 * 256)
 GIB = 2**30
+ZERO3_LOWER_BOUND = ("a lower bound under DeepSpeed ZeRO-3: the forward holds more gathered parameter memory "
+                     "than one copy of the gathered parameters counted here (quickstart LoRA: 24% more at the peak)")
 DEFAULT_RESERVE = "1GiB"
 """Per GPU, for the CUDA context, NCCL and allocator slack (why 1 GiB: docs/memory-model.md)."""
 
@@ -538,7 +540,10 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
     states = _shard_states(inp, run, states, shards)
     gathered = _gathered(inp, run, states, shards)
     states, offloaded = _offload(inp, run, _ddp_buckets(inp, run, states))
-    return _breakdown(inp, states, acts, _moments(inp, run, states, acts, gathered), offloaded)
+    b = _breakdown(inp, states, acts, _moments(inp, run, states, acts, gathered), offloaded)
+    if run.deepspeed and run.stage == 3 and b.approximate is None:
+        return replace(b, approximate=ZERO3_LOWER_BOUND)
+    return b
 
 
 # The parts of ``MemoryBreakdown.total``, in the order ``ftui estimate`` shows them.
