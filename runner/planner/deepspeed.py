@@ -8,16 +8,16 @@
 - The allgather bucket of ZeRO-1/2 allocates nothing: the updated partitions are gathered into the flat
   parameter buffer in place (``runtime/utils.py all_gather_dp_groups``).
 - ZeRO-3 gathers each parameter above the persistence threshold when its module runs and, with the
-  reuse distance and live-parameter limits larger than the model (the config's), keeps every one gathered
-  from its forward to its backward: at the forward's peak the whole model's large parameters are gathered
-  beside their partitions (the ``buffers`` the estimate names ``gathered``).
+  reuse distance larger than the model, keeps them gathered from its forward to its backward, up to
+  ``stage3_max_live_parameters`` elements: at the forward's peak the large parameters are gathered beside
+  their partitions (the part the estimate names ``ds_gathered``).
 """
 
 from __future__ import annotations
 
 from runner.planner.inputs import EstimateInput
 from runner.planner.shapes import lora_trainable_params
-from runner.spec.deepspeed_config import ZERO3_PERSISTENCE_THRESHOLD, bucket_elements
+from runner.spec.deepspeed_config import ZERO3_MAX_LIVE_PARAMETERS, ZERO3_PERSISTENCE_THRESHOLD, bucket_elements
 
 
 def trainable_elements(inp: EstimateInput) -> int:
@@ -35,10 +35,11 @@ def reduce_bucket_bytes(inp: EstimateInput, stage: int, w: int) -> int:
 
 
 def zero3_gathered_bytes(inp: EstimateInput, w: int) -> int:
-    """Bytes of every parameter above the persistence threshold gathered whole (``w`` bytes each)."""
+    """Bytes of every parameter above the persistence threshold gathered whole (``w`` bytes each), at most
+    ``stage3_max_live_parameters`` elements of them."""
     sh = inp.shape
     large = sum(s.in_features * s.out_features * s.count for s in sh.linears.values()
                 if s.in_features * s.out_features >= ZERO3_PERSISTENCE_THRESHOLD)
     if sh.vocab * sh.hidden >= ZERO3_PERSISTENCE_THRESHOLD:
         large += sh.vocab * sh.hidden
-    return large * w
+    return min(large, ZERO3_MAX_LIVE_PARAMETERS) * w

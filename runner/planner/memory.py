@@ -450,7 +450,7 @@ def _deepspeed_parts(inp: EstimateInput, run: _Run, s: _States, moments: Moments
         # ZeRO-3 allocates its bucket with the optimizer; ZeRO-1/2 from the first gradient to the end of backward.
         if run.stage == 3 or name.startswith("backward"):
             parts["ds_reduce_bucket"] = bucket
-    if run.stage == 3 and "params" in _sharded(inp, run) and not inp.offload_params:
+    if run.stage == 3 and "params" in _sharded(inp, run):  # offloaded parameters are gathered onto the device too
         gathered = float(zero3_gathered_bytes(inp, run.w))
         for name in ("forward", "backward", "backward_recompute"):
             if name in moments:
