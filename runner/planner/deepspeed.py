@@ -17,7 +17,11 @@ from __future__ import annotations
 
 from runner.planner.inputs import EstimateInput
 from runner.planner.shapes import lora_trainable_params
-from runner.spec.deepspeed_config import ZERO3_MAX_LIVE_PARAMETERS, ZERO3_PERSISTENCE_THRESHOLD, bucket_elements
+from runner.spec.deepspeed_config import (
+    ZERO3_MAX_LIVE_PARAMETERS,
+    ZERO3_PERSISTENCE_THRESHOLD,
+    bucket_elements,
+)
 
 
 def trainable_elements(inp: EstimateInput) -> int:
