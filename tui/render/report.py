@@ -45,6 +45,20 @@ def fmt_seconds(s: float | None) -> str:
     return f"{h}h{m:02d}m{sec:02d}s" if h else f"{m}m{sec:02d}s"
 
 
+def tokens_per_s_rows(run: RunInfo) -> list[tuple[str, str, str]]:
+    """The steady-state tokens/s and, where the trainer reported it, the whole window's beside it."""
+    window = run.summary.window_tokens_per_s
+    if window is None:  # a run from before the steady state was measured, or a script's
+        return [("tokens/s", _num(run.tokens_per_s, ",.0f"), "measured")]
+    if run.tokens_per_s is None:
+        steady = ("tokens/s", "-", "no steady-state figure: every step was memory-metered")
+    else:
+        n = run.summary.steady_steps or 0
+        steady = ("tokens/s", _num(run.tokens_per_s, ",.0f"),
+                  f"measured: steady state, the {n} step{'s' if n != 1 else ''} after the memory-metered ones")
+    return [steady, ("tokens/s whole window", _num(window, ",.0f"), "measured: every step, memory-metered ones included")]
+
+
 def _num(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
@@ -136,7 +150,8 @@ def run_summary_table(run: RunInfo | None) -> Table:
     if batch:  # what tokens/s means: a --nproc 2 DDP run trains twice the rows of a single one per step
         table.add_row("global batch", batch[0], batch[1])
     table.add_row("training time", fmt_seconds(run.train_seconds), "measured (first to last step)")
-    table.add_row("tokens/s", _num(run.tokens_per_s, ",.0f"), "measured")
+    for row in tokens_per_s_rows(run):
+        table.add_row(*row)
     table.add_row("final loss", _num(run.final_loss, ".4f"), "measured (mean over ranks)")
     ranks = run.summary.ranks
     # One rank: the memory table (estimate_table) shows its peak and phases; printing them here too was
