@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from rich.text import Text
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label
 
@@ -55,27 +56,38 @@ class PromptScreen(ModalScreen[str | None]):
 
 
 class KeysScreen(ModalScreen[None]):
-    """``?``: every key of the screen below and of the app, with what it does (any key closes)."""
+    """``?`` or F4: the keys of the screen below, then the app's, in a box that fits 80x24 and scrolls
+    (up, down, page up, page down, home, end and the mouse wheel); esc, ?, F4 or q closes it."""
 
-    BINDINGS = [Binding("escape,question_mark,q", "close", "Close")]
+    BINDINGS = [Binding("escape,question_mark,f4,q", "close", "Close")]
 
-    def __init__(self, title: str, keys: list[tuple[str, str]]) -> None:
+    def __init__(self, title: str, sections: list[tuple[str, list[tuple[str, str]]]]) -> None:
         super().__init__()
         self.title_text = title
-        self.keys = keys
+        self.sections = sections
+
+    def body(self) -> Text:
+        """The list as text: one column of keys (as wide as the widest), one of what each does."""
+        rows = [row for _, section in self.sections for row in section]
+        width = min(max((len(k) for k, _ in rows), default=4) + 2, 26)
+        out = Text()
+        for heading, section in self.sections:
+            out.append(f"{heading}\n", style="bold")
+            for key, what in section:
+                out.append(f"  {key:<{width}}", style="bold cyan")
+                out.append(f"{what}\n")
+            out.append("\n")
+        out.append("esc, ? or F4 closes; up/down, page up/down, home/end scroll", style="dim")
+        return out
 
     def compose(self) -> ComposeResult:
-        from rich.text import Text
-
-        body = Text()
-        body.append(f"{self.title_text}\n\n", style="bold")
-        width = max((len(k) for k, _ in self.keys), default=4) + 2
-        for key, what in self.keys:
-            body.append(f"{key:<{width}}", style="bold cyan")
-            body.append(f"{what}\n")
-        body.append("\nescape or ? closes; ctrl+p opens the command palette", style="dim")
         with Vertical(classes="dialog", id="keys"):
-            yield Label(body)
+            yield Label(Text(self.title_text, style="bold"), id="keys-title")
+            with VerticalScroll(id="keys-scroll"):
+                yield Label(self.body(), id="keys-body")
+
+    def on_mount(self) -> None:
+        self.query_one("#keys-scroll").focus()
 
     def action_close(self) -> None:
         self.dismiss(None)

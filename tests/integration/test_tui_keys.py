@@ -1,0 +1,140 @@
+"""The dashboard's keys under Textual's pilot, over a real store: help per screen (its own keys first,
+scrollable, inside 80x24), screen keys that go to the named screen from every screen, and the key rule
+(letters, digits and ? type in a text field; F-keys and ctrl+ keys act everywhere)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.widgets import Footer, Input
+from textual.widgets._footer import FooterKey
+
+from store import Store
+from tests.support.dashboard import add_finished_run, wait_for
+from tui.app import make_app
+from tui.app.screens.compose import ComposeScreen, field_id
+from tui.app.screens.devices import DevicesScreen
+from tui.app.screens.modals import KeysScreen
+from tui.app.screens.monitor import MonitorScreen
+from tui.app.screens.runs import RunsScreen
+
+
+def help_lines(app: Any) -> list[str]:
+    return str(app.screen.query_one("#keys-body").render()).splitlines()
+
+
+def footer_keys(app: Any) -> set[str]:
+    return {key.key for key in app.screen.query_one(Footer).query(FooterKey)}
+
+
+async def open_help(pilot: Any, key: str = "question_mark") -> list[str]:
+    await pilot.press(key)
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, KeysScreen), what="the keys")
+    await pilot.pause()
+    return help_lines(pilot.app)
+
+
+async def test_help_lists_the_screens_keys_first_fits_80x24_and_scrolls(store: Store) -> None:
+    run_id = add_finished_run(store, "alpha", 1e-3)
+    app = make_app(store, refresh_s=0.2, monitor_s=0.2)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.screen.query_one("DataTable").row_count == 1, what="the run listed")
+        lines = await open_help(pilot)
+        assert lines[0] == "Runs keys"
+        firsts = [line.split()[0] for line in lines[1:12]]
+        assert firsts == ["enter", "space", "c", "s", "/", "t", "n", "r", "R", "d", "A"]
+        # The pair r / R says what each makes and that both open the new run's Monitor.
+        assert any("same recipe" in line and "Monitor" in line for line in lines if line.split()[0] == "r")
+        assert any("checkpoint" in line and "Monitor" in line for line in lines if line.split()[0] == "R")
+        assert not any(line.split()[0] in ("pagedown", "ctrl+home", "shift+left") for line in lines if line.strip())
+        box = app.screen.query_one("#keys").region
+        assert box.x >= 0 and box.y >= 0 and box.right <= 80 and box.bottom <= 24
+        scroll = app.screen.query_one("#keys-scroll")
+        assert scroll.max_scroll_y > 0  # at 24 rows the list is longer than the box: it scrolls
+        await pilot.press("end")
+        await pilot.pause()
+        assert scroll.scroll_y == scroll.max_scroll_y
+        await pilot.press("home", "pagedown")
+        await pilot.pause()
+        assert 0 < scroll.scroll_y
+        await pilot.press("escape")
+        app.open_run(run_id)
+        await wait_for(pilot, lambda: isinstance(app.screen, MonitorScreen), what="the monitor")
+        lines = await open_help(pilot)
+        assert lines[0] == "Monitor keys" and [line.split()[0] for line in lines[1:5]] == ["esc", "s", "k", "l"]
+
+
+async def test_in_a_compose_field_digits_and_question_mark_type_and_f4_shows_composes_keys(store: Store) -> None:
+    app = make_app(store)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("2")
+        await wait_for(pilot, lambda: isinstance(app.screen, ComposeScreen) and app.screen.recipe is not None,
+                       what="compose")
+        screen = app.screen
+        nproc = screen.query_one("#" + field_id("launch.nproc"), Input)
+        screen.focus_field("launch.nproc")
+        await pilot.press("end", "2", "1", "question_mark", "3")
+        await pilot.pause()
+        assert app.screen is screen and nproc.value == "121?3"
+        # The footer shows the keys that act in the field: the F-keys, not the digits, ? or q.
+        assert {"f1", "f2", "f3", "f4"} <= footer_keys(app)
+        assert not {"1", "2", "question_mark", "q"} & footer_keys(app)
+        lines = await open_help(pilot, "f4")
+        assert lines[0] == "Compose keys" and lines[1].split()[0] == "ctrl+l"
+        await pilot.press("escape")
+        await pilot.pause()
+        # The palette's "Keys" is this list too, not the Input widget's editing keys.
+        keys = next(c for c in app.get_system_commands(screen) if c.title == "Keys")
+        keys.callback()
+        await wait_for(pilot, lambda: isinstance(app.screen, KeysScreen), what="the keys")
+        await pilot.pause()
+        assert help_lines(app)[0] == "Compose keys"
+        await pilot.press("escape")
+        screen.query_one("#form").focus()  # out of the field: ? is the key for the keys again
+        await pilot.pause()
+        assert "question_mark" in footer_keys(app) and "f4" not in footer_keys(app)
+
+
+async def test_screen_keys_go_to_the_named_screen_from_every_screen(store: Store) -> None:
+    run_id = add_finished_run(store, "alpha", 1e-3)
+    app = make_app(store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+
+        async def press(key: str, screen: type) -> None:
+            await pilot.press(key)
+            await wait_for(pilot, lambda: isinstance(app.screen, screen), what=f"{key}: {screen.__name__}")
+
+        app.open_run(run_id)
+        await wait_for(pilot, lambda: isinstance(app.screen, MonitorScreen), what="the monitor")
+        await press("f1", RunsScreen)
+        app.open_run(run_id)
+        await wait_for(pilot, lambda: isinstance(app.screen, MonitorScreen), what="the monitor")
+        await press("f3", DevicesScreen)
+        await press("f1", RunsScreen)  # Runs itself, not the Monitor under Devices
+        assert len(app.screen_stack) == 1
+        await press("f2", ComposeScreen)
+        await press("f3", DevicesScreen)
+        await press("f2", ComposeScreen)  # Compose itself, Devices over it closed
+        assert len(app.screen_stack) == 1
+        app.screen.focus_field("train.max_steps")
+        await press("f1", RunsScreen)  # from a field, too
+
+
+async def test_the_palette_opens_devices_and_compare(store: Store) -> None:
+    from tui.app.screens.compare import CompareScreen
+
+    add_finished_run(store, "alpha", 1e-3)
+    add_finished_run(store, "beta", 2e-3)
+    app = make_app(store, refresh_s=0.2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        runs = app.screen
+        await wait_for(pilot, lambda: runs.query_one("DataTable").row_count == 2, what="the runs listed")
+        commands = {c.title: c for c in app.get_system_commands(runs)}
+        commands["Devices"].callback()
+        await wait_for(pilot, lambda: isinstance(app.screen, DevicesScreen), what="devices")
+        await pilot.press("escape")
+        await pilot.press("space", "down", "space")
+        await pilot.pause()
+        commands["Compare"].callback()
+        await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen), what="compare")
