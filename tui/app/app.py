@@ -18,8 +18,8 @@ from runner.spec import watching
 from runner.spec.paths import default_db_url
 from store import RunInfo, Store, StoreError
 from store.store import utcnow
-from tui.app.messages import CompareRuns, LaunchFailed, Notice, OpenRun, RunLaunched
 from tui.app.keys import help_sections, screen_title
+from tui.app.messages import CompareRuns, LaunchFailed, Notice, OpenRun, RunLaunched
 from tui.app.screens.modals import KeysScreen
 from tui.app.screens.runs import RunsScreen
 from tui.notify import ENDED, desktop
