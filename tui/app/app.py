@@ -46,11 +46,13 @@ class FtuiApp(App[int]):
     # ? and / act only when no text field has focus (in a field they type: Textual drops a binding whose
     # key the focused Input consumes). So each screen key has an F-key, and the footer shows the key that
     # works at that moment (F4 for the keys once ? types).
+    # The footer lists the screen's keys, then these in this order: Keys first, so that at 80 columns the
+    # way to every other key is on screen.
     BINDINGS = [
+        Binding("question_mark,f4", "keys", "Keys", tooltip="the keys of this screen, then the app's"),
         Binding("f1,1", "goto('runs')", "Runs", tooltip="the Runs screen, from any screen"),
         Binding("f2,2", "goto('compose')", "Compose", tooltip="the Compose screen, from any screen"),
         Binding("f3,3", "goto('devices')", "Devices", tooltip="the Devices screen, from any screen"),
-        Binding("question_mark,f4", "keys", "Keys", tooltip="the keys of this screen, then the app's"),
         Binding("b", "toggle_notify", "Bell on run end", show=False),
         Binding("q", "quit", "Quit"),
     ]

@@ -1,4 +1,4 @@
-"""Modal dialogs: confirm, and ask for one line of text."""
+"""Modal dialogs: confirm, ask for one line of text, pick a file, list the keys."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label
+from textual.widgets import Button, Input, Label, OptionList
+from textual.widgets.option_list import Option
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -50,6 +51,32 @@ class PromptScreen(ModalScreen[str | None]):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class PickFileScreen(ModalScreen[str | None]):
+    """Pick one of ``paths`` (ctrl+o on Compose: the recipe files under ./recipes); enter or a click
+    picks, escape cancels. Paths are shown as text, never markup."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, question: str, paths: list[str], empty: str) -> None:
+        super().__init__()
+        self.question = question
+        self.paths = paths
+        self.empty = empty
+        """What the box says when there is no file to pick."""
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog", id="pick"):
+            yield Label(self.question if self.paths else self.empty, markup=False)
+            if self.paths:
+                yield OptionList(*(Option(Text(path)) for path in self.paths), id="pick-list")
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(self.paths[event.option_index])
 
     def action_cancel(self) -> None:
         self.dismiss(None)
