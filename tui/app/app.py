@@ -18,7 +18,7 @@ from runner.spec import watching
 from runner.spec.paths import default_db_url
 from store import RunInfo, Store, StoreError
 from store.store import utcnow
-from tui.app.keys import help_sections, screen_title
+from tui.app.keys import help_sections
 from tui.app.messages import CompareRuns, LaunchFailed, Notice, OpenRun, RunLaunched
 from tui.app.screens.modals import KeysScreen
 from tui.app.screens.runs import RunsScreen
@@ -151,7 +151,7 @@ class FtuiApp(App[int]):
         """``?`` or F4: the keys of the screen in front first, then the app's (``tui.app.keys``)."""
         if isinstance(self.screen, KeysScreen):
             return
-        self.push_screen(KeysScreen(f"Keys: {screen_title(self.screen)}", help_sections(self.screen, self)))
+        self.push_screen(KeysScreen(help_sections(self.screen, self)))
 
     def action_goto(self, name: str) -> None:
         """F1-F3 (1-3 outside a text field): the named screen itself, from any screen. Runs and Compose

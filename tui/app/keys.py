@@ -18,7 +18,7 @@ TEXT_FIELD_RULE = [
 ]
 """The one key rule of the dashboard (the app's BINDINGS say why)."""
 
-PALETTE = ("ctrl+p", "command palette: screens, runs, Compose's fields, these keys")
+PALETTE = ("ctrl+p", "the command palette: screens, runs, fields")
 
 
 def key_label(key: str) -> str:

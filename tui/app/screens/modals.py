@@ -88,9 +88,8 @@ class KeysScreen(ModalScreen[None]):
 
     BINDINGS = [Binding("escape,question_mark,f4,q", "close", "Close")]
 
-    def __init__(self, title: str, sections: list[tuple[str, list[tuple[str, str]]]]) -> None:
+    def __init__(self, sections: list[tuple[str, list[tuple[str, str]]]]) -> None:
         super().__init__()
-        self.title_text = title
         self.sections = sections
 
     def body(self) -> Text:
@@ -108,8 +107,7 @@ class KeysScreen(ModalScreen[None]):
         return out
 
     def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog", id="keys"):
-            yield Label(Text(self.title_text, style="bold"), id="keys-title")
+        with Vertical(classes="dialog", id="keys"):  # the first heading names the screen: no title row
             with VerticalScroll(id="keys-scroll"):
                 yield Label(self.body(), id="keys-body")
 
