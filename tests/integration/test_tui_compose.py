@@ -36,7 +36,8 @@ async def pick(pilot: Any, path: str) -> None:
     await wait_for(pilot, lambda: isinstance(pilot.app.screen, ComposeScreen), what="back on compose")
 
 
-async def test_ctrl_o_picks_a_recipe_under_recipes_and_leaves_a_field_focused(store: Store) -> None:
+async def test_ctrl_o_picks_a_recipe_leaves_a_field_focused_and_save_writes_only_the_changes(store: Store,
+                                                                                              tmp_path: Path) -> None:
     app = make_app(store)
     async with app.run_test(size=(80, 24)) as pilot:
         screen = await open_compose(pilot)
@@ -52,6 +53,26 @@ async def test_ctrl_o_picks_a_recipe_under_recipes_and_leaves_a_field_focused(st
         shown = [w for w in screen.query("#form Input, #form Select")
                  if w.id != "recipe-path" and w.region.height and screen.query_one("#form").region.contains_region(w.region)]
         assert len(shown) >= 10 and min(w.region.width for w in shown) >= 24
+        name.value = "chat-lora"  # back as loaded
+        # Save writes the loaded file's text with only the changed fields set: its comments kept.
+        screen.query_one("#" + field_id("train.max_steps"), Input).value = "7"
+        screen.query_one("#" + field_id("launch.device")).value = "cpu"
+        await pilot.pause()
+        path = tmp_path / "mine.toml"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: isinstance(app.screen, PromptScreen), what="save prompt")
+        app.screen.query_one("#prompt", Input).value = str(path)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: path.exists(), what="saved")
+    shipped = (ROOT / "recipes" / "chat-lora.toml").read_text()
+    chat = ROOT / "recipes" / "data" / "chat.jsonl"
+    # The shipped text line for line (its comments too), but for the two fields changed and the data file,
+    # which is relative to recipes/: written into another folder, it is made absolute. No default is added.
+    expected = (shipped.replace('source = "data/chat.jsonl"', f'source = "{chat}"')
+                .replace("max_steps = 60", "max_steps = 7").rstrip("\n") + '\ndevice = "cpu"\n')
+    assert path.read_text() == expected
+    recipe = load_recipe(path)
+    assert recipe.train.max_steps == 7 and recipe.launch.device == "cpu" and recipe.data.source == str(chat)
 
 
 async def test_valid_recipe_means_the_preflights_files_are_there(store: Store) -> None:
@@ -73,29 +94,3 @@ async def test_valid_recipe_means_the_preflights_files_are_there(store: Store) -
         model.value = "builtin:tiny-llama"
         await pilot.pause()
         assert screen.valid and "valid recipe" in str(screen.query_one("#form-status").render())
-
-
-async def test_save_writes_the_changed_fields_into_the_loaded_text_with_its_comments(store: Store,
-                                                                                    tmp_path: Path) -> None:
-    app = make_app(store)
-    async with app.run_test(size=(120, 40)) as pilot:
-        screen = await open_compose(pilot)
-        await pick(pilot, "recipes/chat-lora.toml")
-        screen.query_one("#" + field_id("train.max_steps"), Input).value = "7"
-        screen.query_one("#" + field_id("launch.device")).value = "cpu"
-        await pilot.pause()
-        path = tmp_path / "mine.toml"
-        await pilot.press("ctrl+s")
-        await wait_for(pilot, lambda: isinstance(app.screen, PromptScreen), what="save prompt")
-        app.screen.query_one("#prompt", Input).value = str(path)
-        await pilot.press("enter")
-        await wait_for(pilot, lambda: path.exists(), what="saved")
-    shipped = (ROOT / "recipes" / "chat-lora.toml").read_text()
-    chat = ROOT / "recipes" / "data" / "chat.jsonl"
-    # The shipped text line for line (its comments too), but for the two fields changed and the data file,
-    # which is relative to recipes/: written into another folder, it is made absolute. No default is added.
-    expected = (shipped.replace('source = "data/chat.jsonl"', f'source = "{chat}"')
-                .replace("max_steps = 60", "max_steps = 7").rstrip("\n") + '\ndevice = "cpu"\n')
-    assert path.read_text() == expected
-    recipe = load_recipe(path)
-    assert recipe.train.max_steps == 7 and recipe.launch.device == "cpu" and recipe.data.source == str(chat)

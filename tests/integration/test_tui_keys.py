@@ -19,6 +19,21 @@ from tui.app.screens.monitor import MonitorScreen
 from tui.app.screens.runs import RunsScreen
 
 
+class _FixedHost:
+    """The host's psutil reading, scripted (the hardware boundary): no scan of this machine's processes."""
+
+    def sample(self, pids_by_rank, owners=None):  # type: ignore[no-untyped-def]
+        return []
+
+
+def scripted_probe() -> Any:
+    """One scripted GPU at a fixed tick and a scripted host: the Devices screen reads nothing real."""
+    from runner.hardware import FakeNvml, NvmlBackend, Probe
+
+    return Probe(nvml=NvmlBackend(lib=FakeNvml.demo(1, pids=[], tick_s=None), host="box"),
+                 processes=_FixedHost())  # type: ignore[arg-type]
+
+
 def help_lines(app: Any) -> list[str]:
     return str(app.screen.query_one("#keys-body").render()).splitlines()
 
@@ -95,21 +110,25 @@ async def test_in_a_compose_field_digits_and_question_mark_type_and_f4_shows_com
         assert "question_mark" in footer_keys(app) and "f4" not in footer_keys(app)
 
 
-async def test_screen_keys_go_to_the_named_screen_from_every_screen(store: Store) -> None:
+async def test_screen_keys_and_the_palette_go_to_the_named_screen_from_every_screen(store: Store) -> None:
     run_id = add_finished_run(store, "alpha", 1e-3)
-    app = make_app(store)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.pause()
+    app = make_app(store, probe=scripted_probe(), fake_gpus=1)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        await wait_for(pilot, lambda: app.screen.query_one("DataTable").row_count == 1, what="the run listed")
+
+        def showing(screen: type) -> bool:
+            """``screen`` is in front with its first read on it (a Monitor's or Devices' from a worker)."""
+            return isinstance(app.screen, screen) and getattr(app.screen, "snapshot", True) is not None
 
         async def press(key: str, screen: type) -> None:
             await pilot.press(key)
-            await wait_for(pilot, lambda: isinstance(app.screen, screen), what=f"{key}: {screen.__name__}")
+            await wait_for(pilot, lambda: showing(screen), what=f"{key}: {screen.__name__}")
 
         app.open_run(run_id)
-        await wait_for(pilot, lambda: isinstance(app.screen, MonitorScreen), what="the monitor")
+        await wait_for(pilot, lambda: showing(MonitorScreen), what="the monitor")
         await press("f1", RunsScreen)
         app.open_run(run_id)
-        await wait_for(pilot, lambda: isinstance(app.screen, MonitorScreen), what="the monitor")
+        await wait_for(pilot, lambda: showing(MonitorScreen), what="the monitor")
         await press("f3", DevicesScreen)
         await press("f1", RunsScreen)  # Runs itself, not the Monitor under Devices
         assert len(app.screen_stack) == 1
@@ -119,22 +138,11 @@ async def test_screen_keys_go_to_the_named_screen_from_every_screen(store: Store
         assert len(app.screen_stack) == 1
         app.screen.focus_field("train.max_steps")
         await press("f1", RunsScreen)  # from a field, too
-
-
-async def test_the_palette_opens_devices_and_compare(store: Store) -> None:
-    from tui.app.screens.compare import CompareScreen
-
-    add_finished_run(store, "alpha", 1e-3)
-    add_finished_run(store, "beta", 2e-3)
-    app = make_app(store, refresh_s=0.2)
-    async with app.run_test(size=(120, 40)) as pilot:
-        runs = app.screen
-        await wait_for(pilot, lambda: runs.query_one("DataTable").row_count == 2, what="the runs listed")
-        commands = {c.title: c for c in app.get_system_commands(runs)}
+        # The palette has the Devices screen and Compare (of the runs selected on Runs) too.
+        commands = {c.title: c for c in app.get_system_commands(app.screen)}
         commands["Devices"].callback()
-        await wait_for(pilot, lambda: isinstance(app.screen, DevicesScreen), what="devices")
-        await pilot.press("escape")
-        await pilot.press("space", "down", "space")
-        await pilot.pause()
-        commands["Compare"].callback()
-        await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen), what="compare")
+        await wait_for(pilot, lambda: showing(DevicesScreen), what="devices")
+        commands["Compare"].callback()  # from Devices: back to Runs, which says what Compare needs
+        await wait_for(pilot, lambda: isinstance(app.screen, RunsScreen), what="runs")
+        await wait_for(pilot, lambda: any("select two runs" in str(t.render()) for t in app.screen.query("Toast")),
+                       what="the compare hint")
