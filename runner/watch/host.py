@@ -8,6 +8,7 @@ import socket
 
 from runner.hardware import Probe
 from runner.hardware.hostfacts import current
+from runner.spec import layout
 from runner.spec.recipe import Recipe
 
 
@@ -23,6 +24,17 @@ def runs_on_cpu(recipe: Recipe) -> bool:
     if recipe.launch.device == "cuda":
         return False
     return cuda_device_count() == 0
+
+
+def nproc_over_host(recipe: Recipe) -> str | None:
+    """Why the recipe's processes per machine are more than this host has devices for (None: they fit):
+    :func:`runner.spec.layout.host_nproc_problem` with this host's GPUs (those of ``launch.gpus`` where it
+    lists them) and cores. The pre-flight refuses it unless forced; Compose asks it as the form changes."""
+    facts = current()
+    listed = recipe.launch.gpus
+    gpus = len(listed) if listed is not None else facts.visible_gpus
+    return layout.host_nproc_problem(recipe.launch.nproc, runs_on_cpu(recipe), gpus, facts.cpu_cores,
+                                     listed=listed is not None)
 
 
 def cpu_threads(recipe: Recipe) -> int | None:

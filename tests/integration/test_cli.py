@@ -90,9 +90,11 @@ def test_dry_run_prints_the_launch_and_runs_nothing(ftui: Ftui, in_process) -> N
     assert config.is_file() and "distributed_type: FSDP" in config.read_text()
     recipe = (config.parent / "recipe.toml").read_text()
     assert "max_steps = 50" in recipe and 'strategy = "fsdp"' in recipe and "nproc = 2" in recipe
+    assert (ftui.home / "runs").resolve() not in config.parents, "the launch's files are written outside the runs folder"
     assert len(ftui.runs()) == before, "a dry run records nothing"
     text = in_process("run", str(QUICKSTART), "--dry-run").stdout
     assert "runner.rank.solo_launch" in text and "distributed_type: 'NO'" in text
+    assert not list((ftui.home / "runs").glob("dry-run-*")), "nothing is left in the runs folder"
 
 
 BAD_INPUTS = [

@@ -83,7 +83,7 @@ EXTRAS: dict[str, Plan] = {
     # Pipelines and tensor parallel beyond the sweep's pp (1F1B) and tp (one group of 2).
     "pp-gpipe": _core("--strategy", "pp", "--nproc", "2", "--set", 'launch.pp_schedule="gpipe"'),
     # Two tensor-parallel groups of 2 as data-parallel replicas, 1 row x 2 micro-steps each: the global batch.
-    "tp-dp": _core("--strategy", "tp", "--nproc", "4", "--set", "launch.tp_size=2",
+    "tp-dp": _core("--strategy", "tp", "--nproc", "4", "--force", "--set", "launch.tp_size=2",
                    "--set", f"train.batch_size={GLOBAL_BATCH // GRAD_ACCUM // 2}"),
     # The checkpointed run: every step, the newest 3 kept (the steps of its sweep twin, so the curves agree).
     "ck-fsdp": _core("--strategy", "fsdp", *DATA_PARALLEL, "--set", "train.save_every=1",

@@ -177,7 +177,7 @@ def snapshot(home: Path) -> tuple[str, list[str]]:
     store = Store(f"sqlite:///{home / 'ftui.db'}")
     rows = json.dumps([(r.id, r.name, r.status, r.tags, r.note) for r in store.list_runs()])
     store.close()
-    runs = sorted(p.name for p in (home / "runs").iterdir() if not p.name.startswith("dry-run")) \
+    runs = sorted(p.name for p in (home / "runs").iterdir()) \
         if (home / "runs").is_dir() else []
     return rows, runs
 

@@ -85,7 +85,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise UsageError(f"--strategies: no strategy named in {args.strategies!r} (e.g. single,ddp)")
     _output(args)
     try:
-        items = sw.plan_checked(args.recipe, strategies, args.nproc, args.overrides, args.grid, repeat=args.repeat)
+        items = sw.plan_checked(args.recipe, strategies, args.nproc, args.overrides, args.grid, repeat=args.repeat,
+                                force=args.force)
     except RecipeError as exc:
         raise UsageError(str(exc)) from None
     store = open_store(args, create=True)
@@ -112,7 +113,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     restore = stop.install()  # Ctrl-C/SIGTERM/SIGHUP stop the current run as in ftui run, and end the sweep
     try:
         _, results = sw.run_sweep(store, args.recipe, items, sweep_id=sweep_id, on_start=on_start, on_done=on_done,
-                                  on_event=live.on_event, stop=stop)
+                                  on_event=live.on_event, stop=stop, force=args.force)
     finally:
         live.end()
         restore()

@@ -206,6 +206,7 @@ def _run(sub: Any) -> None:
                      help="override any recipe field, e.g. --set train.max_steps=50 (repeatable)")
     run.add_argument("--name", help="override the recipe's name")
     run.add_argument("--dry-run", action="store_true", help="print the launch (argv, env, config) and run nothing")
+    _force_option(run)
     run.add_argument("--format", choices=["text", "json"], default="text")
     run.add_argument("--find-batch-size", action="store_true",
                      help="find the largest micro-batch that fits with short real runs, then stop")
@@ -227,11 +228,18 @@ def _run(sub: Any) -> None:
                     "run with the same recipe, strategy and process count, going on at the next step.")
     resume.add_argument("run_id", type=int, metavar="ID", help="the run to continue")
     _data_change_option(resume)
+    _force_option(resume)
     _watch_options(resume)
     _grace_option(resume)
     _node_options(resume)  # a multi-node run: the same command on each node (docs/multi-node.md)
     db_option(resume)
     resume.set_defaults(handler="tui.cli.run:cmd_resume")
+
+
+def _force_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--force", action="store_true",
+                        help="start more processes per machine than it has GPUs (on CPU: cores x 2); refused "
+                             "without it")
 
 
 def _data_change_option(parser: argparse.ArgumentParser) -> None:
@@ -353,6 +361,7 @@ def _compare(sub: Any) -> None:
                        help="sweep a field over values too (repeatable: the product)")
     sweep.add_argument("--repeat", type=positive_int, default=1, metavar="N",
                        help="run each strategy N times and report medians and spread (min-max)")
+    _force_option(sweep)
     _comparison_options(sweep)
     db_option(sweep)
     sweep.set_defaults(handler="tui.cli.compare:cmd_sweep")
