@@ -1,5 +1,5 @@
 """Compose under Textual's pilot over a real store and the repository's recipes: ctrl+o's file picker, the
-pre-flight's file checks behind "valid recipe", and Save writing only the changed fields into the loaded
+pre-flight's file and process-count checks behind "valid recipe", and Save writing only the changed fields into the loaded
 file's text (its comments kept)."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from textual.widgets import Input, OptionList
+from textual.widgets import Checkbox, Input, OptionList
 
+from runner.hardware.hostfacts import current
 from runner.spec.recipe import load_recipe
 from store import Store
 from tests.support import ROOT
@@ -75,7 +76,7 @@ async def test_ctrl_o_picks_a_recipe_leaves_a_field_focused_and_save_writes_only
     assert recipe.train.max_steps == 7 and recipe.launch.device == "cpu" and recipe.data.source == str(chat)
 
 
-async def test_valid_recipe_means_the_preflights_files_are_there(store: Store) -> None:
+async def test_valid_recipe_means_the_preflight_would_pass_its_files_and_process_count(store: Store) -> None:
     app = make_app(store)
     async with app.run_test(size=(120, 40)) as pilot:
         screen = await open_compose(pilot)
@@ -94,3 +95,16 @@ async def test_valid_recipe_means_the_preflights_files_are_there(store: Store) -
         model.value = "builtin:tiny-llama"
         await pilot.pause()
         assert screen.valid and "valid recipe" in str(screen.query_one("#form-status").render())
+        # More processes than this host takes (on CPU: cores x 2) are refused naming the field and the
+        # host's count, unless the force toggle is on.
+        cores = current().cpu_cores
+        screen.query_one("#" + field_id("launch.device")).value = "cpu"
+        screen.query_one("#" + field_id("launch.strategy")).value = "ddp"
+        screen.query_one("#" + field_id("launch.nproc"), Input).value = str(2 * cores + 1)
+        await pilot.pause()
+        error = str(screen.query_one("#err-" + field_id("launch.nproc")).render())
+        assert not screen.valid and f"{2 * cores + 1} processes" in error and f"{cores} core" in error
+        assert "force" in error and "launch.nproc" in str(screen.query_one("#form-status").render())
+        screen.query_one("#force", Checkbox).value = True
+        await pilot.pause()
+        assert screen.valid and screen.force

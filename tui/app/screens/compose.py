@@ -19,7 +19,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
+from textual.widgets import Button, Checkbox, Footer, Header, Input, Label, Select, Static
 from textual.worker import get_current_worker
 
 from runner import planner as E
@@ -28,6 +28,7 @@ from runner.spec import strategies
 from runner.spec.launch import build_launch
 from runner.spec.recipe import Recipe, RecipeError, parse_recipe
 from runner.spec.recipe_edit import changed_fields, edited_text, moved_paths
+from runner.watch.host import nproc_over_host
 from runner.watch.preflight import check_files
 from tui.app.messages import EstimateReady, LaunchFailed, PreviewReady, RunLaunched
 from tui.app.screens.modals import ConfirmScreen, PickFileScreen, PromptScreen
@@ -151,10 +152,18 @@ def split_error(exc: RecipeError) -> tuple[str, str]:
     return (exc.field, exc.problem) if exc.field else ("recipe", str(exc))
 
 
-def launch_problem(recipe: Recipe) -> tuple[str, str] | None:
+FORCE_HINT = "turn on force to start them anyway"
+"""How Compose goes on past the process-count guard (the command line's is ``--force``)."""
+
+
+def launch_problem(recipe: Recipe, force: bool = False) -> tuple[str, str] | None:
     """``(field.path, problem)`` of what the pre-flight would refuse in a recipe that validates, where it
-    can be known cheaply on every keystroke: a missing data file, model folder or accelerate config
-    (``runner.watch.preflight.check_files``). None: nothing to say."""
+    can be known cheaply on every keystroke: more processes than this host has devices for (unless
+    ``force``: ``runner.watch.host.nproc_over_host``), a missing data file, model folder or accelerate
+    config (``runner.watch.preflight.check_files``). None: nothing to say."""
+    over = None if force else nproc_over_host(recipe)
+    if over:
+        return "launch.nproc", f"{over.split(': ', 1)[1]}; {FORCE_HINT}"
     try:
         check_files(recipe)
     except RecipeError as exc:
@@ -222,6 +231,8 @@ class ComposeScreen(Screen[None]):
                         else:
                             yield Input(id=field_id(f.path), compact=True)
                         yield Static("", id="err-" + field_id(f.path), classes="field-error")
+                yield Checkbox("force: start more processes than this host has devices for", id="force",
+                               compact=True)
                 yield Button("Launch (ctrl+l)", id="launch", variant="success", compact=True)
             with VerticalScroll(id="side"):
                 yield Static("", id="form-status")
@@ -303,7 +314,7 @@ class ComposeScreen(Screen[None]):
                 active.pop(path, None)
         if recipe is not None:
             # What parses may still be refused by the pre-flight's file checks: named here, not at launch.
-            problem = launch_problem(recipe)
+            problem = launch_problem(recipe, self.force)
             if problem is not None and problem[0] in paths:
                 self.errors[problem[0]] = problem[1]
             elif problem is not None:
@@ -385,6 +396,14 @@ class ComposeScreen(Screen[None]):
 
     def on_select_changed(self, event: Select.Changed) -> None:
         self.validate()
+
+    def on_checkbox_changed(self, event: Checkbox.Changed) -> None:
+        self.validate()
+
+    @property
+    def force(self) -> bool:
+        """The force toggle: launch more processes than this host has devices for (``--force``)."""
+        return self.query_one("#force", Checkbox).value
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id == "recipe-path":
@@ -474,12 +493,13 @@ class ComposeScreen(Screen[None]):
             self.notify("not launched: the recipe does not validate", severity="error")
             return
         self.notify(f"launching {recipe.name} ({recipe.launch.strategy} × {recipe.launch.nproc})…", markup=False)
-        self.launch(recipe, self.recipe_path)
+        self.launch(recipe, self.recipe_path, self.force)
 
     @work(thread=True, group="launch")
-    def launch(self, recipe: Recipe, source: str) -> None:
+    def launch(self, recipe: Recipe, source: str, force: bool) -> None:
         try:
-            launched = launch.launch_detached(self.ftui.store, launch.LaunchRequest(recipe, source), self.ftui.fake_gpus)
+            launched = launch.launch_detached(self.ftui.store, launch.LaunchRequest(recipe, source), self.ftui.fake_gpus,
+                                              force=force)
         except (RecipeError, OSError) as exc:
             self.post_message(LaunchFailed(str(exc)))
             return
