@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -92,16 +94,18 @@ class KeysScreen(ModalScreen[None]):
         super().__init__()
         self.sections = sections
 
-    def body(self) -> Text:
-        """The list as text: one column of keys (as wide as the widest), one of what each does."""
+    def body(self, width: int) -> Text:
+        """The list as text ``width`` cells wide: a column of keys (as wide as the widest), then what each
+        does, wrapped under itself (a hanging indent), so that it reads at 80 columns."""
         rows = [row for _, section in self.sections for row in section]
-        width = min(max((len(k) for k, _ in rows), default=4) + 2, 26)
+        keys = min(max((len(k) for k, _ in rows), default=4) + 2, 26)
         out = Text()
         for heading, section in self.sections:
             out.append(f"{heading}\n", style="bold")
             for key, what in section:
-                out.append(f"  {key:<{width}}", style="bold cyan")
-                out.append(f"{what}\n")
+                out.append(f"  {key:<{keys}}", style="bold cyan")
+                lines = textwrap.wrap(what, max(20, width - keys - 2)) or [""]
+                out.append(("\n" + " " * (keys + 2)).join(lines) + "\n")
             out.append("\n")
         out.append("esc, ? or F4 closes; up/down, page up/down, home/end scroll", style="dim")
         return out
@@ -109,7 +113,8 @@ class KeysScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog", id="keys"):  # the first heading names the screen: no title row
             with VerticalScroll(id="keys-scroll"):
-                yield Label(self.body(), id="keys-body")
+                # the box: 76 columns or the terminal's width, less its border, padding and scrollbar
+                yield Label(self.body(min(76, self.app.size.width) - 6), id="keys-body")
 
     def on_mount(self) -> None:
         self.query_one("#keys-scroll").focus()
