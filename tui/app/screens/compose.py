@@ -217,7 +217,7 @@ class ComposeScreen(Screen[None]):
         yield Header()
         with Horizontal(id="compose"):
             with VerticalScroll(id="form"):
-                # Compact widgets (one row each, no border): at 80x24 the form shows 13 fields, not 4.
+                # Compact widgets (one row each, no border): at 80x24 the form shows a dozen fields, not 4.
                 with Horizontal(classes="file-row"):
                     yield Input(self.recipe_path, id="recipe-path", placeholder="recipe file", compact=True)
                     yield Button("Load", id="load", compact=True)
@@ -313,7 +313,7 @@ class ComposeScreen(Screen[None]):
                 self.errors[path] = msg
                 active.pop(path, None)
         if recipe is not None:
-            # What parses may still be refused by the pre-flight's file checks: named here, not at launch.
+            # What parses may still be refused by the pre-flight (files, process count): named here, not at launch.
             problem = launch_problem(recipe, self.force)
             if problem is not None and problem[0] in paths:
                 self.errors[problem[0]] = problem[1]
@@ -332,7 +332,7 @@ class ComposeScreen(Screen[None]):
         if recipe is None:
             status.update(Text(f"✗ {whole_error or 'fix the fields marked in red'}", style="red"))
         else:
-            status.update(Text(f"✓ valid recipe (its validator and the pre-flight's file checks) · {self.recipe_path}", style="green"))
+            status.update(Text(f"✓ valid recipe (its validator and the pre-flight's file and process checks) · {self.recipe_path}", style="green"))
         self.show_preview(recipe)
         return recipe
 
