@@ -151,7 +151,7 @@ class FtuiApp(App[int]):
         """``?`` or F4: the keys of the screen in front first, then the app's (``tui.app.keys``)."""
         if isinstance(self.screen, KeysScreen):
             return
-        self.push_screen(KeysScreen(help_sections(self.screen, self)))
+        self.push_screen(KeysScreen(help_sections(type(self.screen), type(self))))
 
     def action_goto(self, name: str) -> None:
         """F1-F3 (1-3 outside a text field): the named screen itself, from any screen. Runs and Compose

@@ -42,15 +42,12 @@ def binding_rows(bindings: Iterable[Any]) -> list[tuple[str, str]]:
     return [(" / ".join(keys), what) for keys, what in rows.values()]
 
 
-def screen_title(screen: Any) -> str:
-    return type(screen).__name__.removesuffix("Screen")
-
-
-def help_sections(screen: Any, app: Any) -> list[tuple[str, list[tuple[str, str]]]]:
-    """``[(heading, [(keys, what)])]``: the screen's own keys (its bindings, then any ``HELP_ROWS`` it
-    declares), the app's, then the text-field rule. The widgets' generic keys (a table's cursor, an
-    input's editing) are left out: they are the same in every Textual app."""
-    own = binding_rows(getattr(type(screen), "BINDINGS", [])) + list(getattr(screen, "HELP_ROWS", []))
-    app_rows = binding_rows(type(app).BINDINGS) + [PALETTE]
-    sections = [(f"{screen_title(screen)} keys", own)] if own else []
+def help_sections(screen: type, app: type) -> list[tuple[str, list[tuple[str, str]]]]:
+    """``[(heading, [(keys, what)])]`` for a screen class in an app class: the screen's own keys (its
+    bindings, then any ``HELP_ROWS`` it declares), the app's, then the text-field rule. The widgets'
+    generic keys (a table's cursor, an input's editing) are left out: they are the same in every
+    Textual app."""
+    own = binding_rows(getattr(screen, "BINDINGS", [])) + list(getattr(screen, "HELP_ROWS", []))
+    app_rows = binding_rows(app.BINDINGS) + [PALETTE]  # type: ignore[attr-defined]
+    sections = [(f"{screen.__name__.removesuffix('Screen')} keys", own)] if own else []
     return [*sections, ("Screens and the app", app_rows), ("Text fields", list(TEXT_FIELD_RULE))]
