@@ -2,7 +2,8 @@
 
 Pure checks, no torch: the recipe validator calls :func:`recipe_problem`, and :func:`microbatches` says how
 many micro-batches a pipelined run cuts each batch into. The training loops are :mod:`runner.rank.pipeline`
-and :mod:`runner.rank.tensor_parallel`.
+and :mod:`runner.rank.tensor_parallel`. Also how many processes one machine takes, whatever the layout
+(:func:`host_nproc_problem`).
 """
 
 from __future__ import annotations
@@ -117,9 +118,11 @@ def host_nproc_problem(nproc: int, on_cpu: bool, gpus: int, cpu_cores: int, list
     The one place that decides it, for ``ftui run``, ``sweep``, ``resume``, ``--dry-run`` and Compose alike.
     ``nproc`` is per machine (``launch.nproc``; a multi-node run checks it on each node against that node),
     ``gpus`` the GPUs the ranks will see (``listed``: those ``launch.gpus`` names), ``cpu_cores`` the physical
-    cores. The line names the field and the
-    host's count; the caller adds how to go on anyway (``--force``, or Compose's toggle).
+    cores. The line names the field and the host's count; the caller adds how to go on anyway (``--force``,
+    or Compose's toggle). This host's figures for a recipe: :func:`runner.watch.host.nproc_over_host`.
     """
+    if not on_cpu and gpus == 0:  # a GPU run with no GPU here: the device's own check says so
+        return None
     limit = host_nproc_limit(on_cpu, gpus, cpu_cores)
     if nproc <= limit:
         return None

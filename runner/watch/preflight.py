@@ -19,6 +19,7 @@ from runner.data.rows import DataError, check_source
 from runner.hardware import check_gpus_free, visible_mapping
 from runner.hardware.disks import filesystem_of
 from runner.planner import DEFAULT_RESERVE, checkpoint_bytes, inputs_from_recipe, parse_bytes
+from runner.planner.hub import hub_model_problem
 from runner.spec import layout, strategies, zero
 from runner.spec.builtin import BUILTIN_PREFIX, TINY_LLAMA_LINEAR
 from runner.spec.checkpoint import CheckpointError, check_resume
@@ -26,7 +27,7 @@ from runner.spec.paths import FolderError, check_runs_dir, runs_dir
 from runner.spec.recipe import Recipe, RecipeError
 from runner.spec.script import check_script
 from runner.watch.estimate import estimate_summary
-from runner.watch.host import cuda_device_count, hub_model_problem, nproc_over_host, probe_for, runs_on_cpu
+from runner.watch.host import cuda_device_count, nproc_over_host, probe_for, runs_on_cpu
 
 
 class PreflightError(RecipeError):

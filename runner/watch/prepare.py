@@ -20,7 +20,7 @@ from runner.spec.recipe import Recipe, load_recipe
 from runner.spec.rendezvous import NodeSpec
 from runner.spec.run_record import update_record
 from runner.spec.script import store_method, store_model
-from runner.watch.estimate import estimate_summary
+from runner.watch.estimate import estimate_summary, trainable_count
 from runner.watch.host import cpu_threads, free_port
 from runner.watch.identity import record_watcher
 from runner.watch.preflight import PreflightError, check_room, preflight
@@ -175,7 +175,8 @@ def record_summary(store: Store, run_id: int, run_dir: Path, summary: dict[str, 
 
 def write_launch(recipe: Recipe, run_dir: Path, port: int, nodes: NodeSpec | None) -> LaunchSpec:
     """Build the launch of ``recipe`` and write its files and ``launch.json`` into ``run_dir``."""
-    spec = build_launch(recipe, run_dir, port=port, cpu_threads=cpu_threads(recipe), nodes=nodes)
+    spec = build_launch(recipe, run_dir, port=port, cpu_threads=cpu_threads(recipe), nodes=nodes,
+                        trainable=trainable_count(recipe))
     for name, text in spec.files.items():
         (run_dir / name).write_text(text)
     (run_dir / ev.LAUNCH_FILE).write_text(json.dumps(spec.to_json(), indent=2) + "\n")

@@ -39,6 +39,7 @@ def test_the_limit_is_one_process_per_gpu_and_on_cpu_two_per_core() -> None:
     assert host_nproc_problem(9, on_cpu=False, gpus=8, cpu_cores=2) == (
         "launch.nproc (--nproc): 9 processes, but this host has 8 GPUs (one process per GPU)")
     assert host_nproc_problem(4, on_cpu=True, gpus=0, cpu_cores=2) is None
+    assert host_nproc_problem(2, on_cpu=False, gpus=0, cpu_cores=2) is None, "no GPU: launch.device's problem"
     assert host_nproc_problem(64, on_cpu=True, gpus=0, cpu_cores=2) == (
         "launch.nproc (--nproc): 64 processes, but this host trains on CPU with 2 cores (at most 4 processes: "
         "2 per core)")
@@ -139,3 +140,19 @@ def test_a_resume_refuses_too_many_processes_unless_forced(home: Path, capsys: p
         assert forced.returncode == 2 and forced.stderr.startswith("ftui: data.source") and "nproc" not in forced.stderr
     finally:
         store.close()
+
+
+def test_a_slurm_job_asking_more_ranks_than_gpus_per_node_is_refused_unless_forced(
+        home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """What the job asks of SLURM is checked on the login node; the nodes' own pre-flight checks the rest
+    (their devices are not this machine's), and --force is passed on to it."""
+    script = home / "job.sbatch"
+    argv = ["slurm", str(QUICKSTART), "--nodes", "2", "--gpus-per-node", "2", "--nproc-per-node", "4",
+            "--strategy", "ddp", "-o", str(script), "--db", f"sqlite:///{home / 'ftui.db'}"]
+    result = run_in_process(capsys, *argv)
+    assert result.returncode == 2 and not script.exists()
+    assert result.stderr.strip() == ("ftui: --nproc-per-node: 4 ranks per machine, but --gpus-per-node 2 (one "
+                                     "process per GPU); lower it, or pass --force to start them anyway")
+    assert run_in_process(capsys, *argv, "--force").returncode == 0
+    node_command = script.read_text()
+    assert '--run-key "slurm-$SLURM_JOB_ID" --force' in node_command and "--nproc 4" in node_command

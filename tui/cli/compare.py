@@ -89,6 +89,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                                 force=args.force)
     except RecipeError as exc:
         raise UsageError(str(exc)) from None
+    if args.dry_run:  # checked like a real sweep; nothing recorded, no run folder
+        for n, item in enumerate(items, 1):
+            grid = f" [{item.grid}]" if item.grid else ""
+            print(f"{n}. {item.strategy} x {item.nproc}{grid} · {item.note}")
+        return ExitCode.OK
     store = open_store(args, create=True)
     console = Console(highlight=False, stderr=args.format != "text" and args.output is None)
     sweep_id = sw.new_sweep_id()
