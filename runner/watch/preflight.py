@@ -77,6 +77,7 @@ def preflight(recipe: Recipe, allow_data_change: bool = False, dry_run: bool = F
     if recipe.launch.script is not None:  # a script run: the script owns its model and data
         return _script_preflight(recipe)
     warnings: list[str] = []
+    check_files(recipe)
     try:
         _check_model(recipe)  # before the data step, which loads a model folder's tokenizer
     except ModelNotHereError as exc:
@@ -87,13 +88,6 @@ def preflight(recipe: Recipe, allow_data_change: bool = False, dry_run: bool = F
     problem = None if rows is None else layout.batch_problem(recipe, rows)
     if problem:
         raise PreflightError(problem, field="train.batch_size", problem=problem.split(": ", 1)[1])
-    try:
-        check_source(recipe.data.source)
-    except DataError as exc:
-        raise PreflightError(str(exc)) from None
-    config = recipe.launch.accelerate_config
-    if config is not None and not Path(config).expanduser().is_file():
-        raise PreflightError(f"launch.accelerate_config: {config}: no such file")
     _check_device(recipe, fake_gpus)
     on_cpu = runs_on_cpu(recipe)
     if recipe.method.type == "qlora" and on_cpu:
@@ -112,6 +106,39 @@ def preflight(recipe: Recipe, allow_data_change: bool = False, dry_run: bool = F
     if recipe.train.resume_from is not None:
         _check_resume(recipe, allow_data_change)
     return warnings
+
+
+def check_files(recipe: Recipe) -> None:
+    """The files and folders the recipe names exist: the data (and eval data) file, a model folder with
+    its ``config.json``, the accelerate config. Cheap (a few stats, nothing read): Compose asks it on
+    every change, so that "valid recipe" means what the pre-flight will find; :func:`preflight` reads the
+    data itself after this.
+
+    Raises:
+        PreflightError: one line naming the field and the missing file or folder.
+    """
+    if recipe.launch.script is not None:
+        return  # a script run: check_script owns its files
+    try:
+        check_source(recipe.data.source)
+        if recipe.data.eval_source is not None:
+            check_source(recipe.data.eval_source, "data.eval_source")
+    except DataError as exc:
+        field, _, problem = str(exc).partition(": ")
+        raise PreflightError(str(exc), field=field, problem=problem) from None
+    name = recipe.model.name
+    if _is_local_model(name) and not (Path(name).expanduser() / "config.json").is_file():
+        problem = f"{name}: not a model folder (no config.json)"
+        raise PreflightError(f"model.name: {problem}", field="model.name", problem=problem)
+    config = recipe.launch.accelerate_config
+    if config is not None and not Path(config).expanduser().is_file():
+        raise PreflightError(f"launch.accelerate_config: {config}: no such file", field="launch.accelerate_config",
+                             problem=f"{config}: no such file")
+
+
+def _is_local_model(name: str) -> bool:
+    """A model folder rather than a hub id: a path-like name, or one that exists here."""
+    return name.startswith(("/", ".", "~")) or os.sep in name and Path(name).exists()
 
 
 FORCE_HINT = "lower it, or pass --force to start them anyway"
@@ -142,7 +169,7 @@ def _check_model(recipe: Recipe) -> None:
     """The model is there to load: the builtin one, a model folder, or a hub id in the Hugging Face cache or
     on a reachable hub; and the builtin model has the LoRA target modules named."""
     name = recipe.model.name
-    local = name.startswith(("/", ".", "~")) or os.sep in name and Path(name).exists()
+    local = _is_local_model(name)
     if recipe.model.revision is not None and (local or name.startswith(BUILTIN_PREFIX)):
         raise PreflightError(f"model.revision: {name[:200]} is not a hub model; a revision pins a hub id only")
     if name.startswith(BUILTIN_PREFIX):
@@ -152,9 +179,7 @@ def _check_model(recipe: Recipe) -> None:
                                  f"(its linear layers: {', '.join(TINY_LLAMA_LINEAR)})")
         return
     if local:
-        if not (Path(name).expanduser() / "config.json").is_file():
-            raise PreflightError(f"model.name: {name}: not a model folder (no config.json)")
-        return
+        return  # check_files found its config.json
     problem = hub_model_problem(name, recipe.model.revision)
     if problem:
         raise ModelNotHereError(f"model.name: {name}: {problem}", field="model.name", problem=problem)

@@ -186,7 +186,8 @@ async def test_compose_save_and_load(store: Store, tmp_path: Path) -> None:
 
         assert load_recipe(path).train.max_steps == 7
         screen.query_one("#" + field_id("train.max_steps"), Input).value = "9"
-        await pilot.press("ctrl+o")
+        screen.query_one("#recipe-path", Input).focus()
+        await pilot.press("enter")  # enter in the file field loads the file it names
         await pilot.pause()
         assert screen.query_one("#" + field_id("train.max_steps"), Input).value == "7"
 

@@ -205,7 +205,7 @@ async def test_runs_screen_hint_keys_help_and_live_step(store: Store) -> None:
         assert hint.display and "ftui run recipes/quickstart.toml" in str(hint.render())
         await pilot.press("question_mark")
         await wait_for(pilot, lambda: isinstance(app.screen, KeysScreen), what="keys")
-        keys = str(app.screen.query_one("Label").render())
+        keys = str(app.screen.query_one("#keys-body").render())
         assert "Compare" in keys and "Devices" in keys and "3" in keys
         await pilot.press("escape")
         assert isinstance(app.screen, RunsScreen)

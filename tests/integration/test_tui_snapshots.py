@@ -240,3 +240,57 @@ def test_runs_empty(snap_compare, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=before)
+
+
+async def _open_monitor(pilot, run_id: int) -> None:  # type: ignore[no-untyped-def]
+    await settle(pilot)
+    pilot.app.open_run(run_id)
+    for _ in range(50):  # the monitor's first read lands from a worker thread
+        if getattr(pilot.app.screen, "snapshot", None) is not None:
+            break
+        await pilot.pause(0.1)
+    await settle(pilot)
+
+
+async def _modal(pilot, key: str) -> None:  # type: ignore[no-untyped-def]
+    """Press ``key`` and wait for the modal it opens to be on screen and painted."""
+    from textual.screen import ModalScreen
+
+    await pilot.press(key)
+    for _ in range(50):
+        if isinstance(pilot.app.screen, ModalScreen):
+            break
+        await pilot.pause(0.1)
+    await pilot.pause()
+    await pilot.pause()
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("where", ["runs", "monitor"])
+def test_keys(snap_compare, store: Store, size, where) -> None:  # type: ignore[no-untyped-def]
+    """? lists the screen's own keys first, then the app's, inside the terminal (it scrolls at 80x24)."""
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        await (_open_monitor(pilot, 1) if where == "monitor" else settle(pilot))
+        await _modal(pilot, "question_mark")
+
+    assert snap_compare(app_for(store), terminal_size=size, run_before=before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_stop_confirmation(snap_compare, store: Store, size) -> None:  # type: ignore[no-untyped-def]
+    """s on the Monitor of a running run asks first; the question wraps inside 80 columns."""
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        await _open_monitor(pilot, 4)
+        await _modal(pilot, "s")
+
+    assert snap_compare(app_for(store), terminal_size=size, run_before=before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_delete_confirmation(snap_compare, store: Store, size) -> None:  # type: ignore[no-untyped-def]
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        await settle(pilot)
+        await pilot.press("down")  # run 3: the newest (run 4) is running, which d refuses
+        await _modal(pilot, "d")
+
+    assert snap_compare(app_for(store), terminal_size=size, run_before=before)

@@ -18,6 +18,7 @@ from runner.spec import watching
 from runner.spec.paths import default_db_url
 from store import RunInfo, Store, StoreError
 from store.store import utcnow
+from tui.app.keys import help_sections
 from tui.app.messages import CompareRuns, LaunchFailed, Notice, OpenRun, RunLaunched
 from tui.app.screens.modals import KeysScreen
 from tui.app.screens.runs import RunsScreen
@@ -41,11 +42,17 @@ class FtuiApp(App[int]):
     MODES = {"runs": RunsScreen, "compose": _compose_screen}
     DEFAULT_MODE = "runs"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    # The key rule: F-keys, ctrl+ keys and esc act on every screen, in a text field too; letters, digits,
+    # ? and / act only when no text field has focus (in a field they type: Textual drops a binding whose
+    # key the focused Input consumes). So each screen key has an F-key, and the footer shows the key that
+    # works at that moment (F4 for the keys once ? types).
+    # The footer lists the screen's keys, then these in this order: Keys first, so that at 80 columns the
+    # way to every other key is on screen.
     BINDINGS = [
-        Binding("f1,1", "switch_mode('runs')", "Runs"),
-        Binding("f2,2", "switch_mode('compose')", "Compose"),
-        Binding("f3,3", "devices", "Devices"),
-        Binding("question_mark", "keys", "Keys"),
+        Binding("question_mark,f4", "keys", "Keys", tooltip="the keys of this screen, then the app's"),
+        Binding("f1,1", "goto('runs')", "Runs", tooltip="the Runs screen, from any screen"),
+        Binding("f2,2", "goto('compose')", "Compose", tooltip="the Compose screen, from any screen"),
+        Binding("f3,3", "goto('devices')", "Devices", tooltip="the Devices screen, from any screen"),
         Binding("b", "toggle_notify", "Bell on run end", show=False),
         Binding("q", "quit", "Quit"),
     ]
@@ -119,9 +126,16 @@ class FtuiApp(App[int]):
             self.call_from_thread(leave)
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
-        yield SystemCommand("Runs", "Every run in the store", lambda: self.switch_mode("runs"))
-        yield SystemCommand("Compose", "Build, validate and launch a recipe", lambda: self.switch_mode("compose"))
+        # Textual's "Keys" shows the focused widget's keys (an Input's editing keys on Compose): ours
+        # lists the screen's keys first, as ? does.
+        yield from (c for c in super().get_system_commands(screen) if c.title != "Keys")
+        yield SystemCommand("Keys", "The keys of this screen, then the app's (? or F4)", self.action_keys)
+        yield SystemCommand("Runs", "Every run in the store (F1)", lambda: self.action_goto("runs"))
+        yield SystemCommand("Compose", "Build, validate and launch a recipe (F2)", lambda: self.action_goto("compose"))
+        yield SystemCommand("Devices", "Every GPU, or the host, and what runs on it (F3)",
+                            lambda: self.action_goto("devices"))
+        yield SystemCommand("Compare", "Compare the runs selected on the Runs screen (space selects)",
+                            self.compare_selected)
         from tui.app.screens.compose import FIELDS, ComposeScreen  # deferred: pydantic
 
         if isinstance(screen, ComposeScreen):
@@ -134,28 +148,35 @@ class FtuiApp(App[int]):
                                 lambda run_id=run.id: self.open_run(run_id))
 
     def action_keys(self) -> None:
-        """``?``: the keys of the screen in front, then the app's (from the bindings themselves)."""
+        """``?`` or F4: the keys of the screen in front first, then the app's (``tui.app.keys``)."""
         if isinstance(self.screen, KeysScreen):
             return
-        keys: list[tuple[str, str]] = []
-        seen: set[str] = set()
-        names = {"question_mark": "?", "slash": "/", "escape": "esc"}
-        for active in self.screen.active_bindings.values():
-            binding = active.binding
-            what = binding.description or binding.action
-            if binding.action in seen or not binding.show and not binding.description:
-                continue
-            seen.add(binding.action)
-            keys.append((" / ".join(names.get(k.strip(), k.strip()) for k in binding.key.split(",")), what))
-        title = type(self.screen).__name__.removesuffix("Screen")
-        self.push_screen(KeysScreen(f"Keys: {title}", keys))
+        self.push_screen(KeysScreen(help_sections(type(self.screen), type(self))))
 
-    def action_devices(self) -> None:
+    def action_goto(self, name: str) -> None:
+        """F1-F3 (1-3 outside a text field): the named screen itself, from any screen. Runs and Compose
+        are modes: their screen comes back with what was opened over it (a Monitor, Devices) closed.
+        Devices opens over the screen in front (esc goes back there)."""
+        if name == "devices":
+            self._show_devices()
+            return
+        self.switch_mode(name)
+        while len(self.screen_stack) > 1:
+            self.pop_screen()
+
+    def _show_devices(self) -> None:
         # deferred: plotext (the bars' library), and pydantic through the probe
         from tui.app.screens.devices import DevicesScreen
 
         if not isinstance(self.screen, DevicesScreen):
             self.push_screen(DevicesScreen())
+
+    def compare_selected(self) -> None:
+        """The palette's Compare: the runs selected on the Runs screen, side by side."""
+        self.action_goto("runs")
+        runs = self.screen
+        if isinstance(runs, RunsScreen):
+            runs.action_compare()
 
     def action_toggle_notify(self) -> None:
         self.notify_on_end = not self.notify_on_end

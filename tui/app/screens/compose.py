@@ -19,7 +19,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
+from textual.widgets import Button, Checkbox, Footer, Header, Input, Label, Select, Static
 from textual.worker import get_current_worker
 
 from runner import planner as E
@@ -27,8 +27,11 @@ from runner.service import launch
 from runner.spec import strategies
 from runner.spec.launch import build_launch
 from runner.spec.recipe import Recipe, RecipeError, parse_recipe
+from runner.spec.recipe_edit import changed_fields, edited_text, moved_paths
+from runner.watch.host import nproc_over_host
+from runner.watch.preflight import check_files
 from tui.app.messages import EstimateReady, LaunchFailed, PreviewReady, RunLaunched
-from tui.app.screens.modals import ConfirmScreen, PromptScreen
+from tui.app.screens.modals import ConfirmScreen, PickFileScreen, PromptScreen
 from tui.render.report import fmt_bytes
 
 if TYPE_CHECKING:
@@ -138,10 +141,34 @@ def estimate_text(recipe: Recipe, probe: Any) -> Text:
     return out
 
 
+def recipe_files(root: Path) -> list[str]:
+    """The TOML files under ``root/recipes``, as paths relative to ``root`` (what ctrl+o offers)."""
+    return sorted(str(p.relative_to(root)) for p in (root / "recipes").rglob("*.toml") if p.is_file())
+
+
 def split_error(exc: RecipeError) -> tuple[str, str]:
     """``(field.path, problem)`` of a RecipeError (its attributes); ``("recipe", line)`` when the
     problem names no field."""
     return (exc.field, exc.problem) if exc.field else ("recipe", str(exc))
+
+
+FORCE_HINT = "turn on force to start them anyway"
+"""How Compose goes on past the process-count guard (the command line's is ``--force``)."""
+
+
+def launch_problem(recipe: Recipe, force: bool = False) -> tuple[str, str] | None:
+    """``(field.path, problem)`` of what the pre-flight would refuse in a recipe that validates, where it
+    can be known cheaply on every keystroke: more processes than this host has devices for (unless
+    ``force``: ``runner.watch.host.nproc_over_host``), a missing data file, model folder or accelerate
+    config (``runner.watch.preflight.check_files``). None: nothing to say."""
+    over = None if force else nproc_over_host(recipe)
+    if over:
+        return "launch.nproc", f"{over.split(': ', 1)[1]}; {FORCE_HINT}"
+    try:
+        check_files(recipe)
+    except RecipeError as exc:
+        return split_error(exc)
+    return None
 
 
 def _parses(base_text: str, item: str, base_dir: Path) -> bool:
@@ -157,9 +184,11 @@ class ComposeScreen(Screen[None]):
 
     BINDINGS = [
         Binding("ctrl+l", "launch", "Launch", priority=True),
-        Binding("ctrl+s", "save", "Save TOML", priority=True),
-        Binding("ctrl+o", "load", "Load file", priority=True),
+        Binding("ctrl+s", "save", "Save", priority=True, tooltip="save the recipe as TOML: the fields that "
+                "differ from the loaded file, its comments kept"),
+        Binding("ctrl+o", "pick", "Open", priority=True, tooltip="open a recipe file (those under ./recipes)"),
     ]
+    HELP_ROWS = [("enter (file name)", "load the file named in the top field")]
 
     recipe_path: reactive[str] = reactive("recipes/quickstart.toml")
     """The recipe file the form was loaded from (Save proposes a new file, never this one silently)."""
@@ -172,6 +201,8 @@ class ComposeScreen(Screen[None]):
         self.base_dir = Path.cwd()
         """Relative paths of base_text are taken from here (the loaded file's folder)."""
         self.recipe: Recipe | None = None
+        self.base_recipe: Recipe | None = None
+        """The loaded file's recipe: Save writes the fields that differ from it into that file's text."""
         self.errors: dict[str, str] = {}
         self.preview_generation = 0
         """Counts the form's states that asked for a launch preview (an older one arriving late is dropped)."""
@@ -186,19 +217,23 @@ class ComposeScreen(Screen[None]):
         yield Header()
         with Horizontal(id="compose"):
             with VerticalScroll(id="form"):
+                # Compact widgets (one row each, no border): at 80x24 the form shows a dozen fields, not 4.
                 with Horizontal(classes="file-row"):
-                    yield Input(self.recipe_path, id="recipe-path", placeholder="recipe file")
-                    yield Button("Load", id="load")
-                    yield Button("Save", id="save")
+                    yield Input(self.recipe_path, id="recipe-path", placeholder="recipe file", compact=True)
+                    yield Button("Load", id="load", compact=True)
+                    yield Button("Save", id="save", compact=True)
                 for f in FIELDS:
                     with Horizontal(classes="field"):
                         yield Label(f.label, classes="field-label")
                         if f.kind in ("choice", "bool"):
-                            yield Select([(c, c) for c in f.choices], id=field_id(f.path), allow_blank=False)
+                            yield Select([(c, c) for c in f.choices], id=field_id(f.path), allow_blank=False,
+                                         compact=True)
                         else:
-                            yield Input(id=field_id(f.path))
+                            yield Input(id=field_id(f.path), compact=True)
                         yield Static("", id="err-" + field_id(f.path), classes="field-error")
-                yield Button("Launch (ctrl+l)", id="launch", variant="success")
+                yield Checkbox("force: start more processes than this host has devices for", id="force",
+                               compact=True)
+                yield Button("Launch (ctrl+l)", id="launch", variant="success", compact=True)
             with VerticalScroll(id="side"):
                 yield Static("", id="form-status")
                 yield Static("", id="preview")
@@ -220,6 +255,7 @@ class ComposeScreen(Screen[None]):
             return
         self.base_text = text
         self.base_dir = base_dir
+        self.base_recipe = recipe
         self.recipe_path = path
         with self.prevent(Input.Changed, Select.Changed):
             for f in FIELDS:
@@ -276,6 +312,13 @@ class ComposeScreen(Screen[None]):
                     break
                 self.errors[path] = msg
                 active.pop(path, None)
+        if recipe is not None:
+            # What parses may still be refused by the pre-flight (files, process count): named here, not at launch.
+            problem = launch_problem(recipe, self.force)
+            if problem is not None and problem[0] in paths:
+                self.errors[problem[0]] = problem[1]
+            elif problem is not None:
+                other = f"{problem[0]}: {problem[1]}"
         if self.errors or other:
             recipe = None
         whole_error = other or next((f"{p}: {m}" for p, m in self.errors.items()), "")
@@ -289,7 +332,7 @@ class ComposeScreen(Screen[None]):
         if recipe is None:
             status.update(Text(f"✗ {whole_error or 'fix the fields marked in red'}", style="red"))
         else:
-            status.update(Text(f"✓ valid recipe (validated by runner.spec.recipe) · {self.recipe_path}", style="green"))
+            status.update(Text(f"✓ valid recipe (its validator and the pre-flight's file and process checks) · {self.recipe_path}", style="green"))
         self.show_preview(recipe)
         return recipe
 
@@ -354,6 +397,14 @@ class ComposeScreen(Screen[None]):
     def on_select_changed(self, event: Select.Changed) -> None:
         self.validate()
 
+    def on_checkbox_changed(self, event: Checkbox.Changed) -> None:
+        self.validate()
+
+    @property
+    def force(self) -> bool:
+        """The force toggle: launch more processes than this host has devices for (``--force``)."""
+        return self.query_one("#force", Checkbox).value
+
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id == "recipe-path":
             self.action_load()
@@ -365,6 +416,19 @@ class ComposeScreen(Screen[None]):
 
     def action_load(self) -> None:
         self.load(self.query_one("#recipe-path", Input).value)
+
+    def action_pick(self) -> None:
+        """ctrl+o: pick a recipe file under ./recipes; it is loaded and the first field focused (typed
+        letters then edit the form, never the app's keys)."""
+        def picked(path: str | None) -> None:
+            if path:
+                self.query_one("#recipe-path", Input).value = path
+                self.load(path)
+                self.focus_field(FIELDS[0].path)
+
+        self.app.push_screen(PickFileScreen("Open a recipe (enter opens, escape cancels)", recipe_files(Path.cwd()),
+                                            "No recipe file under ./recipes: type a path in the top field "
+                                            "and press enter (escape closes)"), picked)
 
     def save_target(self, recipe: Recipe) -> str:
         """Where Save proposes to write: ``recipes/<name>.toml`` under the current folder, never the
@@ -391,8 +455,8 @@ class ComposeScreen(Screen[None]):
             path = Path(answer.strip()).expanduser()
             if path.exists():
                 same = path.resolve() == Path(self.recipe_path).expanduser().resolve()
-                question = (f"Overwrite {path}? " + ("It is the file the form was loaded from: its comments "
-                            "and layout are lost." if same else "Its contents are replaced."))
+                question = (f"Overwrite {path}? " + ("It is the file the form was loaded from: the changed "
+                            "fields are written into it, its comments kept." if same else "Its contents are replaced."))
 
                 def confirmed(yes: bool | None) -> None:
                     if yes:
@@ -405,10 +469,19 @@ class ComposeScreen(Screen[None]):
         self.app.push_screen(PromptScreen("Save the recipe as (a new file; enter saves, escape cancels)",
                                           self.save_target(recipe)), chosen)
 
+    def recipe_text(self, recipe: Recipe, path: Path) -> str:
+        """The TOML Save writes to ``path``: the loaded file's text with only the fields that differ set,
+        its comments kept; its relative paths made absolute when ``path`` is in another folder."""
+        base = self.base_recipe or parse_recipe(self.base_text, source="form", base_dir=self.base_dir)
+        changes = moved_paths(self.base_text, base, self.base_dir, path.parent)
+        changes.update(changed_fields(base, recipe, [f.path for f in FIELDS]))
+        return edited_text(self.base_text, changes)
+
     def write_recipe(self, recipe: Recipe, path: Path) -> None:
         try:
+            text = self.recipe_text(recipe, path)
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(recipe.to_toml())
+            path.write_text(text)
         except OSError as exc:
             self.notify(f"{path}: {exc.strerror}", severity="error", markup=False)
             return
@@ -420,12 +493,13 @@ class ComposeScreen(Screen[None]):
             self.notify("not launched: the recipe does not validate", severity="error")
             return
         self.notify(f"launching {recipe.name} ({recipe.launch.strategy} × {recipe.launch.nproc})…", markup=False)
-        self.launch(recipe, self.recipe_path)
+        self.launch(recipe, self.recipe_path, self.force)
 
     @work(thread=True, group="launch")
-    def launch(self, recipe: Recipe, source: str) -> None:
+    def launch(self, recipe: Recipe, source: str, force: bool) -> None:
         try:
-            launched = launch.launch_detached(self.ftui.store, launch.LaunchRequest(recipe, source), self.ftui.fake_gpus)
+            launched = launch.launch_detached(self.ftui.store, launch.LaunchRequest(recipe, source), self.ftui.fake_gpus,
+                                              force=force)
         except (RecipeError, OSError) as exc:
             self.post_message(LaunchFailed(str(exc)))
             return

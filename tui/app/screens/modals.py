@@ -1,12 +1,16 @@
-"""Modal dialogs: confirm, and ask for one line of text."""
+"""Modal dialogs: confirm, ask for one line of text, pick a file, list the keys."""
 
 from __future__ import annotations
 
+import textwrap
+
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label
+from textual.widgets import Button, Input, Label, OptionList
+from textual.widgets.option_list import Option
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -54,28 +58,66 @@ class PromptScreen(ModalScreen[str | None]):
         self.dismiss(None)
 
 
-class KeysScreen(ModalScreen[None]):
-    """``?``: every key of the screen below and of the app, with what it does (any key closes)."""
+class PickFileScreen(ModalScreen[str | None]):
+    """Pick one of ``paths`` (ctrl+o on Compose: the recipe files under ./recipes); enter or a click
+    picks, escape cancels. Paths are shown as text, never markup."""
 
-    BINDINGS = [Binding("escape,question_mark,q", "close", "Close")]
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, title: str, keys: list[tuple[str, str]]) -> None:
+    def __init__(self, question: str, paths: list[str], empty: str) -> None:
         super().__init__()
-        self.title_text = title
-        self.keys = keys
+        self.question = question
+        self.paths = paths
+        self.empty = empty
+        """What the box says when there is no file to pick."""
 
     def compose(self) -> ComposeResult:
-        from rich.text import Text
+        with Vertical(classes="dialog", id="pick"):
+            yield Label(self.question if self.paths else self.empty, markup=False)
+            if self.paths:
+                yield OptionList(*(Option(Text(path)) for path in self.paths), id="pick-list")
 
-        body = Text()
-        body.append(f"{self.title_text}\n\n", style="bold")
-        width = max((len(k) for k, _ in self.keys), default=4) + 2
-        for key, what in self.keys:
-            body.append(f"{key:<{width}}", style="bold cyan")
-            body.append(f"{what}\n")
-        body.append("\nescape or ? closes; ctrl+p opens the command palette", style="dim")
-        with Vertical(classes="dialog", id="keys"):
-            yield Label(body)
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(self.paths[event.option_index])
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class KeysScreen(ModalScreen[None]):
+    """``?`` or F4: the keys of the screen below, then the app's, in a box that fits 80x24 and scrolls
+    (up, down, page up, page down, home, end and the mouse wheel); esc, ?, F4 or q closes it."""
+
+    BINDINGS = [Binding("escape,question_mark,f4,q", "close", "Close")]
+
+    def __init__(self, sections: list[tuple[str, list[tuple[str, str]]]]) -> None:
+        super().__init__()
+        self.sections = sections
+
+    def body(self, width: int) -> Text:
+        """The list as text ``width`` cells wide: a column of keys (as wide as the widest), then what each
+        does, wrapped under itself (a hanging indent), so that it reads at 80 columns."""
+        rows = [row for _, section in self.sections for row in section]
+        keys = min(max((len(k) for k, _ in rows), default=4) + 2, 26)
+        out = Text()
+        for heading, section in self.sections:
+            out.append(f"{heading}\n", style="bold")
+            for key, what in section:
+                out.append(f"  {key:<{keys}}", style="bold cyan")
+                lines = textwrap.wrap(what, max(20, width - keys - 2)) or [""]
+                out.append(("\n" + " " * (keys + 2)).join(lines) + "\n")
+            out.append("\n")
+        out.append("esc, ? or F4 closes; up/down, page up/down, home/end scroll", style="dim")
+        return out
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog", id="keys"):  # the first heading names the screen: no title row
+            with VerticalScroll(id="keys-scroll"):
+                # the box: 76 columns or the terminal's width, less its border, padding and scrollbar
+                yield Label(self.body(min(76, self.app.size.width) - 6), id="keys-body")
+
+    def on_mount(self) -> None:
+        self.query_one("#keys-scroll").focus()
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -41,10 +41,10 @@ class MonitorScreen(Screen[None]):
     confirmed); both through :func:`runner.service.stop.request_stop`."""
 
     BINDINGS = [
-        Binding("escape", "app.pop_screen", "Back"),
-        Binding("s", "stop", "Stop"),
-        Binding("k", "kill", "Kill"),
-        Binding("l", "toggle_logs", "Logs"),
+        Binding("escape", "app.pop_screen", "Back", tooltip="back to the screen it was opened from"),
+        Binding("s", "stop", "Stop", tooltip="stop gracefully: the ranks finish their step and save (asks first)"),
+        Binding("k", "kill", "Kill", tooltip="kill: SIGKILL every process of the run (asks first)"),
+        Binding("l", "toggle_logs", "Logs", tooltip="show or hide the tail of the rank logs"),
     ]
 
     # repaint=False: a new snapshot updates the widgets that changed (each repaints its own region); a

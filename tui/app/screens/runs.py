@@ -89,7 +89,7 @@ class RunsScreen(Screen[None]):
     """Every run: filter, sort, tag, note, open, compare, delete, re-run."""
 
     BINDINGS = [
-        Binding("enter", "open", "Open", priority=False),
+        Binding("enter", "open", "Open", priority=False, tooltip="open the run's Monitor"),
         Binding("space", "toggle_select", "Select"),
         Binding("c", "compare", "Compare"),
         Binding("s", "cycle_sort", "Sort"),
@@ -97,8 +97,10 @@ class RunsScreen(Screen[None]):
         # Off the footer (it would overflow at 80 columns); ? lists them.
         Binding("t", "tags", "Tags", show=False),
         Binding("n", "note", "Note", show=False),
-        Binding("r", "rerun", "Re-run", show=False),
-        Binding("R", "resume", "Resume", show=False),
+        Binding("r", "rerun", "Re-run", show=False,
+                tooltip="re-run: a new run of the same recipe, from step 0; opens its Monitor"),
+        Binding("R", "resume", "Resume", show=False,
+                tooltip="resume: a new run from the newest checkpoint; opens its Monitor"),
         Binding("d", "delete", "Delete", show=False),
         Binding("A", "all_runs", "All runs", show=False),
     ]
