@@ -16,8 +16,9 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from runner.analysis import verdict
 from runner.analysis.mfu import Peak, compute_mfu, trustworthy
-from runner.analysis.noise import batch_note, busy_note, host_other_util
+from runner.analysis.noise import NoiseFloor, Training, host_other_util, measured_floor
 from runner.analysis.run_figures import (
     default_peak,
     device_count,
@@ -100,6 +101,8 @@ class RunRow:
     """A script run (``launch.script``): a figure it did not report is "not reported", not unknown."""
     host_other_util: float | None = None
     """Host CPU % (all cores) used by other work during the run (:func:`runner.analysis.noise.host_other_util`)."""
+    training: Training = field(default_factory=Training)
+    """What the run trains (model, data, global batch, ...): runs are compared only when these match."""
 
 
 @dataclass(frozen=True)
@@ -137,56 +140,36 @@ class Comparison:
     def row(self, run_id: int | None) -> RunRow | None:
         return next((r for r in self.rows if r.run_id == run_id), None)
 
+    floor: NoiseFloor | None = None
+    """The run-to-run spread of tokens/s measured from stored repeats on the runs' hosts (or None)."""
+
     def label(self, row: RunRow) -> str:
         """``ddp x2`` (plus the grid values), unique enough to name a run in a sentence."""
-        base = row.strategy + (f" x{row.devices}" if row.devices > 1 else "")
-        return f"{base} [{row.grid}]" if row.grid else base
+        return verdict.label(row)
 
     def speedup_sentences(self) -> list[str]:
-        """``ddp x2 1.9x faster than single`` for each run against the baseline."""
+        """Each configuration against the baseline's: ``ddp x2 (run 2) 1.9x faster than single (run 1): ...``
+        only beyond the run-to-run spread, else the ratio and why it is not a verdict."""
         base = self.row(self.baseline_id)
-        if base is None:
+        found = verdict.groups(self.rows)
+        home = next((g for g in found if base is not None and base in g.rows), None)
+        if home is None:
             return []
-        out = []
-        for r in self.rows:
-            if r.run_id == base.run_id or r.speedup is None:
-                continue
-            differs = batch_note(self.label(r), r.run_id, r.global_batch, self.label(base), base.run_id,
-                                 base.global_batch)
-            if differs:  # never "faster" between two different trainings
-                out.append(f"{differs} (tokens/s ratio {r.speedup:.2f}x)")
-            elif r.speedup >= 1:
-                out.append(f"{self.label(r)} (run {r.run_id}) {r.speedup:.2f}x faster than {self.label(base)} (run {base.run_id})")
-            else:
-                out.append(f"{self.label(r)} (run {r.run_id}) {1 / r.speedup:.2f}x slower than {self.label(base)} (run {base.run_id})")
-        return out
+        floor = verdict.repeat_floor(found) or self.floor
+        return [verdict.pair_sentence(g, home, floor) for g in found if g is not home]
+
+    def decision(self) -> verdict.Verdict:
+        """The verdict: use one run, or a tie, or why the runs cannot be compared (:mod:`runner.analysis.verdict`)."""
+        return verdict.decide(self.rows, self.floor)
 
     def recommendation(self) -> str:
-        """One sentence: the fastest run that completed, with its numbers."""
-        best = self.row(self.fastest_id)
-        if best is None:
-            return "No run completed, so there is nothing to recommend; see the reasons above."
-        parts = [f"{best.tokens_per_s:,.0f} tokens/s" if best.tokens_per_s else None,
-                 f"{best.train_seconds:.1f}s of training" if best.train_seconds else None,
-                 f"MFU {best.mfu * 100:.2f}%" if best.mfu is not None else None]
-        text = f"Use {self.label(best)} (run {best.run_id}): the fastest that completed, " + ", ".join(p for p in parts if p)
-        base = self.row(self.baseline_id)
-        if base is not None and base.run_id != best.run_id and best.speedup:
-            text += f", {best.speedup:.2f}x the throughput of {self.label(base)} (run {base.run_id})"
-        others = [r for r in self.rows if r.status != "completed"]
-        if others:
-            text += f"; {len(others)} did not complete"
-        return text + "." + "".join(f" Caution: {c}." for c in self.cautions())
+        """One line: the verdict with its numbers, what did not complete, and a busy host's caution."""
+        return verdict.recommendation(self.rows, self.floor)
 
-    def cautions(self) -> list[str]:
-        """What makes the verdict noise: a busy host, runs whose global batches differ (``runner.analysis.noise``)."""
-        out = [n for r in self.rows if r.status == "completed"
-               and (n := busy_note(r.run_id, self.label(r), r.host_other_util))]
-        batches = {r.global_batch for r in self.rows if r.status == "completed" and r.global_batch}
-        if len(batches) > 1:
-            out.append("the runs' global batches differ (" + ", ".join(
-                f"{self.label(r)}: {r.global_batch}" for r in self.rows if r.global_batch) + ")")
-        return out
+    @property
+    def recommended_id(self) -> int | None:
+        """The run the verdict recommends (None for a tie, runs that cannot be compared, or nothing to tell)."""
+        return self.decision().run_id
 
 
 # ---------------------------------------------------------------------- recipe diff
@@ -306,6 +289,10 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
     mem, mem_source = mem_measured(run)
     est, est_source = estimated_memory(run, recipe, dims)
     reason = (run.summary.ended or run.error) if run.status != "completed" else None  # a stop: its checkpoint
+    data = recipe.get("data", {})
+    training = Training(model=run.model or None, data=_text(data.get("source")), global_batch=global_batch,
+                        seq_len=data.get("context_length"), precision=_text(train.get("precision")),
+                        method=run.method or None)
     return RunRow(
         run_id=run.id, name=run.name, strategy=run.strategy, method=run.method, devices=devices,
         device_type=run.device_type, micro_batch=micro, grad_accum=ga, global_batch=global_batch,
@@ -322,8 +309,12 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
         note=run.summary.sweep_note, grid=grid or (run.summary.sweep_grid or ""),
         mfu_note=over_note or (None if mfu is not None else _mfu_note(run, peak, peak_note, dims)),
         mfu_rejected=rejected, script=bool(recipe.get("launch", {}).get("script")),
-        host_other_util=host_other_util(run.summary.telemetry),
+        host_other_util=host_other_util(run.summary.telemetry), training=training,
     )
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def build_comparison(
@@ -337,6 +328,7 @@ def build_comparison(
     peak_notes: Mapping[int, str] | None = None,
     named: Mapping[int, Sequence[NamedMetricPoint]] | None = None,
     eval_samples: Mapping[int, list[dict[str, str]]] | None = None,
+    floor: NoiseFloor | None = None,
 ) -> Comparison:
     """Put runs side by side (in the given order).
 
@@ -351,6 +343,7 @@ def build_comparison(
         peak_notes: By run id, why its peak is None (:func:`peak_note`).
         named: Named per-step metrics by run id (eval loss curves, final and best eval loss).
         eval_samples: By run id, the samples of its last evaluation.
+        floor: The run-to-run spread measured on the runs' hosts (:func:`runner.analysis.noise.measured_floor`).
 
     Returns:
         The comparison; ``fastest_id`` is the completed run with the highest tokens/s.
@@ -400,7 +393,7 @@ def build_comparison(
                                           if m.grad_norm is not None] for r in runs},
                       windows=windows,
                       eval_curves={k: v for k, v in eval_curves.items() if v},
-                      named={k: v for k, v in last.items() if v}, samples=dict(eval_samples or {}))
+                      named={k: v for k, v in last.items() if v}, samples=dict(eval_samples or {}), floor=floor)
 
 
 def timeline(samples: Sequence[SampleInfo]) -> dict[str, list[tuple[float, float | None, int | None]]]:
@@ -533,9 +526,10 @@ def load_comparison(store: Store, run_ids: Sequence[int], baseline_id: int | Non
     notes = {r.id: peak_note(r, recipes[r.id], samples.get(r.id, ())) for r in runs if peaks[r.id] is None}
     named = compare_named(store, runs)
     evals = {r.id: last_samples(store, r.id) for r in runs}
+    floor = stored_floor(store, runs)
     cmp = build_comparison(runs, metrics, peaks, dims, baseline_id,
                            samples if with_samples else None, sweep_id, peak_notes=notes, named=named,
-                           eval_samples={k: v for k, v in evals.items() if v})
+                           eval_samples={k: v for k, v in evals.items() if v}, floor=floor)
     # An MFU above 100% means the peak is wrong: measure it once more; build_row suppresses what is
     # still above 100% and says why.
     redo = {row.run_id for row in cmp.rows if row.mfu_rejected is not None}
@@ -549,7 +543,20 @@ def load_comparison(store: Store, run_ids: Sequence[int], baseline_id: int | Non
                 peaks[run.id] = replace(new_peak, source=f"{new_peak.source}; {notes[run.id]}")
     return build_comparison(runs, metrics, peaks, dims, baseline_id,
                             samples if with_samples else None, sweep_id, peak_notes=notes, named=named,
-                            eval_samples={k: v for k, v in evals.items() if v})
+                            eval_samples={k: v for k, v in evals.items() if v}, floor=floor)
+
+
+FLOOR_RUNS = 200
+"""The newest completed runs searched for repeats that measure the run-to-run spread."""
+
+
+def stored_floor(store: Store, runs: Sequence[RunInfo]) -> NoiseFloor | None:
+    """The run-to-run spread measured on the compared runs' hosts by stored repeats created no later than
+    the newest compared run (:func:`runner.analysis.noise.measured_floor`)."""
+    hosts = {r.host for r in runs if r.host}
+    if not hosts or not runs:
+        return None
+    return measured_floor(store.list_runs(status="completed", limit=FLOOR_RUNS), hosts, max(r.id for r in runs))
 
 
 def last_samples(store: Store, run_id: int) -> list[dict[str, str]]:

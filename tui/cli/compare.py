@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.text import Text
 
 from runner.analysis.compare import Comparison, load_comparison, sweep_run_ids
-from runner.analysis.repeats import by_strategy, verdict
+from runner.analysis.repeats import by_strategy, repeated
 from runner.service import sweep as sw
 from runner.spec.recipe import RecipeError
 from runner.spec.status import ENDED_BY_USER
@@ -52,6 +52,9 @@ def _emit(args: argparse.Namespace, cmp: Comparison) -> None:
                 print(text)
     except OSError as exc:
         raise UsageError(f"-o/--output {out}: cannot write ({exc.strerror or exc})") from None
+    grouped = by_strategy(cmp)
+    if args.format == "text" and out is None and repeated(grouped):  # the spread the verdict was drawn against
+        console.print(rep.repeats_table(grouped))
     if args.plot:
         console.print(rep.loss_plot(cmp, width=max(20, min(100, console.width - 12))))
 
@@ -119,10 +122,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     cmp = load_comparison(store, [r.run_id for r in results], peak_tflops=args.peak_tflops, sweep_id=sweep_id,
                           with_samples=args.format == "html")
     _emit(args, cmp)
-    if args.repeat > 1:
-        grouped = by_strategy(cmp)
-        console.print(rep.repeats_table(grouped))
-        console.print(verdict(grouped), markup=False)
     console.print(f"reopen with: ftui compare --sweep {sweep_id}", markup=False)
     if stop.is_set() or any(r.status in ENDED_BY_USER for r in results):
         return ExitCode.INTERRUPTED
