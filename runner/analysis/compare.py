@@ -134,6 +134,12 @@ class Comparison:
     """Run id to (step, learning rate)."""
     grad_curves: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
     """Run id to (step, gradient norm before clipping)."""
+    tokens_curves: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    """Run id to (step, tokens/s of that step over all devices)."""
+    memory_curves: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    """Run id to (step, measured peak memory of its busiest rank so far): the figure the table shows."""
+    memory_source: str = ""
+    """Where :attr:`memory_curves` come from (``measured: live-tensor peak``)."""
     windows: dict[int, tuple[float, float]] = field(default_factory=dict)
     """Run id to its training window (first step to last) in the seconds of its timeline."""
 
@@ -391,6 +397,8 @@ def build_comparison(
                                  for r in runs},
                       grad_curves={r.id: [(m.step, m.grad_norm) for m in metrics.get(r.id, [])
                                           if m.grad_norm is not None] for r in runs},
+                      tokens_curves={r.id: [(m.step, m.tokens_per_s) for m in metrics.get(r.id, [])
+                                            if m.tokens_per_s is not None] for r in runs},
                       windows=windows,
                       eval_curves={k: v for k, v in eval_curves.items() if v},
                       named={k: v for k, v in last.items() if v}, samples=dict(eval_samples or {}), floor=floor)
@@ -439,24 +447,36 @@ CURVE_POINTS = 200
 loss (``store.rollup``), so the best loss and the curve's shape survive; the rows stay stored."""
 
 
+CURVE_NAMES = ("loss", "lr", "grad_norm", "tokens_per_s")
+"""The per-step figures a comparison draws (each downsampled on its own)."""
+
+
 def compare_metrics(store: Store, runs: Sequence[RunInfo], points: int = CURVE_POINTS) -> dict[int, list[MetricPoint]]:
-    """Each run's loss curve for a comparison, downsampled to about ``points`` points.
+    """Each run's loss, lr, gradient norm and tokens/s curves for a comparison, each downsampled to about
+    ``points`` points, merged by step (a figure missing at a step is None there).
 
     Read from the store's per-block summaries (a few hundred rows per run, whatever its length); a
-    resumed run's curve is joined to its parent's (:func:`joined_metrics`) and thinned here. Only
-    ``step`` and ``loss`` are set in the points.
+    resumed run's curves are joined to its parent's (:func:`joined_metrics`) and thinned here.
     """
     plain = [r.id for r in runs if r.resumed_from is None]
-    curves = store.curves(plain, "loss", points) if plain else {}
+    stored = {name: store.curves(plain, name, points) if plain else {} for name in CURVE_NAMES}
     out: dict[int, list[MetricPoint]] = {}
     for run in runs:
-        if run.resumed_from is None:
-            pairs = curves[run.id].points
-        else:
-            pairs = downsample_points([(m.step, m.loss) for m in joined_metrics(store, run) if m.loss is not None],
-                                      points)
-        out[run.id] = [MetricPoint(step=step, time=0.0, loss=loss, lr=None, grad_norm=None, tokens=None,
-                                   step_time=None, tokens_per_s=None) for step, loss in pairs]
+        by_name: dict[str, list[tuple[int, float]]] = {}
+        joined = joined_metrics(store, run) if run.resumed_from is not None else []
+        for name in CURVE_NAMES:
+            if run.resumed_from is None:
+                by_name[name] = list(stored[name][run.id].points)
+            else:
+                by_name[name] = downsample_points(
+                    [(m.step, v) for m in joined if (v := getattr(m, name)) is not None], points)
+        steps: dict[int, dict[str, float]] = {}
+        for name, pairs in by_name.items():
+            for step, value in pairs:
+                steps.setdefault(step, {})[name] = value
+        out[run.id] = [MetricPoint(step=step, time=0.0, loss=v.get("loss"), lr=v.get("lr"), grad_norm=v.get("grad_norm"),
+                                   tokens=None, step_time=None, tokens_per_s=v.get("tokens_per_s"))
+                       for step, v in sorted(steps.items())]
     return out
 
 
