@@ -182,8 +182,7 @@ def figure_sources(cmp: Comparison) -> list[str]:
         out.append("script runs: what the script reported through runner.track or FtuiCallback (train time from "
                    "its start to its last step); 'not reported' where it did not")
     if any(r.peak_source for r in cmp.rows):
-        out.append("MFU: model FLOPs/token x tokens/s / (peak x devices), in the run's dtype, never shown above "
-                   "100% (docs/compare.md); each peak's source: its footnote")
+        out.append("MFU: FLOPs/token x tokens/s / (peak x devices), in the run's dtype (docs/compare.md)")
     out += [f"MFU '-' for run {r.run_id}: {r.mfu_note}" for r in cmp.rows if r.mfu_note]
     mem = sorted({r.mem_measured_source for r in cmp.rows if r.mem_measured is not None})
     if mem:
@@ -200,5 +199,7 @@ def figure_sources(cmp: Comparison) -> list[str]:
 
 
 def summary_lines(cmp: Comparison) -> list[str]:
-    """The ratios against the baseline, then the verdict (:mod:`runner.analysis.verdict`)."""
-    return [*cmp.speedup_sentences(), cmp.recommendation()]
+    """The ratios against the baseline (when more than two configurations ran: with two, the verdict says
+    the same), then the verdict (:mod:`runner.analysis.verdict`)."""
+    pairs = cmp.speedup_sentences()
+    return [*(pairs if len(pairs) > 1 else []), cmp.recommendation()]

@@ -20,6 +20,7 @@ __all__ = ["PALETTE", "nice_step", "provenance", "svg_lines", "to_html"]
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 ESTIMATED_COLOUR = "#aaaaaa"
+MEASURED_COLOUR = "#1f77b4"
 
 UTIL_BIN_S = 1.0
 """Seconds over which a run's devices' utilisation samples are averaged into one point."""
@@ -106,19 +107,21 @@ def line_charts(cmp: Comparison) -> list[str]:
 
 
 def bar_charts(cmp: Comparison) -> list[str]:
-    """Per run: tokens/s, peak memory per device (estimated against measured) and MFU."""
+    """Per run: tokens/s, peak memory per device (estimated against measured) and MFU, each drawn when some
+    run has the figure."""
     runs = [(f"run {r.run_id}", r) for r in cmp.rows]
     tps = svg_bars([(name, [("tokens/s", PALETTE[i % len(PALETTE)], r.tokens_per_s)])
                     for i, (name, r) in enumerate(runs)], "tokens/s per run (all devices)", "tokens/s",
                    yfmt=lambda v: f"{v:,.0f}")
     unit, scale = _mib_or_gib([float(v) for _, r in runs for v in (r.mem_measured, r.mem_estimated) if v])
     mem = svg_bars([(name, [("estimated", ESTIMATED_COLOUR, r.mem_estimated / scale if r.mem_estimated else None),
-                            ("measured", PALETTE[i % len(PALETTE)], r.mem_measured / scale if r.mem_measured else None)])
+                            ("measured", MEASURED_COLOUR, r.mem_measured / scale if r.mem_measured else None)])
                     for i, (name, r) in enumerate(runs)], "peak memory per device: estimated vs measured",
                    f"peak memory ({unit})")
     mfu = svg_bars([(name, [("MFU", PALETTE[i % len(PALETTE)], r.mfu * 100 if r.mfu is not None else None)])
                     for i, (name, r) in enumerate(runs)], "MFU per run", "MFU (%)", yfmt=lambda v: f"{v:.3g}")
-    return [tps, mem, mfu]
+    return [tps] + ([mem] if any(r.mem_measured or r.mem_estimated for r in cmp.rows) else []) + (
+        [mfu] if any(r.mfu is not None for r in cmp.rows) else [])
 
 
 def _tables(cmp: Comparison) -> str:
@@ -200,7 +203,8 @@ def to_html(cmp: Comparison) -> str:
     """One self-contained page (see the module's docstring)."""
     esc = html.escape
     title = f"ftui comparison{f' - {cmp.sweep_id}' if cmp.sweep_id else ''}"
-    verdict = "".join(f"<p>{esc(s)}</p>" for s in summary_lines(cmp))
+    lines = summary_lines(cmp)  # the verdict first, then the ratios it was drawn from
+    verdict = "".join(f"<p>{esc(s)}</p>" for s in [lines[-1], *lines[:-1]])
     notes = "".join(f"<div>{esc(n)}</div>" for n in footnotes(cmp))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 NARROW = {
     "strategy": "strategy", "devices": "dev", "tokens/s": "tokens/s", "MFU": "MFU",
-    "peak mem/device (measured)": "peak mem", "final loss": "final loss", "status": "status",
+    "mem/device measured": "peak mem", "final loss": "final loss", "status": "status",
     "final eval loss": "eval loss",
 }
 """Under 100 columns: these figures only, with short labels (every source line is still shown)."""
@@ -92,8 +92,9 @@ class CompareScreen(Screen[None]):
         table = self.query_one("#compare-table", DataTable)
         table.clear(columns=True)
         table.add_column("figure", key="figure")
+        recommended = cmp.recommended_id
         for r in cmp.rows:
-            mark = " *" if r.run_id == cmp.fastest_id else ""
+            mark = " *" if r.run_id == recommended else ""
             table.add_column(f"run {r.run_id}{mark}", key=str(r.run_id))
         for header, cell in columns(cmp)[1:]:
             label = NARROW.get(header) if self.narrow else header
@@ -105,8 +106,8 @@ class CompareScreen(Screen[None]):
                 cells.append(Text(text, style=STATUS_STYLE.get(r.status, "")) if header == "status" else Text(text))
             table.add_row(label, *cells, key=header)
         lines = Text()
-        if cmp.fastest_id is not None:
-            lines.append(f"* fastest: run {cmp.fastest_id}\n", style="bold")
+        if recommended is not None:
+            lines.append(f"* recommended: run {recommended}\n", style="bold")
         lines.append("sources:\n" + "\n".join(f"  {s}" for s in sources(cmp)) + "\n", style="dim")
         lines.append("\n".join(summary_lines(cmp)), style="bold")
         if cmp.samples:  # eval.prompts: each run's completion side by side (generated text: never markup)
