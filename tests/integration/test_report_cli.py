@@ -61,6 +61,9 @@ def test_one_run_each_is_judged_against_the_repeats_stored_on_the_host(store: St
     add(store, "single", 1, 1100.0, recipe_hash="old")  # an earlier pair of repeats: a 10% spread on vm
     a, b = add(store, "single", 1, 1000.0), add(store, "ddp", 2, 1500.0)
     cmp = load_comparison(store, [a, b])
+    # the curves the report draws, read from the store's summaries (lr and grad norm were read as empty)
+    for curves in (cmp.lr_curves, cmp.grad_curves, cmp.tokens_curves):
+        assert [step for step, _ in curves[a]] == [1, 2, 3], curves
     assert cmp.floor is not None and cmp.floor.source == "repeats of single (runs 1, 2) on vm"
     assert cmp.recommendation().startswith("Use ddp x2 (run 4): the fastest that completed")
     close = add(store, "ddp", 2, 1050.0)

@@ -19,6 +19,7 @@ from tui.render.compare_cells import (
     COLUMNS,
     columns,
     footnotes,
+    sample_rows,
     sources,
     summary_lines,
 )
@@ -67,16 +68,6 @@ def rich_table(cmp: Comparison) -> RenderableType:
         parts.append(samples_table(cmp))
     parts.append(Text("\n".join(summary_lines(cmp)), style="bold"))
     return Group(*parts)
-
-
-def sample_rows(cmp: Comparison) -> tuple[list[int], list[tuple[str, list[str]]]]:
-    """The runs with samples, and per prompt (in first-seen order) each such run's completion."""
-    ids = [r.run_id for r in cmp.rows if cmp.samples.get(r.run_id)]
-    prompts: dict[str, dict[int, str]] = {}
-    for rid in ids:
-        for sample in cmp.samples[rid]:
-            prompts.setdefault(sample["prompt"], {})[rid] = sample["completion"]
-    return ids, [(p, [by_run.get(rid, "-") for rid in ids]) for p, by_run in prompts.items()]
 
 
 def samples_table(cmp: Comparison) -> Table:

@@ -203,3 +203,13 @@ def summary_lines(cmp: Comparison) -> list[str]:
     the same), then the verdict (:mod:`runner.analysis.verdict`)."""
     pairs = cmp.speedup_sentences()
     return [*(pairs if len(pairs) > 1 else []), cmp.recommendation()]
+
+
+def sample_rows(cmp: Comparison) -> tuple[list[int], list[tuple[str, list[str]]]]:
+    """The runs with samples, and per prompt (in first-seen order) each such run's completion."""
+    ids = [r.run_id for r in cmp.rows if cmp.samples.get(r.run_id)]
+    prompts: dict[str, dict[int, str]] = {}
+    for rid in ids:
+        for sample in cmp.samples[rid]:
+            prompts.setdefault(sample["prompt"], {})[rid] = sample["completion"]
+    return ids, [(p, [by_run.get(rid, "-") for rid in ids]) for p, by_run in prompts.items()]

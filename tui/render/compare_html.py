@@ -13,7 +13,7 @@ from importlib import metadata
 from typing import Any
 
 from runner.analysis.compare import Comparison
-from tui.render.compare_cells import columns, figure_sources, footnotes, summary_lines
+from tui.render.compare_cells import columns, figure_sources, footnotes, sample_rows, summary_lines
 from tui.render.svg import Series, nice_step, svg_bars, svg_lines
 
 __all__ = ["PALETTE", "nice_step", "provenance", "svg_lines", "to_html"]
@@ -164,8 +164,6 @@ def _extras(cmp: Comparison) -> str:
                        for k, vs in cmp.recipe_diff.items())
         out += f"<h2>Recipe differences</h2><table><tr><th>field</th>{dh}</tr>{rows}</table>"
     if cmp.samples:
-        from tui.render.compare import sample_rows  # the table of samples lives with the other renderings
-
         ids, sample_lines = sample_rows(cmp)
         sh = "".join(f"<th>run {rid}</th>" for rid in ids)
         srows = "".join(f"<tr><td>{esc(p)}</td>" + "".join(f"<td>{esc(c)}</td>" for c in cs) + "</tr>"
