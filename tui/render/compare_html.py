@@ -193,6 +193,7 @@ table.provenance td { text-align: left; }
 .recommended { background: #e6f5e6; font-weight: bold; }
 .charts svg { margin: 0 8px 8px 0; border: 1px solid #eee; }
 .verdict { font-weight: bold; font-size: 15px; border-left: 4px solid #2ca02c; padding: 4px 10px; }
+.verdict p + p { font-weight: normal; font-size: 13px; }
 .footnotes { font-size: 12px; color: #555; }
 """
 
