@@ -140,6 +140,8 @@ class Comparison:
     """Run id to (step, measured peak memory of its busiest rank so far): the figure the table shows."""
     memory_source: str = ""
     """Where :attr:`memory_curves` come from (``measured: live-tensor peak``)."""
+    rss_curves: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    """Run id to (step, largest rank's process RSS): for runs whose memory events measured nothing else."""
     windows: dict[int, tuple[float, float]] = field(default_factory=dict)
     """Run id to its training window (first step to last) in the seconds of its timeline."""
 

@@ -59,6 +59,18 @@ def busy_note(run_id: int, label: str, other: float | None) -> str | None:
             f"run's own ranks, psutil): its speed is not a fair measure")
 
 
+def busy_caution(runs: Sequence[tuple[int, str, float | None]]) -> str | None:
+    """One caution for the runs (id, label, host's other work %) whose host was busy: :func:`busy_note` for
+    one, one line naming them all for several."""
+    busy = [(rid, label, other) for rid, label, other in runs if other is not None and other >= BUSY_OTHER_PCT]
+    if len(busy) < 2:
+        return busy_note(*busy[0]) if busy else None
+    ids = ", ".join(str(rid) for rid, _, _ in busy)
+    low, high = min(o for _, _, o in busy), max(o for _, _, o in busy)
+    return (f"runs {ids}: the host was busy with other work ({low:.0f}-{high:.0f}% of its CPU beyond the runs' "
+            "own ranks, psutil): their speeds are not a fair measure")
+
+
 @dataclass(frozen=True)
 class Training:
     """What two runs must share for their tokens/s to be the same measure (None: not known, never a

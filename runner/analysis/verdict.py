@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from runner.analysis.noise import NoiseFloor, Spread, busy_note, not_comparable, spread
+from runner.analysis.noise import NoiseFloor, Spread, busy_caution, not_comparable, spread
 
 if TYPE_CHECKING:
     from runner.analysis.compare import RunRow
@@ -179,5 +179,5 @@ def recommendation(rows: Sequence[RunRow], floor: NoiseFloor | None = None) -> s
     others = [r for r in rows if r.status != "completed"]
     if others:
         text += f"; {len(others)} did not complete"
-    busy = [n for r in rows if r.status == "completed" and (n := busy_note(r.run_id, label(r), r.host_other_util))]
-    return text + "." + "".join(f" Caution: {c}." for c in busy)
+    busy = busy_caution([(r.run_id, label(r), r.host_other_util) for r in rows if r.status == "completed"])
+    return text + "." + (f" Caution: {busy}." if busy else "")

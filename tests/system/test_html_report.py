@@ -16,8 +16,9 @@ import pytest
 
 from runner.analysis.compare import Comparison, build_comparison
 from runner.analysis.mfu import Peak
+from runner.analysis.report_data import memory_curve
 from runner.hardware import DeviceSample
-from store import MetricPoint, Store
+from store import EventInfo, MetricPoint, Store
 from tests.support import Ftui, new_home, run_info
 from tests.support.matrix import Matrix, Sweep
 from tui.render.compare import nice_step, to_html
@@ -81,6 +82,16 @@ def test_the_page_leads_with_the_verdict_and_overlays_the_runs() -> None:
     assert chart(page, "tokens/s per run (all devices)").count('class="bar"') == 6
     assert "The loss curves coincide" in page
     assert page.count('<table class="runs">') == 2  # 6 runs: 5 a table, transposed
+
+
+def test_memory_events_give_the_measured_peak_or_else_the_rss_apart() -> None:
+    def event(step: int, ranks: list[dict[str, object]]) -> EventInfo:
+        return EventInfo(source="trainer", seq=step, type="memory", time=T0 + step, payload={"step": step, "ranks": ranks})
+
+    gpu = [event(s, [{"rank": r, "peak_allocated_bytes": 100 * s + r} for r in (0, 1)]) for s in (1, 2)]
+    assert memory_curve(gpu) == ([(1, 101), (2, 201)], "measured: CUDA allocator peak", [])
+    cpu = [event(s, [{"rank": 0, "source": "rss", "rss_bytes": 900 + s, "peak_rss_bytes": 999}]) for s in (1, 2)]
+    assert memory_curve(cpu) == ([], "", [(1, 901), (2, 902)])
 
 
 def test_utilisation_is_the_tables_percent_of_the_threads_and_never_above_100() -> None:
@@ -155,8 +166,9 @@ def stored_runs(home: Ftui) -> list[int]:
                                strategy=strategy, nproc=nproc, method="lora", model="builtin:tiny-llama", run_dir="")
         steps = [{"seq": s, "type": "step", "time": T0 + s, "step": s, "loss": 5.0 - 0.1 * s, "lr": 1e-3 * s,
                   "grad_norm": 0.5 + 0.01 * s, "tokens_per_s": tps + s, "step_time": 0.5} for s in range(1, 9)]
-        memory = [{"seq": 100 + s, "type": "memory", "time": T0 + s, "step": s,
-                   "ranks": [{"rank": r, "peak_tensor_bytes": (150 + s + r) * 2**20} for r in range(nproc)]}
+        memory = [{"seq": 100 + s, "type": "memory", "time": T0 + s, "step": s,  # a CPU rank's: its RSS only
+                   "ranks": [{"rank": r, "source": "rss", "rss_bytes": (650 + s + r) * 2**20,
+                              "peak_rss_bytes": (660 + s) * 2**20} for r in range(nproc)]}
                   for s in (1, 4, 8)]
         store.ingest(rid, steps + memory)
         store.add_samples(rid, [DeviceSample(T0 + k, "vm", "rank", r, f"rank {r}", 60.0 + k, 900 * 2**20, 16 * 2**30,
@@ -180,6 +192,9 @@ def test_ftui_report_of_stored_runs_renders_every_chart(chromium: str, tmp_path:
     home.run("report", *map(str, ids), "-o", str(page), check=True)
     html = page.read_text()
     assert "Cannot tell" in html  # one run each, no spread measured: no "Use"
+    # the RSS of the memory events on a chart of its own, named so; the measured peak is in the bars
+    assert "peak memory per device, busiest rank" not in html
+    assert "MiB (process RSS, /proc)" in chart(html, "process RSS, largest rank (not training memory)")
     assert not re.search(r"""(src|href)=["']?https?:""", html), "the page must not load anything"
     assert_renders(chromium, html, tmp_path)
     same = tmp_path / "out" / "compare.html"

@@ -9,7 +9,7 @@ from typing import Any
 
 from runner.analysis.compare import Comparison, build_comparison
 from runner.analysis.noise import NoiseFloor, measured_floor
-from runner.analysis.verdict import decide
+from runner.analysis.verdict import decide, recommendation
 from tests.support import run_info
 
 
@@ -99,3 +99,14 @@ def test_the_floor_is_the_widest_spread_of_stored_repeats_on_the_host() -> None:
     assert floor is not None and abs(floor.relative - 200 / 1100) < 1e-9
     assert floor.source == "repeats of single (runs 1, 2, 3) on h"
     assert measured_floor(stored[:1], {"h"}, upto=8) is None
+
+
+def test_a_busy_host_is_one_caution_however_many_runs_it_slowed() -> None:
+    busy = [dataclasses.replace(r, host_other_util=o) for r, o in zip(
+        build_comparison([run(1, "single", 1, 100.0), run(2, "single", 1, 110.0), run(3, "single", 1, 105.0)], {}).rows,
+        (77.0, 86.0, 5.0), strict=True)]
+    text = recommendation(busy)
+    assert text.count("Caution") == 1, text
+    assert "Caution: runs 1, 2: the host was busy with other work (77-86% of its CPU beyond the runs' own ranks" in text
+    one = recommendation([busy[0], busy[2]])
+    assert "Caution: run 1 (single): the host was busy with other work (77% of its CPU" in one

@@ -103,6 +103,11 @@ def line_charts(cmp: Comparison) -> list[str]:
         charts.append(svg_lines(_series(cmp, cmp.memory_curves, scale), "peak memory per device, busiest rank",
                                 "step", f"{unit_name} ({cmp.memory_source})", yfmt=lambda v: f"{v:,.6g}",
                                 zero_based=True))
+    if cmp.rss_curves:  # a run that measured only its RSS: never drawn as the table's memory
+        unit_name, scale = _mib_or_gib([v for c in cmp.rss_curves.values() for _, v in c])
+        charts.append(svg_lines(_series(cmp, cmp.rss_curves, scale), "process RSS, largest rank (not training memory)",
+                                "step", f"{unit_name} (process RSS, /proc)", yfmt=lambda v: f"{v:,.6g}",
+                                zero_based=True))
     return charts
 
 

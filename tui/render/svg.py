@@ -29,7 +29,8 @@ def svg_lines(series: Sequence[tuple[str, str, Sequence[tuple[float, float | Non
         series = [(label, colour, [(x, None if y is None else min(float(y), y_max)) for x, y in s])
                   for label, colour, s in series]
     pts = [(x, y) for _, _, s in series for x, y in s if y is not None]
-    left, right, top, bottom = 70, 20, 30, 60
+    places, rows = legend_layout([label for label, _, _ in series], 70, width - 20)
+    left, right, top, bottom = 70, 20, 30, 46 + 14 * rows
     w, h = width - left - right, height - top - bottom
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" height="{height}" role="img" '
            f'aria-label="{html.escape(title)}" style="background:#fff;font:11px sans-serif">',
@@ -84,7 +85,6 @@ def svg_lines(series: Sequence[tuple[str, str, Sequence[tuple[float, float | Non
     out.append(f'<text x="{left + w / 2}" y="{top + h + 32}" text-anchor="middle">{html.escape(xlabel)}</text>')
     out.append(f'<text x="14" y="{top + h / 2}" text-anchor="middle" transform="rotate(-90 14 {top + h / 2})">'
                f'{html.escape(ylabel)}</text>')
-    lx = left
     n = len(series)
     for k, (label, colour, s) in enumerate(series):
         # Earlier series are drawn wider and later ones dashed, so that curves that coincide (same seed,
@@ -97,11 +97,25 @@ def svg_lines(series: Sequence[tuple[str, str, Sequence[tuple[float, float | Non
         elif good:
             path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in good)
             out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" {stroke} stroke-opacity="0.85"/>')
-        out.append(f'<rect x="{lx}" y="{height - 14}" width="12" height="4" fill="{colour}"/>'
-                   f'<text x="{lx + 16}" y="{height - 9}">{html.escape(label)}</text>')
-        lx += 16 + 7 * len(label) + 18
+        lx, row = places[k]
+        ly = top + h + 44 + 14 * row
+        out.append(f'<rect x="{lx}" y="{ly - 5}" width="12" height="4" fill="{colour}"/>'
+                   f'<text x="{lx + 16}" y="{ly}">{html.escape(label)}</text>')
     out.append("</svg>")
     return "".join(out)
+
+
+def legend_layout(labels: Sequence[str], left: float, right: float) -> tuple[list[tuple[float, int]], int]:
+    """Where each legend entry goes (x, row), wrapping before ``right``, and how many rows it takes."""
+    places: list[tuple[float, int]] = []
+    x, row = left, 0
+    for label in labels:
+        size = 16 + 7 * len(label) + 18
+        if x > left and x + size - 18 > right:
+            x, row = left, row + 1
+        places.append((x, row))
+        x += size
+    return places, row + 1
 
 
 def svg_bars(groups: Sequence[tuple[str, Sequence[tuple[str, str, float | None]]]], title: str, ylabel: str,
