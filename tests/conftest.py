@@ -56,7 +56,10 @@ def ftui(tmp_path_factory: pytest.TempPathFactory) -> Ftui:
     return new_home(tmp_path_factory.mktemp("ftui-home"))
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The level marker, and the xdist group: first, before xdist's worker reads the groups into node ids
+    (a conftest's hook would otherwise run after the worker plugin's, and every group would be empty)."""
     tests = Path(__file__).parent
     for item in items:
         level = item.path.relative_to(tests).parts[0]
