@@ -144,12 +144,11 @@ class Comparison:
     """Run id to (step, largest rank's process RSS): for runs whose memory events measured nothing else."""
     windows: dict[int, tuple[float, float]] = field(default_factory=dict)
     """Run id to its training window (first step to last) in the seconds of its timeline."""
+    floor: NoiseFloor | None = None
+    """The run-to-run spread of tokens/s measured from stored repeats on the runs' hosts (or None)."""
 
     def row(self, run_id: int | None) -> RunRow | None:
         return next((r for r in self.rows if r.run_id == run_id), None)
-
-    floor: NoiseFloor | None = None
-    """The run-to-run spread of tokens/s measured from stored repeats on the runs' hosts (or None)."""
 
     def label(self, row: RunRow) -> str:
         """``ddp x2`` (plus the grid values), unique enough to name a run in a sentence."""
