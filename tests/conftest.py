@@ -17,6 +17,7 @@ is made once per worker, so the tests that share something made once go to one w
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,6 +50,21 @@ def warm_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ.pop("FTUI_CACHE", None)
     else:
         os.environ["FTUI_CACHE"] = saved
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The system's temporary folder for the session (``TMPDIR``, and this process's ``tempfile``): what the
+    commands leave there (a dry run's launch files) goes with pytest's own folders."""
+    path = tmp_path_factory.mktemp("tmp")
+    saved, saved_dir = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = str(path), str(path)
+    yield path
+    tempfile.tempdir = saved_dir
+    if saved is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved
 
 
 @pytest.fixture(scope="session")

@@ -52,7 +52,7 @@ def unreadable(folders: dict[int, tuple[str, str]]) -> list[str]:
 
 def prepare_c10d_resume(store: Store, old: Any, recipe: Recipe, rdzv_endpoint: str, run_key: str | None,
                         root: Path | None = None, warn: Callable[[str], None] | None = None,
-                        timings: NodeTimings | None = None) -> Prepared:
+                        timings: NodeTimings | None = None, force: bool = False) -> Prepared:
     """This machine's part of a new multi-node run continuing run ``old`` under a c10d rendezvous (see the
     module's text).
 
@@ -96,7 +96,7 @@ def prepare_c10d_resume(store: Store, old: Any, recipe: Recipe, rdzv_endpoint: s
                                               "main_port": None, "rdzv_endpoint": rdzv_endpoint})
     recipe = recipe.model_copy(update={"launch": launch,
                                        "train": recipe.train.model_copy(update={"resume_from": None})})
-    preflight(recipe)
+    preflight(recipe, force=force)
     chosen: dict[str, Any] = {}
 
     def choose(agent: NodeAgent) -> Recipe:

@@ -52,9 +52,11 @@ def prepare_node_resume(
     root: Path | None = None,
     warn: Callable[[str], None] | None = None,
     timings: NodeTimings | None = None,
+    force: bool = False,
 ) -> Prepared:
     """This machine's part of a new multi-node run continuing run ``run_id`` (see the module's text).
-    ``timings``: the node agent's (default: from the environment, :func:`runner.nodes.agent.node_timings`).
+    ``timings``: the node agent's (default: from the environment, :func:`runner.nodes.agent.node_timings`);
+    ``force``: more processes than this machine has devices for are started anyway.
 
     Returns:
         The prepared run (with its :class:`runner.nodes.agent.NodeAgent`), started by the caller as
@@ -74,7 +76,7 @@ def prepare_node_resume(
     recipe = parse_recipe(old.recipe_text, source=f"run {run_id}'s recipe")
     if rdzv_endpoint is not None:
         return prepare_c10d_resume(store, old, recipe, rdzv_endpoint, run_key, root=root, warn=warn,
-                                   timings=timings)
+                                   timings=timings, force=force)
     try:
         spec = node_spec(old.nnodes or 1, node_rank, main_addr, main_port, None, run_key, recipe.name)
     except NodesError as exc:
@@ -96,7 +98,7 @@ def prepare_node_resume(
                                 range(spec.node_rank * nproc, (spec.node_rank + 1) * nproc), others)
     store_nodes.record_checkpoints(store, run_id, mine.slot, steps)  # what this disk holds now
     recipe = _node_recipe(recipe, spec)
-    preflight(recipe)
+    preflight(recipe, force=force)
     chosen: dict[str, Any] = {}
 
     def choose(agent: NodeAgent) -> Recipe:

@@ -63,6 +63,8 @@ class SlurmJob:
     port: int = RDZV_PORT
     resume: int | None = None
     """A run to resume (``ftui resume ID --rdzv-endpoint``: the run's own recipe) instead of ``recipe``."""
+    force: bool = False
+    """Each node starts more ranks than it has devices for (``--force`` on each node's command)."""
 
     @property
     def ranks_per_node(self) -> int:
@@ -97,7 +99,7 @@ def sbatch_script(job: SlurmJob) -> str:
           is not None else [f"    {q(job.python)} -m tui.cli run {q(str(job.recipe))} \\",
                             f"    --nnodes \"$SLURM_NNODES\" --nproc {job.ranks_per_node} \\"]),
         f"    --rdzv-endpoint \"$head_node:{job.port}\" --run-key \"slurm-$SLURM_JOB_ID\"" +
-        (" \\" if job.overrides else ""),
+        (" --force" if job.force else "") + (" \\" if job.overrides else ""),
     ]
     if job.overrides:
         lines.append("    " + " ".join(f"--set {q(o)}" for o in job.overrides))

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from runner.planner.activations import ActivationBytes, activation_bytes
+from runner.planner.deepspeed import reduce_bucket_bytes, zero3_gathered_bytes
 from runner.planner.inputs import DTYPE_BYTES, EstimateInput, weight_bytes
 from runner.planner.shapes import lora_targeted, lora_trainable_params
 from runner.spec import strategies
@@ -37,6 +38,8 @@ NF4_BITS = 4.0
 # 256 such blocks (QLoRA paper, section 3): 8/64 + 32/(64*256) = 0.127 bits per parameter.
 NF4_DOUBLE_QUANT_OVERHEAD_BITS = 8 / 64 + 32 / (64 * 256)
 GIB = 2**30
+ZERO3_LOWER_BOUND = ("a lower bound under DeepSpeed ZeRO-3: the forward holds more gathered parameter memory "
+                     "than one copy of the gathered parameters counted here (quickstart LoRA: 24% more at the peak)")
 DEFAULT_RESERVE = "1GiB"
 """Per GPU, for the CUDA context, NCCL and allocator slack (why 1 GiB: docs/memory-model.md)."""
 
@@ -67,6 +70,10 @@ class MemoryBreakdown:
         buffers: The 16-bit weight copies autocast saves for backward (fp32 weights, 16-bit compute) or,
             under FSDP/ZeRO-3, the gathered weights of the layers being computed.
         reserve: ``reserve_bytes``: the CUDA context and allocator slack (0 on CPU).
+        ds_reduce_bucket: DeepSpeed's reduce bucket (``reduce_bucket_size`` elements, runner/planner/deepspeed.py)
+            when it is alive at the peak.
+        ds_gathered: DeepSpeed ZeRO-3's gathered parameters (every one above the persistence threshold) at
+            the peak.
         activations_stored: Not a part: what one forward saves for backward (the ``saved_tensors_hooks``
             figure, autocast's weight casts included).
         grads_total: Not a part: every gradient (what the optimizer step holds).
@@ -85,6 +92,8 @@ class MemoryBreakdown:
     total: int
     reserve: int = 0
     grad_buckets: int = 0
+    ds_reduce_bucket: int = 0
+    ds_gathered: int = 0
     dropout: int = 0
     recompute: int = 0
     transient: int = 0
@@ -381,8 +390,9 @@ class _Gathered:
 
 
 def _gathered(inp: EstimateInput, run: _Run, s: _States, shards: frozenset[str]) -> _Gathered:
-    """The gathered weights and unsharded layer gradient of a run that shards its weights."""
-    if "params" not in shards:
+    """The gathered weights and unsharded layer gradient of a run that shards its weights (DeepSpeed
+    ZeRO-3's own gathering: :func:`_deepspeed_parts`)."""
+    if "params" not in shards or (run.deepspeed and run.stage == 3):
         return _Gathered()
     sh = inp.shape
     gather_e = run.e if run.e < run.w else run.w  # FSDP's mixed precision gathers in the compute dtype
@@ -430,6 +440,23 @@ Moments = dict[str, dict[str, float]]
 """Candidate peak moments of a step, each as the parts alive then (beside the model states)."""
 
 
+def _deepspeed_parts(inp: EstimateInput, run: _Run, s: _States, moments: Moments) -> None:
+    """DeepSpeed's reduce bucket and ZeRO-3's gathered parameters, added to the moments they are alive in
+    (runner/planner/deepspeed.py says when DeepSpeed allocates and frees each)."""
+    if not run.deepspeed or run.stage is None:
+        return
+    bucket = float(reduce_bucket_bytes(inp, run.stage, s.tw))
+    for name, parts in moments.items():
+        # ZeRO-3 allocates its bucket with the optimizer; ZeRO-1/2 from the first gradient to the end of backward.
+        if run.stage == 3 or name.startswith("backward"):
+            parts["ds_reduce_bucket"] = bucket
+    if run.stage == 3 and "params" in _sharded(inp, run):  # offloaded parameters are gathered onto the device too
+        gathered = float(zero3_gathered_bytes(inp, run.w))
+        for name in ("forward", "backward", "backward_recompute"):
+            if name in moments:
+                moments[name]["ds_gathered"] = gathered
+
+
 def _moments(inp: EstimateInput, run: _Run, s: _States, a: _Activations, g: _Gathered) -> Moments:
     """The parts alive at each moment that can be the step's peak."""
     acts, persistent_grads = a.whole, s.persistent_grads
@@ -456,6 +483,7 @@ def _moments(inp: EstimateInput, run: _Run, s: _States, a: _Activations, g: _Gat
         for name in ("forward", "backward"):
             moments[name]["activations"] -= acts.dropout
             moments[name]["dropout"] = float(acts.dropout)
+    _deepspeed_parts(inp, run, s, moments)
     return moments
 
 
@@ -473,7 +501,8 @@ def _breakdown(inp: EstimateInput, s: _States, a: _Activations, moments: Moments
     peak_name = max(moments, key=lambda k: size(moments[k]))
     at_peak = moments[peak_name]
     part = {k: round(at_peak.get(k, 0.0)) for k in
-            ("grads", "activations", "dropout", "recompute", "transient", "buffers", "grad_buckets")}
+            ("grads", "activations", "dropout", "recompute", "transient", "buffers", "grad_buckets",
+             "ds_reduce_bucket", "ds_gathered")}
     part["grad_buckets"] += round(s.buckets)
     p, o, m = round(s.params), round(s.optimizer), round(s.master)
     r = inp.reserve_bytes
@@ -482,7 +511,7 @@ def _breakdown(inp: EstimateInput, s: _States, a: _Activations, moments: Moments
     return MemoryBreakdown(
         p, part["grads"], o, m, part["activations"], part["buffers"], total=total, reserve=r,
         grad_buckets=part["grad_buckets"], dropout=part["dropout"], recompute=part["recompute"],
-        transient=part["transient"],
+        transient=part["transient"], ds_reduce_bucket=part["ds_reduce_bucket"], ds_gathered=part["ds_gathered"],
         activations_stored=round(acts.stored * (a.stored / max(1, acts.stored)) + a.copies),
         grads_total=round(s.grads), peak_phase=peak_name.split("_")[0],
         phases={k: round(v) for k, v in phases.items()}, offloaded=offloaded, approximate=inp.shape.approximate)
@@ -511,12 +540,15 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
     states = _shard_states(inp, run, states, shards)
     gathered = _gathered(inp, run, states, shards)
     states, offloaded = _offload(inp, run, _ddp_buckets(inp, run, states))
-    return _breakdown(inp, states, acts, _moments(inp, run, states, acts, gathered), offloaded)
+    b = _breakdown(inp, states, acts, _moments(inp, run, states, acts, gathered), offloaded)
+    if run.deepspeed and run.stage == 3 and b.approximate is None:
+        return replace(b, approximate=ZERO3_LOWER_BOUND)
+    return b
 
 
 # The parts of ``MemoryBreakdown.total``, in the order ``ftui estimate`` shows them.
-PARTS: tuple[str, ...] = ("params", "grads", "grad_buckets", "optimizer", "master", "activations", "dropout",
-                          "recompute", "transient", "buffers", "reserve")
+PARTS: tuple[str, ...] = ("params", "grads", "grad_buckets", "ds_reduce_bucket", "optimizer", "master", "activations",
+                          "dropout", "recompute", "transient", "buffers", "ds_gathered", "reserve")
 
 
 def breakdown_json(b: MemoryBreakdown) -> dict[str, int]:

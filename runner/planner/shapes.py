@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from runner.planner.hub import hub_model_problem, in_cache
 from runner.spec import builtin
 
 if TYPE_CHECKING:
@@ -402,6 +403,11 @@ class ModelSource(NamedTuple):
     note: str
 
 
+GIVE_A_CONFIG = ("give its config another way: a local folder holding its config.json (--model PATH, or a recipe "
+                 "whose model.name is that folder), or its sizes (--params N --layers L --hidden H)")
+"""How to estimate a model whose config cannot be had here."""
+
+
 def resolve_model_shape(name: str, allow_network: bool = True) -> ModelSource:
     """The shape of ``model.name``: the builtin tiny Llama, a local folder, the local HF cache, a built-in
     table of known hub ids, or the hub (only when ``allow_network`` and reachable).
@@ -433,11 +439,12 @@ def resolve_model_shape(name: str, allow_network: bool = True) -> ModelSource:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ValueError(f"model.name: {folder / 'config.json'}: cannot read the model config ({first[:160]})") from None
         return ModelSource(shape, f"{name} (local config.json)")
-    try:
-        cfg = _auto_config(name, local_only=True)
-        return ModelSource(shape_from_config(cfg), f"{name} (config from the local Hugging Face cache)")
-    except Exception:  # noqa: BLE001 (not cached: try the table, then the hub)
-        pass
+    if in_cache(name):  # transformers is imported only for a config that is here
+        try:
+            cfg = _auto_config(name, local_only=True)
+            return ModelSource(shape_from_config(cfg), f"{name} (config from the local Hugging Face cache)")
+        except Exception:  # noqa: BLE001 (unreadable: try the table, then the hub)
+            pass
     low = name.lower()
     for known in KNOWN_HUB_MODELS:
         if known.match in low:
@@ -446,6 +453,9 @@ def resolve_model_shape(name: str, allow_network: bool = True) -> ModelSource:
             return ModelSource(shape, f"{name} (built-in table of {r.name}'s published config; hub not used)")
     if not allow_network:
         raise ValueError(f"model.name: {name}: config not in the local cache and not in the built-in table")
+    problem = hub_model_problem(name)  # one request, no retries: offline, the answer comes at once
+    if problem:
+        raise ValueError(f"model.name: {name}: {problem}; {GIVE_A_CONFIG}")
     try:
         cfg = _auto_config(name, local_only=False)
     except Exception as exc:  # noqa: BLE001 (one line for the user)

@@ -31,6 +31,7 @@ from runner.rank.context import DataShape, Setup
 from runner.rank.engine import Engine, MicroBatch
 from runner.rank.measure import gather_list
 from runner.rank.model_load import load_model
+from runner.rank.throughput import Window, throughput
 from runner.spec import events as ev
 from runner.spec import layout, zero
 from runner.spec.flops import dims_from_config
@@ -62,6 +63,9 @@ class _Progress:
     precision_pending: bool = True
     scale: float | None = None
     eval_spans: list[tuple[float, float]] = field(default_factory=list)
+    steady: Window | None = None
+    """The first unmetered step's start and the tokens before it (the steady state's window)."""
+    steady_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -176,8 +180,13 @@ def _run_steps(setup: Setup, engine: Engine, shape: DataShape, scheduler: Any, p
         t0 = time.perf_counter()
         if step == p.start_step:
             p.first_step_start = t0
+        metered = step - p.start_step < memtrack.MEASURED_STEPS
+        if not metered:
+            if p.steady is None:
+                p.steady = Window(start=t0, tokens_before=p.tokens_done)
+            p.steady_steps += 1
         # The first steps measure peak memory per phase (runner/rank/memtrack.py); later steps pay nothing.
-        peaks: memtrack.Meter = meter if step - p.start_step < memtrack.MEASURED_STEPS else memtrack.NoMeter()
+        peaks: memtrack.Meter = meter if metered else memtrack.NoMeter()
         loss_sum, my_tokens = _micro_steps(setup, engine, shape, p, peaks)
         reduced = _reduce(setup, engine, loss_sum, my_tokens, engine.reduce_grads())
         grad_norm, bad = _optimizer_step(engine, train.max_grad_norm, reduced, peaks)
@@ -313,8 +322,9 @@ def _finish(setup: Setup, engine: Engine, p: _Progress, meter: Any) -> Status:
     """Save, and journal the end event with every rank's memory."""
     train = setup.recipe.train
     steps_done = p.step + 1
-    # Evaluations between steps are not training time.
-    train_seconds = p.last_step_end - p.first_step_start - sum(e - b for b, e in p.eval_spans if e <= p.last_step_end)
+    # Evaluations between steps are not training time; the metered steps are not the steady state.
+    rate = throughput(Window(p.first_step_start, p.tokens_at_start), p.steady, p.steady_steps, p.last_step_end,
+                      p.tokens_done, p.eval_spans)
     saved = None
     if train.save and p.status == "completed":
         setup.emit(ev.PhaseEvent(type="phase", phase="saving", detail="the trained model"))
@@ -323,14 +333,15 @@ def _finish(setup: Setup, engine: Engine, p: _Progress, meter: Any) -> Status:
     if steps_done > p.start_step:
         measured = {**meter.result(), "measured_steps": min(steps_done - p.start_step, memtrack.MEASURED_STEPS)}
     ranks = setup.memory.summary({**p.memory, **measured})
-    run_tokens = p.tokens_done - p.tokens_at_start
     setup.emit(ev.EndEvent(
         type="end",
         status=p.status,
         steps=steps_done,
-        train_seconds=train_seconds,
+        train_seconds=rate.train_seconds,
         tokens=p.tokens_done,
-        tokens_per_s=run_tokens / train_seconds if train_seconds > 0 and run_tokens else None,
+        tokens_per_s=rate.tokens_per_s,
+        window_tokens_per_s=rate.window_tokens_per_s,
+        steady_steps=rate.steady_steps,
         final_loss=p.final_loss,
         saved=saved,
         ranks=ranks,

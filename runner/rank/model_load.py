@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -61,14 +62,20 @@ def load_model(setup: Setup) -> LoadedModel:
         raise ValueError(f"model.name: unknown builtin model {model_cfg.name!r} (have {builtin.TINY_LLAMA})")
     else:
         model = _from_pretrained(setup, dtype, spread)
-    total = sum(p.numel() for p in model.parameters())
+    total = param_count(model.parameters())
     if recipe.train.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     if method.type in ("lora", "qlora"):
         model = _with_lora(setup, model)
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    trainable = param_count(p for p in model.parameters() if p.requires_grad)
     return LoadedModel(model=model, total_params=total, trainable_params=trainable)
+
+
+def param_count(params: Iterable[Any]) -> int:
+    """Elements of ``params`` as declared, not as held here: a parameter DeepSpeed ZeRO-3 has already
+    partitioned (``zero.Init`` at load) holds an empty tensor and keeps its whole size in ``ds_numel``."""
+    return int(sum(getattr(p, "ds_numel", None) or p.numel() for p in params))
 
 
 def _from_pretrained(setup: Setup, dtype: Any, spread: bool) -> Any:

@@ -51,6 +51,8 @@ class NodeResumeRequest:
     main_port: int | None = None
     rdzv_endpoint: str | None = None
     run_key: str | None = None
+    force: bool = False
+    """Start more processes per machine than this one has devices for (``--force``)."""
 
 
 @dataclass(frozen=True)
@@ -68,15 +70,16 @@ def default_nproc() -> int:
     return max(2, cuda_device_count())
 
 
-def check(recipe: Recipe, fake_gpus: int = 0, allow_data_change: bool = False, dry_run: bool = False) -> list[str]:
+def check(recipe: Recipe, fake_gpus: int = 0, allow_data_change: bool = False, dry_run: bool = False,
+          force: bool = False) -> list[str]:
     """The pre-flight of every launch (:func:`runner.watch.preflight.launch_checks`); its warnings.
     ``allow_data_change``: a checkpoint to resume from may have been taken on other data; ``dry_run``:
-    nothing will be loaded.
+    nothing will be loaded; ``force``: more processes than this host has devices for are started anyway.
 
     Raises:
         runner.spec.recipe.RecipeError: the run cannot start (one line naming the field or file).
     """
-    return launch_checks(recipe, fake_gpus, allow_data_change, dry_run)
+    return launch_checks(recipe, fake_gpus, allow_data_change, dry_run, force)
 
 
 def dry_run(request: LaunchRequest) -> Prepared:
@@ -96,7 +99,7 @@ def record(store: Store, request: LaunchRequest) -> Prepared:
     return prepare(store, request.recipe, source=request.source)
 
 
-def resume(store: Store, run_id: int, allow_data_change: bool = False) -> Prepared:
+def resume(store: Store, run_id: int, allow_data_change: bool = False, force: bool = False) -> Prepared:
     """Record a new run continuing run ``run_id`` from its newest checkpoint that verifies; start nothing.
     The checkpoints passed over are in the result's ``warnings``.
 
@@ -104,7 +107,7 @@ def resume(store: Store, run_id: int, allow_data_change: bool = False) -> Prepar
         runner.watch.preflight.PreflightError: no such run, a run still running, no usable checkpoint,
             changed data without ``allow_data_change`` (one line).
     """
-    return prepare_resume(store, run_id, allow_data_change=allow_data_change)
+    return prepare_resume(store, run_id, allow_data_change=allow_data_change, force=force)
 
 
 def resume_node(store: Store, request: NodeResumeRequest, warn: Callable[[str], None] | None = None) -> Prepared:
@@ -114,7 +117,8 @@ def resume_node(store: Store, request: NodeResumeRequest, warn: Callable[[str], 
         runner.watch.preflight.PreflightError: flags that do not fit the run, or no step every node holds.
     """
     return prepare_node_resume(store, request.run_id, request.nnodes, request.node_rank, request.main_addr,
-                               request.main_port, request.rdzv_endpoint, request.run_key, warn=warn)
+                               request.main_port, request.rdzv_endpoint, request.run_key, warn=warn,
+                               force=request.force)
 
 
 def run(store: Store, prepared: Prepared, options: WatchOptions | None = None,
@@ -138,20 +142,21 @@ def start(store: Store, prepared: Prepared, fake_gpus: int = 0) -> int:
     return prepared.run_id
 
 
-def launch_detached(store: Store, request: LaunchRequest, fake_gpus: int = 0) -> Launched:
-    """Check, record and start a run detached (the TUI's Launch). Blocking: call from a worker.
+def launch_detached(store: Store, request: LaunchRequest, fake_gpus: int = 0, force: bool = False) -> Launched:
+    """Check, record and start a run detached (the TUI's Launch). Blocking: call from a worker. ``force``:
+    more processes than this host has devices for are started anyway (Compose's toggle).
 
     Raises:
         runner.spec.recipe.RecipeError: the pre-flight refused it (one line naming the field).
     """
-    warnings = check(request.recipe, fake_gpus)
+    warnings = check(request.recipe, fake_gpus, force=force)
     return Launched(start(store, record(store, request), fake_gpus), warnings)
 
 
-def resume_detached(store: Store, run_id: int, fake_gpus: int = 0) -> int:
+def resume_detached(store: Store, run_id: int, fake_gpus: int = 0, force: bool = False) -> int:
     """A new run continuing run ``run_id`` from its newest complete checkpoint, started detached (the
     TUI's Resume); the new run's id. Blocking: call from a worker."""
-    prepared = resume(store, run_id)
+    prepared = resume(store, run_id, force=force)
     start_detached(store.url, prepared, fake_gpus=fake_gpus)
     assert prepared.run_id is not None
     return prepared.run_id

@@ -26,7 +26,7 @@ from runner.spec import strategies as table
 from runner.spec.recipe import Recipe, RecipeError, dump_toml, load_recipe
 from runner.spec.status import ENDED_BY_USER
 from runner.watch.follow import Stop, WatchOptions, execute
-from runner.watch.preflight import check_inputs, preflight
+from runner.watch.preflight import check_host_nproc, check_inputs, preflight
 from runner.watch.prepare import prepare, record_summary
 from store import Store
 
@@ -104,15 +104,21 @@ def plan(recipe_path: Path, strategies: Sequence[str], nproc: int | None, sets: 
 
 
 def plan_checked(recipe_path: Path, strategies: Sequence[str], nproc: int | None, sets: Sequence[str],
-                 grid: Sequence[str], repeat: int = 1) -> list[SweepItem]:
+                 grid: Sequence[str], repeat: int = 1, force: bool = False) -> list[SweepItem]:
     """The runs of ``ftui sweep`` (:func:`plan`, with this host's default process count), after the
-    recipe's data and run folders are checked once, before any run is recorded.
+    recipe's data and run folders are checked once, before any run is recorded; and, unless ``force``, no
+    run asks for more processes than this host has devices for.
 
     Raises:
-        RecipeError: the recipe, a grid value or its inputs are unusable (one line naming the field).
+        RecipeError: the recipe, a grid value or its inputs are unusable, or a run's process count is over
+            the host's (one line naming the field).
     """
     items = plan(recipe_path, strategies, nproc, sets, grid, default_nproc=default_nproc(), repeat=repeat)
-    check_inputs(load_recipe(recipe_path, sets))  # the same data and folders for every item
+    base = load_recipe(recipe_path, sets)
+    if not force:  # the process counts are the sweep's own (--nproc, or its default), one check each
+        for n in sorted({item.nproc for item in items}):
+            check_host_nproc(base.model_copy(update={"launch": base.launch.model_copy(update={"nproc": n})}))
+    check_inputs(base)  # the same data and folders for every item
     return items
 
 
@@ -131,9 +137,10 @@ def run_sweep(
     on_done: Callable[[SweepItem, SweepResult], None] | None = None,
     options: WatchOptions | None = None,
     stop: Stop | None = None,
+    force: bool = False,
 ) -> tuple[str, list[SweepResult]]:
     """Run the items one after another, each stored under ``sweep_id``; ``stop`` (Ctrl-C) stops the
-    running run and ends the sweep.
+    running run and ends the sweep; ``force``: more processes than this host has devices for are started.
 
     Returns:
         The sweep id and one result per item that was reached (a run stopped by the user ends the
@@ -148,7 +155,7 @@ def run_sweep(
             if not row.launchable:  # the table's own sentence, not the validator's list of choices
                 raise RecipeError(row.not_launchable or f"ftui run cannot launch {item.strategy}")
             recipe: Recipe = load_recipe(recipe_path, item.overrides)
-            warnings = preflight(recipe)
+            warnings = preflight(recipe, force=force)
         except RecipeError as exc:
             run_id = _refused(store, recipe_path, item, sweep_id, f"refused before launch: {exc}")
             result = SweepResult(run_id, "failed", f"refused before launch: {exc}")

@@ -20,20 +20,42 @@ DEEPSPEED_FILE = "deepspeed.json"
 ZERO3_PERSISTENCE_THRESHOLD = 100_000
 """ZeRO-3 keeps parameters of fewer elements than this gathered on every rank (DeepSpeed's default, written
 into the config so that the planner and the run agree)."""
+ZERO3_MAX_LIVE_PARAMETERS = 1_000_000_000
+"""ZeRO-3 keeps at most this many gathered parameter elements alive (DeepSpeed's default, written into the
+config so that the planner and the run agree)."""
+GPU_BUCKET = 200_000_000
+"""The seed's bucket on GPU, in elements."""
+CPU_BUCKET = 20_000_000
+"""On CPU a tenth: an fp32 bucket of 2e8 is 800 MB of host memory, more than the whole tiny model's training."""
+BUCKET_ALIGNMENT = 64
+"""Bucket sizes are rounded up to this many elements (DeepSpeed asserts an even allgather bucket)."""
 
 
-def deepspeed_config(recipe: Recipe, on_cpu: bool) -> dict[str, Any]:
+def bucket_elements(on_cpu: bool, trainable: int | None) -> int:
+    """Elements of the reduce and allgather buckets ftui writes: the device's configured size, or the
+    trainable parameter count (rounded up to :data:`BUCKET_ALIGNMENT`) where that is smaller.
+
+    DeepSpeed allocates the reduce bucket (its ``ipg`` buffer) whole, in the gradients' dtype, whatever the
+    model: a bucket larger than every gradient together is memory that nothing uses, and one bucket of all
+    the gradients already reduces them in one collective. ``trainable`` None (not known): the configured size.
+    """
+    configured = CPU_BUCKET if on_cpu else GPU_BUCKET
+    if not trainable or trainable <= 0:
+        return configured
+    return min(configured, -(-trainable // BUCKET_ALIGNMENT) * BUCKET_ALIGNMENT)
+
+
+def deepspeed_config(recipe: Recipe, on_cpu: bool, trainable: int | None = None) -> dict[str, Any]:
     """The DeepSpeed config of a ZeRO run (written to ``RUN/deepspeed.json``).
 
     Every value is explicit: accelerate's ``"auto"`` fill-ins need a prepared dataloader (the trainer owns
-    its data order) and set gradient clipping to 1.0 whatever the recipe says.
+    its data order) and set gradient clipping to 1.0 whatever the recipe says. ``trainable``: the model's
+    trainable parameter count, which caps the buckets (:func:`bucket_elements`); None: not known.
     """
     launch, train = recipe.launch, recipe.train
     row = strategies.resolve(launch.strategy, launch.engine).engine_row()
     assert row is not None and row.stage is not None
-    # The seed's 2e8-element buckets on GPU; on CPU a tenth (an fp32 bucket of 2e8 is 800 MB of host memory,
-    # more than the whole tiny model's training).
-    bucket = 200_000_000 if not on_cpu else 20_000_000
+    bucket = bucket_elements(on_cpu, trainable)
     zero: dict[str, Any] = {
         "stage": row.stage,
         # The seed's ZeRO-2 settings: bucketed, overlapped reduce-scatter into contiguous gradients.
@@ -50,6 +72,7 @@ def deepspeed_config(recipe: Recipe, on_cpu: bool) -> dict[str, Any]:
         zero["offload_param"] = {"device": "cpu", "pin_memory": not on_cpu}
     if row.stage == 3:
         zero["stage3_param_persistence_threshold"] = ZERO3_PERSISTENCE_THRESHOLD
+        zero["stage3_max_live_parameters"] = ZERO3_MAX_LIVE_PARAMETERS
         zero["stage3_gather_16bit_weights_on_model_save"] = True  # the saved adapter/model: gathered on rank 0
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": train.batch_size,

@@ -51,7 +51,8 @@ Every event carries ``seq`` (0, 1, 2, ... within the run: its stable id), ``type
   ``named_metrics`` table (:class:`MetricsEvent`, :func:`metrics_event`).
 - ``eval_samples``: ``step`` and ``samples``, ``[{"prompt", "completion"}]`` generated at an evaluation.
 - ``end``: ``status`` (completed / stopped / failed), ``steps``, ``train_seconds``, ``tokens``,
-  ``tokens_per_s`` (of this run's own steps), ``final_loss``, ``saved``, ``ranks``, ``skipped``,
+  ``tokens_per_s`` (steady state: this run's steps after the memory-metered ones; null when every step
+  was metered), ``window_tokens_per_s`` (every step of this run), ``steady_steps``, ``final_loss``, ``saved``, ``ranks``, ``skipped``,
   ``checkpoint`` (the newest complete one, or null).
 
 The orchestrator adds its own (``launch``, ``exit``, ``hang``) to the store only. JSON has no NaN or
@@ -252,6 +253,11 @@ class EndEvent(TypedDict):
     train_seconds: float
     tokens: int
     tokens_per_s: float | None
+    """Steady state: the unmetered steps (:mod:`runner.rank.throughput`); None when there were none."""
+    window_tokens_per_s: NotRequired[float | None]
+    """Every step of this run, the memory-metered ones included."""
+    steady_steps: NotRequired[int]
+    """The unmetered steps ``tokens_per_s`` is measured over."""
     final_loss: float | None
     saved: str | None
     ranks: list[dict[str, Any]]

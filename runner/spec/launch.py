@@ -115,6 +115,7 @@ def build_launch(
     python: str = sys.executable,
     nodes: NodeSpec | None = None,
     workdir: Path | None = None,
+    trainable: int | None = None,
 ) -> LaunchSpec:
     """Build the launch of ``recipe`` in ``run_dir`` (pure: writes nothing).
 
@@ -128,6 +129,8 @@ def build_launch(
         nodes: this machine's part of a multi-node run (its rendezvous); None for one machine.
         workdir: the folder a script run (``launch.script``) runs in, so that relative paths in its
             arguments mean what they meant where ``ftui run`` was typed; default the current folder.
+        trainable: the model's trainable parameter count (the planner's), which caps DeepSpeed's buckets;
+            None: not known (the configured sizes).
     """
     import yaml
 
@@ -144,7 +147,7 @@ def build_launch(
     if strategies.resolve(launch.strategy, launch.engine).accelerate_type == "DEEPSPEED":
         # Kept in the run folder beside accelerate.yaml, which names it (also with the recipe's own config).
         on_cpu = launch.device == "cpu" or cpu_threads is not None
-        ds_config = deepspeed_config.deepspeed_config(recipe, on_cpu)
+        ds_config = deepspeed_config.deepspeed_config(recipe, on_cpu, trainable)
         files[deepspeed_config.DEEPSPEED_FILE] = json.dumps(ds_config, indent=2) + "\n"
     # Several processes on one machine: accelerate launch through runner/rank/loopback_launch.py, which binds
     # torchrun's rendezvous store to the loopback address (its server would otherwise listen on every

@@ -2,7 +2,8 @@
 
 Pure checks, no torch: the recipe validator calls :func:`recipe_problem`, and :func:`microbatches` says how
 many micro-batches a pipelined run cuts each batch into. The training loops are :mod:`runner.rank.pipeline`
-and :mod:`runner.rank.tensor_parallel`.
+and :mod:`runner.rank.tensor_parallel`. Also how many processes one machine takes, whatever the layout
+(:func:`host_nproc_problem`).
 """
 
 from __future__ import annotations
@@ -98,3 +99,37 @@ def replicas(recipe: Recipe) -> int:
     if not strategies.get(recipe.launch.strategy).tensor_parallel:
         return 1
     return max(1, recipe.launch.nproc * (recipe.launch.nnodes or 1) // tp_size(recipe))
+
+
+CPU_RANKS_PER_CORE = 2
+"""Ranks a CPU run may start per physical core before the pre-flight refuses it: more only share the
+cores, and each rank holds its own model, so memory grows with every one."""
+
+
+def host_nproc_limit(on_cpu: bool, gpus: int, cpu_cores: int) -> int:
+    """The most processes one machine runs: one per GPU on a GPU run, its cores x
+    :data:`CPU_RANKS_PER_CORE` on CPU."""
+    return max(1, cpu_cores) * CPU_RANKS_PER_CORE if on_cpu else gpus
+
+
+def host_nproc_problem(nproc: int, on_cpu: bool, gpus: int, cpu_cores: int, listed: bool = False) -> str | None:
+    """Why ``nproc`` processes on one machine are more than it has devices for (None: they fit).
+
+    The one place that decides it, for ``ftui run``, ``sweep``, ``resume``, ``--dry-run`` and Compose alike.
+    ``nproc`` is per machine (``launch.nproc``; a multi-node run checks it on each node against that node),
+    ``gpus`` the GPUs the ranks will see (``listed``: those ``launch.gpus`` names), ``cpu_cores`` the physical
+    cores. The line names the field and the host's count; the caller adds how to go on anyway (``--force``,
+    or Compose's toggle). This host's figures for a recipe: :func:`runner.watch.host.nproc_over_host`.
+    """
+    if not on_cpu and gpus == 0:  # a GPU run with no GPU here: the device's own check says so
+        return None
+    limit = host_nproc_limit(on_cpu, gpus, cpu_cores)
+    if nproc <= limit:
+        return None
+    if on_cpu:
+        have = (f"this host trains on CPU with {cpu_cores} core{'s' if cpu_cores != 1 else ''} "
+                f"(at most {limit} processes: {CPU_RANKS_PER_CORE} per core)")
+    else:
+        owner = "launch.gpus lists" if listed else "this host has"
+        have = f"{owner} {gpus} GPU{'s' if gpus != 1 else ''} (one process per GPU)"
+    return f"launch.nproc (--nproc): {nproc} processes, but {have}"

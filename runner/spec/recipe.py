@@ -7,13 +7,14 @@ is reported as one line naming the field path and, where the key appears in the 
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 import re
 import tomllib
 from collections.abc import Iterable, Set
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -487,7 +488,7 @@ def _first_error(exc: ValidationError, text: str, source: str, overridden: Set[s
     path = ".".join(loc) or "recipe"
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
-        msg = "unknown field"
+        msg = "unknown field" + _did_you_mean(loc)
     elif err["type"] == "value_error":
         # Our own consistency checks already name their field: "launch.nproc: ..."
         msg = msg.removeprefix("Value error, ")
@@ -505,6 +506,21 @@ def _first_error(exc: ValidationError, text: str, source: str, overridden: Set[s
         return RecipeError(f"--set {made_by}: {path}: {msg}{more}", field=path, problem=msg + more, file="--set")
     where = f"{source}:{line}" if line else source
     return RecipeError(f"{where}: {path}: {msg}{more}", field=path, problem=msg + more, file=source, line=line)
+
+
+def _did_you_mean(loc: list[str]) -> str:
+    """`` (did you mean train.batch_size?)`` for the unknown field at ``loc`` when a field of its section is
+    spelled closely enough (difflib), else nothing."""
+    *section, key = loc or [""]
+    model: Any = Recipe
+    for part in section:
+        field = model.model_fields.get(part)
+        model = next((t for t in (field.annotation, *get_args(field.annotation)) if isinstance(t, type)
+                      and issubclass(t, BaseModel)), None) if field is not None else None
+        if model is None:
+            return ""
+    close = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.6)
+    return f" (did you mean {'.'.join([*section, close[0]])}?)" if close else ""
 
 
 def _shown(value: Any, limit: int = 60) -> str:

@@ -272,6 +272,11 @@ class RunSummary:
     # from the trainer's end event, at the end
     train_seconds: float | None = None
     tokens_per_s: float | None = None
+    """Steady state: tokens/s over the steps after the memory-metered ones (None: every step was metered)."""
+    window_tokens_per_s: float | None = None
+    """tokens/s over every step of the run, the memory-metered ones included."""
+    steady_steps: int | None = None
+    """How many unmetered steps ``tokens_per_s`` is measured over."""
     final_loss: float | None = None
     tokens: int | None = None
     steps: int | None = None

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from runner.planner import breakdown_json, estimate, inputs_from_recipe, resolve_model_shape
+from runner.planner.deepspeed import trainable_elements
 from runner.spec import strategies
 from runner.spec.recipe import Recipe
 from runner.spec.script import described
@@ -41,3 +42,14 @@ def estimate_summary(recipe: Recipe) -> dict[str, Any]:
         }
     except Exception as exc:  # noqa: BLE001 (an estimate is informative only)
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def trainable_count(recipe: Recipe) -> int | None:
+    """The run's trainable parameter count from the model's shape (what caps DeepSpeed's buckets in the
+    config ftui writes); None when the shape cannot be had offline or the recipe names no model."""
+    if "model" not in described(recipe):
+        return None
+    try:
+        return trainable_elements(inputs_from_recipe(recipe, allow_network=False))
+    except Exception:  # noqa: BLE001 (the configured bucket sizes stand)
+        return None

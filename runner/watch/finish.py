@@ -141,6 +141,8 @@ def project_end(store: Store, stream: RunStream, status: str, exit_code: int | N
         summary = {
             "train_seconds": end.get("train_seconds"),
             "tokens_per_s": end.get("tokens_per_s"),
+            "window_tokens_per_s": end.get("window_tokens_per_s"),
+            "steady_steps": end.get("steady_steps"),
             "final_loss": end.get("final_loss"),
             "tokens": end.get("tokens"),
             "steps": end.get("steps"),

@@ -1,5 +1,5 @@
 """Facts of this host a launch depends on: CPU or GPU, how many GPUs, threads per rank, a free port,
-and the telemetry probe. Detected once per command (:func:`runner.hardware.hostfacts.current`), through
+and the telemetry probe; whether a hub model can be had (:func:`runner.planner.hub.hub_model_problem`). Detected once per command (:func:`runner.hardware.hostfacts.current`), through
 NVML, never torch, so that ``ftui run`` starts fast."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import socket
 
 from runner.hardware import Probe
 from runner.hardware.hostfacts import current
+from runner.spec import layout
 from runner.spec.recipe import Recipe
 
 
@@ -23,6 +24,17 @@ def runs_on_cpu(recipe: Recipe) -> bool:
     if recipe.launch.device == "cuda":
         return False
     return cuda_device_count() == 0
+
+
+def nproc_over_host(recipe: Recipe) -> str | None:
+    """Why the recipe's processes per machine are more than this host has devices for (None: they fit):
+    :func:`runner.spec.layout.host_nproc_problem` with this host's GPUs (those of ``launch.gpus`` where it
+    lists them) and cores. The pre-flight refuses it unless forced; Compose asks it as the form changes."""
+    facts = current()
+    listed = recipe.launch.gpus
+    gpus = len(listed) if listed is not None else facts.visible_gpus
+    return layout.host_nproc_problem(recipe.launch.nproc, runs_on_cpu(recipe), gpus, facts.cpu_cores,
+                                     listed=listed is not None)
 
 
 def cpu_threads(recipe: Recipe) -> int | None:
@@ -42,31 +54,3 @@ def free_port() -> int:
 def probe_for(fake_gpus: int = 0) -> Probe:
     """The telemetry probe: real NVML + psutil, or ``fake_gpus`` scripted GPUs (demo mode)."""
     return Probe.fake(fake_gpus) if fake_gpus else Probe()
-
-
-HUB_TIMEOUT_S = 10.0
-"""How long the pre-flight waits for the Hugging Face hub to say whether a model id exists."""
-
-
-def hub_model_problem(name: str, revision: str | None) -> str | None:
-    """Why the ranks could not load the hub model ``name`` (None: it is in the local Hugging Face cache, or
-    the hub has it). Offline (``HF_HUB_OFFLINE``) or with the hub unreachable, only the cache counts."""
-    import huggingface_hub  # deferred: only a recipe naming a hub model needs it
-    from huggingface_hub import constants
-    from huggingface_hub.errors import HfHubHTTPError
-
-    try:
-        cached = huggingface_hub.try_to_load_from_cache(name, "config.json", revision=revision)
-    except ValueError:  # not the shape of a repository id
-        return "neither a local model folder nor a Hugging Face model id"
-    if isinstance(cached, str):
-        return None
-    if constants.HF_HUB_OFFLINE:
-        return "not in the Hugging Face cache and HF_HUB_OFFLINE is set (download it first: hf download NAME)"
-    try:
-        huggingface_hub.HfApi().model_info(name, revision=revision, timeout=HUB_TIMEOUT_S)
-    except HfHubHTTPError as exc:
-        return f"the Hugging Face hub has no such model{' revision' if revision else ''} ({type(exc).__name__})"
-    except Exception as exc:  # noqa: BLE001 (no network: DNS, connection, timeout)
-        return f"not in the Hugging Face cache and the hub cannot be reached ({type(exc).__name__})"
-    return None

@@ -19,6 +19,7 @@ from runner.data.rows import DataError, check_source
 from runner.hardware import check_gpus_free, visible_mapping
 from runner.hardware.disks import filesystem_of
 from runner.planner import DEFAULT_RESERVE, checkpoint_bytes, inputs_from_recipe, parse_bytes
+from runner.planner.hub import hub_model_problem
 from runner.spec import layout, strategies, zero
 from runner.spec.builtin import BUILTIN_PREFIX, TINY_LLAMA_LINEAR
 from runner.spec.checkpoint import CheckpointError, check_resume
@@ -26,7 +27,7 @@ from runner.spec.paths import FolderError, check_runs_dir, runs_dir
 from runner.spec.recipe import Recipe, RecipeError
 from runner.spec.script import check_script
 from runner.watch.estimate import estimate_summary
-from runner.watch.host import cuda_device_count, hub_model_problem, probe_for, runs_on_cpu
+from runner.watch.host import cuda_device_count, nproc_over_host, probe_for, runs_on_cpu
 
 
 class PreflightError(RecipeError):
@@ -43,7 +44,7 @@ class InputError(RecipeError):
 
 
 def launch_checks(recipe: Recipe, fake_gpus: int = 0, allow_data_change: bool = False,
-                  dry_run: bool = False) -> list[str]:
+                  dry_run: bool = False, force: bool = False) -> list[str]:
     """Check a recipe before launch.
 
     Args:
@@ -51,6 +52,7 @@ def launch_checks(recipe: Recipe, fake_gpus: int = 0, allow_data_change: bool = 
         fake_gpus: scripted GPUs of the demo mode (0: the real NVML).
         allow_data_change: resume from a checkpoint although its data source changed since.
         dry_run: nothing will be loaded (``--dry-run``): a hub model that is not here yet is a warning.
+        force: start more processes than this host has devices for (``--force``).
 
     Returns:
         Warnings, one line each (empty when nothing is worth saying).
@@ -59,15 +61,19 @@ def launch_checks(recipe: Recipe, fake_gpus: int = 0, allow_data_change: bool = 
         PreflightError: the run cannot start (a RecipeError naming the field).
         InputError: its data or folders are unusable.
     """
-    warnings = preflight(recipe, allow_data_change, dry_run, fake_gpus)
+    warnings = preflight(recipe, allow_data_change, dry_run, fake_gpus, force)
     return warnings + input_warnings(recipe) + gpu_warnings(recipe, fake_gpus)
 
 
-def preflight(recipe: Recipe, allow_data_change: bool = False, dry_run: bool = False, fake_gpus: int = 0) -> list[str]:
+def preflight(recipe: Recipe, allow_data_change: bool = False, dry_run: bool = False, fake_gpus: int = 0,
+              force: bool = False) -> list[str]:
     """Check what can be checked before launch; raise :class:`PreflightError`, return warnings.
     ``allow_data_change``: a checkpoint to resume from may have been taken on other data; ``dry_run``:
     nothing will be loaded, so a hub model not here yet is a warning; ``fake_gpus``: the demo mode's
-    scripted GPUs, which ``launch.gpus`` may name."""
+    scripted GPUs, which ``launch.gpus`` may name; ``force``: more processes than this host has devices
+    for are started anyway."""
+    if not force:
+        check_host_nproc(recipe)
     if recipe.launch.script is not None:  # a script run: the script owns its model and data
         return _script_preflight(recipe)
     warnings: list[str] = []
@@ -106,6 +112,18 @@ def preflight(recipe: Recipe, allow_data_change: bool = False, dry_run: bool = F
     if recipe.train.resume_from is not None:
         _check_resume(recipe, allow_data_change)
     return warnings
+
+
+FORCE_HINT = "lower it, or pass --force to start them anyway"
+"""How the command line goes on past :func:`check_host_nproc` (Compose has a toggle of its own)."""
+
+
+def check_host_nproc(recipe: Recipe) -> None:
+    """Refuse more processes per machine than this host has GPUs (on CPU: cores x 2): each rank holds the
+    model, so they only fill memory and share the devices (:func:`runner.watch.host.nproc_over_host`)."""
+    problem = nproc_over_host(recipe)
+    if problem:
+        raise PreflightError(f"{problem}; {FORCE_HINT}", field="launch.nproc", problem=problem.split(": ", 1)[1])
 
 
 def _check_device(recipe: Recipe, fake_gpus: int = 0) -> None:

@@ -6,6 +6,7 @@ complete checkpoint) and a prepared run read back from its folder (the backgroun
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,7 +20,7 @@ from runner.spec.recipe import Recipe, load_recipe
 from runner.spec.rendezvous import NodeSpec
 from runner.spec.run_record import update_record
 from runner.spec.script import store_method, store_model
-from runner.watch.estimate import estimate_summary
+from runner.watch.estimate import estimate_summary, trainable_count
 from runner.watch.host import cpu_threads, free_port
 from runner.watch.identity import record_watcher
 from runner.watch.preflight import PreflightError, check_room, preflight
@@ -72,14 +73,15 @@ def prepare(
     resumed_from: int | None = None,
     nodes: NodeSpec | None = None,
 ) -> Prepared:
-    """Record the run (unless ``store`` is None: a dry run) and write its folder; start nothing.
+    """Record the run and write its folder; start nothing. A dry run (``store`` None) records nothing and
+    leaves the runs folder as it is (:func:`dry_prepare`).
 
     Args:
         store: where the run is recorded; None: a dry run.
         recipe: the validated recipe.
         source: where the recipe came from (a file), as stored.
         sweep_id: the sweep the run belongs to.
-        root: the folder of run folders (default: the data folder's).
+        root: the folder of run folders (default: the data folder's; not for a dry run).
         resumed_from: the run this one continues (:func:`prepare_resume`).
         nodes: the rendezvous of a dry run of one machine of several (a real one goes through
             :func:`runner.nodes.agent.prepare_node`).
@@ -88,49 +90,62 @@ def prepare(
         PreflightError: the run folder cannot be claimed or written (the run is recorded failed).
         InputError: the run folders' disk has no room for a checkpoint (nothing is recorded).
     """
+    if store is None:
+        return dry_prepare(recipe, nodes)
     root = root or runs_dir()
-    run_id: int | None = None
-    if store is not None:
-        check_room(recipe, root)  # before anything is recorded
+    check_room(recipe, root)  # before anything is recorded
     # The folder is named by a globally unique id, never by the store's integer id: two stores
     # sharing one data folder would otherwise write into the same folder.
-    if store is not None:
-        run_id = store.create_run(
-            name=recipe.name,
-            recipe_text=recipe.to_toml(),
-            recipe_hash=recipe.digest(),
-            recipe_source=source,
-            strategy=recipe.launch.strategy,
-            nproc=recipe.launch.nproc,
-            method=store_method(recipe),
-            model=store_model(recipe),
-            run_dir="",
-            sweep_id=sweep_id,
-            resumed_from=resumed_from,
-        )
-        record_watcher(store, run_id)  # the preparing process, until a watcher takes over
-        uid = run_uid(store, run_id)
-    else:
-        uid = f"dry-run-{new_run_uid()}"
+    run_id = store.create_run(
+        name=recipe.name,
+        recipe_text=recipe.to_toml(),
+        recipe_hash=recipe.digest(),
+        recipe_source=source,
+        strategy=recipe.launch.strategy,
+        nproc=recipe.launch.nproc,
+        method=store_method(recipe),
+        model=store_model(recipe),
+        run_dir="",
+        sweep_id=sweep_id,
+        resumed_from=resumed_from,
+    )
+    record_watcher(store, run_id)  # the preparing process, until a watcher takes over
+    uid = run_uid(store, run_id)
     try:
         run_dir = claim_run_folder(root, uid, recipe.name)
         port = nodes.main_port if nodes is not None else free_port()
         spec = write_launch(recipe, run_dir, port, nodes)
     except (RunFolderError, OSError) as exc:
         problem = f"run folder: {write_problem(root, exc)}" if isinstance(exc, OSError) and is_no_space(exc) else str(exc)
-        if store is not None and run_id is not None:
-            fail_unstarted(store, run_id, problem)
+        fail_unstarted(store, run_id, problem)
         raise PreflightError(problem) from None
-    if store is not None and run_id is not None:
-        try:
-            store.update_run(run_id, run_dir=str(run_dir))
-            _write_record(store, run_id, run_dir)
-            record_summary(store, run_id, run_dir, {"uid": uid, "estimate": estimate_summary(recipe)})
-        except (StoreError, OSError) as exc:  # a disk that filled since the run was created: it does not start
-            problem = f"run folder: {write_problem(run_dir, exc)}" if isinstance(exc, OSError) else str(exc)
-            fail_unstarted(store, run_id, problem)
-            raise PreflightError(problem) from None
+    try:
+        store.update_run(run_id, run_dir=str(run_dir))
+        _write_record(store, run_id, run_dir)
+        record_summary(store, run_id, run_dir, {"uid": uid, "estimate": estimate_summary(recipe)})
+    except (StoreError, OSError) as exc:  # a disk that filled since the run was created: it does not start
+        problem = f"run folder: {write_problem(run_dir, exc)}" if isinstance(exc, OSError) else str(exc)
+        fail_unstarted(store, run_id, problem)
+        raise PreflightError(problem) from None
     return Prepared(run_id=run_id, run_dir=run_dir, spec=spec, recipe=recipe)
+
+
+def dry_prepare(recipe: Recipe, nodes: NodeSpec | None = None) -> Prepared:
+    """The launch of ``recipe`` (``--dry-run``), its files written into a private folder of the system's
+    temporary folder, never the runs folder: nothing is recorded and no run is listed, yet the printed argv,
+    run by hand with its env, trains what ``ftui run`` would.
+
+    Raises:
+        PreflightError: the temporary folder cannot be written.
+    """
+    try:
+        root = Path(tempfile.mkdtemp(prefix="ftui-dry-run-"))  # mode 0700
+        run_dir = claim_run_folder(root, new_run_uid(), recipe.name)
+        port = nodes.main_port if nodes is not None else free_port()
+        spec = write_launch(recipe, run_dir, port, nodes)
+    except (RunFolderError, OSError) as exc:
+        raise PreflightError(f"dry run: {exc}") from None
+    return Prepared(run_id=None, run_dir=run_dir, spec=spec, recipe=recipe)
 
 
 def fail_unstarted(store: Store, run_id: int, problem: str) -> None:
@@ -160,7 +175,8 @@ def record_summary(store: Store, run_id: int, run_dir: Path, summary: dict[str, 
 
 def write_launch(recipe: Recipe, run_dir: Path, port: int, nodes: NodeSpec | None) -> LaunchSpec:
     """Build the launch of ``recipe`` and write its files and ``launch.json`` into ``run_dir``."""
-    spec = build_launch(recipe, run_dir, port=port, cpu_threads=cpu_threads(recipe), nodes=nodes)
+    spec = build_launch(recipe, run_dir, port=port, cpu_threads=cpu_threads(recipe), nodes=nodes,
+                        trainable=trainable_count(recipe))
     for name, text in spec.files.items():
         (run_dir / name).write_text(text)
     (run_dir / ev.LAUNCH_FILE).write_text(json.dumps(spec.to_json(), indent=2) + "\n")
@@ -179,7 +195,8 @@ RUNNING = ("created", "running")
 """The statuses of a run that may still train: it is not resumed (a second training of it would start)."""
 
 
-def prepare_resume(store: Store, run_id: int, root: Path | None = None, allow_data_change: bool = False) -> Prepared:
+def prepare_resume(store: Store, run_id: int, root: Path | None = None, allow_data_change: bool = False,
+                   force: bool = False) -> Prepared:
     """Record a new run that continues run ``run_id`` from its newest checkpoint whose files verify: the
     old run's recipe (same strategy and process count) with ``train.resume_from`` set. Starts nothing.
     Newer checkpoints passed over (damaged, cut short) are in the result's warnings; a run that has none
@@ -208,7 +225,7 @@ def prepare_resume(store: Store, run_id: int, root: Path | None = None, allow_da
     checkpoint, warnings = resume_checkpoint(run_id, run_dir, parent)
     recipe = load_recipe(run_dir / ev.RECIPE_FILE)
     recipe = recipe.model_copy(update={"train": recipe.train.model_copy(update={"resume_from": str(checkpoint)})})
-    preflight(recipe, allow_data_change)
+    preflight(recipe, allow_data_change, force=force)
     prepared = prepare(store, recipe, source=f"resume of run {run_id}", root=root, resumed_from=run_id)
     assert prepared.run_id is not None
     step = (read_manifest(checkpoint) or {}).get("step")

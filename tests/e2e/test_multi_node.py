@@ -126,7 +126,9 @@ class TwoNodes:
         return Store(self.db)
 
 
-TRAIN = ["run", str(QUICKSTART), "--strategy", "ddp", "--nproc", "1", "--set", f"train.max_steps={STEPS}",
+ROWS = ["--set", "data.context_length=64", "--set", "train.batch_size=2"]
+"""Every run here: a quarter of quickstart's rows per step, each a quarter as long (the point is the nodes)."""
+TRAIN = ["run", str(QUICKSTART), *ROWS, "--strategy", "ddp", "--nproc", "1", "--set", f"train.max_steps={STEPS}",
          "--set", "train.save_every=2", "--set", "train.keep_checkpoints=3", "--sample-interval", "0.5"]
 
 
@@ -236,7 +238,7 @@ def test_fsdp_two_nodes_resume_when_their_folders_are_readable_from_each_other(t
     """Both loopback nodes on one disk (a shared filesystem): each node copies in the DCP files written on
     the other (the metadata is only where global rank 0 was) and the losses go on as uninterrupted."""
     db = f"sqlite:///{tmp_path}/ftui.db"
-    train = ["run", str(QUICKSTART), "--strategy", "fsdp", "--nproc", "1", "--set", "train.max_steps=4",
+    train = ["run", str(QUICKSTART), *ROWS, "--strategy", "fsdp", "--nproc", "1", "--set", "train.max_steps=4",
              "--set", "train.save_every=2", "--sample-interval", "0"]
     assert _wait(_start(tmp_path, db, train, "train"), tmp_path, "train") == [0, 0], _logs(tmp_path, "train")
     store = Store(db)
@@ -258,7 +260,7 @@ def test_fsdp_two_nodes_resume_when_their_folders_are_readable_from_each_other(t
 
 def test_two_nodes_of_two_fsdp_ranks_stop_together_from_ftui_stop(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path}/ftui.db"
-    procs = _start(tmp_path, db, ["run", str(QUICKSTART), "--strategy", "fsdp", "--nproc", "2", "--set",
+    procs = _start(tmp_path, db, ["run", str(QUICKSTART), *ROWS, "--strategy", "fsdp", "--nproc", "2", "--set",
                                   "train.max_steps=200", "--grace", "120"], "node")
     store = Store(db)
     _until(_first_step(store), procs, tmp_path, "node")  # the first step, then stop from a third process
@@ -278,7 +280,7 @@ def test_two_nodes_of_two_fsdp_ranks_stop_together_from_ftui_stop(tmp_path: Path
 
 def test_a_node_that_dies_fails_the_run_with_its_reason(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path}/ftui.db"
-    procs = _start(tmp_path, db, ["run", str(QUICKSTART), "--strategy", "ddp", "--nproc", "1", "--set",
+    procs = _start(tmp_path, db, ["run", str(QUICKSTART), *ROWS, "--strategy", "ddp", "--nproc", "1", "--set",
                                   "train.max_steps=200"], "node", env={"FTUI_NODE_DEAD_AFTER_S": "3"})
     store = Store(db)
     _until(_first_step(store), procs, tmp_path, "node")

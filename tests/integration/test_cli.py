@@ -90,9 +90,25 @@ def test_dry_run_prints_the_launch_and_runs_nothing(ftui: Ftui, in_process) -> N
     assert config.is_file() and "distributed_type: FSDP" in config.read_text()
     recipe = (config.parent / "recipe.toml").read_text()
     assert "max_steps = 50" in recipe and 'strategy = "fsdp"' in recipe and "nproc = 2" in recipe
+    assert (ftui.home / "runs").resolve() not in config.parents, "the launch's files are written outside the runs folder"
     assert len(ftui.runs()) == before, "a dry run records nothing"
     text = in_process("run", str(QUICKSTART), "--dry-run").stdout
     assert "runner.rank.solo_launch" in text and "distributed_type: 'NO'" in text
+    assert not list((ftui.home / "runs").glob("dry-run-*")), "nothing is left in the runs folder"
+
+
+def test_sweep_dry_run_prints_its_runs_and_runs_nothing(ftui: Ftui, in_process) -> None:  # type: ignore[no-untyped-def]
+    runs = ftui.home / "runs"
+    before, folders = len(ftui.runs()), sorted(runs.iterdir()) if runs.is_dir() else []
+    proc = in_process("sweep", str(QUICKSTART), "--strategies", "single,ddp", "--grid", "train.lr=1e-3,2e-3",
+                      "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "1. single x 1 [train.lr=1e-3] · micro-batch 4 x 1 process",
+        "2. ddp x 2 [train.lr=1e-3] · micro-batch 4/2 = 2 x 2 processes (global batch 4 kept)",
+        "3. single x 1 [train.lr=2e-3] · micro-batch 4 x 1 process",
+        "4. ddp x 2 [train.lr=2e-3] · micro-batch 4/2 = 2 x 2 processes (global batch 4 kept)"]
+    assert len(ftui.runs()) == before and (sorted(runs.iterdir()) if runs.is_dir() else []) == folders
 
 
 BAD_INPUTS = [

@@ -126,12 +126,13 @@ def test_two_stores_sharing_a_data_folder_get_different_run_folders(tmp_path: Pa
         assert prepared.run_dir.parent == root.resolve() and prepared.run_dir.name.endswith("-quickstart")
 
 
-def test_ftui_run_with_a_name_that_climbs_stays_in_the_runs_folder(ftui: Ftui) -> None:
+def test_ftui_run_with_a_name_that_climbs_stays_in_its_folder(ftui: Ftui) -> None:
     result = ftui.run("run", str(QUICKSTART), "--name", "../../escape", "--dry-run", "--format", "json")
     assert result.returncode == 0, result.stderr
     argv = json.loads(result.stdout)["argv"]
     run_dir = Path(argv[argv.index("--run-dir") + 1])
-    assert run_dir.parent == (ftui.home / "runs").resolve()
+    assert run_dir.parent.name.startswith("ftui-dry-run-") and run_dir.name.endswith("-escape"), run_dir
+    assert not list((ftui.home / "runs").glob("*escape*")), "nothing in the runs folder"
 
 
 SLOW_RANK = textwrap.dedent(

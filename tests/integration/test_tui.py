@@ -36,9 +36,9 @@ async def test_runs_screen_filter_sort_tags_note_compare_delete(store: Store) ->
         screen.query_one("#filter", Input).value = ""
         await pilot.pause()
         assert table.row_count == 2
-        # sort cycles
+        # s reverses the sort, then moves to the next
         await pilot.press("s")
-        assert screen.sort_column == "name"
+        assert (screen.sort_column, screen.sort_descending) == ("id", False)
         # tags and note through the prompts
         await pilot.press("t", *"lr,sweep", "enter")
         await pilot.press("n", *"first try", "enter")

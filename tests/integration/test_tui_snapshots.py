@@ -12,7 +12,7 @@ import pytest
 from runner.hardware import DeviceSample, ProcessGpuMemory
 from runner.spec.recipe import load_recipe
 from store import Store
-from tests.support.dashboard import NO_WATCHER_CHECK
+from tests.support.dashboard import NO_WATCHER_CHECK, wait_for
 from tui.app import app as app_module
 from tui.app import make_app
 
@@ -154,10 +154,8 @@ def test_monitor(snap_compare, store: Store, size, run_id) -> None:  # type: ign
     async def before(pilot) -> None:  # type: ignore[no-untyped-def]
         await settle(pilot)
         pilot.app.open_run(run_id)
-        for _ in range(50):  # the monitor's first read lands from a worker thread
-            if getattr(pilot.app.screen, "snapshot", None) is not None:
-                break
-            await pilot.pause(0.1)
+        # the monitor's first read lands from a worker thread
+        await wait_for(pilot, lambda: getattr(pilot.app.screen, "snapshot", None) is not None, what="the monitor")
         await settle(pilot)
 
     assert snap_compare(app_for(store), terminal_size=size, run_before=before)
@@ -168,10 +166,9 @@ def test_compare(snap_compare, store: Store, size) -> None:  # type: ignore[no-u
     async def before(pilot) -> None:  # type: ignore[no-untyped-def]
         await settle(pilot)
         await pilot.press("space", "down", "space", "down", "space", "c")
-        for _ in range(100):  # the comparison lands from a thread worker
-            if getattr(pilot.app.screen, "comparison", None) is not None:
-                break
-            await pilot.pause(0.1)
+        # the comparison lands from a thread worker (seconds on a loaded machine: it reads the model's config)
+        await wait_for(pilot, lambda: getattr(pilot.app.screen, "comparison", None) is not None,
+                       what="the comparison")
         await settle(pilot)
 
     assert snap_compare(app_for(store), terminal_size=size, run_before=before)
@@ -186,10 +183,7 @@ async def test_monitor_relayouts_on_resize(store: Store) -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
         app.open_run(4)
-        for _ in range(50):
-            if getattr(app.screen, "snapshot", None) is not None:
-                break
-            await pilot.pause(0.1)
+        await wait_for(pilot, lambda: getattr(app.screen, "snapshot", None) is not None, what="the monitor")
         await settle(pilot)
         devices = app.screen.query_one("#devices", DataTable)
 
@@ -229,10 +223,7 @@ def test_devices(snap_compare, store: Store, size) -> None:  # type: ignore[no-u
     async def before(pilot) -> None:  # type: ignore[no-untyped-def]
         await settle(pilot)
         await pilot.press("3")
-        for _ in range(100):
-            if getattr(pilot.app.screen, "snapshot", None) is not None:
-                break
-            await pilot.pause(0.1)
+        await wait_for(pilot, lambda: getattr(pilot.app.screen, "snapshot", None) is not None, what="the devices")
         await settle(pilot)
 
     assert snap_compare(app, terminal_size=size, run_before=before)

@@ -34,12 +34,14 @@ STEPS = 5
 and the loss going down."""
 GLOBAL_BATCH = 4
 GRAD_ACCUM = 2
-CONTEXT = 256  # quickstart's data.context_length
+CONTEXT = 64
+"""Tokens per row: a quarter of quickstart's, so a step costs a quarter (the strategies' agreement and the
+memory model do not depend on the length)."""
 TOKENS_PER_STEP = GLOBAL_BATCH * CONTEXT
 CORE = ("single", "mp", "pp", "ddp", "fsdp", "zero1", "zero2", "zero3", "tp")
 """The sweep's strategies, in its order (zero1-3 on their default engine, DeepSpeed)."""
 COMMON = [f"train.max_steps={STEPS}", f"train.batch_size={GLOBAL_BATCH // GRAD_ACCUM}",
-          f"train.grad_accum={GRAD_ACCUM}"]
+          f"train.grad_accum={GRAD_ACCUM}", f"data.context_length={CONTEXT}"]
 """The overrides of every compared run (the sweep's ``--set``)."""
 DATA_PARALLEL = ["--nproc", "2", "--set", f"train.batch_size={GLOBAL_BATCH // GRAD_ACCUM // 2}"]
 """What the sweep does to a data-parallel strategy on 2 processes, for the runs made with ``ftui run``."""
@@ -83,16 +85,17 @@ EXTRAS: dict[str, Plan] = {
     # Pipelines and tensor parallel beyond the sweep's pp (1F1B) and tp (one group of 2).
     "pp-gpipe": _core("--strategy", "pp", "--nproc", "2", "--set", 'launch.pp_schedule="gpipe"'),
     # Two tensor-parallel groups of 2 as data-parallel replicas, 1 row x 2 micro-steps each: the global batch.
-    "tp-dp": _core("--strategy", "tp", "--nproc", "4", "--set", "launch.tp_size=2",
+    "tp-dp": _core("--strategy", "tp", "--nproc", "4", "--force", "--set", "launch.tp_size=2",
                    "--set", f"train.batch_size={GLOBAL_BATCH // GRAD_ACCUM // 2}"),
     # The checkpointed run: every step, the newest 3 kept (the steps of its sweep twin, so the curves agree).
     "ck-fsdp": _core("--strategy", "fsdp", *DATA_PARALLEL, "--set", "train.save_every=1",
                      "--set", "train.keep_checkpoints=3"),
     # Full fine-tuning, 2 steps: what the planner's estimate is checked against.
     "full": Plan(("--strategy", "single", "--set", "method.type=full", "--set", "train.batch_size=2",
-                  "--set", "train.max_steps=2", "--set", "train.save=false")),
+                  "--set", "train.max_steps=2", "--set", "train.save=false", "--set", f"data.context_length={CONTEXT}")),
     "full-fsdp": Plan(("--strategy", "fsdp", "--nproc", "2", "--set", "method.type=full", "--set",
-                       "train.batch_size=2", "--set", "train.max_steps=2", "--set", "train.save=false")),
+                       "train.batch_size=2", "--set", "train.max_steps=2", "--set", "train.save=false",
+                       "--set", f"data.context_length={CONTEXT}")),
     # Chat data with evaluation, single and FSDP at the same global batch (2 rows); samples of a prompt.
     "eval-single": _chat_eval("--set", "train.batch_size=2", "--set", 'eval.prompts=["What is 3 plus 1?"]',
                               "--set", "eval.max_new_tokens=3"),

@@ -52,7 +52,7 @@ def pg_server() -> Iterator[str]:
         import psycopg  # noqa: F401
     except ImportError:
         pytest.skip("psycopg not installed (pip install -e '.[postgres]')")
-    root = Path(tempfile.mkdtemp(prefix="ftui-pg-"))
+    root = Path(tempfile.mkdtemp(prefix="ftui-pg-", dir="/tmp"))  # the postgres user reaches it: not in pytest's private folders
     data = root / "data"
     if os.geteuid() == 0:
         shutil.chown(root, "postgres")

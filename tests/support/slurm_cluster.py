@@ -89,7 +89,7 @@ def slurm_cluster() -> Iterator[dict[str, str]]:
     why = _why_not()
     if why:
         pytest.skip(f"SLURM: {why}")
-    root = Path(tempfile.mkdtemp(prefix="ftui-slurm-"))
+    root = Path(tempfile.mkdtemp(prefix="ftui-slurm-", dir="/tmp"))  # the daemons reach it: not in pytest's private folders
     root.chmod(0o755)
     for sub in ("munge", "state", "spool"):
         (root / sub).mkdir()

@@ -60,13 +60,23 @@ def test_runs(store: Store, capsys, monkeypatch, snapshot, size) -> None:  # typ
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_show(store: Store, capsys, monkeypatch, snapshot, size) -> None:  # type: ignore[no-untyped-def]
     out = cli(capsys, monkeypatch, size, "show", "1", "--db", store.url)
-    # the steps left out are said, the recipe the help promises is there, the peak is printed once
-    assert "10 steps not shown" in out and "[launch]" in out and 'name = "builtin:tiny-llama"' in out
+    # the steps left out are said, the step time has its unit, the peak is printed once; the recipe is named
+    # (its file, or --recipe), not printed: some 60 lines that buried the metrics
+    assert "10 steps not shown" in out and "step time (s)" in out
+    assert "[launch]" not in out and out.replace("\n", "").endswith(
+        f"recipe: ftui show 1 --recipe, or {RUN_DIR}/recipe.toml")
+    assert len(out.splitlines()) <= 80, out
     assert "global batch" in out and "4 rows" in out and "micro-batch 4 x 1" in out
     if size[0] == 120:  # no row of a table wraps onto a second line (a blank first cell)
         assert not [line for line in out.splitlines() if re.match(r"\s*│\s+│", line)], out
     assert "rank 0 peak memory" not in out and out.count("221.5 MiB") == 4  # the peak and backward's, estimated and measured
     assert out == snapshot
+
+
+def test_show_recipe_prints_the_resolved_recipe(store: Store, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    out = cli(capsys, monkeypatch, (80, 24), "show", "1", "--recipe", "--db", store.url)
+    assert "[launch]" in out and 'name = "builtin:tiny-llama"' in out and "--recipe" not in out
+    assert out.index("[launch]") < out.index("metrics (measured)")
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from runner.spec.recipe import Recipe, RecipeError, load_recipe, parse_recipe
+from tests.support import QUICKSTART, CliResult, run_in_process
 
 RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.toml"))
 
@@ -19,7 +20,7 @@ def test_defaults_round_trip_through_toml() -> None:
     ("text", "expected"),
     [
         ("[train]\nbatch_size = true\n", "<t>:2: train.batch_size: Input should be a valid integer"),
-        ("[train]\nbatchsize = 3\n", "<t>:2: train.batchsize: unknown field"),
+        ("[train]\nbatchsize = 3\n", "<t>:2: train.batchsize: unknown field (did you mean train.batch_size?)"),
         ("\n\n[launch]\nstrategy = 'ddp'\n", "launch.nproc: strategy 'ddp' needs at least 2 processes"),
         ("[method]\ntype = 'adapter'\n", "<t>:2: method.type: Input should be 'full', 'lora' or 'qlora'"),
         ("[train]\nlr = -1\n", "<t>:2: train.lr: Input should be greater than 0"),
@@ -45,6 +46,31 @@ def test_set_overrides_are_validated_like_the_file() -> None:
         parse_recipe("", overrides=["train.max_steps"])
     with pytest.raises(RecipeError, match="train.nope: unknown field"):
         parse_recipe("", overrides=["train.nope=1"])
+
+
+def test_an_unknown_field_gets_the_closest_known_one(capsys: pytest.CaptureFixture[str]) -> None:
+    """difflib's closest field of the same section, in the one line naming the field; none when nothing is
+    close; the command line's override and a sweep's grid say it too, exit 2."""
+    cases = {"train.batchsize=2": "--set train.batchsize: unknown field (did you mean train.batch_size?)",
+             "trian.max_steps=2": "--set trian.max_steps: trian: unknown field (did you mean train?)",
+             "method.lora.rr=2": "--set method.lora.rr: unknown field (did you mean method.lora.r?)",
+             "train.zzzz=2": "--set train.zzzz: unknown field"}
+    for override, said in cases.items():
+        with pytest.raises(RecipeError) as info:
+            parse_recipe("", overrides=[override])
+        assert str(info.value) == said
+    result = run_in_process(capsys, "run", str(QUICKSTART), "--set", "train.batchsize=2", "--dry-run")
+    assert (result.returncode, result.stderr) == (2, f"ftui: {cases['train.batchsize=2']}\n")
+    result = run_in_process(capsys, "sweep", str(QUICKSTART), "--grid", "train.batchsize=1,2")
+    assert (result.returncode, result.stderr) == (2, f"ftui: {cases['train.batchsize=2']}\n")
+
+
+def test_an_unknown_flag_gets_the_closest_flag_of_its_command(capsys: pytest.CaptureFixture[str]) -> None:
+    said = {("run", "r.toml", "--nprocs", "4"): "unrecognized arguments: --nprocs 4 (did you mean --nproc?)",
+            ("show", "1", "--recipes"): "unrecognized arguments: --recipes (did you mean --recipe?)",
+            ("run", "r.toml", "--zzzz"): "unrecognized arguments: --zzzz"}
+    for argv, line in said.items():
+        assert run_in_process(capsys, *argv) == CliResult(2, "", f"ftui: {line}\n")
 
 
 def test_missing_file_is_one_line() -> None:

@@ -3,6 +3,7 @@ ftui's folders are private to the user."""
 
 from __future__ import annotations
 
+import json
 import re
 import stat
 from pathlib import Path
@@ -52,9 +53,11 @@ def test_ftui_folders_are_created_private(tmp_path: Path, monkeypatch: pytest.Mo
     assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
 
 
-def test_a_dry_run_folder_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_dry_run_leaves_the_runs_folder_empty_and_its_own_folder_private(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("FTUI_HOME", str(tmp_path / "home"))
     assert main(["run", str(ROOT / "recipes" / "quickstart.toml"), "--dry-run", "--format", "json"]) == 0
-    folders = list((tmp_path / "home" / "runs").iterdir())
-    assert folders and all(stat.S_IMODE(f.stat().st_mode) == 0o700 for f in folders)
-    assert stat.S_IMODE((tmp_path / "home").stat().st_mode) == 0o700
+    run_dir = Path(json.loads(capsys.readouterr().out)["accelerate_config"]).parent
+    assert list((tmp_path / "home" / "runs").iterdir()) == []
+    for folder in (tmp_path / "home", tmp_path / "home" / "runs", run_dir, run_dir.parent):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder

@@ -339,8 +339,9 @@ def _refusal(url: str, *, create: bool) -> str:
 
 
 def _shared_folder() -> Path:
-    """A folder the unprivileged child can reach (pytest's tmp_path is private to root)."""
-    folder = Path(tempfile.mkdtemp(prefix="ftui-store-perm-"))
+    """A folder the unprivileged child can reach: in /tmp itself (pytest's folders, and the session's
+    ``TMPDIR`` inside them, are private to root)."""
+    folder = Path(tempfile.mkdtemp(prefix="ftui-store-perm-", dir="/tmp"))
     folder.chmod(0o755)
     return folder
 

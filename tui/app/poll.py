@@ -144,12 +144,16 @@ class MonitorFeed:
             # Several machines: each node's GPUs and host are its own (ranks are numbered across the world).
             node = getattr(d, "node", None)
             key = f"{d.kind}:{d.index}" if not node or d.kind == "rank" else f"{d.kind}:{d.index}@{node}"
-            self._latest[key] = (d.kind, d.index, d.name, d.util_pct, d.mem_used, d.mem_total, d.source, d.pid,
+            mem_used = d.mem_used
+            if d.kind == "rank" and not mem_used:
+                # An exited rank not yet reaped reads an RSS of 0: no reading, the last real one stays.
+                mem_used = self._latest[key][4] if key in self._latest else None
+            self._latest[key] = (d.kind, d.index, d.name, d.util_pct, mem_used, d.mem_total, d.source, d.pid,
                                  d.temp_c, d.power_w, key, node)
             if d.util_pct is not None:
                 self._util.setdefault(key, deque(maxlen=HISTORY)).append(d.util_pct)
-            if d.mem_used is not None and d.mem_total:
-                self._mem.setdefault(key, deque(maxlen=HISTORY)).append(100.0 * d.mem_used / d.mem_total)
+            if mem_used is not None and d.mem_total and (mem_used or d.kind != "rank"):
+                self._mem.setdefault(key, deque(maxlen=HISTORY)).append(100.0 * mem_used / d.mem_total)
             self._last_sample_id = d.id
         for p in self.store.process_samples(self.run_id, after_id=self._last_proc_id):
             if p.rank is not None and p.used_bytes is not None:

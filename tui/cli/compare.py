@@ -116,9 +116,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise UsageError(f"--strategies: no strategy named in {args.strategies!r} (e.g. single,ddp)")
     _output(args)
     try:
-        items = sw.plan_checked(args.recipe, strategies, args.nproc, args.overrides, args.grid, repeat=args.repeat)
+        items = sw.plan_checked(args.recipe, strategies, args.nproc, args.overrides, args.grid, repeat=args.repeat,
+                                force=args.force)
     except RecipeError as exc:
         raise UsageError(str(exc)) from None
+    if args.dry_run:  # checked like a real sweep; nothing recorded, no run folder
+        for n, item in enumerate(items, 1):
+            grid = f" [{item.grid}]" if item.grid else ""
+            print(f"{n}. {item.strategy} x {item.nproc}{grid} · {item.note}")
+        return ExitCode.OK
     store = open_store(args, create=True)
     console = Console(highlight=False, stderr=args.format != "text" and args.output is None)
     sweep_id = sw.new_sweep_id()
@@ -143,7 +149,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     restore = stop.install()  # Ctrl-C/SIGTERM/SIGHUP stop the current run as in ftui run, and end the sweep
     try:
         _, results = sw.run_sweep(store, args.recipe, items, sweep_id=sweep_id, on_start=on_start, on_done=on_done,
-                                  on_event=live.on_event, stop=stop)
+                                  on_event=live.on_event, stop=stop, force=args.force)
     finally:
         live.end()
         restore()

@@ -157,6 +157,10 @@ def _print_text(report: dict[str, Any], inp: E.EstimateInput, gpu_mem: int, n_gp
     con.print(estimate_table(report, tuple(E.PARTS), title, width=con.width))
     for note in notes:  # model names and paths are user text: never markup
         con.print(Text(note, style="bold yellow" if note.startswith("APPROXIMATE") else "dim"))
+    for name, row in report["strategies"].items():  # a strategy's own bound (DeepSpeed ZeRO-3), beside the shape's
+        reason = row["per_device_bytes"].get("approximate")
+        if reason and reason != inp.shape.approximate:
+            con.print(Text(f"{name}: {reason}", style="bold yellow"))
     con.print(Text.assemble(("recommendation (estimated):", "bold"), f" {report['recommendation']['reason']}"))
 
 

@@ -44,7 +44,7 @@ def prepare_resume(args: argparse.Namespace, store: Store, out: Console) -> Prep
         out.print(Text.assemble(("warning:", "yellow"), f" {text}"), soft_wrap=True)
 
     request = launch.NodeResumeRequest(args.run_id, args.nnodes, args.node_rank, args.main_addr, args.main_port,
-                                       args.rdzv_endpoint, args.run_key)
+                                       args.rdzv_endpoint, args.run_key, force=args.force)
     prepared = launch.resume_node(store, request, warn=warn)
     assert prepared.node is not None
     spec = prepared.node.spec

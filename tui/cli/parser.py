@@ -9,6 +9,7 @@ help, never the store, pydantic, torch or textual (tests/unit/test_architecture.
 from __future__ import annotations
 
 import argparse
+import difflib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -69,7 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """Parse ``argv``; for ``ftui run``, what follows ``--`` is the script's own arguments
-    (``args.script_args``), never read as ftui's."""
+    (``args.script_args``), never read as ftui's. An unknown flag gets the command's closest one."""
+    try:
+        return _parse(parser, argv)
+    except UsageError as exc:
+        raise UsageError(f"{exc}{_did_you_mean(parser, argv, str(exc))}") from None
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     if "--" in argv:
         cut = argv.index("--")
         args = parser.parse_args(argv[:cut])
@@ -77,6 +85,19 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
             args.script_args = argv[cut + 1:]
             return args
     return parser.parse_args(argv)
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, argv: list[str], message: str) -> str:
+    """`` (did you mean --nproc?)`` for argparse's ``unrecognized arguments: --nprocs 4``: the closest flag
+    of the command named in ``argv`` (difflib), else nothing."""
+    unknown = [w for w in message.removeprefix("unrecognized arguments: ").split() if w.startswith("--")]
+    if not message.startswith("unrecognized arguments: ") or not unknown:
+        return ""
+    commands = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+    command = next((commands[w] for w in argv if w in commands), parser)
+    flags = [f for a in command._actions for f in a.option_strings if f.startswith("--")]
+    close = difflib.get_close_matches(unknown[0].split("=")[0], flags, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 # ---------------------------------------------------------------------- argument types and shared options
@@ -206,6 +227,7 @@ def _run(sub: Any) -> None:
                      help="override any recipe field, e.g. --set train.max_steps=50 (repeatable)")
     run.add_argument("--name", help="override the recipe's name")
     run.add_argument("--dry-run", action="store_true", help="print the launch (argv, env, config) and run nothing")
+    _force_option(run)
     run.add_argument("--format", choices=["text", "json"], default="text")
     run.add_argument("--find-batch-size", action="store_true",
                      help="find the largest micro-batch that fits with short real runs, then stop")
@@ -227,11 +249,18 @@ def _run(sub: Any) -> None:
                     "run with the same recipe, strategy and process count, going on at the next step.")
     resume.add_argument("run_id", type=int, metavar="ID", help="the run to continue")
     _data_change_option(resume)
+    _force_option(resume)
     _watch_options(resume)
     _grace_option(resume)
     _node_options(resume)  # a multi-node run: the same command on each node (docs/multi-node.md)
     db_option(resume)
     resume.set_defaults(handler="tui.cli.run:cmd_resume")
+
+
+def _force_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--force", action="store_true",
+                        help="start more processes per machine than it has GPUs (on CPU: cores x 2); refused "
+                             "without it")
 
 
 def _data_change_option(parser: argparse.ArgumentParser) -> None:
@@ -266,8 +295,10 @@ def _runs(sub: Any) -> None:
     db_option(runs)
     runs.set_defaults(handler="tui.cli.runs:cmd_runs")
 
-    show = sub.add_parser("show", help="show one run: recipe, status, summary, metrics")
+    show = sub.add_parser("show", help="show one run: status, summary, metrics (--recipe: its recipe too)")
     show.add_argument("run_id", type=int)
+    show.add_argument("--recipe", action="store_true",
+                      help="print the whole resolved recipe the run was launched with (else: where it is)")
     show.add_argument("--format", choices=["text", "json"], default="text")
     db_option(show)
     show.set_defaults(handler="tui.cli.runs:cmd_show")
@@ -365,6 +396,9 @@ def _compare(sub: Any) -> None:
                        help="sweep a field over values too (repeatable: the product)")
     sweep.add_argument("--repeat", type=positive_int, default=1, metavar="N",
                        help="run each strategy N times and report medians and spread (min-max)")
+    _force_option(sweep)
+    sweep.add_argument("--dry-run", action="store_true",
+                       help="check the recipe and print the runs the sweep would make; run and record nothing")
     _comparison_options(sweep)
     db_option(sweep)
     sweep.set_defaults(handler="tui.cli.compare:cmd_sweep")
@@ -436,6 +470,7 @@ def _slurm(sub: Any) -> None:
     slurm.add_argument("--output", "-o", type=Path, metavar="FILE",
                        help="where to write the script (default: ftui-<recipe name>.sbatch here)")
     slurm.add_argument("--submit", action="store_true", help="submit it (sbatch) and record the run")
+    _force_option(slurm)  # passed on to each node's ftui run / ftui resume
     slurm.add_argument("--resume", type=int, metavar="ID",
                        help="resume run ID with its own recipe (read from the store; no RECIPE): the nodes run "
                             "ftui resume ID --rdzv-endpoint, the run folders on a shared filesystem")

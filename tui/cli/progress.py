@@ -1,41 +1,100 @@
-"""The live progress line of headless ``ftui run``: step/total, loss, tokens/s, ETA (rich)."""
+"""The live progress line of headless ``ftui run``: step/total, loss, tokens/s, ETA (rich).
+
+On a narrow terminal the line stays one line: the description and the bar shrink (the description cut
+with an ellipsis), never the step count, loss, tokens/s or the ETA. Rich's table shrinks only the
+columns that may wrap, so those two may and every other one may not.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from rich.console import Console
-from rich.markup import escape
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
+    Task,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.table import Column
 from rich.text import Text
 
 from runner.spec.events import phase_words
+
+BAR_WIDTH = 18
+"""The bar's width where there is room: at 120 columns it leaves the whole training description."""
+
+
+MORE_THAN_THE_HEAD = 12
+"""Columns past a description's head below which its cut parenthesis says too little to show."""
+
+
+class Fitted:
+    """A description on one line in whatever width it is given: whole where it fits; cut with an ellipsis
+    where that still says something of its parenthesis; else its head (``training``), cut if need be.
+    Plain text, never markup."""
+
+    def __init__(self, text: str, style: str) -> None:
+        self.text = text
+        self.style = style
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        text, width = self.text, options.max_width
+        head = text.split(" (", 1)[0]
+        if cell_len(text) > width and width < cell_len(head) + MORE_THAN_THE_HEAD:
+            text = head
+        yield Text(text, style=self.style, no_wrap=True, overflow="ellipsis")
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement(1, cell_len(self.text))
+
+
+class Description(ProgressColumn):
+    """The task's description (:class:`Fitted`: a phase names the user's paths) in a column that gives
+    way first on a narrow terminal."""
+
+    def __init__(self, text: str = "", style: str = "bold", table_column: Column | None = None) -> None:
+        # wrappable by default: rich shrinks it first (its text never wraps: cut with an ellipsis)
+        super().__init__(table_column=table_column or Column(no_wrap=False, min_width=1))
+        self.text = text
+        self.style = style
+
+    def render(self, task: Task) -> Fitted:
+        return Fitted(self.text or task.description, self.style)
+
+
+def _kept() -> Column:
+    """The table column of a part never shrunk nor wrapped on a narrow terminal (step count, loss, speed, ETA)."""
+    return Column(no_wrap=True)
 
 
 class RunProgress:
     """Feeds trainer events into a rich progress bar; use as a context manager."""
 
-    def __init__(self, console: Console, label: str = "") -> None:
+    def __init__(self, console: Console, label: str = "", clock: Callable[[], float] | None = None) -> None:
+        """``label``: what a sweep's line starts with (its run); ``clock``: seconds for the elapsed time and
+        the ETA (default: rich's monotonic clock)."""
         self.progress = Progress(
-            *([TextColumn(escape(label))] if label else []),
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"),
-            TextColumn("{task.fields[tps]} tok/s"),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
+            *([Description(label, style="", table_column=_kept())] if label else []),
+            Description(),
+            BarColumn(bar_width=BAR_WIDTH, table_column=Column(no_wrap=False, min_width=1)),
+            MofNCompleteColumn(table_column=_kept()),
+            TextColumn("loss {task.fields[loss]}", markup=False, table_column=_kept()),
+            TextColumn("{task.fields[tps]} tok/s", markup=False, table_column=_kept()),
+            TimeElapsedColumn(table_column=_kept()),
+            TextColumn("ETA", markup=False, table_column=_kept()),
+            TimeRemainingColumn(table_column=_kept()),
             console=console,
             transient=False,
             refresh_per_second=2,
+            get_time=clock,
         )
         self.task = self.progress.add_task("starting", total=None, loss="-", tps="-")
         self.training: str | None = None
@@ -51,8 +110,7 @@ class RunProgress:
     def on_event(self, event: dict[str, Any]) -> None:
         kind = event["type"]
         if kind == "phase":  # say what the minutes of loading, evaluating or saving are spent on
-            # the description column is markup: a data path is the user's text
-            self.progress.update(self.task, description=escape(phase_words(event)))
+            self.progress.update(self.task, description=phase_words(event))  # plain text: a data path is the user's
         elif kind == "start":
             dist = event.get("distributed_type") or "not reported"  # a script may not say (runner.track)
             # the global batch is what a speed means: a --nproc 2 DDP run trains twice the rows per step

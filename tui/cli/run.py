@@ -93,7 +93,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         # the same pre-flight as the TUI's Launch
         warnings = launch.check(recipe, args.fake_gpus, getattr(args, "allow_data_change", False),
-                                dry_run=bool(getattr(args, "dry_run", False)))
+                                dry_run=bool(getattr(args, "dry_run", False)), force=args.force)
     except RecipeError as exc:
         raise UsageError(f"{args.recipe}: {exc}" if args.recipe is not None else str(exc)) from None
     out = console(stderr=args.format == "json")
@@ -137,7 +137,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         if nodes.given(args):
             prepared = nodes.prepare_resume(args, store, out)
         else:
-            prepared = launch.resume(store, args.run_id, args.allow_data_change)
+            prepared = launch.resume(store, args.run_id, args.allow_data_change, force=args.force)
     except RecipeError as exc:
         raise UsageError(str(exc)) from None
     for warning in prepared.warnings:  # checkpoints passed over: run text, never markup

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from runner.nodes.slurm import SlurmError, SlurmJob, sbatch_script, submit
+from runner.spec.layout import host_nproc_limit
 from runner.spec.paths import default_db_url
 from runner.spec.recipe import Recipe, RecipeError, load_recipe, parse_recipe
 from store.nodes import open_slurm_run
@@ -24,6 +25,12 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     if args.strategy:
         overrides.append(f"launch.strategy={args.strategy}")
     nproc = args.nproc_per_node or max(1, args.gpus_per_node)
+    # The job's own request says too many ranks per node; else each node's pre-flight decides (the login
+    # node's devices are not the compute nodes').
+    if args.gpus_per_node and nproc > host_nproc_limit(on_cpu=False, gpus=args.gpus_per_node, cpu_cores=0) \
+            and not args.force:
+        raise UsageError(f"--nproc-per-node: {nproc} ranks per machine, but --gpus-per-node {args.gpus_per_node} "
+                         f"(one process per GPU); lower it, or pass --force to start them anyway")
     if args.resume is not None:
         recipe = _resumed_recipe(args, overrides, nproc)
     elif args.recipe is None:
@@ -37,7 +44,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     job = SlurmJob(recipe=(args.recipe or Path(recipe.name)).resolve(), nodes=args.nodes, gpus_per_node=args.gpus_per_node, db_url=db_url,
                    nproc_per_node=args.nproc_per_node, partition=args.partition, time=args.time, account=args.account,
                    overrides=tuple(overrides), workdir=Path.cwd(), name=f"ftui-{recipe.name}", port=args.port,
-                   ftui_home=os.environ.get("FTUI_HOME"), resume=args.resume)
+                   ftui_home=os.environ.get("FTUI_HOME"), resume=args.resume, force=args.force)
     path = args.output or Path(f"ftui-{recipe.name}.sbatch")
     try:
         path.write_text(sbatch_script(job))

@@ -8,6 +8,7 @@ process RSS (getrusage/psutil) is shown as such, never as "measured memory".
 from __future__ import annotations
 
 import tomllib
+from pathlib import Path
 from typing import Any
 
 from rich.console import Group
@@ -16,11 +17,12 @@ from rich.text import Text
 
 from runner.analysis.mfu import Peak
 from runner.hardware.records import SOURCE_LABELS
+from runner.spec.events import RECIPE_FILE
 from runner.spec.strategies import STRATEGIES, recipe_global_batch
 from runner.spec.summary import RunSummary, model_state_bytes, rank_peak, rank_rss
 from store import MetricPoint, NamedMetricPoint, RunInfo
 from tui.render.plain import row as text_row
-from tui.render.words import distributed_words
+from tui.render.words import distributed_words, strategy_words
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -43,6 +45,20 @@ def fmt_seconds(s: float | None) -> str:
     return f"{h}h{m:02d}m{sec:02d}s" if h else f"{m}m{sec:02d}s"
 
 
+def tokens_per_s_rows(run: RunInfo) -> list[tuple[str, str, str]]:
+    """The steady-state tokens/s and, where the trainer reported it, the whole window's beside it."""
+    window = run.summary.window_tokens_per_s
+    if window is None:  # a run from before the steady state was measured, or a script's
+        return [("tokens/s", _num(run.tokens_per_s, ",.0f"), "measured")]
+    if run.tokens_per_s is None:
+        steady = ("tokens/s", "-", "no steady-state figure: every step was memory-metered")
+    else:
+        n = run.summary.steady_steps or 0
+        steady = ("tokens/s", _num(run.tokens_per_s, ",.0f"),
+                  f"measured: steady state, the {n} step{'s' if n != 1 else ''} after the memory-metered ones")
+    return [steady, ("tokens/s whole window", _num(window, ",.0f"), "measured: every step, memory-metered ones included")]
+
+
 def _num(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
@@ -58,7 +74,7 @@ _RUN_COLUMNS: tuple[tuple[str, str, Any, int], ...] = (
     ("id", "right", lambda r: str(r.id), 8),
     ("name", "left", lambda r: r.name, 28),
     ("status", "left", lambda r: Text(r.status, style=STATUS_STYLE.get(r.status, "")), 9),
-    ("strategy", "left", lambda r: f"{r.strategy} x{r.nproc}" if r.nproc > 1 else r.strategy, 10),
+    ("strategy", "left", lambda r: strategy_words(r.strategy, r.nproc), 10),
     ("tokens/s", "right", lambda r: _num(r.tokens_per_s, ",.0f"), 9),
     ("final loss", "right", lambda r: _num(r.final_loss, ".4f"), 10),
     ("train time", "right", lambda r: fmt_seconds(r.train_seconds), 10),
@@ -134,7 +150,8 @@ def run_summary_table(run: RunInfo | None) -> Table:
     if batch:  # what tokens/s means: a --nproc 2 DDP run trains twice the rows of a single one per step
         table.add_row("global batch", batch[0], batch[1])
     table.add_row("training time", fmt_seconds(run.train_seconds), "measured (first to last step)")
-    table.add_row("tokens/s", _num(run.tokens_per_s, ",.0f"), "measured")
+    for row in tokens_per_s_rows(run):
+        table.add_row(*row)
     table.add_row("final loss", _num(run.final_loss, ".4f"), "measured (mean over ranks)")
     ranks = run.summary.ranks
     # One rank: the memory table (estimate_table) shows its peak and phases; printing them here too was
@@ -333,16 +350,17 @@ def run_report(run: RunInfo) -> Group:
     return Group(run_summary_table(run), *([memory] if memory is not None else []))
 
 
-def run_detail(run: RunInfo, metrics: list[MetricPoint]) -> Group:
-    """``ftui show``: the summary, the memory table, the recipe the run was launched with, the metrics (the
-    first and last steps of a long run, with a line saying how many were left out)."""
+def run_detail(run: RunInfo, metrics: list[MetricPoint], with_recipe: bool = False) -> Group:
+    """``ftui show``: the summary, the memory table, the metrics (the first and last steps of a long run,
+    with a line saying how many were left out), and where the recipe the run was launched with is; the
+    whole resolved recipe only ``with_recipe`` (``--recipe``: some 60 lines, which buried the metrics)."""
     parts: list[Any] = [run_report(run)]
-    if run.recipe_text:
+    if with_recipe and run.recipe_text:
         parts.append(Text("recipe", style="bold"))
         parts.append(Text(run.recipe_text.rstrip()))  # the user's text: never markup
     if metrics:
         table = Table(title="metrics (measured)")
-        for col in ("step", "loss", "lr", "grad norm", "tokens/s", "step time"):
+        for col in ("step", "loss", "lr", "grad norm", "tokens/s", "step time (s)"):
             table.add_column(col, justify="right")
         head, tail = (metrics, []) if len(metrics) <= 20 else (metrics[:5], metrics[-15:])
         for m in head:
@@ -356,6 +374,9 @@ def run_detail(run: RunInfo, metrics: list[MetricPoint]) -> Group:
                 table.add_row(*_metric_cells(m))
         parts.append(table)
     parts.append(Text(f"run folder: {run.run_dir}", style="dim"))
+    if run.recipe_text and not with_recipe:
+        where = f", or {Path(run.run_dir) / RECIPE_FILE}" if run.run_dir else ""
+        parts.append(Text(f"recipe: ftui show {run.id} --recipe{where}", style="dim"))
     return Group(*parts)
 
 

@@ -29,3 +29,9 @@ def distributed_words(value: str | None, device: str | None = None) -> str:
     if device and value in ("FSDP", "DEEPSPEED", "NO"):
         words += f" on {DEVICE_WORDS.get(device, device)}"
     return words
+
+
+def strategy_words(strategy: str, nproc: int | None) -> str:
+    """``ddp x2``: the strategy and its process count (alone for one process), as ``ftui runs`` and the
+    dashboard show it."""
+    return f"{strategy} x{nproc}" if nproc and nproc > 1 else strategy

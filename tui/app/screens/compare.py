@@ -29,6 +29,29 @@ NARROW = {
     "final eval loss": "eval loss",
 }
 """Under 100 columns: these figures only, with short labels (every source line is still shown)."""
+RUNS_SHOWN_WIDE = 3
+RUNS_SHOWN_NARROW = 2
+"""Runs side by side at 100 columns and more, and under: a run's column is capped to fit them; the
+others are reached with Left/Right (the table holds the focus and its column cursor moves by one run)."""
+CELL_PAD = 2
+"""A DataTable column's padding: one cell either side."""
+CHROME = 4
+"""Cells of the screen's width the table cannot use: the scroll bar and the borders' slack."""
+
+
+def cell_width(space: int, label_width: int, runs: int) -> int:
+    """The widest a run's cell may be for ``runs`` columns to fit beside the labels in ``space`` cells."""
+    return max(8, (space - label_width - CELL_PAD) // max(1, runs) - CELL_PAD)
+
+
+def clip(value: str, width: int, style: str = "") -> tuple[Text, bool]:
+    """``value`` as text (a run's or user's text: never markup), cut to ``width`` cells with an ellipsis;
+    and whether it was cut (then its full text is listed below the table)."""
+    text = Text(value, style=style)
+    if text.cell_len <= width:
+        return text, False
+    text.truncate(width, overflow="ellipsis")
+    return text, True
 
 
 class CompareScreen(Screen[None]):
@@ -48,7 +71,8 @@ class CompareScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Header()
         with VerticalScroll(id="compare"):
-            yield DataTable(id="compare-table", cursor_type="none", zebra_stripes=True)
+            yield DataTable(id="compare-table", cursor_type="column", zebra_stripes=True, fixed_columns=1)
+            yield Static("", id="compare-full")
             yield Static("", id="compare-sources")
             with Horizontal(id="compare-bottom"):
                 yield DataTable(id="diff", cursor_type="none")
@@ -57,6 +81,7 @@ class CompareScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.title = "compare runs " + ", ".join(map(str, self.run_ids))
+        self.sub_title = "←/→ a run at a time, ↓ more"
         self.query_one("#compare-sources", Static).update(Text("reading the runs…", style="dim"))
         self.load()
 
@@ -87,25 +112,83 @@ class CompareScreen(Screen[None]):
         cmp = self.comparison
         if cmp is None or not self.is_mounted:
             return
-        # Figures down, one column per run (as ``ftui compare`` prints them); the narrow subset at 80
-        # columns keeps the table free of sideways scrolling for three or four runs.
+        clipped = self._render_figures(cmp)
+        clipped += self._render_diff(cmp)
+        full = self.query_one("#compare-full", Static)
+        full.display = bool(clipped)
+        full.update(Text("cut above, in full:\n", style="dim") + Text("\n").join(
+            Text.assemble(f"  run {run_id} · {label}: ", (value, "")) for run_id, label, value in clipped))
+        self._render_notes(cmp)
+        self._render_plot(cmp)
+
+    def _render_figures(self, cmp: Comparison) -> list[tuple[int, str, str]]:
+        """Figures down, one column per run (as ``ftui compare`` prints them), each run's column capped so
+        that three fit at 120 columns and two at 80 (the narrow subset of figures). Returns the cells cut
+        short: (run, figure, full text)."""
         table = self.query_one("#compare-table", DataTable)
+        first = not table.columns
+        cursor = table.cursor_column
         table.clear(columns=True)
+        figures = [(header, NARROW.get(header) if self.narrow else header, cell) for header, cell in columns(cmp)[1:]]
+        label_width = max([len("figure"), *(len(label) for _, label, _ in figures if label is not None)])
+        fit = RUNS_SHOWN_NARROW if self.narrow else RUNS_SHOWN_WIDE
+        width = cell_width(self.app.size.width - CHROME, label_width, min(fit, len(cmp.rows)))
         table.add_column("figure", key="figure")
         recommended = cmp.recommended_id
         for r in cmp.rows:
             mark = " *" if r.run_id == recommended else ""
             table.add_column(f"run {r.run_id}{mark}", key=str(r.run_id))
-        for header, cell in columns(cmp)[1:]:
-            label = NARROW.get(header) if self.narrow else header
+        clipped: list[tuple[int, str, str]] = []
+        for header, label, cell in figures:
             if label is None:
                 continue
-            cells: list[str | Text] = []
+            cells: list[Text] = []
             for r in cmp.rows:
-                text = cell(r)
-                cells.append(Text(text, style=STATUS_STYLE.get(r.status, "")) if header == "status" else Text(text))
-            table.add_row(label, *cells, key=header)
+                value = cell(r)
+                text, cut = clip(value, width, STATUS_STYLE.get(r.status, "") if header == "status" else "")
+                cells.append(text)
+                if cut:
+                    clipped.append((r.run_id, label, value))
+            table.add_row(Text(label), *cells, key=header)
+        # The column cursor starts on the first run (not on the figure names) and stays where it was
+        # across a re-layout; the table takes the focus once, so that Left/Right move between runs at once.
+        table.move_cursor(column=max(1, min(cursor, len(cmp.rows))), animate=False)
+        if first:
+            table.focus()
+        return clipped
+
+    def _render_diff(self, cmp: Comparison) -> list[tuple[int, str, str]]:
+        """The recipe fields that differ, each value cut to fit beside the loss chart (half the width at 100
+        columns and more); returns the values cut short: (run, field, full text)."""
+        diff = self.query_one("#diff", DataTable)
+        diff.clear(columns=True)
+        header = "recipe field (differs)"
+        diff.add_column(header, key="field")
+        for r in cmp.rows:
+            diff.add_column(f"run {r.run_id}", key=str(r.run_id))
+        space = self.app.size.width - CHROME
+        space = space if self.narrow else space // 2 - 1
+        label_width = max([len(header), *(len(path) for path in cmp.recipe_diff)])
+        fit = RUNS_SHOWN_NARROW if self.narrow else RUNS_SHOWN_WIDE
+        width = cell_width(space, label_width, min(fit, len(cmp.rows)))
+        clipped: list[tuple[int, str, str]] = []
+        for path, values in cmp.recipe_diff.items():
+            cells = []
+            for r, v in zip(cmp.rows, values, strict=True):
+                # Recipe values are the user's text (names, paths, templates): never markup.
+                text, cut = clip(str(v), width)
+                cells.append(text)
+                if cut:
+                    clipped.append((r.run_id, path, str(v)))
+            diff.add_row(path, *cells, key=path)  # paths: schema keys (no markup)
+        if not cmp.recipe_diff:
+            diff.add_row("(recipes identical)", *["" for _ in cmp.rows])
+        return clipped
+
+    def _render_notes(self, cmp: Comparison) -> None:
+        """The recommended run, where each figure comes from, the verdicts and the eval samples."""
         lines = Text()
+        recommended = cmp.recommended_id
         if recommended is not None:
             lines.append(f"* recommended: run {recommended}\n", style="bold")
         lines.append("sources:\n" + "\n".join(f"  {s}" for s in sources(cmp)) + "\n", style="dim")
@@ -118,16 +201,8 @@ class CompareScreen(Screen[None]):
                 for rid, completion in zip(ids, completions, strict=True):
                     lines.append(f"    run {rid}: {completion}\n", style="dim")
         self.query_one("#compare-sources", Static).update(lines)
-        diff = self.query_one("#diff", DataTable)
-        diff.clear(columns=True)
-        diff.add_column("recipe field (differs)", key="field")
-        for r in cmp.rows:
-            diff.add_column(f"run {r.run_id}", key=str(r.run_id))
-        for path, values in cmp.recipe_diff.items():
-            # Recipe values are the user's text (names, paths, templates): never markup.
-            diff.add_row(path, *(Text(str(v)) for v in values), key=path)  # paths: schema keys
-        if not cmp.recipe_diff:
-            diff.add_row("(recipes identical)", *["" for _ in cmp.rows])
+
+    def _render_plot(self, cmp: Comparison) -> None:
         plot = self.query_one("#compare-loss", LinePlot)
         plot.title = "loss (measured) against step, overlaid" + (" (+ eval loss)" if cmp.eval_curves else "")
         plot.x_label = "step"

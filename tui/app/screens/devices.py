@@ -110,6 +110,20 @@ class DevicesFeed:
         except (psutil.Error, OSError):
             return "-", "(not visible here)"
 
+    def cpu_of(self, pid: int) -> float | None:
+        """CPU % of one core of a GPU process since the last poll (psutil); None at its first sight (the
+        baseline) or when it is not visible from here."""
+        try:
+            known = self._procs.get(pid)
+            if known is None:
+                self._procs[pid] = psutil.Process(pid)
+                self._procs[pid].cpu_percent(None)
+                return None
+            return float(known.cpu_percent(None))
+        except psutil.Error:
+            self._procs.pop(pid, None)
+            return None
+
     def cpu_processes(self, owners: dict[int, str]) -> list[ProcRow]:
         """Every process of a running run and the busiest others, CPU % of one core (psutil)."""
         rows: list[tuple[float, ProcRow]] = []
@@ -144,8 +158,10 @@ class DevicesFeed:
             gpu_procs: list[ProcessGpuMemory] = procs or self.probe.nvml.process_memory({}, owners={})
             for p in gpu_procs:
                 user, cmd = self.describe(p.pid)
-                rows.append(ProcRow(f"GPU {p.gpu_index}", p.pid, owners.get(p.pid, "not ftui"), user, cmd, None,
-                                    p.used_bytes, SOURCE_LABELS.get(p.source, p.source)))
+                rows.append(ProcRow(f"GPU {p.gpu_index}", p.pid, owners.get(p.pid, "not ftui"), user, cmd,
+                                    self.cpu_of(p.pid), p.used_bytes, SOURCE_LABELS.get(p.source, p.source)))
+            for pid in set(self._procs) - {p.pid for p in gpu_procs}:  # processes gone from the GPUs
+                del self._procs[pid]
         else:
             rows = self.cpu_processes(owners)
         limits = {i.index: i.power_limit_w for i in self.probe.nvml.gpu_infos()} if gpus else {}
@@ -223,7 +239,8 @@ class DevicesScreen(Screen[None]):
         self.query_one("#host-line", Static).update(line)
         table = self.query_one("#gpu-table", DataTable)
         table.display = bool(snap.gpus)
-        columns = (("GPU", "name", "util", "memory", "temp", "power") if narrow else
+        # 80 columns: the source in the memory header, as wide as its cells (the util column is narrow).
+        columns = (("GPU", "name", "util", f"memory ({snap.source})", "temp", "power") if narrow else
                    ("GPU", "name", f"util ({snap.source})", "memory", "temp", "power", "SM MHz"))
         if tuple(str(c.label) for c in table.columns.values()) != columns:
             table.clear(columns=True)
@@ -244,10 +261,11 @@ class DevicesScreen(Screen[None]):
                 Text(power), Text("-" if g.sm_clock_mhz is None else str(g.sm_clock_mhz)),
             ][: len(columns)])
         what = "GPU compute processes" if snap.gpus else "processes of ftui runs, then the busiest others"
+        # One line at 120 columns (the sources of memory and CPU %), the count alone at 80.
         self.query_one("#procs-title", Static).update(Text.assemble(
             (what, "bold"), f" ({len(snap.procs)})" + ("" if narrow else
-            f"; owner: the ftui run whose process group holds it; memory: "
-            f"{'GPU memory, ' + snap.source if snap.gpus else 'RSS, psutil'}; CPU %: of one core, psutil")))
+            f" · owner: the ftui run (by process group) · memory: "
+            f"{'GPU, ' + snap.source if snap.gpus else 'RSS, psutil'} · CPU %: of a core, psutil")))
         procs = self.query_one("#proc-table", DataTable)
         procs.clear()
         if not snap.procs:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.cells import cell_len
@@ -17,7 +18,7 @@ from textual.widgets import DataTable, Footer, Header, Static
 from textual.worker import get_current_worker
 
 from runner.spec.status import TERMINAL
-from tui.app.messages import MonitorSnapshot, MonitorUpdate, Notice
+from tui.app.messages import DeviceView, MonitorSnapshot, MonitorUpdate, Notice
 from tui.app.poll import MonitorFeed, fmt_elapsed
 from tui.app.screens.modals import ConfirmScreen
 from tui.app.widgets.plot import Curves, LinePlot, bar, level_style, spark
@@ -194,42 +195,15 @@ class MonitorScreen(Screen[None]):
         bar_w, spark_w = (6, 8) if narrow else (BAR - 2, SPARK - 2) if gpus else (BAR, SPARK)
         rows = list(snap.devices) + ([snap.host] if snap.host is not None else [])
         for d in rows:
-            is_gpu = d.key.startswith("gpu")
-            is_host = d.key == "host"
-            util_top = 100.0 if is_gpu or is_host else max([100.0, *d.util_history])
-            util = "-" if d.util is None else f"{d.util:.0f}%" + ("" if is_gpu or narrow else
-                                                                  " all" if is_host else "/core")
-            frac = None if d.mem_used is None or not d.mem_total else d.mem_used / d.mem_total
-            memory = fmt_pair(d.mem_used, d.mem_total) if narrow else f"{fmt_bytes(d.mem_used)}/{fmt_bytes(d.mem_total)}"
-            # A rank's RSS is a sliver of the host's memory: its history is scaled to its own peak.
-            mem_top = 100.0 if is_gpu or is_host else None
-            label = ("host (all cores)" if narrow else f"{d.label} (psutil)") if is_host else (
-                d.short_label if narrow else d.label)
-            util_pct = None if d.util is None else 100 * d.util / util_top
-            cells: list[Any] = [
-                Text(label, style="bold" if is_host else ""),
-                bar(None if d.util is None else d.util / util_top, bar_w, level_style(util_pct)) + Text(f" {util}"),
-                Text(spark(d.util_history, spark_w, util_top), style="cyan"),
-                bar(frac, bar_w, level_style(None if frac is None else 100 * frac)) + Text(f" {memory}"),
-            ]
-            temp = Text("-" if d.temp_c is None else f"{d.temp_c:.0f}", style=level_style(d.temp_c, 70, 85))
-            power = "-" if d.power_w is None else f"{d.power_w:.0f}"
-            if narrow and gpus:
-                cells += [temp, power]
-            else:
-                cells.append(Text(spark(d.mem_history, spark_w, mem_top), style="magenta"))
-            if not narrow and not gpus:
-                cells.insert(1, "psutil" if is_host else d.source)
-            if not narrow:
-                if gpus:
-                    cells += [Text("-" if d.temp_c is None else f"{d.temp_c:.0f}°C",
-                                   style=level_style(d.temp_c, 70, 85)), f"{power} W" if d.power_w else "-"]
-            _upsert(devices, d.key, *cells)
+            _upsert(devices, d.key, *device_cells(d, narrow, gpus, bar_w, spark_w))
         for r in snap.ranks:
+            # A finished run's ranks are gone: their RSS is the last one sampled while they ran, said so.
+            rss = fmt_bytes(r.rss) + (" (last)" if finished and narrow and r.rss is not None else "")
             cells = [str(r.rank), str(r.pid or "-"), "-" if r.cpu_pct is None else f"{r.cpu_pct:.0f}",
-                     fmt_bytes(r.rss), fmt_bytes(r.gpu_mem) if r.gpu_mem is not None else "- (no GPU)"]
+                     rss, fmt_bytes(r.gpu_mem) if r.gpu_mem is not None else "- (no GPU)"]
             if not narrow:
-                cells.append(r.source + (f" / {gpu_source}" if r.gpu_mem is not None else ""))
+                cells.append(r.source + (", last sample" if finished else "")
+                             + (f" / {gpu_source}" if r.gpu_mem is not None else ""))
             _upsert(ranks, str(r.rank), *cells)
 
     def progress_text(self, snap: MonitorSnapshot) -> Text:
@@ -292,6 +266,9 @@ class MonitorScreen(Screen[None]):
 
     def action_toggle_logs(self) -> None:
         self.logs_toggled = not self.logs_toggled
+        snap = self.snapshot
+        if snap is not None and snap.run is not None and not snap.log_tail:  # nothing to show: say where it would be
+            self.notify(empty_logs_line(snap.run.id, snap.run.run_dir), severity="warning", markup=False)
 
     @work(thread=True, group="signal")
     def _signal(self, kill: bool, what: str) -> None:
@@ -327,6 +304,54 @@ class MonitorScreen(Screen[None]):
                 self._signal(True, "kill")
 
         self.app.push_screen(ConfirmScreen(f"Kill run {self.run_id} (SIGKILL every process)?"), done)
+
+
+def device_cells(d: DeviceView, narrow: bool, gpus: bool, bar_w: int, spark_w: int) -> list[Any]:
+    """One row of the device table: a GPU, a rank's process or the host, laid out for the width."""
+    is_gpu = d.key.startswith("gpu")
+    is_host = d.key == "host"
+    util_top = 100.0 if is_gpu or is_host else max([100.0, *d.util_history])
+    util = "-" if d.util is None else f"{d.util:.0f}%" + ("" if is_gpu or narrow else
+                                                          " all" if is_host else "/core")
+    frac = None if d.mem_used is None or not d.mem_total else d.mem_used / d.mem_total
+    memory = fmt_pair(d.mem_used, d.mem_total) if narrow else f"{fmt_bytes(d.mem_used)}/{fmt_bytes(d.mem_total)}"
+    # A rank's RSS is a sliver of the host's memory: its history is scaled to its own peak.
+    mem_top = 100.0 if is_gpu or is_host else None
+    label = ("host (all cores)" if narrow else f"{d.label} (psutil)") if is_host else (
+        d.short_label if narrow else d.label)
+    util_pct = None if d.util is None else 100 * d.util / util_top
+    cells: list[Any] = [
+        Text(label, style="bold" if is_host else ""),
+        bar(None if d.util is None else d.util / util_top, bar_w, level_style(util_pct)) + Text(f" {util}"),
+        Text(spark(d.util_history, spark_w, util_top), style="cyan"),
+        bar(frac, bar_w, level_style(None if frac is None else 100 * frac)) + Text(f" {memory}"),
+    ]
+    temp = Text("-" if d.temp_c is None else f"{d.temp_c:.0f}", style=level_style(d.temp_c, 70, 85))
+    power = "-" if d.power_w is None else f"{d.power_w:.0f}"
+    if narrow and gpus:
+        cells += [temp, power]
+    else:
+        # Coloured by the share of the limit now (green at 3%), whatever the scale of its shape.
+        share = d.mem_history[-1] if d.mem_history else None
+        cells.append(Text(spark(d.mem_history, spark_w, mem_top), style=level_style(share)))
+    if not narrow and not gpus:
+        cells.insert(1, "psutil" if is_host else d.source)
+    if not narrow and gpus:
+        cells += [Text("-" if d.temp_c is None else f"{d.temp_c:.0f}°C", style=level_style(d.temp_c, 70, 85)),
+                  f"{power} W" if d.power_w else "-"]
+    return cells
+
+
+def empty_logs_line(run_id: int, run_dir: str) -> str:
+    """What ``l`` says when the rank logs hold no line yet: which ranks' files it read, by path."""
+    if not run_dir:
+        return f"no log lines: run {run_id} has no run folder"
+    logs = sorted((Path(run_dir) / "logs").glob("rank*.log"), key=lambda p: p.stem)
+    if len(logs) > 1:
+        ranks = [p.stem.removeprefix("rank") for p in logs]
+        return f"no log lines yet for ranks {ranks[0]}-{ranks[-1]}, files {logs[0].parent}/rank*.log"
+    log = logs[0] if logs else Path(run_dir) / "logs" / "rank0.log"
+    return f"no log lines yet for rank {log.stem.removeprefix('rank')}, file {log}"
 
 
 def named_text(snap: MonitorSnapshot) -> Text:

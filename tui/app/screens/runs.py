@@ -19,18 +19,26 @@ from tui.app.messages import CompareRuns, LaunchFailed, Notice, OpenRun, RunLaun
 from tui.app.poll import run_duration, settle_abandoned
 from tui.app.screens.modals import ConfirmScreen, PromptScreen
 from tui.render.report import STATUS_STYLE, fmt_seconds
-from tui.render.words import distributed_words
+from tui.render.words import distributed_words, strategy_words
 
 if TYPE_CHECKING:
     from tui.app.app import FtuiApp
 
-COLUMNS = ("sel", "id", "name", "status", "step", "loss", "tokens/s", "duration", "strategy", "mode", "method",
+COLUMNS = ("sel", "id", "name", "status", "step", "loss", "tokens/s", "wall time", "strategy", "mode", "method",
            "tags · note", "started", "util")
-"""What matters first comes first: at 80 columns the table scrolls sideways for the rest."""
+"""What matters first comes first: at 80 columns the table scrolls sideways for the rest. ``wall time`` is
+start to end (ticking while running); ``ftui runs``' ``train time`` is the trainer's, first to last step."""
 EMPTY_HINT = ("No runs yet. Press 2 (Compose), check the recipe, then ctrl+l to launch it; or in a shell:\n"
               "    ftui run recipes/quickstart.toml\n"
               "Runs started anywhere on this store appear here live. ? lists every key.")
-SORTS = ("id", "name", "status", "duration", "tokens/s", "final loss")
+SORTS: dict[str, tuple[str, bool]] = {
+    "id": ("id", True), "name": ("name", False), "status": ("status", False), "wall time": ("wall time", True),
+    "tokens/s": ("tokens/s", True), "final loss": ("loss", False),
+}
+"""Each sort: the column it is shown on, and whether it first sorts descending (newest, fastest, longest
+first; names, statuses and losses ascending). ``s`` flips the direction, then moves to the next sort."""
+ARROWS = {True: "↓", False: "↑"}
+"""The sorted column's header ends with the direction: ↓ descending, ↑ ascending."""
 
 
 RUNS_SHOWN = 300
@@ -52,12 +60,29 @@ def load_runs(store: Store, limit: int | None = RUNS_SHOWN) -> RunsLoaded:
     return RunsLoaded(runs, live, total)
 
 
-def _sort_key(run: RunInfo, column: str, now: Any) -> Any:
-    value: Any = {
-        "id": run.id, "name": run.name, "status": run.status, "duration": run_duration(run, now),
+def _sort_value(run: RunInfo, sort: str, now: Any) -> Any:
+    return {
+        "id": run.id, "name": run.name, "status": run.status, "wall time": run_duration(run, now),
         "tokens/s": run.tokens_per_s, "final loss": run.final_loss,
-    }[column]
-    return (value is None, value if value is not None else 0)
+    }[sort]
+
+
+def sort_runs(runs: list[RunInfo], sort: str, descending: bool, now: Any) -> list[RunInfo]:
+    """``runs`` by ``sort`` in the direction asked; the runs without that figure (not finished) last,
+    newest first, whichever the direction."""
+    known = [r for r in runs if _sort_value(r, sort, now) is not None]
+    missing = [r for r in runs if _sort_value(r, sort, now) is None]
+    known.sort(key=lambda r: _sort_value(r, sort, now), reverse=descending)
+    return known + sorted(missing, key=lambda r: -r.id)
+
+
+def next_sort(sort: str, descending: bool) -> tuple[str, bool]:
+    """``s``: the same sort reversed when it is in its first direction, else the next sort in its first."""
+    if descending == SORTS[sort][1]:
+        return sort, not descending
+    names = list(SORTS)
+    following = names[(names.index(sort) + 1) % len(names)]
+    return following, SORTS[following][1]
 
 
 class RunsScreen(Screen[None]):
@@ -81,7 +106,9 @@ class RunsScreen(Screen[None]):
     filter_text: reactive[str] = reactive("")
     """Only runs whose id, name, strategy, method, status, tags or note contain this (any case)."""
     sort_column: reactive[str] = reactive("id")
-    """Column the table is sorted by (descending for id, ascending otherwise)."""
+    """What the table is sorted by (a key of :data:`SORTS`)."""
+    sort_descending: reactive[bool] = reactive(True)
+    """The sort's direction (shown by an arrow in the sorted column's header)."""
     selected: reactive[frozenset[int]] = reactive(frozenset)
     """Runs marked for comparison."""
 
@@ -111,10 +138,8 @@ class RunsScreen(Screen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        table = self.query_one(DataTable)
-        for col in COLUMNS:
-            table.add_column(col, key=col)
-        table.focus()
+        self._set_headers()
+        self.query_one(DataTable).focus()
         self.poll_runs()
 
     @work(thread=True, exclusive=True, group="runs")
@@ -158,6 +183,22 @@ class RunsScreen(Screen[None]):
     def watch_sort_column(self) -> None:
         self.refresh_table()
 
+    def watch_sort_descending(self) -> None:
+        self.refresh_table()
+
+    def _set_headers(self) -> bool:
+        """Give the table its columns, the sorted one with its arrow; True when they changed (then every
+        row is added again: a DataTable sizes a column by its header only when the column is added)."""
+        table = self.query_one(DataTable)
+        sorted_on = SORTS[self.sort_column][0]
+        labels = [f"{c} {ARROWS[self.sort_descending]}" if c == sorted_on else c for c in COLUMNS]
+        if [str(c.label) for c in table.columns.values()] == labels:
+            return False
+        table.clear(columns=True)
+        for col, label in zip(COLUMNS, labels, strict=True):
+            table.add_column(label, key=col)
+        return True
+
     def watch_selected(self) -> None:
         self.refresh_table()
 
@@ -165,9 +206,7 @@ class RunsScreen(Screen[None]):
         needle = self.filter_text.lower().strip()
         runs = [r for r in self.runs if not needle or needle in " ".join(
             [str(r.id), r.name, r.strategy, r.method, r.status, r.note, *r.tags]).lower()]
-        now = self.ftui.now
-        runs.sort(key=lambda r: _sort_key(r, self.sort_column, now), reverse=self.sort_column == "id")
-        return runs
+        return sort_runs(runs, self.sort_column, self.sort_descending, self.ftui.now)
 
     def refresh_table(self) -> None:
         if not self.is_mounted:
@@ -187,17 +226,18 @@ class RunsScreen(Screen[None]):
                 "step": f"{step or 0}/{r.total_steps or '?'}" if step or r.total_steps else "-",
                 "loss": "-" if loss is None else f"{loss:.4f}",
                 "tokens/s": "-" if tps is None else f"{tps:,.0f}",
-                "duration": fmt_seconds(run_duration(r, now)),
-                "strategy": r.strategy, "mode": distributed_words(r.distributed_type), "method": r.method,
+                "wall time": fmt_seconds(run_duration(r, now)),
+                "strategy": strategy_words(r.strategy, r.nproc), "mode": distributed_words(r.distributed_type),
+                "method": r.method,
                 "tags · note": " · ".join(x for x in (",".join(r.tags), r.note.replace("\n", " ")) if x),
                 "started": r.started_at.strftime("%m-%d %H:%M") if r.started_at else "-",
                 "util": "-" if r.mean_util is None else f"{r.mean_util:.0f}%",
             }
             rows.append((str(r.id), tuple(by_column[c] for c in COLUMNS)))
         shown = tuple((k, tuple(str(c) for c in cells)) for k, cells in rows)
-        if shown != self._shown:
+        current = self.current_id()
+        if self._set_headers() or shown != self._shown:
             self._shown = shown
-            current = self.current_id()
             table.clear()
             for key, cells in rows:
                 # Strings given to a DataTable are parsed as markup: a run named "[/]" must stay text.
@@ -215,9 +255,9 @@ class RunsScreen(Screen[None]):
         self.query_one("#runs-status", Static).update(Text(
             f"{len(rows)} of {len(self.runs)} runs"
             + (f" (the newest of {self.total:,}: A reads all)" if self.total and self.total > len(self.runs) else "")
-            + f" · sort: {self.sort_column} · selected: "
+            + f" · sort: {self.sort_column} {ARROWS[self.sort_descending]} (s) · selected: "
             f"{', '.join(map(str, sorted(self.selected))) or 'none'} · ? keys · step, loss, tokens/s: trainer "
-            "(live while running) · util: telemetry mean"
+            "(live while running) · wall time: start to end · util: telemetry mean"
         ))
 
     def current_id(self) -> int | None:
@@ -267,7 +307,19 @@ class RunsScreen(Screen[None]):
         self.post_message(CompareRuns(ids))
 
     def action_cycle_sort(self) -> None:
-        self.sort_column = SORTS[(SORTS.index(self.sort_column) + 1) % len(SORTS)]
+        self.sort_by(*next_sort(self.sort_column, self.sort_descending))
+
+    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
+        """A click on a sortable header sorts by it; a second click reverses the direction."""
+        sort = next((name for name, (column, _) in SORTS.items() if column == event.column_key.value), None)
+        if sort is None:
+            return
+        self.sort_by(sort, not self.sort_descending if sort == self.sort_column else SORTS[sort][1])
+
+    def sort_by(self, sort: str, descending: bool) -> None:
+        self.set_reactive(RunsScreen.sort_column, sort)  # both set, then one redraw
+        self.set_reactive(RunsScreen.sort_descending, descending)
+        self.refresh_table()
 
     def action_tags(self) -> None:
         run = self.current_run()

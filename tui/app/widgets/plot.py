@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
@@ -11,6 +13,9 @@ from tui.app.poll import downsample
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 COLORS = ["cyan", "magenta", "yellow", "green", "red", "blue", "white"]
+X_TICKS = 6
+"""Ticks on a step axis: as many at 80 columns as at 120 (a fixed count: the plot's width is not known
+yet when its data first arrives)."""
 
 
 def spark(values: list[float], width: int, top: float | None = None) -> str:
@@ -37,6 +42,25 @@ def spark_rows(values: list[float], width: int, rows: int = 2, style: str = "cya
         line = "".join(BLOCKS[min(8, max(0, lv - 8 * r))] for lv in levels)
         lines.append(line.ljust(width))
     return Text("\n".join(lines), style=style)
+
+
+def whole_ticks(lo: float, hi: float, most: int = 5) -> list[int]:
+    """At most ``most`` whole-number ticks from ``lo`` to ``hi`` (steps), 1, 2 or 5 times a power of ten
+    apart, so that a step axis never reads 8.2 or 15.5."""
+    first, last = math.ceil(lo), math.floor(hi)
+    if last <= first:
+        return [first] if first <= hi else [round(lo)]
+    span = last - first
+    gap = 1
+    for power in range(0, 12):
+        gap = next((m * 10**power for m in (1, 2, 5) if span // (m * 10**power) + 1 <= max(2, most)), 0)
+        if gap:
+            break
+    start = math.ceil(first / gap) * gap
+    ticks = list(range(start, last + 1, gap))
+    if not ticks or ticks[0] - first >= gap / 2:  # the first step too, where it has room
+        ticks.insert(0, first)
+    return ticks
 
 
 def level_style(value: float | None, warn: float = 60.0, high: float = 85.0) -> str:
@@ -103,6 +127,10 @@ class LinePlot(PlotextPlot):
             curves = [(n, list(range(1, len(v) + 1)), list(v)) for n, v in self.series if v]
         for i, (name, xs, ys) in enumerate(curves):
             plt.plot(xs, ys, label=name, marker="braille", color=COLORS[i % len(COLORS)])
+        every_x = [x for _, xs, _ in curves for x in xs]
+        if every_x and all(float(x).is_integer() for x in every_x):  # steps: whole ticks, never 8.2
+            ticks = whole_ticks(min(every_x), max(every_x), X_TICKS)
+            plt.xticks([float(t) for t in ticks], [str(t) for t in ticks])
         if not curves:
             plt.text("no data yet", 0.5, 0.5, alignment="center")
             plt.xlim(0, 1)

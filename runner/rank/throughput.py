@@ -1,0 +1,68 @@
+"""A run's tokens per second: the steady state and the whole window (pure: times and counts in, figures out).
+
+The first :data:`runner.rank.memtrack.MEASURED_STEPS` steps of a run train under the memory meter (a
+``TorchDispatchMode`` that follows every storage), which makes them slower than the steps after them. So
+the run's tokens/s is the **steady state**: the tokens of the unmetered steps over the time from the start
+of the first unmetered step to the end of the last step. The **whole window** is every step of this run,
+from the start of its first step to the end of its last, metered steps included. Both leave out the time
+spent evaluating between steps. A run with no unmetered step has no steady-state figure (None), never a
+metered one in its place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Window:
+    """A span of steps: when its first step started and the run's token count then.
+
+    Attributes:
+        start: ``time.perf_counter()`` at the start of the span's first step.
+        tokens_before: Tokens trained (``tokens_done``) before that step.
+    """
+
+    start: float
+    tokens_before: int
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """The end event's throughput figures.
+
+    Attributes:
+        tokens_per_s: Steady state: over the unmetered steps; None when the run had none.
+        window_tokens_per_s: Over every step of the run (metered ones included).
+        steady_steps: How many unmetered steps the steady state is measured over.
+        train_seconds: Seconds of the whole window, evaluations excluded.
+    """
+
+    tokens_per_s: float | None
+    window_tokens_per_s: float | None
+    steady_steps: int
+    train_seconds: float
+
+
+def _seconds(window: Window, end: float, evals: Sequence[tuple[float, float]]) -> float:
+    """Seconds from the window's start to ``end``, less the evaluations that ran inside it."""
+    return end - window.start - sum(e - b for b, e in evals if b >= window.start and e <= end)
+
+
+def _rate(tokens: int, seconds: float) -> float | None:
+    return tokens / seconds if seconds > 0 and tokens > 0 else None
+
+
+def throughput(whole: Window, steady: Window | None, steady_steps: int, end: float, tokens_done: int,
+               evals: Sequence[tuple[float, float]] = ()) -> Throughput:
+    """Steady-state and whole-window tokens/s of a run whose last step ended at ``end`` with
+    ``tokens_done`` tokens trained; ``steady`` is the window of the first unmetered step (None: no such
+    step ran); ``evals`` the (start, end) of the evaluations between steps."""
+    seconds = _seconds(whole, end, evals)
+    window_rate = _rate(tokens_done - whole.tokens_before, seconds)
+    steady_rate = None
+    if steady is not None and steady_steps > 0:
+        steady_rate = _rate(tokens_done - steady.tokens_before, _seconds(steady, end, evals))
+    return Throughput(tokens_per_s=steady_rate, window_tokens_per_s=window_rate,
+                      steady_steps=steady_steps if steady_rate is not None else 0, train_seconds=seconds)

@@ -1,0 +1,85 @@
+"""DeepSpeed's buffers in the estimate, from the config ftui writes: the reduce bucket sized to the model,
+when each stage holds it, and ZeRO-3's gathered parameters (runner/planner/deepspeed.py)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from runner.planner import estimate, inputs_from_recipe
+from runner.spec import builtin
+from runner.spec.deepspeed_config import CPU_BUCKET, DEEPSPEED_FILE, ZERO3_PERSISTENCE_THRESHOLD
+from runner.spec.launch import build_launch
+from runner.spec.recipe import Recipe, load_recipe
+from runner.watch.estimate import trainable_count
+from tests.support import QUICKSTART
+
+RUN = Path("/tmp/ftui-test-run")
+
+
+def _recipe(strategy: str, *sets: str) -> Recipe:
+    return load_recipe(QUICKSTART, [f"launch.strategy='{strategy}'", "launch.nproc=2", "launch.engine='deepspeed'",
+                                    "launch.device='cpu'", "data.context_length=64", *sets])
+
+
+def _written(recipe: Recipe) -> dict:
+    spec = build_launch(recipe, RUN, port=29555, cpu_threads=1, trainable=trainable_count(recipe))
+    return json.loads(spec.files[DEEPSPEED_FILE])["zero_optimization"]
+
+
+def _estimate(recipe: Recipe):  # type: ignore[no-untyped-def]
+    return estimate(replace(inputs_from_recipe(recipe, allow_network=False), device="cpu"))
+
+
+@pytest.mark.parametrize(("sets", "trainable"), [((), 122_880), (("method.type='full'",), 12_587_904)])
+def test_the_written_buckets_are_the_trainable_count_where_the_model_is_smaller(sets: tuple[str, ...],
+                                                                                trainable: int) -> None:
+    zero = _written(_recipe("zero2", *sets))
+    assert zero["reduce_bucket_size"] == zero["allgather_bucket_size"] == -(-trainable // 64) * 64 < CPU_BUCKET
+
+
+def test_a_model_larger_than_the_bucket_keeps_the_configured_size() -> None:
+    recipe = load_recipe(QUICKSTART, ["model.name='TinyLlama/TinyLlama-1.1B-Chat-v1.0'", "method.type='full'",
+                                      "launch.strategy='zero2'", "launch.nproc=2", "launch.engine='deepspeed'",
+                                      "launch.device='cpu'"])
+    assert _written(recipe)["reduce_bucket_size"] == CPU_BUCKET
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2"])
+def test_zero12_hold_the_reduce_bucket_through_the_backward_only(strategy: str) -> None:
+    recipe = _recipe(strategy, "method.type='full'")
+    bucket = _written(recipe)["reduce_bucket_size"] * 4  # fp32 gradients
+    b = _estimate(recipe)
+    assert b.peak_phase == "backward" and b.ds_reduce_bucket == bucket
+    without = b.phases["optimizer"]
+    assert without < b.total - bucket  # not alive at the optimizer step
+
+
+def test_zero3_holds_the_bucket_all_step_and_gathers_every_large_parameter() -> None:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    recipe = _recipe("zero3")
+    b = _estimate(recipe)
+    assert b.ds_reduce_bucket == _written(recipe)["reduce_bucket_size"] * 4
+    # An independent count: the tiny Llama's parameters above the persistence threshold, on the meta device.
+    with torch.device("meta"):
+        model = LlamaForCausalLM(builtin.tiny_llama_config(4096))
+    large = sum(p.numel() for p in model.parameters() if p.numel() >= ZERO3_PERSISTENCE_THRESHOLD)
+    assert b.ds_gathered == large * 4
+    assert b.peak_phase in ("forward", "backward")
+
+
+def test_parameters_partitioned_by_zero_init_are_counted_whole() -> None:
+    import torch
+
+    from runner.rank.model_load import param_count
+
+    layer = torch.nn.Linear(384, 1024)
+    # What deepspeed.zero.Init leaves on a rank (partition_parameters.py): an empty tensor, the size in ds_numel.
+    layer.weight.ds_numel = layer.weight.numel()  # type: ignore[attr-defined]
+    layer.weight.data = torch.empty(0)
+    assert param_count(layer.parameters()) == 384 * 1024 + 1024

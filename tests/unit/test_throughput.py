@@ -1,0 +1,51 @@
+"""tokens/s: the steady state over the unmetered steps, the whole window beside it (runner/rank/throughput.py),
+and how ``ftui show`` prints them."""
+
+from __future__ import annotations
+
+import pytest
+
+from runner.rank.throughput import Window, throughput
+from tests.support import run_info
+from tui.render.report import tokens_per_s_rows
+
+
+def test_steady_state_leaves_out_the_metered_steps() -> None:
+    # Two metered steps of 3 s each, then three unmetered steps of 1 s each, 100 tokens per step.
+    figures = throughput(Window(start=10.0, tokens_before=0), Window(start=16.0, tokens_before=200), 3,
+                         end=19.0, tokens_done=500)
+    assert figures.tokens_per_s == pytest.approx(100.0)
+    assert figures.window_tokens_per_s == pytest.approx(500 / 9)
+    assert figures.steady_steps == 3 and figures.train_seconds == pytest.approx(9.0)
+
+
+def test_evaluations_are_left_out_of_both_windows() -> None:
+    # A 4 s evaluation after the third step, inside both windows.
+    figures = throughput(Window(10.0, 0), Window(16.0, 200), 3, end=23.0, tokens_done=500,
+                         evals=[(17.0, 21.0)])
+    assert figures.tokens_per_s == pytest.approx(100.0)
+    assert figures.window_tokens_per_s == pytest.approx(500 / 9)
+
+
+def test_a_resumed_run_counts_only_its_own_tokens() -> None:
+    figures = throughput(Window(0.0, 1000), Window(4.0, 1200), 1, end=5.0, tokens_done=1300)
+    assert figures.tokens_per_s == pytest.approx(100.0)
+    assert figures.window_tokens_per_s == pytest.approx(60.0)
+
+
+def test_no_unmetered_step_gives_no_steady_state_figure() -> None:
+    figures = throughput(Window(10.0, 0), None, 0, end=16.0, tokens_done=200)
+    assert figures.tokens_per_s is None and figures.steady_steps == 0
+    assert figures.window_tokens_per_s == pytest.approx(200 / 6)
+
+
+def test_show_prints_both_figures_and_says_what_each_counts() -> None:
+    rows = tokens_per_s_rows(run_info(1, "single", 1, 1234.0, window_tokens_per_s=1000.0, steady_steps=3))
+    assert rows[0][:2] == ("tokens/s", "1,234") and "steady state, the 3 steps after the memory-metered" in rows[0][2]
+    assert rows[1][:2] == ("tokens/s whole window", "1,000") and "memory-metered ones included" in rows[1][2]
+
+
+def test_show_says_when_there_is_no_steady_state_figure() -> None:
+    rows = tokens_per_s_rows(run_info(1, "single", 1, None, window_tokens_per_s=800.0, steady_steps=0))
+    assert rows[0] == ("tokens/s", "-", "no steady-state figure: every step was memory-metered")
+    assert rows[1][1] == "800"
