@@ -16,8 +16,9 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from runner.analysis import verdict
 from runner.analysis.mfu import Peak, compute_mfu, trustworthy
-from runner.analysis.noise import batch_note, busy_note, host_other_util
+from runner.analysis.noise import NoiseFloor, Training, host_other_util, measured_floor
 from runner.analysis.run_figures import (
     default_peak,
     device_count,
@@ -100,6 +101,8 @@ class RunRow:
     """A script run (``launch.script``): a figure it did not report is "not reported", not unknown."""
     host_other_util: float | None = None
     """Host CPU % (all cores) used by other work during the run (:func:`runner.analysis.noise.host_other_util`)."""
+    training: Training = field(default_factory=Training)
+    """What the run trains (model, data, global batch, ...): runs are compared only when these match."""
 
 
 @dataclass(frozen=True)
@@ -131,62 +134,49 @@ class Comparison:
     """Run id to (step, learning rate)."""
     grad_curves: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
     """Run id to (step, gradient norm before clipping)."""
+    tokens_curves: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    """Run id to (step, tokens/s of that step over all devices)."""
+    memory_curves: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    """Run id to (step, measured peak memory of its busiest rank so far): the figure the table shows."""
+    memory_source: str = ""
+    """Where :attr:`memory_curves` come from (``measured: live-tensor peak``)."""
+    rss_curves: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    """Run id to (step, largest rank's process RSS): for runs whose memory events measured nothing else."""
     windows: dict[int, tuple[float, float]] = field(default_factory=dict)
     """Run id to its training window (first step to last) in the seconds of its timeline."""
+    floor: NoiseFloor | None = None
+    """The run-to-run spread of tokens/s measured from stored repeats on the runs' hosts (or None)."""
 
     def row(self, run_id: int | None) -> RunRow | None:
         return next((r for r in self.rows if r.run_id == run_id), None)
 
     def label(self, row: RunRow) -> str:
         """``ddp x2`` (plus the grid values), unique enough to name a run in a sentence."""
-        base = row.strategy + (f" x{row.devices}" if row.devices > 1 else "")
-        return f"{base} [{row.grid}]" if row.grid else base
+        return verdict.label(row)
 
     def speedup_sentences(self) -> list[str]:
-        """``ddp x2 1.9x faster than single`` for each run against the baseline."""
+        """Each configuration against the baseline's: ``ddp x2 (run 2) 1.9x faster than single (run 1): ...``
+        only beyond the run-to-run spread, else the ratio and why it is not a verdict."""
         base = self.row(self.baseline_id)
-        if base is None:
+        found = verdict.groups(self.rows)
+        home = next((g for g in found if base is not None and base in g.rows), None)
+        if home is None:
             return []
-        out = []
-        for r in self.rows:
-            if r.run_id == base.run_id or r.speedup is None:
-                continue
-            differs = batch_note(self.label(r), r.run_id, r.global_batch, self.label(base), base.run_id,
-                                 base.global_batch)
-            if differs:  # never "faster" between two different trainings
-                out.append(f"{differs} (tokens/s ratio {r.speedup:.2f}x)")
-            elif r.speedup >= 1:
-                out.append(f"{self.label(r)} (run {r.run_id}) {r.speedup:.2f}x faster than {self.label(base)} (run {base.run_id})")
-            else:
-                out.append(f"{self.label(r)} (run {r.run_id}) {1 / r.speedup:.2f}x slower than {self.label(base)} (run {base.run_id})")
-        return out
+        floor = verdict.repeat_floor(found) or self.floor
+        return [verdict.pair_sentence(g, home, floor) for g in found if g is not home]
+
+    def decision(self) -> verdict.Verdict:
+        """The verdict: use one run, or a tie, or why the runs cannot be compared (:mod:`runner.analysis.verdict`)."""
+        return verdict.decide(self.rows, self.floor)
 
     def recommendation(self) -> str:
-        """One sentence: the fastest run that completed, with its numbers."""
-        best = self.row(self.fastest_id)
-        if best is None:
-            return "No run completed, so there is nothing to recommend; see the reasons above."
-        parts = [f"{best.tokens_per_s:,.0f} tokens/s" if best.tokens_per_s else None,
-                 f"{best.train_seconds:.1f}s of training" if best.train_seconds else None,
-                 f"MFU {best.mfu * 100:.2f}%" if best.mfu is not None else None]
-        text = f"Use {self.label(best)} (run {best.run_id}): the fastest that completed, " + ", ".join(p for p in parts if p)
-        base = self.row(self.baseline_id)
-        if base is not None and base.run_id != best.run_id and best.speedup:
-            text += f", {best.speedup:.2f}x the throughput of {self.label(base)} (run {base.run_id})"
-        others = [r for r in self.rows if r.status != "completed"]
-        if others:
-            text += f"; {len(others)} did not complete"
-        return text + "." + "".join(f" Caution: {c}." for c in self.cautions())
+        """One line: the verdict with its numbers, what did not complete, and a busy host's caution."""
+        return verdict.recommendation(self.rows, self.floor)
 
-    def cautions(self) -> list[str]:
-        """What makes the verdict noise: a busy host, runs whose global batches differ (``runner.analysis.noise``)."""
-        out = [n for r in self.rows if r.status == "completed"
-               and (n := busy_note(r.run_id, self.label(r), r.host_other_util))]
-        batches = {r.global_batch for r in self.rows if r.status == "completed" and r.global_batch}
-        if len(batches) > 1:
-            out.append("the runs' global batches differ (" + ", ".join(
-                f"{self.label(r)}: {r.global_batch}" for r in self.rows if r.global_batch) + ")")
-        return out
+    @property
+    def recommended_id(self) -> int | None:
+        """The run the verdict recommends (None for a tie, runs that cannot be compared, or nothing to tell)."""
+        return self.decision().run_id
 
 
 # ---------------------------------------------------------------------- recipe diff
@@ -306,6 +296,10 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
     mem, mem_source = mem_measured(run)
     est, est_source = estimated_memory(run, recipe, dims)
     reason = (run.summary.ended or run.error) if run.status != "completed" else None  # a stop: its checkpoint
+    data = recipe.get("data", {})
+    training = Training(model=run.model or None, data=_text(data.get("source")), global_batch=global_batch,
+                        seq_len=data.get("context_length"), precision=_text(train.get("precision")),
+                        method=run.method or None)
     return RunRow(
         run_id=run.id, name=run.name, strategy=run.strategy, method=run.method, devices=devices,
         device_type=run.device_type, micro_batch=micro, grad_accum=ga, global_batch=global_batch,
@@ -322,8 +316,12 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
         note=run.summary.sweep_note, grid=grid or (run.summary.sweep_grid or ""),
         mfu_note=over_note or (None if mfu is not None else _mfu_note(run, peak, peak_note, dims)),
         mfu_rejected=rejected, script=bool(recipe.get("launch", {}).get("script")),
-        host_other_util=host_other_util(run.summary.telemetry),
+        host_other_util=host_other_util(run.summary.telemetry), training=training,
     )
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def build_comparison(
@@ -337,6 +335,7 @@ def build_comparison(
     peak_notes: Mapping[int, str] | None = None,
     named: Mapping[int, Sequence[NamedMetricPoint]] | None = None,
     eval_samples: Mapping[int, list[dict[str, str]]] | None = None,
+    floor: NoiseFloor | None = None,
 ) -> Comparison:
     """Put runs side by side (in the given order).
 
@@ -351,6 +350,7 @@ def build_comparison(
         peak_notes: By run id, why its peak is None (:func:`peak_note`).
         named: Named per-step metrics by run id (eval loss curves, final and best eval loss).
         eval_samples: By run id, the samples of its last evaluation.
+        floor: The run-to-run spread measured on the runs' hosts (:func:`runner.analysis.noise.measured_floor`).
 
     Returns:
         The comparison; ``fastest_id`` is the completed run with the highest tokens/s.
@@ -398,9 +398,11 @@ def build_comparison(
                                  for r in runs},
                       grad_curves={r.id: [(m.step, m.grad_norm) for m in metrics.get(r.id, [])
                                           if m.grad_norm is not None] for r in runs},
+                      tokens_curves={r.id: [(m.step, m.tokens_per_s) for m in metrics.get(r.id, [])
+                                            if m.tokens_per_s is not None] for r in runs},
                       windows=windows,
                       eval_curves={k: v for k, v in eval_curves.items() if v},
-                      named={k: v for k, v in last.items() if v}, samples=dict(eval_samples or {}))
+                      named={k: v for k, v in last.items() if v}, samples=dict(eval_samples or {}), floor=floor)
 
 
 def timeline(samples: Sequence[SampleInfo]) -> dict[str, list[tuple[float, float | None, int | None]]]:
@@ -446,24 +448,36 @@ CURVE_POINTS = 200
 loss (``store.rollup``), so the best loss and the curve's shape survive; the rows stay stored."""
 
 
+CURVE_NAMES = ("loss", "lr", "grad_norm", "tokens_per_s")
+"""The per-step figures a comparison draws (each downsampled on its own)."""
+
+
 def compare_metrics(store: Store, runs: Sequence[RunInfo], points: int = CURVE_POINTS) -> dict[int, list[MetricPoint]]:
-    """Each run's loss curve for a comparison, downsampled to about ``points`` points.
+    """Each run's loss, lr, gradient norm and tokens/s curves for a comparison, each downsampled to about
+    ``points`` points, merged by step (a figure missing at a step is None there).
 
     Read from the store's per-block summaries (a few hundred rows per run, whatever its length); a
-    resumed run's curve is joined to its parent's (:func:`joined_metrics`) and thinned here. Only
-    ``step`` and ``loss`` are set in the points.
+    resumed run's curves are joined to its parent's (:func:`joined_metrics`) and thinned here.
     """
     plain = [r.id for r in runs if r.resumed_from is None]
-    curves = store.curves(plain, "loss", points) if plain else {}
+    stored = {name: store.curves(plain, name, points) if plain else {} for name in CURVE_NAMES}
     out: dict[int, list[MetricPoint]] = {}
     for run in runs:
-        if run.resumed_from is None:
-            pairs = curves[run.id].points
-        else:
-            pairs = downsample_points([(m.step, m.loss) for m in joined_metrics(store, run) if m.loss is not None],
-                                      points)
-        out[run.id] = [MetricPoint(step=step, time=0.0, loss=loss, lr=None, grad_norm=None, tokens=None,
-                                   step_time=None, tokens_per_s=None) for step, loss in pairs]
+        by_name: dict[str, list[tuple[int, float]]] = {}
+        joined = joined_metrics(store, run) if run.resumed_from is not None else []
+        for name in CURVE_NAMES:
+            if run.resumed_from is None:
+                by_name[name] = list(stored[name][run.id].points)
+            else:
+                by_name[name] = downsample_points(
+                    [(m.step, v) for m in joined if (v := getattr(m, name)) is not None], points)
+        steps: dict[int, dict[str, float]] = {}
+        for name, pairs in by_name.items():
+            for step, value in pairs:
+                steps.setdefault(step, {})[name] = value
+        out[run.id] = [MetricPoint(step=step, time=0.0, loss=v.get("loss"), lr=v.get("lr"), grad_norm=v.get("grad_norm"),
+                                   tokens=None, step_time=None, tokens_per_s=v.get("tokens_per_s"))
+                       for step, v in sorted(steps.items())]
     return out
 
 
@@ -533,9 +547,10 @@ def load_comparison(store: Store, run_ids: Sequence[int], baseline_id: int | Non
     notes = {r.id: peak_note(r, recipes[r.id], samples.get(r.id, ())) for r in runs if peaks[r.id] is None}
     named = compare_named(store, runs)
     evals = {r.id: last_samples(store, r.id) for r in runs}
+    floor = stored_floor(store, runs)
     cmp = build_comparison(runs, metrics, peaks, dims, baseline_id,
                            samples if with_samples else None, sweep_id, peak_notes=notes, named=named,
-                           eval_samples={k: v for k, v in evals.items() if v})
+                           eval_samples={k: v for k, v in evals.items() if v}, floor=floor)
     # An MFU above 100% means the peak is wrong: measure it once more; build_row suppresses what is
     # still above 100% and says why.
     redo = {row.run_id for row in cmp.rows if row.mfu_rejected is not None}
@@ -549,7 +564,20 @@ def load_comparison(store: Store, run_ids: Sequence[int], baseline_id: int | Non
                 peaks[run.id] = replace(new_peak, source=f"{new_peak.source}; {notes[run.id]}")
     return build_comparison(runs, metrics, peaks, dims, baseline_id,
                             samples if with_samples else None, sweep_id, peak_notes=notes, named=named,
-                            eval_samples={k: v for k, v in evals.items() if v})
+                            eval_samples={k: v for k, v in evals.items() if v}, floor=floor)
+
+
+FLOOR_RUNS = 200
+"""The newest completed runs searched for repeats that measure the run-to-run spread."""
+
+
+def stored_floor(store: Store, runs: Sequence[RunInfo]) -> NoiseFloor | None:
+    """The run-to-run spread measured on the compared runs' hosts by stored repeats created no later than
+    the newest compared run (:func:`runner.analysis.noise.measured_floor`)."""
+    hosts = {r.host for r in runs if r.host}
+    if not hosts or not runs:
+        return None
+    return measured_floor(store.list_runs(status="completed", limit=FLOOR_RUNS), hosts, max(r.id for r in runs))
 
 
 def last_samples(store: Store, run_id: int) -> list[dict[str, str]]:

@@ -1,28 +1,13 @@
 """A sweep with ``--repeat N``: each strategy ran N times; its figures are the median with the spread
-(min-max), so that one lucky or unlucky run on a shared machine is not the verdict."""
+(min-max), so that one lucky or unlucky run on a shared machine is not the verdict (the verdict itself:
+:mod:`runner.analysis.verdict`, which compares these ranges)."""
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from runner.analysis.compare import Comparison, RunRow
-
-
-@dataclass(frozen=True)
-class Spread:
-    """The median of a figure over the repeats that completed, and its min and max."""
-
-    median: float
-    low: float
-    high: float
-    n: int
-
-    @property
-    def relative(self) -> float:
-        """(max - min) / median: the run-to-run noise, as a fraction."""
-        return (self.high - self.low) / self.median if self.median else 0.0
+from runner.analysis.noise import Spread, spread
 
 
 @dataclass(frozen=True)
@@ -35,14 +20,6 @@ class RepeatRow:
     tokens_per_s: Spread | None
     train_seconds: Spread | None
     final_loss: Spread | None
-
-
-def spread(values: Sequence[float | None]) -> Spread | None:
-    """Median and min-max of the known values (None when there is none)."""
-    known = [float(v) for v in values if v is not None]
-    if not known:
-        return None
-    return Spread(statistics.median(known), min(known), max(known), len(known))
 
 
 def by_strategy(cmp: Comparison) -> list[RepeatRow]:
@@ -60,19 +37,6 @@ def by_strategy(cmp: Comparison) -> list[RepeatRow]:
     return out
 
 
-def verdict(rows: Sequence[RepeatRow]) -> str:
-    """One sentence: the fastest median, and whether its lead is larger than the spread (else: noise)."""
-    ranked = sorted((r for r in rows if r.tokens_per_s), key=lambda r: -r.tokens_per_s.median)  # type: ignore[union-attr]
-    if not ranked:
-        return "No strategy completed a run."
-    best = ranked[0]
-    assert best.tokens_per_s is not None
-    if len(ranked) == 1:
-        return f"{best.label}: median {best.tokens_per_s.median:,.0f} tokens/s over {best.completed} run(s)."
-    second = ranked[1]
-    assert second.tokens_per_s is not None
-    text = (f"{best.label} has the highest median, {best.tokens_per_s.median:,.0f} tokens/s over {best.completed} "
-            f"runs, against {second.label}'s {second.tokens_per_s.median:,.0f}")
-    if best.tokens_per_s.low <= second.tokens_per_s.high:
-        return text + ": their ranges overlap, so the difference is within run-to-run noise."
-    return text + ": every run of it was faster than every run of the other."
+def repeated(rows: list[RepeatRow]) -> bool:
+    """Whether some configuration ran more than once (the repeats table is worth printing)."""
+    return any(len(r.run_ids) > 1 for r in rows)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from runner.analysis.compare import build_comparison
-from runner.analysis.noise import host_other_util
+from runner.analysis.noise import NoiseFloor, host_other_util
 from tests.support import run_info
 from tests.support.matrix import ColdRepeat
 
@@ -31,10 +31,13 @@ def test_a_different_global_batch_is_never_called_faster() -> None:
     assert [r.global_batch for r in cmp.rows] == [4, 8]
     sentences = cmp.speedup_sentences()
     assert len(sentences) == 1 and "faster" not in sentences[0], sentences
-    assert "global batch of 8" in sentences[0] and "(run 1) 4" in sentences[0]
-    assert "Caution: the runs' global batches differ (single: 4, ddp x2: 8)" in cmp.recommendation()
-    same = build_comparison([single, _with_recipe(run_info(2, "ddp", 2, 1900.0), 2)], {})
-    assert same.speedup_sentences() == ["ddp x2 (run 2) 1.90x faster than single (run 1)"]
+    assert "global batch 8 vs 4" in sentences[0]
+    assert cmp.recommendation().startswith("No recommendation: ddp x2 (run 2) and single (run 1) train different")
+    floor = NoiseFloor(0.1, "repeats of single (runs 7, 8) on h")
+    same = build_comparison([single, _with_recipe(run_info(2, "ddp", 2, 1900.0), 2)], {}, floor=floor)
+    assert same.speedup_sentences() == [
+        "ddp x2 (run 2) 1.90x faster than single (run 1): beyond the run-to-run spread of 10% (repeats of single "
+        "(runs 7, 8) on h)"]
     assert "Caution" not in same.recommendation()
 
 
@@ -54,7 +57,7 @@ def test_a_busy_host_is_said() -> None:
 
 
 def test_repeats_give_medians_and_spread_and_say_when_the_lead_is_noise(tmp_path: Path) -> None:
-    from runner.analysis.repeats import by_strategy, verdict
+    from runner.analysis.repeats import by_strategy
     from runner.service.sweep import plan
 
     items = plan(ROOT / "recipes" / "quickstart.toml", ["single", "ddp"], 2, [], [], repeat=3)
@@ -63,15 +66,16 @@ def test_repeats_give_medians_and_spread_and_say_when_the_lead_is_noise(tmp_path
     runs = [run_info(i + 1, s, n, tps) for i, (s, n, tps) in enumerate(
         [("single", 1, 1000.0), ("single", 1, 1200.0), ("single", 1, 900.0),
          ("ddp", 2, 1100.0), ("ddp", 2, 950.0), ("ddp", 2, None)])]
-    rows = by_strategy(build_comparison(runs, {}))
+    cmp = build_comparison(runs, {})
+    rows = by_strategy(cmp)
     assert [(r.label, r.run_ids, r.completed) for r in rows] == [("single", [1, 2, 3], 3), ("ddp x2", [4, 5, 6], 3)]
     assert rows[0].tokens_per_s is not None and (rows[0].tokens_per_s.median, rows[0].tokens_per_s.low,
                                                  rows[0].tokens_per_s.high) == (1000.0, 900.0, 1200.0)
     assert rows[1].tokens_per_s is not None and rows[1].tokens_per_s.n == 2  # the run with no figure is left out
-    assert "within run-to-run noise" in verdict(rows)
-    apart = by_strategy(build_comparison([run_info(1, "single", 1, 1000.0), run_info(2, "single", 1, 1010.0),
-                                          run_info(3, "ddp", 2, 2000.0), run_info(4, "ddp", 2, 2100.0)], {}))
-    assert "every run of it was faster" in verdict(apart) and verdict(apart).startswith("ddp x2")
+    assert cmp.decision().kind == "tie" and "overlap" in cmp.recommendation()
+    apart = build_comparison([run_info(1, "single", 1, 1000.0), run_info(2, "single", 1, 1010.0),
+                              run_info(3, "ddp", 2, 2000.0), run_info(4, "ddp", 2, 2100.0)], {})
+    assert "do not overlap" in apart.recommendation() and apart.recommendation().startswith("Use ddp x2")
 
 
 def test_repeat_must_be_positive() -> None:
@@ -86,4 +90,4 @@ def test_sweep_repeat_runs_each_strategy_n_times_and_prints_medians(cold_repeat:
     out = cold_repeat.proc.stdout
     assert "2 runs, one after another" in out and "repeat 2/2" in out
     assert "over the repeats: median (min-max)" in out and "2/2" in out
-    assert "single: median" in out
+    assert "The runs tie: all 2 are single" in out

@@ -20,7 +20,7 @@ RUN = (
     "ftui run recipes/quickstart.toml",
     "ftui runs",
     "ftui show 1",
-    "ftui compare --sweep ID --format html -o report.html",
+    "ftui report --sweep ID -o report.html",
     "ftui estimate recipes/tinyllama-1.1b-lora.toml --gpu-mem 48GiB --gpus 4",
     "ftui run recipes/quickstart.toml --strategy ddp --nproc 2 --dry-run",
     "ftui gpus",

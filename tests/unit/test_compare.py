@@ -13,6 +13,7 @@ import pytest
 
 from runner.analysis import cpu_peak, mfu
 from runner.analysis.compare import build_comparison, flatten, recipe_diff, speedups
+from runner.analysis.noise import NoiseFloor
 from runner.analysis.run_figures import default_peak, device_count, peak_note
 from runner.spec import flops
 from store import MetricPoint, SampleInfo
@@ -57,13 +58,15 @@ def test_speedups_against_the_baseline() -> None:
     assert speedups([None, 390.0], 0) == [None, None]
     runs = [run_info(1, "mp", 1, 100.0), run_info(2, "ddp", 4, 390.0), run_info(3, "fsdp", 4, 50.0), run_info(4, "fsdp", 2, None, "failed")]
     metrics = {1: [MetricPoint(1, 0.0, 3.0, None, None, None, None, None), MetricPoint(2, 1.0, 2.5, None, None, None, None, None)]}
-    cmp = build_comparison(runs, metrics)
+    floor = NoiseFloor(0.1, "repeats of mp (runs 7, 8) on h")  # the run-to-run spread measured on the host
+    cmp = build_comparison(runs, metrics, floor=floor)
     assert cmp.baseline_id == 1 and cmp.fastest_id == 2
     assert [r.speedup for r in cmp.rows] == [1.0, 3.9, 0.5, None]
     assert cmp.rows[0].best_loss == 2.5 and cmp.rows[3].reason == "boom"
+    beyond = ": beyond the run-to-run spread of 10% (repeats of mp (runs 7, 8) on h)"
     assert cmp.speedup_sentences() == [
-        "ddp x4 (run 2) 3.90x faster than mp (run 1)",
-        "fsdp x4 (run 3) 2.00x slower than mp (run 1)",
+        "ddp x4 (run 2) 3.90x faster than mp (run 1)" + beyond,
+        "fsdp x4 (run 3) 2.00x slower than mp (run 1)" + beyond,
     ]
     assert cmp.recommendation().startswith("Use ddp x4 (run 2): the fastest that completed, 390 tokens/s")
     assert "1 did not complete" in cmp.recommendation()

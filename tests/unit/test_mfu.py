@@ -259,7 +259,9 @@ def test_mfu_still_over_100_after_remeasuring_is_never_printed(home: Path) -> No
     rejected = f"{row.mfu_rejected * 100:,.0f}"  # kept in the data (mfu_rejected), never in a table or a line
     for text in (markdown(cmp), to_html(cmp)):
         assert "peak not trustworthy" in text and rejected not in text
-    assert "- (> 100%: peak not trustworthy)" in markdown(cmp).splitlines()[4]
+    # the cell stays short: its mark, and the footnote says why
+    assert "| - [1] |" in markdown(cmp).splitlines()[4]
+    assert "- [1] run 1 MFU: > 100%: peak not trustworthy" in markdown(cmp)
     assert "MFU " not in cmp.recommendation()
     # A peak from another machine cannot be re-measured here: suppressed, and it says why.
     other = mfu.Peak(1e3, "elsewhere", kind="measured", dtype="fp32", threads=1, measured_at=time.time(),
@@ -316,9 +318,10 @@ def test_compare_names_the_peak_dtype_and_threads_in_every_format(home: Path) ->
     assert single.mfu == pytest.approx(_fpt() * 2000 / 5e11)
     assert ddp.mfu == pytest.approx(_fpt() * 2000 / (2.5e11 * 2))  # per device x 2 devices
     md = markdown(cmp)
-    assert "| MFU peak/device (dtype, threads) |" in md.splitlines()[2]
-    assert single.peak_label in md and ddp.peak_label in md
-    assert single.peak_label in to_html(cmp) and "MFU peak/device (dtype, threads)" in to_html(cmp)
+    assert "| MFU peak/device |" in md.splitlines()[2]
+    assert "500.0 GFLOP/s bf16 [1]" in md and "250.0 GFLOP/s bf16 [2]" in md
+    assert f"[1] {single.peak_label}; measured for the test" in md and f"[2] {ddp.peak_label}" in md
+    assert single.peak_label in to_html(cmp) and "MFU peak/device" in to_html(cmp)
     rows = list(csv.DictReader(io.StringIO(to_csv(cmp))))
     assert [(r["peak_dtype"], r["peak_threads"], r["peak_kind"]) for r in rows] == [("bf16", "2", "measured"), ("bf16", "1", "measured")]
     assert float(rows[0]["peak_flops"]) == 5e11 and rows[0]["peak_measured_at"] == "2026-09-21T14:13:20+00:00"
@@ -332,7 +335,7 @@ def test_compare_names_the_peak_dtype_and_threads_in_every_format(home: Path) ->
     console = Console(width=400, record=True)
     console.print(rich_table(cmp))
     text = console.export_text()
-    assert "MFU peak/device (dtype, threads)" in text and "2 threads" in text and "1 thread," in text
+    assert "MFU peak/device" in text and "2 threads" in text and "1 thread," in text
 
 
 def test_cpu_util_is_normalised_by_threads_and_spread_shown(home: Path) -> None:
@@ -351,7 +354,7 @@ def test_cpu_util_is_normalised_by_threads_and_spread_shown(home: Path) -> None:
     cells = {h: [cell(r) for r in cmp.rows] for h, cell in COLUMNS}
     assert cells["CPU % of its threads"] == ["99% of 2 threads", "96% of 1 thread", "-"]
     assert cells["GPU busy % (NVML)"] == ["-", "-", "60%"]
-    assert cells["util min-max over devices"] == ["-", "92-100%", "40-80%"]
+    assert cells["util min-max"] == ["-", "92-100%", "40-80%"]
     md = markdown(cmp)
     assert "CPU % of its 2 threads (psutil)" in md and "GPU busy % (NVML" in md
 

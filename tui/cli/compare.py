@@ -9,23 +9,28 @@ from rich.console import Console
 from rich.text import Text
 
 from runner.analysis.compare import Comparison, load_comparison, sweep_run_ids
-from runner.analysis.repeats import by_strategy, verdict
+from runner.analysis.repeats import by_strategy, repeated
+from runner.analysis.report_data import load_report
 from runner.service import sweep as sw
 from runner.spec.recipe import RecipeError
 from runner.spec.status import ENDED_BY_USER
 from runner.watch.procs import StopRequest
+from store import Store
 from tui.cli.common import open_store, settle_abandoned
 from tui.cli.exits import ExitCode, UsageError
 from tui.cli.progress import SweepProgress
 from tui.render import compare as rep
 
+REPORT_FILE = "report.html"
+"""Where ``ftui report`` writes without ``-o``."""
 
-def _output(args: argparse.Namespace) -> Path | None:
+
+def _output(args: argparse.Namespace, html_default: str = "compare.html") -> Path | None:
     """Where the comparison goes (None: stdout); refused up front when its folder is missing, so that a
     sweep does not train for minutes and then fail to write."""
     out: Path | None = args.output
     if args.format == "html" and out is None:
-        out = Path("compare.html")
+        out = Path(html_default)
     if out is not None and not out.parent.is_dir():
         raise UsageError(f"-o/--output {out}: folder {out.parent} does not exist")
     if out is not None and out.is_dir():
@@ -33,9 +38,9 @@ def _output(args: argparse.Namespace) -> Path | None:
     return out
 
 
-def _emit(args: argparse.Namespace, cmp: Comparison) -> None:
+def _emit(args: argparse.Namespace, cmp: Comparison, html_default: str = "compare.html") -> None:
     console = Console(highlight=False)
-    out = _output(args)
+    out = _output(args, html_default)
     try:
         if args.format == "text":
             if out is not None:
@@ -52,14 +57,15 @@ def _emit(args: argparse.Namespace, cmp: Comparison) -> None:
                 print(text)
     except OSError as exc:
         raise UsageError(f"-o/--output {out}: cannot write ({exc.strerror or exc})") from None
+    grouped = by_strategy(cmp)
+    if args.format == "text" and out is None and repeated(grouped):  # the spread the verdict was drawn against
+        console.print(rep.repeats_table(grouped))
     if args.plot:
         console.print(rep.loss_plot(cmp, width=max(20, min(100, console.width - 12))))
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
-    _output(args)
-    store = open_store(args, create=False)
-    settle_abandoned(store)
+def _run_ids(args: argparse.Namespace, store: Store) -> list[int]:
+    """The runs named on the command line, after those of ``--sweep``; refused in one line when none."""
     ids = list(args.run_ids)
     if args.sweep:
         in_sweep = sweep_run_ids(store, args.sweep)
@@ -67,15 +73,40 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if not ids:
             raise UsageError(f"--sweep {args.sweep}: no runs with that sweep id in {store.url}")
     if not ids:
-        raise UsageError("compare: give RUN_IDs or --sweep SWEEP_ID")
+        raise UsageError(f"{getattr(args, 'command', 'compare')}: give RUN_IDs or --sweep SWEEP_ID")
     if args.baseline is not None and args.baseline not in ids:
         raise UsageError(f"--baseline {args.baseline}: not one of the compared runs ({', '.join(map(str, ids))})")
+    return ids
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    _output(args)
+    store = open_store(args, create=False)
+    settle_abandoned(store)
+    ids = _run_ids(args, store)
     try:
-        cmp = load_comparison(store, ids, baseline_id=args.baseline, peak_tflops=args.peak_tflops,
-                              sweep_id=args.sweep, with_samples=args.format == "html")
+        if args.format == "html":
+            cmp = load_report(store, ids, baseline_id=args.baseline, peak_tflops=args.peak_tflops, sweep_id=args.sweep)
+        else:
+            cmp = load_comparison(store, ids, baseline_id=args.baseline, peak_tflops=args.peak_tflops,
+                                  sweep_id=args.sweep)
     except KeyError as exc:
         raise UsageError(f"run {exc.args[0]}: no such run in {store.url}") from None
     _emit(args, cmp)
+    return ExitCode.OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``ftui report RUN... [--sweep ID] [-o FILE]``: the HTML report (as ``ftui compare --format html``)."""
+    _output(args, REPORT_FILE)
+    store = open_store(args, create=False)
+    settle_abandoned(store)
+    ids = _run_ids(args, store)
+    try:
+        cmp = load_report(store, ids, baseline_id=args.baseline, peak_tflops=args.peak_tflops, sweep_id=args.sweep)
+    except KeyError as exc:
+        raise UsageError(f"run {exc.args[0]}: no such run in {store.url}") from None
+    _emit(args, cmp, REPORT_FILE)
     return ExitCode.OK
 
 
@@ -122,13 +153,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     finally:
         live.end()
         restore()
-    cmp = load_comparison(store, [r.run_id for r in results], peak_tflops=args.peak_tflops, sweep_id=sweep_id,
-                          with_samples=args.format == "html")
+    ran = [r.run_id for r in results]
+    cmp = (load_report(store, ran, peak_tflops=args.peak_tflops, sweep_id=sweep_id) if args.format == "html"
+           else load_comparison(store, ran, peak_tflops=args.peak_tflops, sweep_id=sweep_id))
     _emit(args, cmp)
-    if args.repeat > 1:
-        grouped = by_strategy(cmp)
-        console.print(rep.repeats_table(grouped))
-        console.print(verdict(grouped), markup=False)
     console.print(f"reopen with: ftui compare --sweep {sweep_id}", markup=False)
     if stop.is_set() or any(r.status in ENDED_BY_USER for r in results):
         return ExitCode.INTERRUPTED

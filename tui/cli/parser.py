@@ -25,7 +25,7 @@ COMMANDS: tuple[str, ...] = (
     "tui.cli.runs",      # runs, show
     "tui.cli.gpus",      # gpus
     "tui.cli.estimate",  # estimate
-    "tui.cli.compare",   # compare, sweep
+    "tui.cli.compare",   # compare, sweep, report
     "tui.cli.recover",   # recover
     "tui.cli.db",        # db upgrade, db current, db rebuild
     "tui.cli.slurm",     # slurm
@@ -365,6 +365,18 @@ def _compare(sub: Any) -> None:
     _comparison_options(cmp)
     db_option(cmp)
     cmp.set_defaults(handler="tui.cli.compare:cmd_compare")
+
+    rep = sub.add_parser("report", help="write the HTML comparison report of runs (or a sweep)",
+                         description="Write one self-contained HTML file: the verdict, the figures, the runs "
+                                     "overlaid on shared axes, bars per run, the provenance.")
+    rep.add_argument("run_ids", type=int, nargs="*", metavar="RUN_ID")
+    rep.add_argument("--sweep", metavar="SWEEP_ID", help="report the runs of a sweep")
+    rep.add_argument("--baseline", type=int, metavar="ID", help="speed-ups against this run (default: the first)")
+    rep.add_argument("-o", "--output", type=Path, metavar="FILE", help="write the report here (default report.html)")
+    rep.add_argument("--peak-tflops", type=positive_float, metavar="T",
+                     help="peak TFLOP/s per device for MFU (overrides the table)")
+    db_option(rep)
+    rep.set_defaults(handler="tui.cli.compare:cmd_report", format="html", plot=False, command="report")
 
     sweep = sub.add_parser("sweep", help="run one recipe under several strategies and compare",
                            description="Run a recipe under each strategy one after another (and over a grid of "

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 NARROW = {
     "strategy": "strategy", "devices": "dev", "tokens/s": "tokens/s", "MFU": "MFU",
-    "peak mem/device (measured)": "peak mem", "final loss": "final loss", "status": "status",
+    "mem/device measured": "peak mem", "final loss": "final loss", "status": "status",
     "final eval loss": "eval loss",
 }
 """Under 100 columns: these figures only, with short labels (every source line is still shown)."""
@@ -134,8 +134,9 @@ class CompareScreen(Screen[None]):
         fit = RUNS_SHOWN_NARROW if self.narrow else RUNS_SHOWN_WIDE
         width = cell_width(self.app.size.width - CHROME, label_width, min(fit, len(cmp.rows)))
         table.add_column("figure", key="figure")
+        recommended = cmp.recommended_id
         for r in cmp.rows:
-            mark = " *" if r.run_id == cmp.fastest_id else ""
+            mark = " *" if r.run_id == recommended else ""
             table.add_column(f"run {r.run_id}{mark}", key=str(r.run_id))
         clipped: list[tuple[int, str, str]] = []
         for header, label, cell in figures:
@@ -185,10 +186,11 @@ class CompareScreen(Screen[None]):
         return clipped
 
     def _render_notes(self, cmp: Comparison) -> None:
-        """The fastest run, where each figure comes from, the verdicts and the eval samples."""
+        """The recommended run, where each figure comes from, the verdicts and the eval samples."""
         lines = Text()
-        if cmp.fastest_id is not None:
-            lines.append(f"* fastest: run {cmp.fastest_id}\n", style="bold")
+        recommended = cmp.recommended_id
+        if recommended is not None:
+            lines.append(f"* recommended: run {recommended}\n", style="bold")
         lines.append("sources:\n" + "\n".join(f"  {s}" for s in sources(cmp)) + "\n", style="dim")
         lines.append("\n".join(summary_lines(cmp)), style="bold")
         if cmp.samples:  # eval.prompts: each run's completion side by side (generated text: never markup)
