@@ -138,7 +138,7 @@ def test_monitor_feed_compare_and_report_show_eval(tmp_path: Path) -> None:
     assert (rows[b].final_eval_loss, rows[b].best_eval_loss) == (2.9, 2.8)
     assert cmp.eval_curves[b] == [(2, 2.8), (4, 2.9)] and cmp.named[a]["user/score"] == 8.0
     page = to_html(cmp)
-    assert "and eval loss" in page and f"run {b}" in page and "final eval loss" in page
+    assert "eval loss (whole held-out set)" in page and f"run {b}" in page and "final eval loss" in page
     assert "four at 4" in page and "&lt;" not in "[b]" and "[b]2+2[/b]" in page
     assert "| final eval loss | best eval loss |" in markdown(cmp)
     from rich.console import Console
