@@ -4,9 +4,8 @@ the Runs cursor follows its run, not its row; sort direction; the Monitor's empt
 
 from __future__ import annotations
 
-import re
-
 import os
+import re
 from pathlib import Path
 from typing import Any
 
