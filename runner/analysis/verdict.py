@@ -147,6 +147,9 @@ def decide(rows: Sequence[RunRow], floor: NoiseFloor | None = None) -> Verdict:
     from stored repeats, used when a configuration of the comparison ran once."""
     found = groups(rows)
     if not found:
+        if any(r.status == "completed" for r in rows):
+            return Verdict("none", "No completed run has a steady-state tokens/s (each trained only its "
+                                   "memory-metered first steps), so there is nothing to compare.", None)
         return Verdict("none", "No run completed, so there is nothing to recommend; see the reasons above.", None)
     why = _incomparable([r for g in found for r in g.rows])
     if why:

@@ -1,6 +1,6 @@
 """The start of a run whose data is cached: the pre-flight finds the cache from the tokenizer's files (no
 torch, no transformers), the rank finds the same key, and one process runs in the launcher's interpreter
-(runner/rank/solo_launch.py). Real subprocesses, real training on CPU (one step of a chat recipe, twice, in a
+(runner/rank/solo_launch.py). Real subprocesses, real training on CPU (three steps of a chat recipe, twice, in a
 fresh home: the shared ``cold_repeat`` sweep), real SQLite."""
 
 from __future__ import annotations

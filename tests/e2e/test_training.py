@@ -197,6 +197,7 @@ def test_a_local_model_folder_and_a_local_jsonl_train(ftui: Ftui, tmp_path: Path
     # One padded row per example (pack = false): tokens and tokens/s count real tokens, not padding.
     summary, capacity = run["summary"], 3 * 4 * 32
     assert 0 < summary["tokens"] < capacity / 2, summary["tokens"]
-    assert summary["tokens_per_s"] == pytest.approx(summary["tokens"] / summary["train_seconds"])
+    assert summary["window_tokens_per_s"] == pytest.approx(summary["tokens"] / summary["train_seconds"])
+    assert summary["steady_steps"] == 1 and summary["tokens_per_s"] > 0  # the one step after the metered two
     assert run["summary"]["trainable_params"] == run["summary"]["params"]
     assert (Path(run["summary"]["saved"]) / "model.safetensors").is_file()

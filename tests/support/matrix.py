@@ -41,8 +41,9 @@ TOKENS_PER_STEP = GLOBAL_BATCH * CONTEXT
 CORE = ("single", "mp", "pp", "ddp", "fsdp", "zero1", "zero2", "zero3", "tp")
 """The sweep's strategies, in its order (zero1-3 on their default engine, DeepSpeed)."""
 COMMON = [f"train.max_steps={STEPS}", f"train.batch_size={GLOBAL_BATCH // GRAD_ACCUM}",
-          f"train.grad_accum={GRAD_ACCUM}", f"data.context_length={CONTEXT}"]
-"""The overrides of every compared run (the sweep's ``--set``)."""
+          f"train.grad_accum={GRAD_ACCUM}", f"data.context_length={CONTEXT}", "train.lr=1e-2"]
+"""The overrides of every compared run (the sweep's ``--set``). Its learning rate, 5x quickstart's, makes the
+loss fall clearly within 5 short steps (the first two are warm-up)."""
 DATA_PARALLEL = ["--nproc", "2", "--set", f"train.batch_size={GLOBAL_BATCH // GRAD_ACCUM // 2}"]
 """What the sweep does to a data-parallel strategy on 2 processes, for the runs made with ``ftui run``."""
 CHAT = ROOT / "recipes" / "chat-lora.toml"
@@ -221,8 +222,9 @@ def matrix(ftui: Ftui, tmp_path_factory: pytest.TempPathFactory) -> Matrix:
 
 @dataclass(frozen=True)
 class ColdRepeat:
-    """``ftui sweep --repeat 2`` of a one-step chat recipe in a fresh home: the first run starts cold (the
-    builtin tokenizer is trained and the data tokenized by the pre-flight), the second finds the cache."""
+    """``ftui sweep --repeat 2`` of a three-step chat recipe in a fresh home (the third step is the one after
+    the memory-metered two: a steady-state tokens/s to compare): the first run starts cold (the builtin
+    tokenizer is trained and the data tokenized by the pre-flight), the second finds the cache."""
 
     home: Path
     recipe: Path
@@ -243,7 +245,7 @@ def cold_repeat(tmp_path_factory: pytest.TempPathFactory) -> ColdRepeat:
     text = CHAT.read_text().replace('source = "data/chat.jsonl"', f"source = {json.dumps(str(source))}")
     text = text.replace("eval_fraction = 0.1", "eval_fraction = 0.0").replace("eval_every = 20", "eval_every = 0")
     text = text.replace("\nprompts = [", "\n# prompts = [")  # no eval set: no evaluation to sample them at
-    text = text.replace("max_steps = 60", "max_steps = 1\nsave = false").replace("context_length = 128",
+    text = text.replace("max_steps = 60", "max_steps = 3\nsave = false").replace("context_length = 128",
                                                                                  "context_length = 64")
     recipe = scratch / "chat.toml"
     recipe.write_text(text)

@@ -1,7 +1,9 @@
 """Drive ``ftui`` in tmux as a person would, at 80x24: open it, compose quickstart, launch, watch the
 monitor, quit while the run is still running, reopen, open the run while it still runs and see its
 step count advance (a live re-attach = reading the store again), stop it from the monitor (confirmed);
-then compose again with strategy fsdp on 2 processes, launch, stop it (confirmed), and compare the two.
+then compose again with strategy ddp on 2 processes, launch, stop it (confirmed), resume it from Runs
+(``R``: a new run from its stop's checkpoint, on from the step it stopped at), stop that too, compare the
+runs, and write their report with ``ftui report``.
 
     python tests/support/tmux_drive.py [--home DIR] [--steps 60]
 
@@ -98,10 +100,10 @@ class Tmux:
         wait until the screen shows it beside the label (or one line above it, when the form scrolled
         the field into view). Keys typed before the field takes them are lost on a loaded machine: if
         the echo does not come, do it again."""
-        def beside(shown: str) -> str:  # the field's text beside its label (or the label on the next line)
-            return rf"{re.escape(label)}\s*▊\s+{shown}|▊\s+{shown}[^\n]*\n{re.escape(label)}\b"
+        def beside(shown: str) -> str:  # the field's text on its label's line (one row per field)
+            return rf"(?m)^{re.escape(label)} +{shown}"
 
-        echo = beside(rf"{re.escape(value)}\s+▎")
+        echo = beside(rf"{re.escape(value)}(?:\s|$)")
         screen = ""
         for _ in range(attempts):
             self.focus_field(label)
@@ -133,8 +135,7 @@ class Tmux:
         """Pick ``option`` in a Compose select: focus it, open it (Enter) and wait until the dropdown
         shows (``listed``: two options it shows on consecutive lines), type to search, Enter; wait
         until the select shows the option beside its label."""
-        shown = (rf"{re.escape(label)}\s*▊\s+{re.escape(option)}\s+▼|"
-                 rf"▊\s+{re.escape(option)}\s+▼[^\n]*\n{re.escape(label)}\b")
+        shown = rf"(?m)^{re.escape(label)} +{re.escape(option)} +▼"
         opened = rf"\b{re.escape(listed[0])}\b[^\n]*\n[^\n]*\b{re.escape(listed[1])}\b"
         screen = ""
         for _ in range(attempts):
@@ -176,7 +177,7 @@ def drive(home: Path, steps: int = 60, log=print) -> dict[str, float]:  # type: 
         tmux.wait(r"launch command", timeout=120)
         screen = tmux.set_field("max steps", str(steps))
         # The value and the verdict on one screen, right before launching.
-        screen = tmux.wait(rf"max steps\s*▊\s+{steps}\s+▎[\s\S]*✓ valid recipe", timeout=60)
+        screen = tmux.wait(rf"(?m)^max steps +{steps}\b[\s\S]*✓ valid recipe", timeout=60)
         log(f"2. Compose: quickstart with max steps {steps}, valid; launch preview shown")
 
         tmux.keys("C-l")
@@ -231,42 +232,62 @@ def drive(home: Path, steps: int = 60, log=print) -> dict[str, float]:  # type: 
             except AssertionError:
                 if attempt == 2:
                     raise
-        tmux.choose("strategy", "fsdp", listed=("single", "mp"))
-        screen = tmux.wait(r"strategy\s*▊\s+fsdp\s+▼[\s\S]*processes\s*▊\s+2\s+▎[\s\S]*✓ valid recipe",
-                           timeout=60)
-        log("8. Compose: strategy fsdp with 2 processes, valid (the form is validated as one recipe)")
+        tmux.choose("strategy", "ddp", listed=("single", "mp"))
+        screen = tmux.wait(r"(?m)^strategy +ddp +▼[\s\S]*^processes +2\b[\s\S]*✓ valid recipe", timeout=60)
+        log("8. Compose: strategy ddp with 2 processes, valid (the form is validated as one recipe)")
         tmux.keys("C-l")
         screen = tmux.wait(rf"run (?!{run_id}\b)\d+ quickstart", timeout=120)
-        fsdp_id = re.search(rf"run (?!{run_id}\b)(\d+) quickstart", screen).group(1)  # type: ignore[union-attr]
-        screen = tmux.wait(rf"run {fsdp_id} quickstart\s+\w+\s+fsdp × 2", timeout=120)
-        screen = tmux.wait(rf"run {fsdp_id} quickstart\s+(running|completed|failed)\s[\s\S]*?step [1-9]\d*/",
+        ddp_id = re.search(rf"run (?!{run_id}\b)(\d+) quickstart", screen).group(1)  # type: ignore[union-attr]
+        screen = tmux.wait(rf"run {ddp_id} quickstart\s+\w+\s+ddp × 2", timeout=120)
+        screen = tmux.wait(rf"run {ddp_id} quickstart\s+(running|completed|failed)\s[\s\S]*?step [1-9]\d*/",
                            timeout=600)
-        assert re.search(rf"run {fsdp_id} quickstart\s+running", screen), screen
-        log(f"9. launched run {fsdp_id} (fsdp × 2) from Compose; its monitor shows steps")
-        stop_confirmed(tmux, fsdp_id)
-        tmux.wait(rf"run {fsdp_id} quickstart\s+(stopped|completed)", timeout=300)
-        log(f"10. stopped run {fsdp_id} (confirmed)")
+        assert re.search(rf"run {ddp_id} quickstart\s+running", screen), screen
+        seen = int(re.search(rf"run {ddp_id} quickstart[\s\S]*?step (\d+)/", screen).group(1))  # type: ignore[union-attr]
+        log(f"9. launched run {ddp_id} (ddp × 2) from Compose; its monitor shows step {seen}")
+        stop_confirmed(tmux, ddp_id)
+        tmux.wait(rf"run {ddp_id} quickstart\s+(stopped|completed)", timeout=300)
+        log(f"10. stopped run {ddp_id} (confirmed): it saved a checkpoint at the step it stopped at")
 
-        # Back to Compose (the monitor was opened over it), then Runs. Wait between the two: an escape
-        # followed at once by "1" reads as alt+1.
+        # Back to Compose (the monitor was opened over it), then Runs: F1, since a digit types into the
+        # focused field. Wait between the two: an escape followed at once by a key reads as alt+key.
         tmux.keys("Escape")
         tmux.wait(r"launch command|✓ valid recipe", timeout=60)
-        tmux.keys("1")
+        tmux.keys("F1")
         tmux.wait(r"filter: name", timeout=60)
-        tmux.wait(rf"\b{fsdp_id}\s+quickstart\s+(stopped|completed)", timeout=60)
-        # The newest run is on top: select it, move down to the first run, select it, compare.
+        tmux.wait(rf"\b{ddp_id}\s+quickstart\s+(stopped|completed)", timeout=60)
+        # The newest run is on top, under the cursor: resume it.
+        tmux.keys("Up", "Up", "R")
+        screen = tmux.wait(rf"run (?!{run_id}\b|{ddp_id}\b)\d+ quickstart\s+running[\s\S]*?step [1-9]\d*/",
+                           timeout=600)
+        resumed_id, first = re.search(r"run (\d+) quickstart\s+running[\s\S]*?step (\d+)/",  # type: ignore[union-attr]
+                                      screen).groups()
+        assert int(first) > seen, screen  # on from the stop's checkpoint, not from step 1
+        log(f"11. resumed run {ddp_id} from Runs (R): run {resumed_id} goes on at step {first}")
+        stop_confirmed(tmux, resumed_id)
+        tmux.wait(rf"run {resumed_id} quickstart\s+(stopped|completed)", timeout=300)
+        tmux.keys("Escape")
+        tmux.wait(r"filter: name", timeout=60)
+        tmux.wait(rf"\b{resumed_id}\s+quickstart\s+(stopped|completed)", timeout=60)
+        # The resumed run is on top: select it and the run it resumed, compare.
         tmux.keys("Up", "Up", "space")
         tmux.wait(r"selected: \d+\b", timeout=60)  # one selected: the cursor was on the newest run
         tmux.keys("Down", "space")
         tmux.wait(r"selected: \d+, \d+", timeout=60)
         tmux.keys("c")
-        screen = tmux.wait(rf"run {min(int(run_id), int(fsdp_id))}\s+\**\s*run {max(int(run_id), int(fsdp_id))}",
-                           timeout=120)
+        screen = tmux.wait(rf"run {ddp_id}\s+\**\s*run {resumed_id}", timeout=120)
         tmux.wait(r"tokens/s", timeout=60)
-        log(f"11. compared runs {run_id} and {fsdp_id}")
+        log(f"12. compared runs {ddp_id} and {resumed_id}")
         tmux.keys("Escape")
         tmux.wait(r"filter: name", timeout=60)
         tmux.keys("q")
+        tmux.wait_gone(r"filter: name", timeout=60)
+        report = home / "report.html"
+        made = subprocess.run([*command, "report", run_id, ddp_id, resumed_id, "-o", str(report)],
+                              env={**os.environ, **env}, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert made.returncode == 0 and report.is_file(), made.stdout + made.stderr
+        page = report.read_text()
+        assert all(f"run {i}" in page for i in (run_id, ddp_id, resumed_id)), page[:2000]
+        log(f"13. ftui report of runs {run_id}, {ddp_id}, {resumed_id}: {report}")
     finally:
         tmux.kill()
         subprocess.run(["tmux", "kill-session", "-t", keeper], capture_output=True)

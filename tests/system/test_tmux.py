@@ -17,7 +17,7 @@ needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is no
 def test_tmux_drive(tmp_path: Path) -> None:
     seen: list[str] = []
     timings = drive(tmp_path / "home", steps=60, log=seen.append)
-    assert len(seen) == 11, seen
+    assert len(seen) == 13, seen
     assert set(timings) == {"first_paint_s", "reopen_paint_s"}  # measured, reported; never a pass mark
 
 

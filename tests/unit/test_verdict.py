@@ -110,3 +110,12 @@ def test_a_busy_host_is_one_caution_however_many_runs_it_slowed() -> None:
     assert "Caution: runs 1, 2: the host was busy with other work (77-86% of its CPU beyond the runs' own ranks" in text
     one = recommendation([busy[0], busy[2]])
     assert "Caution: run 1 (single): the host was busy with other work (77% of its CPU" in one
+
+
+def test_completed_runs_without_a_steady_state_figure_are_not_called_unfinished() -> None:
+    """Runs of one or two steps (every step memory-metered) completed but have no steady-state tokens/s:
+    the verdict says that, not "no run completed"."""
+    short = [run(1, "single", 1, None), run(2, "single", 1, None)]
+    verdict = decide(build_comparison(short, {}).rows)
+    assert verdict.kind == "none" and verdict.run_id is None
+    assert "No completed run has a steady-state tokens/s" in verdict.text and "No run completed" not in verdict.text

@@ -160,4 +160,4 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     console.print(f"reopen with: ftui compare --sweep {sweep_id}", markup=False)
     if stop.is_set() or any(r.status in ENDED_BY_USER for r in results):
         return ExitCode.INTERRUPTED
-    return ExitCode.OK if cmp.fastest_id is not None else ExitCode.FAILED
+    return ExitCode.OK if any(r.status == "completed" for r in results) else ExitCode.FAILED
