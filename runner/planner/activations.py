@@ -15,12 +15,16 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from runner.planner.inputs import DTYPE_BYTES, EstimateInput, weight_bytes
-from runner.planner.shapes import ModelShape, lora_targeted
+from runner.planner.shapes import ModelShape, lora_targeted, lora_trainable_params
 
 # Bytes an MLP activation saves per intermediate element, in units of the compute element size: one op
 # saves its input; transformers' ``gelu_new``/``gelu_fast`` are Python formulas whose pow, tanh and two
 # products each keep a tensor (activations.py: NewGELUActivation).
 _ACT_SAVED = {"gelu_new": 4, "gelu_fast": 4}
+_ACT_SAVES_OUTPUT = frozenset({"relu"})
+"""Activations whose backward reads their output (threshold_backward), not their input."""
+_ADAPTER_E = 4
+"""Bytes of a LoRA adapter element: peft keeps adapters fp32 and casts each adapted module's input to them."""
 
 
 @dataclass(frozen=True)
@@ -118,8 +122,9 @@ class _Saves:
         mask of the input's dtype (ATen's _dropout_impl), so it costs an element."""
         return 1 if self.inp.device == "cuda" else elem
 
-    def group(self, members: Sequence[str], width: int, in_e: int, already_saved: bool) -> _PerToken:
-        """What the linears reading one shared input save."""
+    def group(self, members: Sequence[str], width: int, in_e: int, already_saved: bool,
+              needs_grad: bool = True) -> _PerToken:
+        """What the linears reading one shared input save; ``needs_grad``: that input needs a gradient."""
         sh, inp = self.sh, self.inp
         shared = already_saved
         total = dropout = 0
@@ -131,11 +136,13 @@ class _Saves:
                 if not trains:
                     continue
                 if lora and not self.full and inp.lora_dropout > 0 and op_e == self.adapter_e:
-                    # peft: lora_A(dropout(x)): a private dropped copy and its mask per adapted module.
-                    extra = (op_e + self.mask(op_e)) * width
+                    # peft: lora_A(dropout(x.to(fp32 adapter))): lora_A's input (the dropped copy, as the
+                    # adapter computes) and, when x needs a gradient, dropout's mask of the fp32 copy.
+                    extra = (op_e + (self.mask(_ADAPTER_E) if needs_grad else 0)) * width
                     dropout += extra
                     total += extra
-                elif op_e == in_e:  # no cast: the shared input itself is saved, once
+                elif op_e == in_e and not (lora and self.e < 4):  # no cast: the shared input is saved, once
+                    # (under autocast peft's cast to the fp32 adapter and autocast's cast back are private)
                     if not shared:
                         total += in_e * width
                         shared = True
@@ -145,44 +152,87 @@ class _Saves:
                 total += self.adapter_e * inp.lora_r  # lora_B input
         return _PerToken(total, dropout)
 
-    def norm(self, input_grad: bool) -> int:
-        """What a norm saves: nothing when neither its input nor its weight needs a gradient."""
-        sh, e, w = self.sh, self.e, self.w
+    def norm(self, input_grad: bool, input_saved: bool = False) -> int:
+        """What a norm saves: nothing when neither its input nor its weight needs a gradient; ``input_saved``:
+        another norm already saved the same input (two norms of one layer input)."""
+        sh, w = self.sh, self.w
         trains = self.full
         if not (input_grad or trains):
             return 0
-        if sh.norm == "layer":  # native_layer_norm saves its input and mean, rstd; autocast runs it in fp32
-            return (4 if e < 4 else w) * sh.hidden + 8
+        if sh.norm == "layer":  # native_layer_norm saves its input, mean and rstd, in the input's dtype
+            return (0 if input_saved else w * sh.hidden) + 2 * w
         normalized = (4 if sh.norm_fp32_output else w) * sh.hidden if trains else 0
-        return 4 * sh.hidden + 4 + normalized  # RMSNorm: the fp32 upcast input and rsqrt
+        upcast = 0 if input_saved and w == 4 else 4 * sh.hidden
+        return upcast + 4 + normalized  # RMSNorm: the fp32 upcast input and rsqrt
 
-    def attention(self) -> int:
-        """What the attention itself saves (its projections are in :meth:`group`)."""
-        sh, att_e = self.sh, self.att_e
-        qd, kvd = sh.heads * sh.head_dim, sh.kv_heads * sh.head_dim
-        qkv = att_e * (qd + 2 * kvd)
-        if self.math_attention:  # q, k, v, softmax output, dropout mask, dropped probabilities (a*s each)
-            scores = sh.heads * self.inp.seq_len
-            return qkv + scores * (2 * att_e + self.mask(att_e))
-        return qkv + self.e * qd + 4 * sh.heads  # SDPA flash/efficient: q, k, v, output, logsumexp
+    def attention(self, masked: bool) -> int:
+        """What the attention itself saves (its projections are in :meth:`group`); ``masked``: the kernel is
+        given a materialized mask (a sliding window, or Falcon's)."""
+        sh, att_e, e = self.sh, self.att_e, self.e
+        qd, s = sh.heads * sh.head_dim, self.inp.seq_len
+        if self.math_attention:  # q and k, v (broadcast to every head), the softmax output
+            saved = att_e * 3 * qd + sh.heads * s * att_e
+            if sh.attn_dropout > 0:  # the dropout's mask and the dropped probabilities
+                saved += sh.heads * s * (self.mask(att_e) + att_e)
+            return saved
+        # SDPA flash/efficient: q, k, v, output, logsumexp. With a mask transformers repeats the kv heads to
+        # every head (no enable_gqa then) and SDPA converts the boolean mask to the query's dtype, per layer.
+        kv = sh.heads if masked or sh.kv_layout == "expanded" else sh.kv_heads
+        return e * (qd + 2 * kv * sh.head_dim) + e * qd + 4 * sh.heads + (s * e if masked else 0)
 
-    def layer(self, input_grad: bool) -> _PerToken:
-        """What one decoder layer saves; ``input_grad``: its input needs a gradient."""
+    def moe(self) -> int:
+        """What a mixture-of-experts MLP saves per token (the routed experts only). transformers' grouped_mm
+        experts are not autocast: they compute in the weights' dtype."""
+        sh, x, h, i, k = self.sh, self.w, self.sh.hidden, self.sh.intermediate, self.sh.experts_per_token
+        # The router: its fp32 softmax, the int64 top-k indices, their sum and the normalized weights.
+        router = 4 * sh.experts + 8 * k + 4 + 4 * k
+        if self.full:  # the router's input, for its weight's gradient
+            router += (self.e if self.autocast else self.w) * h
+        # Per routed copy of a token: the gate/up output, the activation, the expert's output (scaled by the
+        # routing weight, which is kept too) and three int64 indices of the sort; for the experts' weight
+        # gradients also the gathered input and the input of the down projection.
+        slot = x * (3 * i + h) + 4 + 3 * 8 + (x * (h + i) if self.full else 0)
+        return router + k * slot
+
+    def mlp(self) -> _PerToken:
+        """What the MLP saves between its input linears and its output linear, the output linear included."""
+        sh, e, i = self.sh, self.e, self.sh.intermediate
+        if sh.mlp == "moe":
+            return _PerToken(self.moe(), 0)
+        act_mask = self.mask(e) * i if sh.act_dropout > 0 else 0
+        if sh.mlp == "gated":
+            body, out_saved = 3 * e * i, False  # gate output, its activation, up output
+        elif sh.act in _ACT_SAVES_OUTPUT:  # ReLU keeps its output: it is the output linear's input
+            body, out_saved = e * i, sh.act_dropout == 0
+        else:  # fc1 output (and a Python GELU's pieces)
+            body, out_saved = _ACT_SAVED.get(sh.act, 1) * e * i, False
+        out = self.group(sh.mlp_out, i, e, out_saved)
+        return _PerToken(body + act_mask + out.saved, out.dropout)
+
+    def layer(self, input_grad: bool, masked: bool = False) -> _PerToken:
+        """What one decoder layer saves; ``input_grad``: its input needs a gradient; ``masked``: its attention
+        is given a materialized mask."""
         sh, e, w = self.sh, self.e, self.w
         h, qd = sh.hidden, sh.heads * sh.head_dim
-        groups = [self.group(sh.attn_in, h, w, False), self.group(sh.attn_out, qd, e, not self.math_attention)]
-        b = self.norm(input_grad) + groups[0].saved + self.attention() + groups[1].saved
-        if not sh.parallel_block:
+        norm_grad = input_grad or self.full  # the norms' outputs need a gradient
+        copy = self.math_attention or sh.attn_out_copy
+        # With one shared norm (Phi, Falcon-7B) the MLP's input linears read the attention's input.
+        attn_in = (*sh.attn_in, *sh.mlp_in) if sh.parallel_block else sh.attn_in
+        groups = [self.group(attn_in, h, w, False, norm_grad), self.group(sh.attn_out, qd, e, not copy)]
+        b = self.norm(input_grad) + groups[0].saved + self.attention(masked) + groups[1].saved
+        if sh.parallel_residual:  # the MLP's own norm of the same layer input
+            groups.append(self.group(sh.mlp_in, h, w, False, norm_grad))
+            b += self.norm(input_grad, input_saved=True) + groups[-1].saved
+        elif not sh.parallel_block:
             groups.append(self.group(sh.mlp_in, h, w, False))
             b += self.norm(True) + groups[-1].saved
-        if sh.mlp == "gated":
-            b += 3 * e * sh.intermediate  # gate output, its activation, up output
-        else:
-            b += _ACT_SAVED.get(sh.act, 1) * e * sh.intermediate  # fc1 output (and a Python GELU's pieces)
-        groups.append(self.group(sh.mlp_out, sh.intermediate, e, False))
-        b += groups[-1].saved
-        resid_masks = 2 * self.mask(w) * h if sh.resid_dropout > 0 else 0
-        return _PerToken(b + resid_masks, sum(g.dropout for g in groups))
+        # A parallel MLP reads the layer input's norm: with neither that input nor an MLP weight needing a
+        # gradient (the first layer, LoRA on attention only) its activations need none either.
+        mlp_names = {m.split("@")[0] for m in (*sh.mlp_in, *sh.mlp_out)}
+        parallel = sh.parallel_block or sh.parallel_residual
+        mlp = self.mlp() if not parallel or norm_grad or mlp_names & self.adapted else _PerToken(0, 0)
+        resid_masks = 2 * self.mask(e) * h if sh.resid_dropout > 0 else 0  # the branch outputs' dropout
+        return _PerToken(b + mlp.saved + resid_masks, sum(g.dropout for g in groups) + mlp.dropout)
 
 
 def _saves(inp: EstimateInput) -> _Saves:
@@ -190,9 +240,38 @@ def _saves(inp: EstimateInput) -> _Saves:
     e = DTYPE_BYTES[inp.precision]
     adapted = frozenset(k.split("@")[0] for k in lora_targeted(inp.shape, inp.lora_targets)) \
         if inp.method != "full" else frozenset()
-    math_attention = inp.shape.attn_dropout > 0
+    sh = inp.shape
+    # SDPA's math path: attention dropout in training rules out the fused kernels, and so do keys and values
+    # with fewer heads than the query that the model passes as they are (broadcast).
+    math_attention = sh.attn_dropout > 0 or (sh.kv_layout == "broadcast" and sh.kv_heads < sh.heads)
     att_e = 4 if (math_attention and e < 4 and inp.device == "cpu") else e
     return _Saves(inp, e, weight_bytes(inp), adapted, math_attention, att_e)
+
+
+def _masked_layers(inp: EstimateInput) -> int:
+    """Layers whose attention kernel is given a materialized mask: every layer of a model that always builds
+    one (Falcon); the sliding-window layers once the sequence reaches the window (transformers skips the
+    mask below it: masking_utils._ignore_causal_mask_sdpa)."""
+    sh = inp.shape
+    if sh.mask_always:
+        return sh.layers
+    if sh.sliding_window is not None and inp.seq_len >= sh.sliding_window:
+        return min(sh.layers, sh.sliding_layers)
+    return 0
+
+
+def _layer_stack(s: _Saves, first_input_grad: bool) -> tuple[int, int, int]:
+    """Per token, what the decoder layers save, how much of it is LoRA dropout's, and what the largest layer
+    saves. The first layer's input needs no gradient unless it trains or is checkpointed; a model whose
+    sliding-window layers are not all of them (Qwen2) has them on top."""
+    sh = s.sh
+    masked = _masked_layers(s.inp)
+    first = s.layer(first_input_grad, masked == sh.layers)
+    rest_masked = masked - (1 if masked == sh.layers else 0)
+    kinds = [(s.layer(True, True), rest_masked), (s.layer(True, False), sh.layers - 1 - rest_masked)]
+    saved = first.saved + sum(k.saved * n for k, n in kinds)
+    dropout = first.dropout + sum(k.dropout * n for k, n in kinds)
+    return saved, dropout, max(k.saved for k, n in kinds if n > 0) if sh.layers > 1 else first.saved
 
 
 def activation_bytes(inp: EstimateInput) -> ActivationBytes:
@@ -211,15 +290,16 @@ def activation_bytes(inp: EstimateInput) -> ActivationBytes:
     tokens = inp.micro_batch * inp.seq_len
     # Frozen embeddings: the first layer's input needs no grad, so its input norm saves nothing.
     first_input_grad = s.full or inp.gradient_checkpointing
-    first, other = s.layer(first_input_grad), s.layer(True)
-    layers = first.saved + (sh.layers - 1) * other.saved
-    lora_dropout = (first.dropout + other.dropout) * tokens
-    embd = (s.mask(w) * h if sh.embd_dropout > 0 and first_input_grad else 0) + (8 if s.full else 0)  # + indices
+    layers, dropped, per_layer_token = _layer_stack(s, first_input_grad)
+    lora_dropout = dropped * tokens
+    embd = (s.mask(w) * h if sh.embd_dropout > 0 and first_input_grad else 0)
+    if s.full:  # the embeddings' int64 indices (and OPT's per-token positions)
+        embd += 8 * (2 if sh.positions_per_token else 1)
     logits = 4 * sh.vocab * tokens
     head = s.group(("lm_head",), h, w, False).saved
     post = (s.norm(True) + head + 8 + embd) * tokens + logits  # + int64 labels
-    rotary = 2 * inp.seq_len * sh.head_dim * w if sh.family not in ("gpt2",) else 0
-    per_layer = other.saved * tokens
+    rotary = 2 * inp.seq_len * round(sh.head_dim * sh.rotary_fraction) * w  # cos and sin, once
+    per_layer = per_layer_token * tokens
     head_w = sh.vocab * sh.hidden if "lm_head" in sh.linears else 0  # the head's matmul casts it, tied or not
     layer_linear = (sh.linear_params - (0 if sh.tied_embeddings else head_w)) // max(1, sh.layers)
     # Around the loss: the logits in compute precision and, at 16 bit, HF's fp32 upcast, beside the
@@ -228,13 +308,19 @@ def activation_bytes(inp: EstimateInput) -> ActivationBytes:
     logits_backward = 2 * 4 * sh.vocab * tokens
     # One layer's backward holds the gradients of its widest intermediates (the MLP's, in compute
     # precision) beside the incoming hidden gradient.
-    layer_backward = tokens * e * (2 * sh.intermediate + 2 * h)
+    layer_backward = tokens * e * (2 * sh.intermediate * max(1, sh.experts_per_token) + 2 * h)
     if s.math_attention:  # or the gradients of the scores: through the dropout and the softmax
         layer_backward = max(layer_backward, tokens * (3 * s.att_e * sh.heads * inp.seq_len + 2 * e * h))
-    all_copies = 2 * (sh.linear_params + (head_w if sh.tied_embeddings else 0)) if s.autocast else 0
+    router = sh.experts * h * sh.layers  # a mixture of experts' routers (F.linear: autocast casts them)
+    all_copies = 2 * (sh.linear_params + router + (head_w if sh.tied_embeddings else 0)) if s.autocast else 0
+    # Under autocast the fp32 LoRA adapters are cast too (trainable leaves: cached to the forward's end).
+    adapters = 2 * lora_trainable_params(sh, inp.lora_r, inp.lora_targets) if s.adapted and e < 4 else 0
+    all_copies += adapters
     if inp.gradient_checkpointing:
-        stored = sh.layers * w * h * tokens + post + rotary
-        recompute_copies = 2 * layer_linear if s.autocast else 0
+        # Each layer's input, and the boolean attention mask once (an input of every checkpointed layer).
+        mask = inp.micro_batch * inp.seq_len * inp.seq_len if _masked_layers(inp) else 0
+        stored = sh.layers * w * h * tokens + post + rotary + mask
+        recompute_copies = (2 * layer_linear if s.autocast else 0) + adapters // max(1, sh.layers)
         recompute = per_layer + recompute_copies  # one layer at a time: its activations and casts
         copies = 2 * head_w if s.autocast else 0
         dropout = 0

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from runner.planner.families import features, kv_heads, mlp_intermediate
 from runner.planner.hub import hub_model_problem, in_cache
 from runner.spec import builtin
 
@@ -78,6 +79,31 @@ class ModelShape:
     """Why the activation formula is only approximate for this model (None: the family is modelled)."""
     position_embedding_params: int = 0
     """Learned position embeddings (GPT-2's ``wpe``): outside the layers, in FSDP's root unit."""
+    parallel_residual: bool = False
+    """Attention and MLP each read their own norm of the layer input (GPT-NeoX, Falcon-40B): two norms, one
+    saved input."""
+    attn_out_copy: bool = False
+    """The output projection reads a copy of the attention output (runner/planner/families.py: Family)."""
+    kv_layout: str = "gqa"
+    """What the attention kernel is given for keys and values (runner/planner/families.py: Family)."""
+    mask_always: bool = False
+    """The model always passes the attention kernel a materialized causal mask (Falcon)."""
+    sliding_window: int | None = None
+    """Tokens a sliding-window layer attends to (Mistral, Qwen2, Phi-3, Mixtral); None: no window."""
+    sliding_layers: int = 0
+    """Layers with the sliding window."""
+    rotary_fraction: float = 1.0
+    """The part of each head rotary embeddings rotate (GPT-NeoX 0.25, Phi 0.5; 0 for learned positions)."""
+    positions_per_token: bool = False
+    """The learned position embedding is looked up per token (OPT): full fine-tuning saves its int64 indices."""
+    act_dropout: float = 0.0
+    """Dropout on the MLP's activation (OPT's ``activation_dropout``)."""
+    experts: int = 0
+    """Experts per layer of a mixture of experts (Mixtral); 0: a dense MLP."""
+    experts_per_token: int = 0
+    """Experts each token is routed to."""
+    largest_weight: int = 0
+    """Elements of the largest parameter tensor (a Mixtral layer's stacked experts outgrow every linear)."""
 
     @property
     def linear_params(self) -> int:
@@ -123,6 +149,7 @@ def shape_from_config(config: PretrainedConfig) -> ModelShape:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
     total = sum(p.numel() for p in model.parameters())
+    largest = max((p.numel() for p in model.parameters()), default=0)
     linears: dict[str, LinearSpec] = {}
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear):
@@ -142,68 +169,23 @@ def shape_from_config(config: PretrainedConfig) -> ModelShape:
     head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
     vocab = int(config.vocab_size)
     embeddings = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding))
-    features = _features(config, linears, biases=any(
-        getattr(m, "bias", None) is not None for m in model.modules()
-        if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D"))
+    biases = any(getattr(m, "bias", None) is not None for m in model.modules()
+                 if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D")
     return ModelShape(
         total_params=total,
         layers=int(_cfg(config, "num_hidden_layers", "n_layer")),
         hidden=hidden,
         heads=heads,
-        kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+        kv_heads=kv_heads(config, heads),
         head_dim=head_dim,
-        intermediate=int(
-            getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * hidden
-        ),
+        intermediate=mlp_intermediate(config, hidden),
         vocab=int(config.vocab_size),
         tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         linears=linears,
         position_embedding_params=max(0, embeddings - vocab * hidden),
-        **features,
+        largest_weight=largest,
+        **features(config, linears, biases),
     )
-
-
-# Families whose decoder layer the activation formula models (docs/memory-model.md, "Architectures"),
-# with the linears reading each input: attention in, attention out, MLP in, MLP out.
-_LLAMA_NAMES = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
-FAMILIES: dict[str, dict[str, Any]] = {
-    "llama": {"names": _LLAMA_NAMES, "norm": "rms", "mlp": "gated"},
-    "mistral": {"names": _LLAMA_NAMES, "norm": "rms", "mlp": "gated"},
-    "qwen2": {"names": _LLAMA_NAMES, "norm": "rms", "mlp": "gated"},
-    "gemma": {"names": _LLAMA_NAMES, "norm": "rms", "mlp": "gated", "norm_fp32_output": True},
-    "phi3": {"names": (("qkv_proj",), ("o_proj",), ("gate_up_proj",), ("down_proj",)), "norm": "rms",
-             "mlp": "gated"},
-    "phi": {"names": (("q_proj", "k_proj", "v_proj", "fc1"), ("dense",), (), ("fc2",)), "norm": "layer",
-            "mlp": "plain", "parallel_block": True},
-    # GPT-2's two c_proj (attention h x h, MLP 4h x h) are told apart by shape in _features.
-    "gpt2": {"names": (("c_attn",), ("c_proj",), ("c_fc",), ("c_proj",)), "norm": "layer", "mlp": "plain"},
-}
-
-
-def _features(config: Any, linears: Mapping[str, LinearSpec], biases: bool) -> dict[str, Any]:
-    """The architecture features the activation formula needs, read from the config."""
-    family = str(getattr(config, "model_type", "") or "unknown")
-    act = str(getattr(config, "hidden_act", None) or getattr(config, "hidden_activation", None)
-              or getattr(config, "activation_function", None) or "silu")
-    drop = {
-        "attn_dropout": float(getattr(config, "attention_dropout", None) or getattr(config, "attn_pdrop", None) or 0.0),
-        "resid_dropout": float(getattr(config, "resid_pdrop", None) or getattr(config, "hidden_dropout", None) or 0.0),
-        "embd_dropout": float(getattr(config, "embd_pdrop", None) or getattr(config, "embedding_dropout", None) or 0.0),
-    }
-    known = FAMILIES.get(family)
-    if known is None:
-        return {"family": family, "act": act, "biases": biases, **drop,
-                "approximate": f"architecture {family!r} is not modelled: its activations are estimated with the "
-                               "Llama layer (modelled: " + ", ".join(sorted(FAMILIES)) + ")"}
-    attn_in, attn_out, mlp_in, mlp_out = known["names"]
-    if family == "gpt2":  # the attention's c_proj is h x h, the MLP's 4h x h: shapes.py keys the second by shape
-        square = [k for k, v in linears.items() if k.startswith("c_proj") and v.in_features == v.out_features]
-        other = [k for k in linears if k.startswith("c_proj") and k not in square]
-        attn_out, mlp_out = tuple(square), tuple(other)
-    return {"family": family, "norm": known["norm"], "mlp": known["mlp"], "act": act, "attn_in": attn_in,
-            "attn_out": attn_out, "mlp_in": mlp_in, "mlp_out": mlp_out,
-            "parallel_block": bool(known.get("parallel_block", False)), "biases": biases,
-            "norm_fp32_output": bool(known.get("norm_fp32_output", False)), **drop}
 
 
 def _cfg(config: Any, *names: str) -> Any:

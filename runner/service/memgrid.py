@@ -24,7 +24,8 @@ from runner.spec.summary import busiest_peak
 from runner.watch.follow import execute
 from runner.watch.prepare import prepare
 
-ARCHS: tuple[str, ...] = ("llama", "mistral", "qwen2", "gemma", "phi3", "phi", "gpt2")
+ARCHS: tuple[str, ...] = ("llama", "mistral", "mistral-sw", "qwen2", "gemma", "gemma-mqa", "phi3", "phi", "gpt2",
+                          "gpt_neox", "opt", "falcon", "falcon-gqa", "mixtral")
 """Architectures with a tiny config here (``tiny_config``)."""
 
 LORA_TARGETS: dict[str, list[str]] = {
@@ -35,6 +36,11 @@ LORA_TARGETS: dict[str, list[str]] = {
     "phi3": ["qkv_proj", "o_proj"],
     "phi": ["q_proj", "v_proj"],
     "gpt2": ["c_attn"],
+    "gpt_neox": ["query_key_value"],
+    "falcon": ["query_key_value"],
+    "falcon-gqa": ["query_key_value"],
+    "mixtral": ["q_proj", "v_proj"],
+    "opt": ["q_proj", "v_proj"],
 }
 
 
@@ -62,6 +68,24 @@ def tiny_config(arch: str, vocab: int) -> Any:
     if arch == "gpt2":
         return tf.GPT2Config(n_embd=256, n_layer=4, n_head=4, n_positions=2048, vocab_size=vocab,
                              bos_token_id=0, eos_token_id=0)
+    if arch == "mistral-sw":  # a sliding window below the context (the grid's sequences are 64-256)
+        return tf.MistralConfig(**llama_like, sliding_window=48)
+    if arch == "gemma-mqa":  # one key/value head (Gemma 2B's multi-query attention)
+        return tf.GemmaConfig(**{**llama_like, "num_key_value_heads": 1}, head_dim=64)
+    if arch == "gpt_neox":  # parallel residual, fused query_key_value, a quarter of each head rotated
+        return tf.GPTNeoXConfig(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
+                                **common, bos_token_id=0, eos_token_id=0)
+    if arch == "opt":  # learned positions, ReLU MLP, dropout 0.1 on the residual branches
+        return tf.OPTConfig(hidden_size=256, ffn_dim=1024, num_hidden_layers=4, num_attention_heads=4,
+                            word_embed_proj_dim=256, **common, pad_token_id=1, bos_token_id=0, eos_token_id=0)
+    if arch == "falcon":  # multi-query attention, attention and MLP in parallel on one LayerNorm
+        return tf.FalconConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, vocab_size=vocab,
+                               bos_token_id=0, eos_token_id=0)
+    if arch == "falcon-gqa":  # Falcon's new decoder: grouped kv heads, two LayerNorms, parallel
+        return tf.FalconConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_kv_heads=2,
+                               new_decoder_architecture=True, vocab_size=vocab, bos_token_id=0, eos_token_id=0)
+    if arch == "mixtral":  # 4 experts, 2 routed per token
+        return tf.MixtralConfig(**llama_like, num_local_experts=4, num_experts_per_tok=2)
     raise ValueError(f"unknown architecture {arch!r} (have {', '.join(ARCHS)})")
 
 
