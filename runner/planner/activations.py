@@ -194,11 +194,15 @@ class _Saves:
         slot = x * (3 * i + h) + 4 + 3 * 8 + (x * (h + i) if self.full else 0)
         return router + k * slot
 
-    def mlp(self) -> _PerToken:
-        """What the MLP saves between its input linears and its output linear, the output linear included."""
+    def mlp(self, input_grad: bool) -> _PerToken:
+        """What the MLP saves between its input linears and its output linear, the output linear included;
+        ``input_grad``: its activations need a gradient (else only an adapted output linear saves its input)."""
         sh, e, i = self.sh, self.e, self.sh.intermediate
         if sh.mlp == "moe":
             return _PerToken(self.moe(), 0)
+        if not input_grad:
+            out = self.group(sh.mlp_out, i, e, False, needs_grad=False)
+            return _PerToken(out.saved, out.dropout)
         act_mask = self.mask(e) * i if sh.act_dropout > 0 else 0
         if sh.mlp == "gated":
             body, out_saved = 3 * e * i, False  # gate output, its activation, up output
@@ -226,11 +230,11 @@ class _Saves:
         elif not sh.parallel_block:
             groups.append(self.group(sh.mlp_in, h, w, False))
             b += self.norm(True) + groups[-1].saved
-        # A parallel MLP reads the layer input's norm: with neither that input nor an MLP weight needing a
-        # gradient (the first layer, LoRA on attention only) its activations need none either.
-        mlp_names = {m.split("@")[0] for m in (*sh.mlp_in, *sh.mlp_out)}
+        # A parallel MLP reads the layer input's norm: with neither that input nor an MLP input linear
+        # needing a gradient (the first layer under LoRA) its activations need none either.
+        mlp_in = {m.split("@")[0] for m in sh.mlp_in}
         parallel = sh.parallel_block or sh.parallel_residual
-        mlp = self.mlp() if not parallel or norm_grad or mlp_names & self.adapted else _PerToken(0, 0)
+        mlp = self.mlp(not parallel or norm_grad or bool(mlp_in & self.adapted))
         resid_masks = 2 * self.mask(e) * h if sh.resid_dropout > 0 else 0  # the branch outputs' dropout
         return _PerToken(b + mlp.saved + resid_masks, sum(g.dropout for g in groups) + mlp.dropout)
 

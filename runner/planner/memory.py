@@ -114,7 +114,7 @@ def _largest_trainable(inp: EstimateInput) -> int:
     """Elements of the largest trainable tensor: an embedding or linear weight, or a LoRA matrix."""
     sh = inp.shape
     if inp.method == "full":
-        return max([sh.vocab * sh.hidden, *(s.in_features * s.out_features for s in sh.linears.values())])
+        return max([sh.vocab * sh.hidden, sh.largest_weight, *(s.in_features * s.out_features for s in sh.linears.values())])
     return max([0, *(inp.lora_r * max(s.in_features, s.out_features)
                      for s in lora_targeted(sh, inp.lora_targets).values())])
 

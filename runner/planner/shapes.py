@@ -363,7 +363,8 @@ def llama_shape(
     linears = _llama_linears(layers, hidden, heads, kv_heads, d, intermediate, vocab)
     shape = ModelShape(0, layers, hidden, heads, kv_heads, d, intermediate, vocab, tied_embeddings, linears)
     total = shape.linear_params + vocab * hidden + (2 * layers + 1) * hidden
-    return replace(shape, total_params=total)
+    largest = max(vocab * hidden, *(s.in_features * s.out_features for s in linears.values()))
+    return replace(shape, total_params=total, largest_weight=largest)
 
 
 class _Known(NamedTuple):
