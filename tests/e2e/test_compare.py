@@ -45,7 +45,7 @@ def refused(ftui: Ftui) -> dict[str, Any]:
 
 
 def _compare(ftui: Ftui, *args: str) -> str:
-    return ftui.run("compare", *args, check=True).stdout
+    return ftui.call("compare", *args, check=True).stdout
 
 
 # ---------------------------------------------------------------------- the real sweep
