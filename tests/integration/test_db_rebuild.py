@@ -16,6 +16,9 @@ from store import Store
 from tests.support import Ftui, new_home
 from tests.support.scripted_rank import SCRIPT
 
+pytestmark = pytest.mark.xdist_group(name="db-rebuild")
+"""The module's home (two real runs) is made once: its tests go to one worker."""
+
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Ftui:
