@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from runner.planner.activations import ActivationBytes, activation_bytes
 from runner.planner.deepspeed import reduce_bucket_bytes, zero3_gathered_bytes
+from runner.planner.fsdp import Gathered, gathered_units
 from runner.planner.inputs import DTYPE_BYTES, EstimateInput, weight_bytes
 from runner.planner.shapes import lora_targeted, lora_trainable_params
 from runner.spec import strategies
@@ -374,40 +375,13 @@ def _shard_states(inp: EstimateInput, run: _Run, s: _States, shards: frozenset[s
                    opt_transient=opt_transient, head_grads=head_grads)
 
 
-@dataclass(frozen=True)
-class _Gathered:
-    """What sharded weights cost while they are computed with.
-
-    Attributes:
-        gathered: Inside the layer stack: the root unit and the layer(s) being computed.
-        root: The root unit (embeddings, head, final norm), gathered at the loss and the head's backward.
-        flat_grads: A layer's unsharded gradient before its reduce-scatter (FSDP1: the flat gradient).
-    """
-
-    gathered: float = 0.0
-    root: float = 0.0
-    flat_grads: float = 0.0
-
-
-def _gathered(inp: EstimateInput, run: _Run, s: _States, shards: frozenset[str]) -> _Gathered:
-    """The gathered weights and unsharded layer gradient of a run that shards its weights (DeepSpeed
-    ZeRO-3's own gathering: :func:`_deepspeed_parts`)."""
+def _gathered(inp: EstimateInput, run: _Run, s: _States, shards: frozenset[str]) -> Gathered:
+    """The gathered weights and unsharded layer gradient of a run that shards its weights
+    (:mod:`runner.planner.fsdp`; DeepSpeed ZeRO-3's own gathering: :func:`_deepspeed_parts`)."""
     if "params" not in shards or (run.deepspeed and run.stage == 3):
-        return _Gathered()
-    sh = inp.shape
+        return Gathered()
     gather_e = run.e if run.e < run.w else run.w  # FSDP's mixed precision gathers in the compute dtype
-    # The root unit (embeddings, head, final norm: what the per-layer wrapping leaves) is gathered
-    # while the loss is computed and again for the head's backward; inside the layer stack the layer
-    # being computed is gathered beside it (measured: docs/memory-model.md).
-    root = float(max(0, sh.total_params - sh.layers * sh.layer_params) * gather_e)
-    gathered = root + 1.0 * sh.layer_params * gather_e
-    if run.row.keeps_gathered:  # every layer stays gathered from its forward to its backward
-        gathered = root + float(sh.layers * sh.layer_params * gather_e)
-    flat_grads = 0.0
-    if inp.method == "full" or s.train:
-        layer_train = s.train / max(1, sh.layers) if inp.method != "full" else sh.layer_params
-        flat_grads = float(layer_train * s.tw)
-    return _Gathered(gathered, root, flat_grads)
+    return gathered_units(inp, gather_e, s.train, s.tw, run.row.keeps_gathered)
 
 
 def _ddp_buckets(inp: EstimateInput, run: _Run, s: _States) -> _States:
@@ -457,13 +431,13 @@ def _deepspeed_parts(inp: EstimateInput, run: _Run, s: _States, moments: Moments
                 moments[name]["ds_gathered"] = gathered
 
 
-def _moments(inp: EstimateInput, run: _Run, s: _States, a: _Activations, g: _Gathered) -> Moments:
+def _moments(inp: EstimateInput, run: _Run, s: _States, a: _Activations, g: Gathered) -> Moments:
     """The parts alive at each moment that can be the step's peak."""
     acts, persistent_grads = a.whole, s.persistent_grads
     moments: Moments = {
-        "forward": {"activations": a.stored, "transient": a.logits_fwd, "buffers": a.fwd_copies + g.root,
+        "forward": {"activations": a.stored, "transient": a.logits_fwd, "buffers": a.fwd_copies + g.at_loss,
                     "grads": persistent_grads},
-        "backward": {"activations": a.stored, "transient": a.logits_bwd, "buffers": a.copies,
+        "backward": {"activations": a.stored, "transient": a.logits_bwd, "buffers": a.copies + g.at_backward,
                      "grads": persistent_grads},
         # The end of backward: every gradient, the activations released; the embedding's input gradient
         # and its copy remain.
@@ -473,11 +447,11 @@ def _moments(inp: EstimateInput, run: _Run, s: _States, a: _Activations, g: _Gat
     }
     if g.root:  # the root gathered for the head's backward, beside one of the loss's gradients
         moments["backward_root"] = {"activations": a.stored, "transient": a.logits_bwd / 2,
-                                    "buffers": a.copies + g.root, "grads": persistent_grads}
+                                    "buffers": a.copies + max(g.root, g.at_backward), "grads": persistent_grads}
     if inp.gradient_checkpointing:
         moments["backward_recompute"] = {
             "activations": a.stored - acts.logits, "recompute": a.recompute, "transient": acts.layer_backward,
-            "buffers": a.copies + g.gathered, "grads": max(persistent_grads, s.head_grads),
+            "buffers": a.copies + max(g.gathered, g.at_backward), "grads": max(persistent_grads, s.head_grads),
             "grad_buckets": g.flat_grads}
     if acts.dropout and not inp.gradient_checkpointing:
         for name in ("forward", "backward"):
