@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from runner.planner import estimate, inputs_from_recipe, resolve_model_shape
-from runner.rank.pipeline import stage_bounds
+from runner.spec.layout import stage_bounds
 from runner.service.sweep import plan
 from runner.spec import strategies
 from runner.spec.launch import accelerate_config
