@@ -20,7 +20,6 @@ buckets, host offload), the parts alive at each candidate moment, and the breakd
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -28,7 +27,14 @@ from runner.planner.activations import ActivationBytes, activation_bytes
 from runner.planner.deepspeed import reduce_bucket_bytes, zero3_gathered_bytes
 from runner.planner.fsdp import Gathered, gathered_units
 from runner.planner.inputs import DTYPE_BYTES, EstimateInput, weight_bytes
-from runner.planner.pipeline import Stage, kept_outputs, receive_buffers, stage_activations, stage_weights, stages
+from runner.planner.pipeline import (
+    Stage,
+    kept_outputs,
+    receive_buffers,
+    stage_activations,
+    stage_weights,
+    stages,
+)
 from runner.planner.shapes import lora_targeted, lora_trainable_params
 from runner.spec import strategies
 from runner.spec.deepspeed_config import ZERO3_PERSISTENCE_THRESHOLD
