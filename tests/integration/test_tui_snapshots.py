@@ -12,7 +12,7 @@ import pytest
 from runner.hardware import DeviceSample, ProcessGpuMemory
 from runner.spec.recipe import load_recipe
 from store import Store
-from tests.support.dashboard import NO_WATCHER_CHECK, wait_for
+from tests.support.dashboard import NO_WATCHER_CHECK, trainer_summary, wait_for
 from tui.app import app as app_module
 from tui.app import make_app
 
@@ -48,13 +48,15 @@ def store(filled: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Stor
 
 
 def fill(store: Store, tmp: Path) -> None:
+    # The last figure: the per-device estimate the trainer stores (the planner's, what
+    # runner.analysis.run_figures.estimated_memory computes from each recipe), with the model's dimensions.
     plans = [
-        ("quickstart", "single", 1, "completed", 2e-3, 1.0),
-        ("ddp-2", "ddp", 2, "completed", 2e-3, 0.9),
-        ("fsdp-2", "fsdp", 2, "stopped", 1e-3, 1.1),
-        ("demo-8gpu", "ddp", 8, "running", 1e-3, 1.2),
+        ("quickstart", "single", 1, "completed", 2e-3, 1.0, 232254976),
+        ("ddp-2", "ddp", 2, "completed", 2e-3, 0.9, 232746496),
+        ("fsdp-2", "fsdp", 2, "stopped", 1e-3, 1.1, 206341888),
+        ("demo-8gpu", "ddp", 8, "running", 1e-3, 1.2, 232746496),
     ]
-    for i, (name, strategy, nproc, status, lr, scale) in enumerate(plans):
+    for i, (name, strategy, nproc, status, lr, scale, estimate) in enumerate(plans):
         over = [f"name={name}", f"train.lr={lr}", f"launch.strategy={strategy}", f"launch.nproc={nproc}"]
         recipe = load_recipe(ROOT / "recipes" / "quickstart.toml", over)
         run_dir = tmp / f"run{i}"
@@ -75,7 +77,7 @@ def fill(store: Store, tmp: Path) -> None:
                          train_seconds=15.0 if done else None, tokens_per_s=2100.0 / scale if done else None,
                          final_loss=scale * 3.3 if done else None, peak_mem_bytes=(300 + 10 * i) * 2**20,
                          mean_util=70.0 + i if done else None, tags=["demo"] if i == 0 else [],
-                         note="baseline" if i == 0 else "")
+                         note="baseline" if i == 0 else "", summary=trainer_summary(estimate))
         samples, procs = [], []
         for k in range(20):
             ts = t + k * 0.5
