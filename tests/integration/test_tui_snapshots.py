@@ -16,8 +16,6 @@ from tests.support.dashboard import NO_WATCHER_CHECK, trainer_summary, wait_for
 from tui.app import app as app_module
 from tui.app import make_app
 
-# Each snapshot drives the whole app for 1-3 s: part of the full suite, not the fast loop.
-
 ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 1, 2, 3, 4, 5)
 NOW = T0 + timedelta(minutes=7)
@@ -99,25 +97,26 @@ def app_for(store: Store):  # type: ignore[no-untyped-def]
 
 
 async def settle(pilot) -> None:  # type: ignore[no-untyped-def]
-    """Wait until the store reads (thread workers) have filled every table on screen, then let the
-    tables' deferred column sizing and a repaint happen, so that load on the machine cannot change
-    what the snapshot sees."""
+    """Wait until the store reads (thread workers) have filled every table on screen and Compose's launch
+    preview is built, then until the app is idle with no animation pending (the tables' deferred column
+    sizing and a repaint), so that load on the machine cannot change what the snapshot sees."""
+    await wait_for(pilot, lambda: _filled(pilot.app.screen), what="the screen's reads")
+    await pilot.wait_for_scheduled_animations()
+    await pilot.pause()
+    await pilot.pause()
+
+
+def _filled(screen) -> bool:  # type: ignore[no-untyped-def]
+    """The screen shows its reads: the Runs screen's first, every table's rows (the recipe diff may be
+    empty), Compose's launch command when the form is valid."""
     from textual.widgets import DataTable
 
-    await pilot.pause(0.3)
-    for _ in range(100):
-        tables = list(pilot.app.screen.query(DataTable))
-        if all(t.row_count > 0 for t in tables if t.id != "diff"):
-            break
-        await pilot.pause(0.1)
-    for _ in range(100):  # Compose builds its launch preview in a thread worker
-        screen = pilot.app.screen
-        previews = list(screen.query("#preview"))
-        if not previews or not getattr(screen, "valid", False) or "launch command" in str(previews[0].render()):
-            break
-        await pilot.pause(0.1)
-    await pilot.pause(0.4)
-    await pilot.pause()
+    if not getattr(screen, "loaded", True):
+        return False
+    if not all(t.row_count > 0 for t in screen.query(DataTable) if t.id != "diff"):
+        return False
+    previews = list(screen.query("#preview"))
+    return not previews or not getattr(screen, "valid", False) or "launch command" in str(previews[0].render())
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
@@ -141,10 +140,8 @@ def test_compose_valid(snap_compare, store: Store, size) -> None:  # type: ignor
     """A valid form: the launch command, and the estimate from its thread worker (scrollable at 80x24)."""
     async def before(pilot) -> None:  # type: ignore[no-untyped-def]
         await pilot.press("2")
-        for _ in range(100):
-            if "recommended" in str(pilot.app.screen.query_one("#estimate").render()):
-                break
-            await pilot.pause(0.1)
+        await wait_for(pilot, lambda: "recommended" in str(pilot.app.screen.query_one("#estimate").render()),
+                       what="the estimate")
         await settle(pilot)
 
     assert snap_compare(app_for(store), terminal_size=size, run_before=before)
@@ -238,7 +235,7 @@ def test_runs_empty(snap_compare, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     app = make_app(Store(f"sqlite:///{tmp_path}/ftui.db"), now=lambda: NOW, python="python", refresh_s=0.2, watcher_check_s=NO_WATCHER_CHECK)
 
     async def before(pilot) -> None:  # type: ignore[no-untyped-def]
-        await pilot.pause(0.5)
+        await wait_for(pilot, lambda: pilot.app.screen.loaded, what="the store read")
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=before)
@@ -247,10 +244,8 @@ def test_runs_empty(snap_compare, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 async def _open_monitor(pilot, run_id: int) -> None:  # type: ignore[no-untyped-def]
     await settle(pilot)
     pilot.app.open_run(run_id)
-    for _ in range(50):  # the monitor's first read lands from a worker thread
-        if getattr(pilot.app.screen, "snapshot", None) is not None:
-            break
-        await pilot.pause(0.1)
+    # the monitor's first read lands from a worker thread
+    await wait_for(pilot, lambda: getattr(pilot.app.screen, "snapshot", None) is not None, what="the monitor")
     await settle(pilot)
 
 
@@ -259,10 +254,7 @@ async def _modal(pilot, key: str) -> None:  # type: ignore[no-untyped-def]
     from textual.screen import ModalScreen
 
     await pilot.press(key)
-    for _ in range(50):
-        if isinstance(pilot.app.screen, ModalScreen):
-            break
-        await pilot.pause(0.1)
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, ModalScreen), what=f"the modal of {key}")
     await pilot.pause()
     await pilot.pause()
 
