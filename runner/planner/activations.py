@@ -42,6 +42,13 @@ class ActivationBytes:
         recompute_copies: Autocast weight casts of the recomputed layer (checkpointing), in ``recompute``.
         forward_copies: Autocast weight casts alive at the end of the forward: all of them, checkpointing
             or not (autocast caches the casts of trainable leaves until its context exits: torch.amp docs).
+        first_layer: What the first decoder layer keeps (in ``stored``; its input needs no gradient when
+            the embedding is frozen and nothing is checkpointed).
+        layer_stored: What each other decoder layer keeps (its input alone under checkpointing).
+        post: What the stack's end keeps: the final norm, the head's input, the labels, the log-softmax,
+            and the embedding's dropout and indices. ``stored`` is ``first_layer + (layers - 1) x
+            layer_stored + post + rotary``.
+        rotary: The rotary embedding's cos and sin, computed once per forward.
     """
 
     per_layer: int
@@ -55,6 +62,10 @@ class ActivationBytes:
     layer_backward: int = 0
     recompute_copies: int = 0
     forward_copies: int = 0
+    first_layer: int = 0
+    layer_stored: int = 0
+    post: int = 0
+    rotary: int = 0
 
     @property
     def peak(self) -> int:
@@ -233,15 +244,17 @@ def activation_bytes(inp: EstimateInput) -> ActivationBytes:
         layer_backward = max(layer_backward, tokens * (3 * s.att_e * sh.heads * inp.seq_len + 2 * e * h))
     all_copies = 2 * (sh.linear_params + (head_w if sh.tied_embeddings else 0)) if s.autocast else 0
     if inp.gradient_checkpointing:
+        first_layer = layer_stored = w * h * tokens
         stored = sh.layers * w * h * tokens + post + rotary
         recompute_copies = 2 * layer_linear if s.autocast else 0
         recompute = per_layer + recompute_copies  # one layer at a time: its activations and casts
         copies = 2 * head_w if s.autocast else 0
         dropout = 0
     else:
+        first_layer, layer_stored = first.saved * tokens, per_layer
         stored = layers * tokens + post + rotary
         recompute = recompute_copies = 0
         copies = all_copies
         dropout = lora_dropout
     return ActivationBytes(per_layer, stored, recompute, logits, copies, dropout, logits_forward, logits_backward,
-                           layer_backward, recompute_copies, all_copies)
+                           layer_backward, recompute_copies, all_copies, first_layer, layer_stored, post, rotary)

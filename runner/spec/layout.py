@@ -72,6 +72,34 @@ def recipe_problem(recipe: Recipe) -> str | None:
     return None
 
 
+def stage_bounds(layers: int, stages: int) -> list[tuple[int, int]]:
+    """Decoder layers ``[lo, hi)`` of each pipeline stage: as even as possible, earlier stages one more (the
+    first also embeds, the last runs the head and the loss). The rank's split (:mod:`runner.rank.pipeline`)
+    and the planner's stages both take it from here."""
+    per, extra = divmod(layers, stages)
+    bounds: list[tuple[int, int]] = []
+    lo = 0
+    for s in range(stages):
+        hi = lo + per + (1 if s < extra else 0)
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds
+
+
+def runs_1f1b(schedule: str, microbatches: int, stages: int) -> bool:
+    """Whether a pipeline runs 1F1B: asked for, with at least one micro-batch per stage (else GPipe)."""
+    return schedule == "1f1b" and microbatches >= stages
+
+
+def in_flight(schedule: str, stage: int, stages: int, microbatches: int) -> int:
+    """Micro-batches whose activations pipeline stage ``stage`` (0-based) holds at once: every one under
+    GPipe (all forwards before any backward); under 1F1B the warm-up's, ``min(m, stages - stage)``: the
+    first stage ``stages``, the last 1 (torch.distributed.pipelining ``Schedule1F1B``)."""
+    if runs_1f1b(schedule, microbatches, stages):
+        return min(microbatches, stages - stage)
+    return microbatches
+
+
 def rows_per_step(recipe: Recipe) -> int:
     """Rows of one optimizer step over every process: ``train.batch_size`` x ``train.grad_accum`` x the
     data parallel replicas of the strategy (:meth:`runner.spec.strategies.Strategy.global_batch`; the

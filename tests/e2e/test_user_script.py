@@ -232,10 +232,11 @@ def has_trl() -> bool:
     return True
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def script_runs(ftui: Ftui) -> dict[str, dict[str, Any]]:
     """The two examples under DDP x2, and the Trainer example in one process with evaluation (as TRL's
-    SFTTrainer when trl is installed)."""
+    SFTTrainer when trl is installed). Made once per session, on the worker of its xdist group (a module
+    fixture would be made again each time the worker came back to this module)."""
     ddp = ["--strategy", "ddp", "--nproc", "2"]
     single = [*SMALL, "--eval-steps", "3", *(["--sft"] if has_trl() else [])]
     return {
