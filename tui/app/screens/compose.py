@@ -276,7 +276,9 @@ class ComposeScreen(Screen[None]):
         widget = self.query_one("#" + field_id(path))
         widget.focus()
         if isinstance(widget, Input):
-            widget.cursor_position = len(widget.value)
+            # After the Focus event: focus() sets the focus from the app's queue, which then posts Focus
+            # to the Input, which selects all its text; a key typed then would replace the value.
+            self.app.call_later(widget.call_later, widget.action_end)
 
     def field_text(self, f: Field) -> str:
         widget = self.query_one("#" + field_id(f.path))
