@@ -4,11 +4,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from runner.planner.inputs import EstimateInput, Method, Strategy
 from runner.planner.memory import GIB, breakdown_json, estimate
 from runner.spec import strategies as table
+
+
+ESTIMATE_ERROR = 0.12
+"""The estimate's error band, as a fraction of the estimate: 143 of 144 measured configurations are within
+10% and the worst is -11.8% (docs/memory-model.md, "143 of 144 configurations within 10%")."""
+
+Fit = Literal["fits", "might not fit", "does not fit"]
+"""The planner's fit verdict with its error band (:func:`fit_verdict`)."""
+
+
+def fit_verdict(need_bytes: int, budget_bytes: int, band: float = ESTIMATE_ERROR) -> Fit:
+    """Whether an estimate of ``need_bytes`` per device fits ``budget_bytes``: ``fits`` when it does even
+    ``band`` over the estimate, ``does not fit`` when it does not even ``band`` under it, else ``might not
+    fit`` (the budget lies within the estimate's error)."""
+    if need_bytes * (1 + band) <= budget_bytes:
+        return "fits"
+    if need_bytes * (1 - band) > budget_bytes:
+        return "does not fit"
+    return "might not fit"
 
 
 def _fits(inp: EstimateInput, gpu_mem_bytes: int) -> bool:
