@@ -92,7 +92,7 @@ def rank(rows: Sequence[RunRow], floor: NoiseFloor | None, first_step: Mapping[i
             marks[g.label] = {"use": "slower", "tie": "tie", "unknown": "cannot tell"}.get(kind, kind)
         if decision.kind != "use" and len(found) > 1:
             ties = [best.label, *(g.label for g in found[1:] if marks[g.label] in ("tie", "cannot tell"))]
-            marks[best.label] = "tie" if len(ties) > 1 else "leader"
+            marks[best.label] = "cannot tell" if decision.kind == "unknown" else "tie"
     order = {g.label: i for i, g in enumerate(found)}
     standings = sorted((replace(s, standing=marks.get(s.label, "")) for s in standings),
                        key=lambda s: order.get(s.label, len(order)))

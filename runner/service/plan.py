@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -250,6 +251,8 @@ class Progress:
 
     runs: dict[tuple[str, int, str], list[RunInfo]] = field(default_factory=dict)
     over_budget: list[Trial] = field(default_factory=list)
+    stopped: bool = False
+    """A user stopped a trial (Ctrl-C, ``ftui stop``): the plan ended there."""
 
     def done(self, c: Candidate) -> list[RunInfo]:
         """The candidate's trials that count: every one that ended, but those a user stopped."""
@@ -318,6 +321,7 @@ def race(store: Store, recipe_path: Path, candidates: Sequence[Candidate], pid: 
          steps: int, repeat: int, budget_s: float | None = None, clock: Callable[[], float] = time.monotonic,
          on_start: Callable[[SweepItem, int], None] | None = None,
          on_done: Callable[[SweepItem, SweepResult], None] | None = None,
+         on_event: Callable[[dict[str, Any]], None] | None = None,
          options: WatchOptions | None = None, stop: Stop | None = None) -> Progress:
     """Race what the plan lacks, one trial after another, until every candidate ran ``repeat`` times, the
     next trial would run past ``budget_s`` (from now, by ``clock``), or a user stops a trial.
@@ -336,11 +340,12 @@ def race(store: Store, recipe_path: Path, candidates: Sequence[Candidate], pid: 
             break
         item = trial_item(trial, sets, steps, repeat)
         _, results = run_sweep(store, recipe_path, [item], sweep_id=pid, on_start=on_start, on_done=on_done,
-                               options=options, stop=stop)
+                               on_event=on_event, options=options, stop=stop)
         run = store.get_run(results[0].run_id) if results else None
         if run is not None:
             progress.runs.setdefault(trial.candidate.key(), []).append(run)
         if not results or results[0].status in ENDED_BY_USER or (stop is not None and stop.is_set()):
+            progress.stopped = True
             break
     return progress
 
@@ -394,13 +399,14 @@ class Setup:
 
 
 def setup(recipe_path: Path, sets: Sequence[str], strategies: Sequence[str] | None, nproc: int | None,
-          steps: int = DEFAULT_STEPS, repeat: int = 1) -> Setup:
+          steps: int | None = None, repeat: int = 1) -> Setup:
     """The plan of ``ftui plan`` on this host, checked before anything is recorded.
 
     Raises:
         RecipeError: the recipe or its inputs are unusable (one line naming the field).
         PlanError: a flag is out of range, or no candidate can be raced here.
     """
+    steps = DEFAULT_STEPS if steps is None else steps
     if steps < MIN_STEPS:
         raise PlanError(f"--steps: at least {MIN_STEPS} (the first {MEASURED_STEPS} are memory-metered and give no "
                         f"steady-state tokens/s), got {steps}")
