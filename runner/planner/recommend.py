@@ -23,9 +23,9 @@ def fit_verdict(need_bytes: int, budget_bytes: int, band: float = ESTIMATE_ERROR
     """Whether an estimate of ``need_bytes`` per device fits ``budget_bytes``: ``fits`` when it does even
     ``band`` over the estimate, ``does not fit`` when it does not even ``band`` under it, else ``might not
     fit`` (the budget lies within the estimate's error)."""
-    if need_bytes * (1 + band) <= budget_bytes:
+    if need_bytes + need_bytes * band <= budget_bytes:
         return "fits"
-    if need_bytes * (1 - band) > budget_bytes:
+    if need_bytes - need_bytes * band > budget_bytes:
         return "does not fit"
     return "might not fit"
 
