@@ -10,7 +10,6 @@ from runner.planner.inputs import EstimateInput, Method, Strategy
 from runner.planner.memory import GIB, breakdown_json, estimate
 from runner.spec import strategies as table
 
-
 ESTIMATE_ERROR = 0.12
 """The estimate's error band, as a fraction of the estimate: 143 of 144 measured configurations are within
 10% and the worst is -11.8% (docs/memory-model.md, "143 of 144 configurations within 10%")."""
