@@ -310,6 +310,12 @@ def check_budget(budget_s: float | None, guess: tuple[float, str] | None) -> Non
                         f"{guess[1]})")
 
 
+def check_start(candidates: Sequence[Candidate], progress: Progress, repeat: int, budget_s: float | None) -> None:
+    """Refuse a budget shorter than the next trial as measured (raises PlanError)."""
+    first = next_trial(candidates, progress, repeat)
+    check_budget(budget_s, trial_guess(first.candidate, progress) if first else None)
+
+
 def trial_item(trial: Trial, sets: Sequence[str], steps: int, repeat: int) -> SweepItem:
     c = trial.candidate
     again = f"; repeat {trial.repeat}/{repeat}" if repeat > 1 else ""
@@ -330,8 +336,7 @@ def race(store: Store, recipe_path: Path, candidates: Sequence[Candidate], pid: 
         PlanError: the budget is less than one trial already measured.
     """
     progress = stored(store, pid)
-    first = next_trial(candidates, progress, repeat)
-    check_budget(budget_s, trial_guess(first.candidate, progress) if first else None)
+    check_start(candidates, progress, repeat, budget_s)
     started = clock()
     while (trial := next_trial(candidates, progress, repeat)) is not None:
         guess = trial_guess(trial.candidate, progress)

@@ -51,7 +51,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     store = open_store(args, create=True)
     settle_abandoned(store)
     console = Console(highlight=False, stderr=args.format != "text")
-    _announce(console, setup, plan.stored(store, setup.pid))
+    budget_s = args.budget * 60 if args.budget else None
+    before = plan.stored(store, setup.pid)
+    try:
+        plan.check_start(setup.candidates, before, setup.repeat, budget_s)
+    except plan.PlanError as exc:
+        raise UsageError(str(exc)) from None
+    _announce(console, setup, before)
     live = SweepProgress(console)
 
     def on_start(item: SweepItem, run_id: int) -> None:  # labels and notes are run text: never markup
@@ -69,7 +75,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     restore = stop.install()  # Ctrl-C/SIGTERM/SIGHUP stop the running trial and end the plan; its trials stay
     try:
         progress = plan.race(store, args.recipe, setup.candidates, setup.pid, args.overrides, setup.steps,
-                             setup.repeat, budget_s=args.budget * 60 if args.budget else None,
+                             setup.repeat, budget_s=budget_s,
                              on_start=on_start, on_done=on_done, on_event=live.on_event, stop=stop)
     except plan.PlanError as exc:
         raise UsageError(str(exc)) from None
