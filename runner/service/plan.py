@@ -34,8 +34,9 @@ from runner.analysis.compare import Comparison, load_comparison
 from runner.analysis.ranking import Ranking, rank
 from runner.hardware import NvmlBackend
 from runner.hardware.hostfacts import current
+from runner.planner.error_band import Band
 from runner.planner.memory import DEFAULT_RESERVE
-from runner.planner.recommend import Fit, fit_verdict
+from runner.planner.recommend import Fit, fit_band, fit_verdict
 from runner.rank.memtrack import MEASURED_STEPS
 from runner.service.launch import default_nproc
 from runner.service.sweep import SweepItem, SweepResult, run_sweep
@@ -97,6 +98,9 @@ class Candidate:
     offload), stored as the run's ``sweep_grid`` so that compare labels it the same way."""
     estimated: int | None = None
     """The planner's estimate per device, bytes (:func:`runner.watch.estimate.estimate_summary`)."""
+    band: float | None = None
+    """The estimate's error band the fit was judged with, as a fraction."""
+    band_source: str = ""
     budget: int | None = None
     fit: Fit | None = None
     """None: no estimate (the model's shape could not be had offline): raced, as nothing says it does not fit."""
@@ -115,8 +119,18 @@ class Candidate:
         return self.strategy, self.nproc, self.grid
 
 
-Estimator = Callable[[Recipe], int | None]
-"""Bytes per device the planner estimates for a recipe (None: no estimate)."""
+@dataclass(frozen=True)
+class Need:
+    """The planner's estimate per device of a candidate, and the error band its fit is judged with."""
+
+    bytes: int
+    band: float
+    """The estimate's error, as a fraction (:func:`runner.planner.recommend.fit_band`)."""
+    band_source: str
+
+
+Estimator = Callable[[Recipe], Need | None]
+"""What the planner estimates per device for a recipe (None: no estimate)."""
 
 Loader = Callable[[Sequence[str]], Recipe]
 """The recipe with the user's ``--set`` values and these on top (raises RecipeError)."""
@@ -136,7 +150,10 @@ def _variant(base: Candidate, loader: Loader, estimator: Estimator, memory: Memo
                    offload=launch.offload)
     need = estimator(recipe)
     budget = memory.per_rank(made.nproc)
-    return replace(made, estimated=need, budget=budget, fit=fit_verdict(need, budget) if need is not None else None)
+    if need is None:
+        return replace(made, budget=budget)
+    return replace(made, estimated=need.bytes, band=need.band, band_source=need.band_source, budget=budget,
+                   fit=fit_verdict(need.bytes, budget, need.band))
 
 
 def _engine_candidates(strategy: str, nproc: int, base: Recipe, loader: Loader, estimator: Estimator,
@@ -216,7 +233,8 @@ def prune(found: Sequence[Candidate]) -> list[Candidate]:
         if c.skip is not None:
             out.append(c)
             continue
-        est = f"estimated {_gib(c.estimated)} per device against {_gib(c.budget)}"
+        band = f"{(c.band or 0) * 100:.1f}%"
+        est = f"estimated {_gib(c.estimated)} per device ± {band} against {_gib(c.budget)}"
         if c.fit == "does not fit":
             out.append(replace(c, skip=f"does not fit: {est}"))
         elif c.fit == "might not fit" and sure:
@@ -385,10 +403,16 @@ def host_memory(on_cpu: bool) -> Memory:
     return Memory(available, True, "host memory available now, shared by the ranks (psutil)")
 
 
-def estimated_bytes(recipe: Recipe) -> int | None:
-    """The planner's total per device for the recipe (:func:`runner.watch.estimate.estimate_summary`)."""
-    total = estimate_summary(recipe).get("per_device_bytes", {}).get("total")
-    return int(total) if isinstance(total, int | float) else None
+def estimated_need(recipe: Recipe) -> Need | None:
+    """The planner's total per device for the recipe (:func:`runner.watch.estimate.estimate_summary`) with
+    the error band of its family and strategy (:func:`runner.planner.recommend.fit_band`)."""
+    found = estimate_summary(recipe)
+    total = found.get("per_device_bytes", {}).get("total")
+    if not isinstance(total, int | float):
+        return None
+    measured = found.get("error_band")
+    band, source = fit_band(str(found.get("band_key")), Band(**measured) if measured else None)
+    return Need(int(total), band, source)
 
 
 @dataclass(frozen=True)
@@ -433,7 +457,7 @@ def setup(recipe_path: Path, sets: Sequence[str], strategies: Sequence[str] | No
     def host(k: int) -> str | None:
         return nproc_over_host(base.model_copy(update={"launch": base.launch.model_copy(update={"nproc": k})}))
 
-    found = search_space(base, names, n, loader, estimated_bytes, memory, host, on_cpu)
+    found = search_space(base, names, n, loader, estimated_need, memory, host, on_cpu)
     if not any(c.skip is None for c in found):
         why = "; ".join(f"{c.label}: {c.skip}" for c in found)
         raise PlanError(f"no launchable candidate on this host ({why})")

@@ -16,7 +16,8 @@ import pytest
 
 from runner.analysis.compare import build_comparison
 from runner.analysis.ranking import rank
-from runner.planner.recommend import ESTIMATE_ERROR, fit_verdict
+from runner.planner.error_band import band_for, widest_band
+from runner.planner.recommend import fit_band, fit_verdict
 from runner.service import plan
 from runner.spec import strategies
 from runner.spec.layout import keep_global_batch
@@ -26,6 +27,12 @@ from tests.support import run_info
 QUICKSTART = Path(__file__).resolve().parents[2] / "recipes" / "quickstart.toml"
 MIB = 2**20
 ROOMY = plan.Memory(64 * 1024 * MIB, True, "test")
+BAND = 0.12
+
+
+def need(mib: int | None) -> plan.Need | None:
+    """An estimate of ``mib`` MiB per device with a 12% band (None: no estimate)."""
+    return None if mib is None else plan.Need(mib * MIB, BAND, "test")
 
 
 # ---------------------------------------------------------------------- the batch split
@@ -63,10 +70,21 @@ def test_a_micro_batch_the_processes_do_not_divide_moves_rows_into_accumulation(
 
 
 def test_the_fit_verdict_judges_within_the_estimates_error_band() -> None:
-    assert fit_verdict(100, 100 + int(100 * ESTIMATE_ERROR)) == "fits"
-    assert fit_verdict(100, 100) == "might not fit"
-    assert fit_verdict(100, 100 - int(100 * ESTIMATE_ERROR)) == "might not fit"
-    assert fit_verdict(100, 100 - int(100 * ESTIMATE_ERROR) - 1) == "does not fit"
+    assert fit_verdict(100, 112, 0.12) == "fits"
+    assert fit_verdict(100, 100, 0.12) == "might not fit"
+    assert fit_verdict(100, 88, 0.12) == "might not fit"
+    assert fit_verdict(100, 87, 0.12) == "does not fit"
+    assert fit_verdict(100, 100, 0.0) == "fits"
+
+
+def test_the_band_is_the_measured_one_else_the_widest_measured_stands_in() -> None:
+    measured = band_for("llama", "ddp")
+    wide = widest_band()
+    assert measured is not None and wide is not None
+    assert fit_band("llama/ddp", measured) == (abs(measured.worst_pct) / 100, measured.sentence())
+    band, source = fit_band("llama/pp", None)
+    assert band == abs(wide.worst_pct) / 100 and band >= abs(measured.worst_pct) / 100
+    assert source.startswith("llama/pp: never measured; the widest band measured stands in (") and wide.key in source
 
 
 # ---------------------------------------------------------------------- the search space
@@ -90,7 +108,7 @@ def _by_label(found: Sequence[plan.Candidate]) -> dict[str, plan.Candidate]:
 
 
 def test_every_launchable_strategy_and_engine_races_at_the_recipes_global_batch_when_all_fit() -> None:
-    found = _by_label(_space(lambda r: 50 * MIB))
+    found = _by_label(_space(lambda r: need(50)))
     assert sorted(found) == sorted(["single", "mp x2", "pp x2", "ddp x2", "fsdp x2", "tp x2", "zero1 x2",
                                     "zero1 x2 [launch.engine=torch]", "zero2 x2", "zero2 x2 [launch.engine=torch]",
                                     "zero3 x2", "zero3 x2 [launch.engine=torch]"])
@@ -105,33 +123,33 @@ def test_every_launchable_strategy_and_engine_races_at_the_recipes_global_batch_
 
 
 def test_checkpointing_is_added_only_where_the_estimate_says_it_is_needed() -> None:
-    def est(r: Recipe) -> int:  # ddp needs 120 MiB, 60 with checkpointing; the rest 50
+    def est(r: Recipe) -> plan.Need | None:  # ddp needs 120 MiB, 60 with checkpointing; the rest 50
         if r.launch.strategy != "ddp":
-            return 50 * MIB
-        return (60 if r.train.gradient_checkpointing else 120) * MIB
+            return need(50)
+        return need(60 if r.train.gradient_checkpointing else 120)
 
     found = _by_label(_space(est, names=["single", "ddp"], memory=plan.Memory(200 * MIB, True, "test")))
     assert set(found) == {"single", "ddp x2", "ddp x2 [train.gradient_checkpointing=true]"}
-    assert found["ddp x2"].skip is not None and found["ddp x2"].skip.startswith("does not fit: estimated 0.12 GiB")
+    assert found["ddp x2"].skip is not None and found["ddp x2"].skip.startswith("does not fit: estimated 0.12 GiB per device ± 12.0% against 0.10 GiB")
     ckpt = found["ddp x2 [train.gradient_checkpointing=true]"]
     assert ckpt.skip is None and ckpt.checkpointing and ckpt.budget == 100 * MIB  # 200 MiB shared by 2 ranks
 
 
 def test_a_candidate_that_might_not_fit_races_only_when_nothing_surely_fits() -> None:
     memory = plan.Memory(100 * MIB, False, "test")  # per device, not shared
-    def est(r: Recipe) -> int:
-        return (95 if r.launch.strategy == "ddp" else 50) * MIB
+    def est(r: Recipe) -> plan.Need | None:
+        return need(95 if r.launch.strategy == "ddp" else 50)
 
     found = _by_label(_space(est, names=["single", "ddp"], memory=memory))
     skip = found["ddp x2"].skip or ""
     assert "might not fit" in skip and "other candidates surely fit" in skip and found["single"].skip is None
-    alone = _by_label(_space(lambda r: 95 * MIB, names=["ddp"], memory=memory))
+    alone = _by_label(_space(lambda r: need(95), names=["ddp"], memory=memory))
     assert alone["ddp x2"].skip is None and "raced because nothing surely fits" in alone["ddp x2"].note
 
 
 def test_offload_is_tried_only_when_nothing_else_fits() -> None:
-    def est(r: Recipe) -> int:
-        return (50 if r.launch.offload != "none" else 500) * MIB
+    def est(r: Recipe) -> plan.Need | None:
+        return need(50 if r.launch.offload != "none" else 500)
 
     memory = plan.Memory(100 * MIB, False, "test")
     found = _by_label(_space(est, names=["ddp", "zero2"], memory=memory))
@@ -139,22 +157,22 @@ def test_offload_is_tried_only_when_nothing_else_fits() -> None:
     assert raced == ["zero2 x2 [launch.engine=torch train.gradient_checkpointing=true launch.offload=optimizer+params]",
                      "zero2 x2 [train.gradient_checkpointing=true launch.offload=optimizer]"]
     assert all("does not fit" in (c.skip or "") for label, c in found.items() if "offload" not in label)
-    fitting = _by_label(_space(lambda r: 50 * MIB, names=["ddp", "zero2"], memory=memory))
+    fitting = _by_label(_space(lambda r: need(50), names=["ddp", "zero2"], memory=memory))
     assert not any(c.offload != "none" for c in fitting.values())
 
 
 def test_what_this_host_cannot_launch_is_listed_with_its_reason() -> None:
-    found = _by_label(_space(lambda r: 50 * MIB, names=["single", "ddp", "fsdp"], nproc=1))
+    found = _by_label(_space(lambda r: need(50), names=["single", "ddp", "fsdp"], nproc=1))
     assert found["single"].skip is None
     assert found["fsdp"].skip == "fsdp on CPU needs at least 2 processes to shard over"
     assert found["ddp x2"].skip is None  # ddp's own floor is 2 processes
-    over = _by_label(_space(lambda r: 50 * MIB, names=["single", "ddp"],
+    over = _by_label(_space(lambda r: need(50), names=["single", "ddp"],
                             host=lambda n: f"launch.nproc (--nproc): {n} processes" if n > 1 else None))
     assert over["ddp x2"].skip == "launch.nproc (--nproc): 2 processes" and over["single"].skip is None
 
 
 def test_no_estimate_is_no_reason_not_to_race() -> None:
-    found = _space(lambda r: None, names=["single"])
+    found = _space(lambda r: need(None), names=["single"])
     assert found[0].skip is None and found[0].fit is None
 
 

@@ -47,6 +47,8 @@ def candidate_entry(c: Candidate, standing: Standing | None, left: int) -> dict[
         "peak_memory": {
             "estimated_bytes": c.estimated,
             "estimated_source": "runner.planner (runner/watch/estimate.py), per device",
+            "error_band_pct": None if c.band is None else round(c.band * 100, 2),
+            "error_band_source": c.band_source or None,
             "budget_bytes": c.budget,
             "measured_bytes": standing.mem_measured if standing else None,
             "measured_source": standing.mem_source if standing else None,
