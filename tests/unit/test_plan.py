@@ -260,3 +260,37 @@ def test_one_trial_each_and_no_measured_spread_cannot_tell() -> None:
     ranking = rank(build_comparison([_row(1, "single", 1, 100.0), _row(2, "ddp", 2, 500.0, grid="")], {}).rows, None)
     assert ranking.decision.kind == "unknown" and ranking.ties == ["ddp x2", "single"]
     assert {s.standing for s in ranking.standings} == {"cannot tell"}
+
+
+# ---------------------------------------------------------------------- the report
+
+
+def test_the_report_lists_every_candidate_and_prints_labels_as_text() -> None:
+    from rich.console import Console
+
+    from tui.render.plan import plan_markdown, plan_report, plan_table
+
+    base = _loader()([])
+    cands = [dataclasses.replace(c, skip="does not fit: estimated 9 GiB") if c.strategy == "fsdp" else c
+             for c in _space(lambda r: need(50), names=["single", "zero1", "fsdp"], nproc=2)]
+    torch_zero = next(c for c in cands if c.grid == "launch.engine=torch")
+    single = next(c for c in cands if c.strategy == "single")
+    runs = [_row(1, "single", 1, 1000.0), _row(2, "zero1", 2, 1500.0, grid="launch.engine=torch")]
+    progress = plan.Progress(runs={single.key(): [runs[0]], torch_zero.key(): [runs[1]]},
+                             over_budget=[plan.Trial(c, 1) for c in cands if c.label == "zero1 x2"])
+    setup = plan.Setup(base, "plan-test", cands, ROOMY, 8, 1)
+    report = plan_report(setup, progress, rank(build_comparison(runs, {}).rows, None, {1: 4.0, 2: 6.5}))
+    entries = {e["label"]: e for e in report["candidates"]}
+    assert [e["label"] for e in report["candidates"]][:2] == ["zero1 x2 [launch.engine=torch]", "single"]
+    assert (entries["zero1 x2"]["status"], entries["zero1 x2"]["reason"]) == ("not raced", "over the --budget")
+    assert (entries["fsdp x2"]["status"], entries["fsdp x2"]["reason"]) == ("not raced", "does not fit: estimated 9 GiB")
+    raced = entries["zero1 x2 [launch.engine=torch]"]
+    assert raced["tokens_per_s"] == {"median": 1500.0, "low": 1500.0, "high": 1500.0, "n": 1}
+    assert raced["time_to_first_step_s"]["median"] == 6.5 and raced["peak_memory"]["estimated_bytes"] == 50 * MIB
+    assert raced["peak_memory"]["error_band_pct"] == 12.0 and raced["micro_batch"] == 2 and raced["run_ids"] == [2]
+    assert report["decision"]["kind"] == "unknown" and report["decision"]["winner_run_id"] is None
+    console = Console(width=200, record=True)
+    console.print(plan_table(report))
+    text = console.export_text()
+    assert "zero1 x2 [launch.engine=torch]" in text and "over the --budget" in text  # brackets kept: not markup
+    assert "| zero1 x2 [launch.engine=torch] | cannot tell | 1,500 |" in plan_markdown(report)
