@@ -98,6 +98,7 @@ def rank(rows: Sequence[RunRow], floor: NoiseFloor | None, first_step: Mapping[i
                        key=lambda s: order.get(s.label, len(order)))
     text = decision.text
     if len(ties) > 2:
-        text = f"{text.rstrip('.')}; tied with the leader: {', '.join(ties[1:])}."
+        words = "cannot be told from the leader" if decision.kind == "unknown" else "tied with the leader"
+        text = f"{text.rstrip('.')}; {words}: {', '.join(ties[1:])}."
     return Ranking(standings, decision, ties, text)
 
