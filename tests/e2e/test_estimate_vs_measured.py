@@ -68,12 +68,12 @@ def test_ftui_estimate_says_approximate(ftui: Ftui, tmp_path: Path) -> None:
     folder = tmp_path / "tiny-opt"
     OPTConfig(hidden_size=128, num_hidden_layers=2, ffn_dim=256, num_attention_heads=4, vocab_size=VOCAB,
               word_embed_proj_dim=128).save_pretrained(str(folder))
-    text = ftui.run("estimate", "--model", str(folder), "--gpu-mem", "8GiB", check=True).stdout
+    text = ftui.call("estimate", "--model", str(folder), "--gpu-mem", "8GiB", check=True).stdout
     assert "APPROXIMATE: architecture 'opt' is not modelled" in " ".join(text.split())
-    report = json.loads(ftui.run("estimate", "--model", str(folder), "--gpu-mem", "8GiB", "--format", "json",
+    report = json.loads(ftui.call("estimate", "--model", str(folder), "--gpu-mem", "8GiB", "--format", "json",
                                  check=True).stdout)
     assert "not modelled" in report["strategies"]["single"]["per_device_bytes"]["approximate"]
-    llama = json.loads(ftui.run("estimate", "--model", "builtin:tiny-llama", "--gpu-mem", "8GiB", "--format",
+    llama = json.loads(ftui.call("estimate", "--model", "builtin:tiny-llama", "--gpu-mem", "8GiB", "--format",
                                 "json", check=True).stdout)
     assert "approximate" not in llama["strategies"]["single"]["per_device_bytes"]
 
