@@ -82,6 +82,11 @@ def band_for(family: str, strategy: str, engine: str = "auto", path: Path = BAND
     return _load(path).get(band_key(family, strategy, engine))
 
 
+def widest_band(path: Path = BAND_FILE) -> Band | None:
+    """The band of largest worst error over every family and strategy measured (None: no band shipped)."""
+    return max(_load(path).values(), key=lambda b: abs(b.worst_pct), default=None)
+
+
 UNKNOWN_CELL = "?"
 FOOTNOTE = ("error here: the largest |estimated - measured| / measured of this planner over the runs of the "
             "same model family and strategy on the project's held-out grid (tiny models trained on CPU; count "

@@ -255,6 +255,11 @@ def test_every_command_refuses_bad_arguments_in_one_line(home: Path, capsys: pyt
                          ["--format", "pdf"], ["-o", "/nonexistent-dir/out.html"]])
         .map(lambda flags: ["sweep", quick, *flags]),  # each fails before anything trains
         bad_file(home).map(lambda f: ["sweep", quick, "--set", f"data.source={json.dumps(f)}"]),
+        st.sampled_from([["--strategies", "warp,ddp"], ["--strategies", ","], ["--nproc", "0"], ["--steps", "2"],
+                         ["--steps", "x"], ["--repeat", "0"], ["--budget", "-1"], ["--budget", "nan"],
+                         ["--set", "zz_x=1"], ["--format", "pdf"], ["--strategies", "fsdp", "--nproc", "1"]])
+        .map(lambda flags: ["plan", quick, *flags]),  # each fails before anything trains (fsdp: not on 1 CPU rank)
+        bad_file(home).map(lambda f: ["plan", quick, "--set", f"data.source={json.dumps(f)}"]),
         bad_file(home).map(lambda f: ["estimate", f]),
     ))
     assert_usage_error(home, argv, capsys)
@@ -296,4 +301,4 @@ def test_unwritable_data_folder_is_one_line_and_records_nothing(tmp_path: Path, 
 def test_commands_are_all_covered() -> None:
     """A new command module must be added to the property test above."""
     assert set(COMMANDS) == {"tui.cli.run", "tui.cli.runs", "tui.cli.gpus", "tui.cli.estimate", "tui.cli.compare",
-                             "tui.cli.stop", "tui.cli.db", "tui.cli.recover", "tui.cli.slurm"}
+                             "tui.cli.stop", "tui.cli.db", "tui.cli.recover", "tui.cli.slurm", "tui.cli.plan"}
