@@ -30,6 +30,7 @@ CASES = [
     ["report"],
     ["sweep", QUICK, "--nproc", "0"],
     ["recover", "--format", "yaml"],
+    ["plan", QUICK, "--steps", "1"],
     ["db", "nope"],
     ["slurm", QUICK, "--nodes", "0"],
 ]
