@@ -29,11 +29,18 @@ pytest_plugins = ["tests.support.postgres", "tests.support.slurm_cluster", "test
                   "tests.support.matrix"]
 
 LEVELS = ("unit", "integration", "e2e", "system")
-GROUPS = {"matrix": "matrix", "slurm_cluster": "slurm"}
-"""Fixture -> xdist group: every test of the shared matrix of real runs on one worker (it is trained once),
-and the one SLURM cluster of the machine (its daemons, munge) on one worker."""
+GROUPS = {"matrix": "matrix", "script_runs": "matrix", "slurm_cluster": "slurm"}
+"""Fixture -> xdist group: every test of the shared matrix of real runs on one worker (it is trained once;
+the your-own-script runs, which one of its tests compares with it, with it), and the one SLURM cluster of
+the machine (its daemons, munge) on one worker."""
 MAX_WORKERS = 4
 """``-n auto``: a worker per core, at most this many (each two-rank training uses two cores)."""
+
+# OpenMP threads that wait yield their core instead of spinning. The workers train at once on the same cores,
+# and a spinning thread takes the core another worker's rank needs: five quickstart steps on a loaded 2-core
+# machine took 17.0 s of CPU (16.2 s of training) spinning, 8.6 s (4.6 s) yielding (docs/testing.md). Set
+# here, at import, so the workers, the commands they run and the ranks those start all inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -46,6 +46,14 @@ class ActivationBytes:
         recompute_copies: Autocast weight casts of the recomputed layer (checkpointing), in ``recompute``.
         forward_copies: Autocast weight casts alive at the end of the forward: all of them, checkpointing
             or not (autocast caches the casts of trainable leaves until its context exits: torch.amp docs).
+        first_layer: What the first decoder layer keeps (in ``stored``; its input needs no gradient when
+            the embedding is frozen and nothing is checkpointed).
+        layer_stored: What each other decoder layer keeps (its input alone under checkpointing).
+        post: What the stack's end keeps: the final norm, the head's input, the labels, the log-softmax,
+            and the embedding's dropout and indices. ``stored`` is ``first_layer + (layers - 1) x
+            layer_stored + post + rotary``.
+        rotary: What every layer shares, once per forward: the rotary embedding's cos and sin and, under
+            checkpointing, the boolean attention mask of a model that builds one.
     """
 
     per_layer: int
@@ -59,6 +67,10 @@ class ActivationBytes:
     layer_backward: int = 0
     recompute_copies: int = 0
     forward_copies: int = 0
+    first_layer: int = 0
+    layer_stored: int = 0
+    post: int = 0
+    rotary: int = 0
 
     @property
     def peak(self) -> int:
@@ -264,10 +276,19 @@ def _masked_layers(inp: EstimateInput) -> int:
     return 0
 
 
-def _layer_stack(s: _Saves, first_input_grad: bool) -> tuple[int, int, int]:
-    """Per token, what the decoder layers save, how much of it is LoRA dropout's, and what the largest layer
-    saves. The first layer's input needs no gradient unless it trains or is checkpointed; a model whose
-    sliding-window layers are not all of them (Qwen2) has them on top."""
+class _Stack(NamedTuple):
+    """Per token: what the decoder layers save, how much of it is LoRA dropout's, what the first layer and
+    the largest other one save."""
+
+    saved: int
+    dropout: int
+    first: int
+    largest: int
+
+
+def _layer_stack(s: _Saves, first_input_grad: bool) -> _Stack:
+    """What the decoder layers save per token. The first layer's input needs no gradient unless it trains or
+    is checkpointed; a model whose sliding-window layers are not all of them (Qwen2) has them on top."""
     sh = s.sh
     masked = _masked_layers(s.inp)
     first = s.layer(first_input_grad, masked == sh.layers)
@@ -275,7 +296,8 @@ def _layer_stack(s: _Saves, first_input_grad: bool) -> tuple[int, int, int]:
     kinds = [(s.layer(True, True), rest_masked), (s.layer(True, False), sh.layers - 1 - rest_masked)]
     saved = first.saved + sum(k.saved * n for k, n in kinds)
     dropout = first.dropout + sum(k.dropout * n for k, n in kinds)
-    return saved, dropout, max(k.saved for k, n in kinds if n > 0) if sh.layers > 1 else first.saved
+    return _Stack(saved, dropout, first.saved,
+                  max(k.saved for k, n in kinds if n > 0) if sh.layers > 1 else first.saved)
 
 
 def activation_bytes(inp: EstimateInput) -> ActivationBytes:
@@ -294,8 +316,8 @@ def activation_bytes(inp: EstimateInput) -> ActivationBytes:
     tokens = inp.micro_batch * inp.seq_len
     # Frozen embeddings: the first layer's input needs no grad, so its input norm saves nothing.
     first_input_grad = s.full or inp.gradient_checkpointing
-    layers, dropped, per_layer_token = _layer_stack(s, first_input_grad)
-    lora_dropout = dropped * tokens
+    stack = _layer_stack(s, first_input_grad)
+    layers, lora_dropout = stack.saved, stack.dropout * tokens
     embd = (s.mask(w) * h if sh.embd_dropout > 0 and first_input_grad else 0)
     if s.full:  # the embeddings' int64 indices (and OPT's per-token positions)
         embd += 8 * (2 if sh.positions_per_token else 1)
@@ -303,7 +325,7 @@ def activation_bytes(inp: EstimateInput) -> ActivationBytes:
     head = s.group(("lm_head",), h, w, False).saved
     post = (s.norm(True) + head + 8 + embd) * tokens + logits  # + int64 labels
     rotary = 2 * inp.seq_len * round(sh.head_dim * sh.rotary_fraction) * w  # cos and sin, once
-    per_layer = per_layer_token * tokens
+    per_layer = stack.largest * tokens
     head_w = sh.vocab * sh.hidden if "lm_head" in sh.linears else 0  # the head's matmul casts it, tied or not
     layer_linear = (sh.linear_params - (0 if sh.tied_embeddings else head_w)) // max(1, sh.layers)
     # Around the loss: the logits in compute precision and, at 16 bit, HF's fp32 upcast, beside the
@@ -321,17 +343,22 @@ def activation_bytes(inp: EstimateInput) -> ActivationBytes:
     adapters = 2 * lora_trainable_params(sh, inp.lora_r, inp.lora_targets) if s.adapted and e < 4 else 0
     all_copies += adapters
     if inp.gradient_checkpointing:
-        # Each layer's input, and the boolean attention mask once (an input of every checkpointed layer).
-        mask = inp.micro_batch * inp.seq_len * inp.seq_len if _masked_layers(inp) else 0
-        stored = sh.layers * w * h * tokens + post + rotary + mask
+        # Each layer's input, and the boolean attention mask once (an input of every checkpointed layer,
+        # shared like the rotary embedding's cos and sin).
+        rotary += inp.micro_batch * inp.seq_len * inp.seq_len if _masked_layers(inp) else 0
+        first_layer = layer_stored = w * h * tokens
+        stored = sh.layers * w * h * tokens + post + rotary
         recompute_copies = (2 * layer_linear if s.autocast else 0) + adapters // max(1, sh.layers)
         recompute = per_layer + recompute_copies  # one layer at a time: its activations and casts
         copies = 2 * head_w if s.autocast else 0
         dropout = 0
     else:
+        # The other layers on average (a stage's share; Qwen2's sliding layers differ from its full ones).
+        first_layer = stack.first * tokens
+        layer_stored = (layers - stack.first) * tokens // max(1, sh.layers - 1)
         stored = layers * tokens + post + rotary
         recompute = recompute_copies = 0
         copies = all_copies
         dropout = lora_dropout
     return ActivationBytes(per_layer, stored, recompute, logits, copies, dropout, logits_forward, logits_backward,
-                           layer_backward, recompute_copies, all_copies)
+                           layer_backward, recompute_copies, all_copies, first_layer, layer_stored, post, rotary)

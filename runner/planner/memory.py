@@ -20,13 +20,21 @@ buckets, host offload), the parts alive at each candidate moment, and the breakd
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from runner.planner.activations import ActivationBytes, activation_bytes
 from runner.planner.deepspeed import reduce_bucket_bytes, zero3_gathered_bytes
+from runner.planner.fsdp import Gathered, gathered_units
 from runner.planner.inputs import DTYPE_BYTES, EstimateInput, weight_bytes
+from runner.planner.pipeline import (
+    Stage,
+    kept_outputs,
+    receive_buffers,
+    stage_activations,
+    stage_weights,
+    stages,
+)
 from runner.planner.shapes import lora_targeted, lora_trainable_params
 from runner.spec import strategies
 from runner.spec.deepspeed_config import ZERO3_PERSISTENCE_THRESHOLD
@@ -40,6 +48,10 @@ NF4_DOUBLE_QUANT_OVERHEAD_BITS = 8 / 64 + 32 / (64 * 256)
 GIB = 2**30
 ZERO3_LOWER_BOUND = ("a lower bound under DeepSpeed ZeRO-3: the forward holds more gathered parameter memory "
                      "than one copy of the gathered parameters counted here (quickstart LoRA: 24% more at the peak)")
+FSDP_MIXED_CHECKPOINTED_UPPER_BOUND = (
+    "an upper bound under FSDP full fine-tuning with 16-bit compute and checkpointing: the end of the backward "
+    "holds less than the root and a layer gathered beside a layer's unsharded gradient counted here "
+    "(quickstart: 5.8% less was measured)")
 DEFAULT_RESERVE = "1GiB"
 """Per GPU, for the CUDA context, NCCL and allocator slack (why 1 GiB: docs/memory-model.md)."""
 
@@ -117,22 +129,6 @@ def _largest_trainable(inp: EstimateInput) -> int:
         return max([sh.vocab * sh.hidden, sh.largest_weight, *(s.in_features * s.out_features for s in sh.linears.values())])
     return max([0, *(inp.lora_r * max(s.in_features, s.out_features)
                      for s in lora_targeted(sh, inp.lora_targets).values())])
-
-
-def _mp_share(inp: EstimateInput) -> tuple[float, float]:
-    """Busiest device under naive model parallelism: its share of all weights, and of the layer stack.
-
-    Layers are split evenly, ``ceil(L/N)`` per device; the first device also holds the embedding and the
-    last the head, so the busiest holds ``ceil(L/N)/L`` of the layers plus one ``vocab x hidden`` matrix.
-    """
-    sh = inp.shape
-    n = max(1, min(inp.n_devices, sh.layers))
-    layer_share = math.ceil(sh.layers / n) / max(1, sh.layers)
-    if n == 1:
-        return 1.0, 1.0
-    total = max(1, sh.total_params)
-    emb = min(sh.embedding_params, total)
-    return layer_share * (1 - emb / total) + sh.vocab * sh.hidden / total, layer_share
 
 
 def _zero3_persistent(inp: EstimateInput, w: int, tw: int) -> float:
@@ -272,6 +268,9 @@ class _Activations:
         recompute: The recomputed layer under checkpointing.
         logits_fwd: Temporaries at the loss in the forward.
         logits_bwd: Temporaries at the start of backward.
+        logits: The saved log-softmax of the micro-batch whose backward runs (0 on a stage without the head).
+        dropout: LoRA dropout's part of ``stored``.
+        pipeline: A pipeline stage's receive buffers (alive all step).
     """
 
     whole: ActivationBytes
@@ -281,39 +280,45 @@ class _Activations:
     recompute: float
     logits_fwd: float
     logits_bwd: float
+    logits: float
+    dropout: float
+    pipeline: float = 0.0
 
 
-def _activations(inp: EstimateInput, run: _Run) -> _Activations:
-    """The activations of one micro-batch on one whole model copy, in the dtypes the strategy computes in."""
+def _activations(inp: EstimateInput, run: _Run, rows: int | None = None) -> _Activations:
+    """The activations of one micro-batch (``rows`` rows: a pipeline's micro-batch; default the recipe's)
+    on one whole model copy, in the dtypes the strategy computes in."""
     # FSDP's mixed precision gathers the weights in the compute dtype and casts the inputs: the forward
     # runs as over 16-bit weights (no autocast copies), whatever the stored dtype.
     fsdp_mixed = "params" in run.row.shards and not run.deepspeed and run.e < run.w
-    acts = activation_bytes(replace(inp, param_dtype="bf16" if run.w == 2 or fsdp_mixed else inp.param_dtype))
+    acts = activation_bytes(replace(inp, micro_batch=rows or inp.micro_batch,
+                                    param_dtype="bf16" if run.w == 2 or fsdp_mixed else inp.param_dtype))
     return _Activations(acts, float(acts.stored), float(acts.weight_copies), float(acts.forward_copies),
-                        float(acts.recompute), float(acts.logits_forward), float(acts.logits_backward))
+                        float(acts.recompute), float(acts.logits_forward), float(acts.logits_backward),
+                        float(acts.logits), float(acts.dropout))
 
 
-def _split_layers(inp: EstimateInput, run: _Run, s: _States, a: _Activations) -> tuple[_States, _Activations]:
-    """``mp``/``pp``: the busiest device's share of the layer stack, its weights and its activations."""
-    weight_share, layer_share = _mp_share(inp)
-    model_share = weight_share if inp.method == "full" else layer_share  # adapters sit in the layers
-    s = replace(s, params=s.base * weight_share + s.train * s.tw * model_share, grads=s.grads * model_share,
-                optimizer=s.optimizer * model_share, master=s.master * model_share,
-                opt_transient=s.opt_transient * model_share)
-    acts = a.whole
-    # Layer activations split with the layers; the logits are all on the last device.
-    stored = (acts.stored - acts.logits) * layer_share + acts.logits
-    logits_fwd, logits_bwd = a.logits_fwd, a.logits_bwd
-    m = max(1, inp.microbatches)
-    if run.row.pipeline_from is not None and run.n >= run.row.pipeline_from and m > 1:
-        # A pipeline's micro-batch is micro_batch/m rows: the logits around the loss are one
-        # micro-batch's; GPipe keeps every micro-batch's activations until the backwards, 1F1B at
-        # most one per stage (torch.distributed.pipelining schedules).
-        in_flight = m if inp.pp_schedule == "gpipe" else min(m, run.n)
-        stored = (stored - acts.logits) * in_flight / m + acts.logits * in_flight / m
-        logits_fwd, logits_bwd = logits_fwd / m, logits_bwd / m
-    return s, replace(a, stored=stored, copies=acts.weight_copies * weight_share,
-                      fwd_copies=acts.forward_copies * weight_share, logits_fwd=logits_fwd, logits_bwd=logits_bwd)
+def _split_layers(inp: EstimateInput, run: _Run, s: _States, stage: Stage) -> tuple[_States, _Activations]:
+    """``mp``/``pp``: one stage's weights, model states and activations (:mod:`runner.planner.pipeline`)."""
+    sh = inp.shape
+    weight_share = stage_weights(sh, stage) / max(1, sh.total_params)
+    layer_share = stage.layers / max(1, sh.layers)
+    train_share = weight_share if inp.method == "full" else layer_share  # adapters sit in the layers
+    # On CPU the optimizer's temporaries are the largest tensor's (every stage of two holds a vocab matrix).
+    opt_transient = s.opt_transient * train_share if inp.device == "cuda" else s.opt_transient
+    s = replace(s, params=s.base * weight_share + s.train * s.tw * train_share, grads=s.grads * train_share,
+                optimizer=s.optimizer * train_share, master=s.master * train_share, opt_transient=opt_transient,
+                head_grads=s.head_grads if stage.last else 0.0)
+    a = _activations(inp, run, stage.rows)
+    acts, k = a.whole, stage.in_flight
+    head = 1.0 if stage.last else 0.0
+    # A stage without the head starts its backward at its last layer's: that layer's temporaries.
+    logits_bwd = a.logits_bwd if stage.last else float(acts.layer_backward)
+    stored = stage_activations(acts, stage) * k + kept_outputs(inp, stage, run.e)
+    return s, replace(a, stored=float(stored), copies=acts.weight_copies * weight_share,
+                      fwd_copies=acts.forward_copies * weight_share, logits_fwd=a.logits_fwd * head,
+                      logits_bwd=logits_bwd, logits=a.logits * head, dropout=a.dropout * layer_share * k,
+                      pipeline=float(receive_buffers(inp, stage, run.e)))
 
 
 def _tensor_group(inp: EstimateInput, run: _Run) -> int:
@@ -374,40 +379,13 @@ def _shard_states(inp: EstimateInput, run: _Run, s: _States, shards: frozenset[s
                    opt_transient=opt_transient, head_grads=head_grads)
 
 
-@dataclass(frozen=True)
-class _Gathered:
-    """What sharded weights cost while they are computed with.
-
-    Attributes:
-        gathered: Inside the layer stack: the root unit and the layer(s) being computed.
-        root: The root unit (embeddings, head, final norm), gathered at the loss and the head's backward.
-        flat_grads: A layer's unsharded gradient before its reduce-scatter (FSDP1: the flat gradient).
-    """
-
-    gathered: float = 0.0
-    root: float = 0.0
-    flat_grads: float = 0.0
-
-
-def _gathered(inp: EstimateInput, run: _Run, s: _States, shards: frozenset[str]) -> _Gathered:
-    """The gathered weights and unsharded layer gradient of a run that shards its weights (DeepSpeed
-    ZeRO-3's own gathering: :func:`_deepspeed_parts`)."""
+def _gathered(inp: EstimateInput, run: _Run, s: _States, shards: frozenset[str]) -> Gathered:
+    """The gathered weights and unsharded layer gradient of a run that shards its weights
+    (:mod:`runner.planner.fsdp`; DeepSpeed ZeRO-3's own gathering: :func:`_deepspeed_parts`)."""
     if "params" not in shards or (run.deepspeed and run.stage == 3):
-        return _Gathered()
-    sh = inp.shape
+        return Gathered()
     gather_e = run.e if run.e < run.w else run.w  # FSDP's mixed precision gathers in the compute dtype
-    # The root unit (embeddings, head, final norm: what the per-layer wrapping leaves) is gathered
-    # while the loss is computed and again for the head's backward; inside the layer stack the layer
-    # being computed is gathered beside it (measured: docs/memory-model.md).
-    root = float(max(0, sh.total_params - sh.layers * sh.layer_params) * gather_e)
-    gathered = root + 1.0 * sh.layer_params * gather_e
-    if run.row.keeps_gathered:  # every layer stays gathered from its forward to its backward
-        gathered = root + float(sh.layers * sh.layer_params * gather_e)
-    flat_grads = 0.0
-    if inp.method == "full" or s.train:
-        layer_train = s.train / max(1, sh.layers) if inp.method != "full" else sh.layer_params
-        flat_grads = float(layer_train * s.tw)
-    return _Gathered(gathered, root, flat_grads)
+    return gathered_units(inp, gather_e, s.train, s.tw, run.row.keeps_gathered)
 
 
 def _ddp_buckets(inp: EstimateInput, run: _Run, s: _States) -> _States:
@@ -457,13 +435,13 @@ def _deepspeed_parts(inp: EstimateInput, run: _Run, s: _States, moments: Moments
                 moments[name]["ds_gathered"] = gathered
 
 
-def _moments(inp: EstimateInput, run: _Run, s: _States, a: _Activations, g: _Gathered) -> Moments:
+def _moments(inp: EstimateInput, run: _Run, s: _States, a: _Activations, g: Gathered) -> Moments:
     """The parts alive at each moment that can be the step's peak."""
     acts, persistent_grads = a.whole, s.persistent_grads
     moments: Moments = {
-        "forward": {"activations": a.stored, "transient": a.logits_fwd, "buffers": a.fwd_copies + g.root,
+        "forward": {"activations": a.stored, "transient": a.logits_fwd, "buffers": a.fwd_copies + g.at_loss,
                     "grads": persistent_grads},
-        "backward": {"activations": a.stored, "transient": a.logits_bwd, "buffers": a.copies,
+        "backward": {"activations": a.stored, "transient": a.logits_bwd, "buffers": a.copies + g.at_backward,
                      "grads": persistent_grads},
         # The end of backward: every gradient, the activations released; the embedding's input gradient
         # and its copy remain.
@@ -473,16 +451,19 @@ def _moments(inp: EstimateInput, run: _Run, s: _States, a: _Activations, g: _Gat
     }
     if g.root:  # the root gathered for the head's backward, beside one of the loss's gradients
         moments["backward_root"] = {"activations": a.stored, "transient": a.logits_bwd / 2,
-                                    "buffers": a.copies + g.root, "grads": persistent_grads}
+                                    "buffers": a.copies + max(g.root, g.at_backward), "grads": persistent_grads}
     if inp.gradient_checkpointing:
         moments["backward_recompute"] = {
-            "activations": a.stored - acts.logits, "recompute": a.recompute, "transient": acts.layer_backward,
-            "buffers": a.copies + g.gathered, "grads": max(persistent_grads, s.head_grads),
+            "activations": a.stored - a.logits, "recompute": a.recompute, "transient": acts.layer_backward,
+            "buffers": a.copies + max(g.gathered, g.at_backward), "grads": max(persistent_grads, s.head_grads),
             "grad_buckets": g.flat_grads}
-    if acts.dropout and not inp.gradient_checkpointing:
+    if a.dropout and not inp.gradient_checkpointing:
         for name in ("forward", "backward"):
-            moments[name]["activations"] -= acts.dropout
-            moments[name]["dropout"] = float(acts.dropout)
+            moments[name]["activations"] -= a.dropout
+            moments[name]["dropout"] = a.dropout
+    if a.pipeline:
+        for parts in moments.values():
+            parts["buffers"] = parts.get("buffers", 0.0) + a.pipeline
     _deepspeed_parts(inp, run, s, moments)
     return moments
 
@@ -530,9 +511,14 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
         Bytes by kind at the peak; ``total`` is what the device must hold.
     """
     run = _resolve(inp)
-    states, acts = _model_states(inp, run), _activations(inp, run)
-    if run.row.layer_split:
-        states, acts = _split_layers(inp, run, states, acts)
+    if run.row.layer_split:  # every stage's own estimate: the busiest is the largest
+        return max((_estimate_part(inp, run, *_split_layers(inp, run, _model_states(inp, run), stage))
+                    for stage in stages(inp, run.n)), key=lambda b: b.total)
+    return _estimate_part(inp, run, _model_states(inp, run), _activations(inp, run))
+
+
+def _estimate_part(inp: EstimateInput, run: _Run, states: _States, acts: _Activations) -> MemoryBreakdown:
+    """The estimate of one device from the model states and activations of its part of the model."""
     t = _tensor_group(inp, run)
     if t > 1:
         states = _split_tensors(inp, t, states)
@@ -541,9 +527,19 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
     gathered = _gathered(inp, run, states, shards)
     states, offloaded = _offload(inp, run, _ddp_buckets(inp, run, states))
     b = _breakdown(inp, states, acts, _moments(inp, run, states, acts, gathered), offloaded)
-    if run.deepspeed and run.stage == 3 and b.approximate is None:
-        return replace(b, approximate=ZERO3_LOWER_BOUND)
+    if b.approximate is None:
+        return replace(b, approximate=_bound(inp, run, b))
     return b
+
+
+def _bound(inp: EstimateInput, run: _Run, b: MemoryBreakdown) -> str | None:
+    """Which side of the measured peak an estimate is known to fall on, where it is not within 5%."""
+    if run.deepspeed and run.stage == 3:
+        return ZERO3_LOWER_BOUND
+    fsdp_mixed = "params" in run.row.shards and not run.deepspeed and run.e < run.w
+    if fsdp_mixed and inp.method == "full" and inp.gradient_checkpointing and b.peak_phase == "backward":
+        return FSDP_MIXED_CHECKPOINTED_UPPER_BOUND
+    return None
 
 
 # The parts of ``MemoryBreakdown.total``, in the order ``ftui estimate`` shows them.

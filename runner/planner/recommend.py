@@ -3,12 +3,40 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
 
+from runner.planner.error_band import Band, band_for, widest_band
 from runner.planner.inputs import EstimateInput, Method, Strategy
 from runner.planner.memory import GIB, breakdown_json, estimate
 from runner.spec import strategies as table
+
+Fit = Literal["fits", "might not fit", "does not fit"]
+"""The planner's fit verdict with its error band (:func:`fit_verdict`)."""
+
+
+def fit_band(key: str, band: Band | None) -> tuple[float, str]:
+    """The error band a fit is judged with, as a fraction, and where it comes from: ``band``, the largest
+    error measured for the family and strategy ``key`` (:func:`runner.planner.error_band.band_for`); one
+    never measured (None) takes the widest band measured for any, as its own error is unknown."""
+    if band is not None:
+        return abs(band.worst_pct) / 100, band.sentence()
+    wide = widest_band()
+    if wide is None:
+        return 0.0, f"{key}: never measured, and no band shipped"
+    return abs(wide.worst_pct) / 100, (f"{key}: never measured; the widest band measured stands in "
+                                       f"({wide.sentence()})")
+
+
+def fit_verdict(need_bytes: int, budget_bytes: int, band: float) -> Fit:
+    """Whether an estimate of ``need_bytes`` per device fits ``budget_bytes``: ``fits`` when it does even
+    ``band`` over the estimate, ``does not fit`` when it does not even ``band`` under it, else ``might not
+    fit`` (the budget lies within the estimate's error)."""
+    if need_bytes + need_bytes * band <= budget_bytes:
+        return "fits"
+    if need_bytes - need_bytes * band > budget_bytes:
+        return "does not fit"
+    return "might not fit"
 
 
 def _fits(inp: EstimateInput, gpu_mem_bytes: int) -> bool:
@@ -135,17 +163,20 @@ def estimate_report(
         strategies: Strategies to report (default: every row of the strategy table).
 
     Returns:
-        ``{"strategies": {name: {"per_device_bytes": {...}, "fits": bool, "gpus_needed": int | None}},
+        ``{"strategies": {name: {"per_device_bytes": {...}, "fits": bool, "gpus_needed": int | None,
+        "error_band": {...} | None}},
         "recommendation": {"strategy": ..., "reason": ...}}``.
     """
     out: dict[str, Any] = {}
     for s in strategies if strategies is not None else table.names():
         inp = _at(base_inputs, s, n_gpus)
         est = estimate(inp)
+        band = band_for(inp.shape.family, s, inp.engine)
         out[s] = {
             "per_device_bytes": breakdown_json(est),
             "fits": est.total <= gpu_mem_bytes,
             "gpus_needed": gpus_needed(inp, gpu_mem_bytes),
+            "error_band": None if band is None else asdict(band),
         }
     rec = recommend(base_inputs, gpu_mem_bytes, n_gpus)
     return {"strategies": out, "recommendation": {"strategy": rec.strategy, "reason": rec.reason}}

@@ -28,19 +28,6 @@ if TYPE_CHECKING:
     from runner.spec.recipe import Recipe
 
 
-def stage_bounds(layers: int, stages: int) -> list[tuple[int, int]]:
-    """Decoder layers ``[lo, hi)`` of each stage: as even as possible, earlier stages one more (the
-    first also embeds, the last runs the head and the loss)."""
-    per, extra = divmod(layers, stages)
-    bounds: list[tuple[int, int]] = []
-    lo = 0
-    for s in range(stages):
-        hi = lo + per + (1 if s < extra else 0)
-        bounds.append((lo, hi))
-        lo = hi
-    return bounds
-
-
 def _check_splittable(core: Any, stages: int, full: bool) -> None:
     inner: Any = getattr(core, "model", None)
     missing = [name for name, owner in (("model.embed_tokens", inner), ("model.layers", inner),
@@ -66,7 +53,7 @@ def build_pipeline(model: Any, recipe: Recipe, device: Any, world: int, rank: in
     core = causal_lm(model)
     _check_splittable(core, world, recipe.method.type == "full")
     names = {id(p): n for n, p in model.named_parameters()}
-    bounds = stage_bounds(len(core.model.layers), world)
+    bounds = layout.stage_bounds(len(core.model.layers), world)
     lo, hi = bounds[rank]
     first, last = rank == 0, rank == world - 1
     stage_module = _Stage(core, lo, hi, first, last)
@@ -83,27 +70,32 @@ def build_pipeline(model: Any, recipe: Recipe, device: Any, world: int, rank: in
     scale = {"value": 1.0}
 
     def loss_fn(logits: Any, labels: Any) -> Any:
-        # A causal LM's loss as transformers computes it (shift by one, ignore -100), scaled so that the
-        # micro-batches' sum is the batch mean (see the module doc).
-        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
-                               ignore_index=-100)
+        # A causal LM's loss as transformers computes it (transformers/loss/loss_utils.py ForCausalLMLoss):
+        # the labels shifted by one and padded with -100, so the logits are used whole (no sliced copy of
+        # them, nor a full-size gradient of the slice in backward); scaled so that the micro-batches' sum
+        # is the batch mean (see the module doc).
+        shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
+        loss = F.cross_entropy(logits.float().flatten(0, 1), shifted.flatten(), ignore_index=-100)
         return loss * scale["value"] / m
 
     stage = PipelineStage(stage_module, rank, world, device)
-    schedule_cls = ScheduleGPipe if recipe.launch.pp_schedule == "gpipe" or m < world else Schedule1F1B
+    schedule_cls = Schedule1F1B if layout.runs_1f1b(recipe.launch.pp_schedule, m, world) else ScheduleGPipe
     schedule = schedule_cls(stage, n_microbatches=m, loss_fn=loss_fn, scale_grads=False)
 
     def micro_step(input_ids: Any, labels: Any, step_scale: float) -> float:
         scale["value"] = step_scale
         losses: list[Any] = []
+        # return_outputs=False: the last stage keeps no micro-batch's logits past its loss (the losses are
+        # what the loop reads); with outputs, the schedule would hold every micro-batch's logits until the
+        # next step and concatenate them once more.
         if first and last:
-            schedule.step(input_ids, target=labels, losses=losses)
+            schedule.step(input_ids, target=labels, losses=losses, return_outputs=False)
         elif first:
-            schedule.step(input_ids)
+            schedule.step(input_ids, return_outputs=False)
         elif last:
-            schedule.step(target=labels, losses=losses)
+            schedule.step(target=labels, losses=losses, return_outputs=False)
         else:
-            schedule.step()
+            schedule.step(return_outputs=False)
         return float(sum(float(x) for x in losses))
 
     def grad_sq() -> float:

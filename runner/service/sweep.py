@@ -1,11 +1,10 @@
 """Sweeps: one recipe run under several strategies (and over a grid of field values), one run after
 another, each stored with a shared sweep id so that ``ftui compare --sweep ID`` reopens them.
 
-Fairness: every run of a grid point trains the same global batch. For data-parallel strategies
-(``ddp``, ``fsdp``, ZeRO) with N processes the recipe's micro-batch B is divided by N when N divides B
-(B/N per process x N = B); otherwise the micro-batch is kept and the global batch is B x N, which the
-run's note says. Strategies whose processes share one batch (``pp``, ``mp`` and ``tp``: layers or
-matrices are split, not rows) keep B.
+Fairness: every run of a grid point trains the same global batch, split over the processes by
+:func:`runner.spec.layout.keep_global_batch` (the micro-batch divided by N where N divides it, else the
+rows per step; ``pp``, ``mp`` and ``tp`` keep the batch: their processes share it); where N divides
+neither, the global batch grows and the run's note says so.
 
 A strategy that cannot run (the recipe refuses it, pre-flight refuses it, or it fails) becomes a
 stored run with status ``failed`` and the reason; the sweep goes on.
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.service.launch import default_nproc
+from runner.spec import layout
 from runner.spec import strategies as table
 from runner.spec.recipe import Recipe, RecipeError, dump_toml, load_recipe
 from runner.spec.status import ENDED_BY_USER
@@ -83,20 +83,12 @@ def plan(recipe_path: Path, strategies: Sequence[str], nproc: int | None, sets: 
     for point in parse_grid(grid):
         base = load_recipe(recipe_path, [*sets, *point])
         micro = base.train.batch_size
-        rows = micro * base.train.grad_accum  # one process's rows per optimizer step
         for strategy in strategies:
             n = table.get(strategy).procs(nproc, default_nproc)
             overrides = [*sets, *point, f"launch.strategy={strategy}", f"launch.nproc={n}"]
-            note = f"micro-batch {micro} x 1 process"
-            if n > 1 and not table.get(strategy).data_parallel:
-                # pp, mp, tp: every process works on the same rows, so one process's rows are the global batch.
-                note = f"micro-batch {micro} through {n} processes (global batch {rows} kept)"
-            elif n > 1:
-                if micro % n == 0:
-                    overrides.append(f"train.batch_size={micro // n}")
-                    note = f"micro-batch {micro}/{n} = {micro // n} x {n} processes (global batch {rows} kept)"
-                else:
-                    note = f"micro-batch {micro} x {n} processes: global batch {rows * n} ({micro} not divisible by {n})"
+            split = layout.keep_global_batch(strategy, n, micro, base.train.grad_accum)
+            overrides += split.overrides(micro, base.train.grad_accum)
+            note = split.note
             for k in range(repeat):
                 again = f"; repeat {k + 1}/{repeat}" if repeat > 1 else ""
                 items.append(SweepItem(strategy, n, overrides, " ".join(point), note + again))

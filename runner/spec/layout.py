@@ -8,6 +8,7 @@ and :mod:`runner.rank.tensor_parallel`. Also how many processes one machine take
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from runner.spec import strategies
@@ -72,6 +73,34 @@ def recipe_problem(recipe: Recipe) -> str | None:
     return None
 
 
+def stage_bounds(layers: int, stages: int) -> list[tuple[int, int]]:
+    """Decoder layers ``[lo, hi)`` of each pipeline stage: as even as possible, earlier stages one more (the
+    first also embeds, the last runs the head and the loss). The rank's split (:mod:`runner.rank.pipeline`)
+    and the planner's stages both take it from here."""
+    per, extra = divmod(layers, stages)
+    bounds: list[tuple[int, int]] = []
+    lo = 0
+    for s in range(stages):
+        hi = lo + per + (1 if s < extra else 0)
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds
+
+
+def runs_1f1b(schedule: str, microbatches: int, stages: int) -> bool:
+    """Whether a pipeline runs 1F1B: asked for, with at least one micro-batch per stage (else GPipe)."""
+    return schedule == "1f1b" and microbatches >= stages
+
+
+def in_flight(schedule: str, stage: int, stages: int, microbatches: int) -> int:
+    """Micro-batches whose activations pipeline stage ``stage`` (0-based) holds at once: every one under
+    GPipe (all forwards before any backward); under 1F1B the warm-up's, ``min(m, stages - stage)``: the
+    first stage ``stages``, the last 1 (torch.distributed.pipelining ``Schedule1F1B``)."""
+    if runs_1f1b(schedule, microbatches, stages):
+        return min(microbatches, stages - stage)
+    return microbatches
+
+
 def rows_per_step(recipe: Recipe) -> int:
     """Rows of one optimizer step over every process: ``train.batch_size`` x ``train.grad_accum`` x the
     data parallel replicas of the strategy (:meth:`runner.spec.strategies.Strategy.global_batch`; the
@@ -80,6 +109,54 @@ def rows_per_step(recipe: Recipe) -> int:
     launch, train = recipe.launch, recipe.train
     world = launch.nproc * (launch.nnodes or 1)
     return strategies.get(launch.strategy).global_batch(train.batch_size, train.grad_accum, world, tp_size(recipe))
+
+
+@dataclass(frozen=True)
+class BatchSplit:
+    """How a strategy at some process count trains a recipe's global batch (:func:`keep_global_batch`)."""
+
+    micro_batch: int
+    grad_accum: int
+    kept: bool
+    """Whether the global batch is the recipe's (False: it could not be split evenly and grew)."""
+    note: str
+    """How the batch was split, in words, for the sweep's and the plan's output."""
+
+    def overrides(self, micro_batch: int, grad_accum: int) -> list[str]:
+        """The ``--set`` values that turn a recipe of ``micro_batch`` x ``grad_accum`` into this split."""
+        out = [f"train.batch_size={self.micro_batch}"] if self.micro_batch != micro_batch else []
+        return out + ([f"train.grad_accum={self.grad_accum}"] if self.grad_accum != grad_accum else [])
+
+
+def keep_global_batch(strategy: str, nproc: int, micro_batch: int, grad_accum: int) -> BatchSplit:
+    """The micro-batch and accumulation of ``strategy`` over ``nproc`` processes that train the same rows per
+    optimizer step as one process of ``micro_batch`` x ``grad_accum``: the one fairness rule of ``ftui sweep``
+    and ``ftui plan``.
+
+    Strategies whose processes share one batch (``pp``, ``mp``, ``tp``: layers or matrices are split, not
+    rows) keep it. A data-parallel one divides the micro-batch by N when N divides it; else it divides the
+    rows per step (``micro x accumulation``) by N and takes the largest micro-batch up to the recipe's that
+    divides a process's share (the rest is accumulation); when N divides neither, the micro-batch is kept
+    and the global batch grows N-fold (``kept`` is False and the note says so).
+    """
+    rows = micro_batch * grad_accum
+    if nproc <= 1:
+        return BatchSplit(micro_batch, grad_accum, True, f"micro-batch {micro_batch} x 1 process")
+    if not strategies.get(strategy).data_parallel:
+        return BatchSplit(micro_batch, grad_accum, True,
+                          f"micro-batch {micro_batch} through {nproc} processes (global batch {rows} kept)")
+    if micro_batch % nproc == 0:
+        micro = micro_batch // nproc
+        return BatchSplit(micro, grad_accum, True, f"micro-batch {micro_batch}/{nproc} = {micro} x {nproc} "
+                                                   f"processes (global batch {rows} kept)")
+    if rows % nproc == 0:
+        share = rows // nproc
+        micro = max(m for m in range(1, min(micro_batch, share) + 1) if share % m == 0)
+        return BatchSplit(micro, share // micro, True, f"micro-batch {micro} x grad_accum {share // micro} x "
+                                                       f"{nproc} processes (global batch {rows} kept)")
+    return BatchSplit(micro_batch, grad_accum, False, f"micro-batch {micro_batch} x {nproc} processes: global "
+                                                      f"batch {rows * nproc} ({rows} rows per step not "
+                                                      f"divisible by {nproc})")
 
 
 def batch_problem(recipe: Recipe, rows: int) -> str | None:

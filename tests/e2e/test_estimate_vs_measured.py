@@ -72,12 +72,12 @@ def test_ftui_estimate_says_approximate(ftui: Ftui, tmp_path: Path) -> None:
 
     folder = tmp_path / "tiny-bloom"
     BloomConfig(hidden_size=128, n_layer=2, n_head=4, vocab_size=VOCAB).save_pretrained(str(folder))
-    text = ftui.run("estimate", "--model", str(folder), "--gpu-mem", "8GiB", check=True).stdout
+    text = ftui.call("estimate", "--model", str(folder), "--gpu-mem", "8GiB", check=True).stdout
     assert "APPROXIMATE: architecture 'bloom' is not modelled" in " ".join(text.split())
-    report = json.loads(ftui.run("estimate", "--model", str(folder), "--gpu-mem", "8GiB", "--format", "json",
+    report = json.loads(ftui.call("estimate", "--model", str(folder), "--gpu-mem", "8GiB", "--format", "json",
                                  check=True).stdout)
     assert "not modelled" in report["strategies"]["single"]["per_device_bytes"]["approximate"]
-    llama = json.loads(ftui.run("estimate", "--model", "builtin:tiny-llama", "--gpu-mem", "8GiB", "--format",
+    llama = json.loads(ftui.call("estimate", "--model", "builtin:tiny-llama", "--gpu-mem", "8GiB", "--format",
                                 "json", check=True).stdout)
     assert "approximate" not in llama["strategies"]["single"]["per_device_bytes"]
 
@@ -245,3 +245,41 @@ def test_batch_finder_stops_at_the_cap(ftui: Ftui) -> None:
     last = ftui.show(result["trials"][-1]["run_id"])
     assert last["summary"]["find_batch"]["chosen"] == 1
     assert all(r["status"] == "completed" for r in sweep)
+
+
+# ---------------------------------------------------------------------- the engines' runs of the matrix, within 5%
+
+ENGINE_RUNS = ["zero2-torch", "pp", "pp-gpipe"]
+"""torch ZeRO-2 (FSDP2 without reshard after forward), the sweep's 1F1B pipeline and the GPipe one: the
+estimate of the busiest device (the largest stage's, for a pipeline) against the busiest rank's measured
+live-tensor peak (runner/planner/fsdp.py, runner/planner/pipeline.py)."""
+
+
+@pytest.mark.parametrize("key", ENGINE_RUNS)
+def test_engine_runs_are_within_5_percent_of_the_measured_peak(matrix: Matrix, key: str) -> None:
+    summary = matrix[key].summary
+    est = summary["estimate"]["per_device_bytes"]
+    measured = max(r["peak_tensor_bytes"] for r in summary["ranks"])
+    error = (est["total"] - measured) / measured
+    print(f"{key}: est {est['total']} meas {measured} ({error:+.2%})")
+    assert "approximate" not in est, est
+    assert abs(error) <= 0.05, (key, est["total"], measured, est["phases"],
+                                [r["phase_peaks"] for r in summary["ranks"]])
+
+
+def test_the_shipped_error_bands_are_the_grids_errors_under_the_current_formulas(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``ftui estimate``'s error bands (runner/planner/measured_error.json) are what the grid's stored
+    measurements give against today's estimate: a formula changed without ``bench/bench_memory_grid.py
+    --write-band`` fails here (no training: the estimate is a pure function of the recipe)."""
+    from runner.planner import error_band
+
+    grid = [json.loads(line) for line in (ROOT / "bench" / "memory_grid.jsonl").read_text().splitlines()]
+    now = error_band.bands_from_rows(memgrid.reestimate(grid, tmp_path_factory.mktemp("band-models")),
+                                     source="bench/memory_grid.jsonl")
+    shipped = {k: error_band.Band(**v) for k, v in json.loads(error_band.BAND_FILE.read_text()).items()}
+    assert set(shipped) == set(now)
+    for key, band in now.items():
+        assert shipped[key].runs == band.runs, key
+        assert shipped[key].median_pct == pytest.approx(band.median_pct, abs=0.05), key
+        assert shipped[key].worst_pct == pytest.approx(band.worst_pct, abs=0.05), key

@@ -11,11 +11,10 @@ from typing import Any
 import pytest
 
 from runner.planner import estimate, inputs_from_recipe, resolve_model_shape
-from runner.rank.pipeline import stage_bounds
 from runner.service.sweep import plan
 from runner.spec import strategies
 from runner.spec.launch import accelerate_config
-from runner.spec.layout import microbatches
+from runner.spec.layout import microbatches, stage_bounds
 from runner.spec.recipe import RecipeError, load_recipe
 from tests.support import QUICKSTART, Ftui
 from tests.support.matrix import STEPS, Matrix

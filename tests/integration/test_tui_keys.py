@@ -82,7 +82,10 @@ async def test_in_a_compose_field_digits_and_question_mark_type_and_f4_shows_com
         screen = app.screen
         nproc = screen.query_one("#" + field_id("launch.nproc"), Input)
         screen.focus_field("launch.nproc")
-        await pilot.press("end", "2", "1", "question_mark", "3")
+        # The palette's "Go to field" leaves the cursor at the end, nothing selected: typing adds to the value.
+        await wait_for(pilot, lambda: nproc.has_focus and nproc.selection.is_empty
+                       and nproc.cursor_position == len(nproc.value), what="the field focused, cursor at its end")
+        await pilot.press("2", "1", "question_mark", "3")
         await pilot.pause()
         assert app.screen is screen and nproc.value == "121?3"
         # The footer shows the keys that act in the field: the F-keys, not the digits, ? or q.

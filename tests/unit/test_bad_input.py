@@ -1,7 +1,7 @@
 """Bad input is found before launch: one line naming the field
 or file, exit 2, never a traceback, and nothing recorded. Property-based over the recipe loader and
 over every command of the CLI, in process through ``tui.cli.main`` (tests/integration/test_bad_arguments.py
-runs a few in real processes)."""
+runs one per command in a real process)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from runner.spec.recipe import RecipeError, load_recipe, parse_recipe
 from store import Store
+from tests.support import run_in_process
 from tui.cli.main import main
 from tui.cli.parser import COMMANDS
 
@@ -184,8 +185,8 @@ def snapshot(home: Path) -> tuple[str, list[str]]:
 
 def assert_usage_error(home: Path, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     before = snapshot(home)
-    code = main(argv)
-    out, err = capsys.readouterr()
+    result = run_in_process(capsys, *argv)
+    code, out, err = result.returncode, result.stdout, result.stderr
     assert code == 2, (argv, code, out, err)
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("ftui: "), (argv, err)
@@ -254,6 +255,11 @@ def test_every_command_refuses_bad_arguments_in_one_line(home: Path, capsys: pyt
                          ["--format", "pdf"], ["-o", "/nonexistent-dir/out.html"]])
         .map(lambda flags: ["sweep", quick, *flags]),  # each fails before anything trains
         bad_file(home).map(lambda f: ["sweep", quick, "--set", f"data.source={json.dumps(f)}"]),
+        st.sampled_from([["--strategies", "warp,ddp"], ["--strategies", ","], ["--nproc", "0"], ["--steps", "2"],
+                         ["--steps", "x"], ["--repeat", "0"], ["--budget", "-1"], ["--budget", "nan"],
+                         ["--set", "zz_x=1"], ["--format", "pdf"], ["--strategies", "fsdp", "--nproc", "1"]])
+        .map(lambda flags: ["plan", quick, *flags]),  # each fails before anything trains (fsdp: not on 1 CPU rank)
+        bad_file(home).map(lambda f: ["plan", quick, "--set", f"data.source={json.dumps(f)}"]),
         bad_file(home).map(lambda f: ["estimate", f]),
     ))
     assert_usage_error(home, argv, capsys)
@@ -295,4 +301,4 @@ def test_unwritable_data_folder_is_one_line_and_records_nothing(tmp_path: Path, 
 def test_commands_are_all_covered() -> None:
     """A new command module must be added to the property test above."""
     assert set(COMMANDS) == {"tui.cli.run", "tui.cli.runs", "tui.cli.gpus", "tui.cli.estimate", "tui.cli.compare",
-                             "tui.cli.stop", "tui.cli.db", "tui.cli.recover", "tui.cli.slurm"}
+                             "tui.cli.stop", "tui.cli.db", "tui.cli.recover", "tui.cli.slurm", "tui.cli.plan"}

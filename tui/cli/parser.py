@@ -26,6 +26,7 @@ COMMANDS: tuple[str, ...] = (
     "tui.cli.gpus",      # gpus
     "tui.cli.estimate",  # estimate
     "tui.cli.compare",   # compare, sweep, report
+    "tui.cli.plan",      # plan
     "tui.cli.recover",   # recover
     "tui.cli.db",        # db upgrade, db current, db rebuild
     "tui.cli.slurm",     # slurm
@@ -60,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--notify", action="store_true",
                         help="dashboard: bell and desktop notification when a run ends (b toggles it)")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
-    for add in (_run, _stop, _runs, _gpus, _estimate, _compare, _recover, _db, _slurm):  # the order --help lists
+    for add in (_run, _stop, _runs, _gpus, _estimate, _compare, _plan, _recover, _db, _slurm):  # the order --help lists
         add(sub)
     # Bad arguments of any command are one line (``ftui: ...``) and exit 2, like every other bad input.
     for command in (parser, *sub.choices.values()):
@@ -402,6 +403,32 @@ def _compare(sub: Any) -> None:
     _comparison_options(sweep)
     db_option(sweep)
     sweep.set_defaults(handler="tui.cli.compare:cmd_sweep")
+
+
+def _plan(sub: Any) -> None:
+    p = sub.add_parser(
+        "plan", help="race the strategies this host can run a recipe under, and say which to use",
+        description="Every launchable strategy and engine at one global batch (the recipe's), pruned by the "
+                    "memory estimate with its error band, raced for a few steps each (each trial a run in the "
+                    "store, under the plan's id), ranked by steady-state tokens/s; the winner is named only "
+                    "when it leads beyond the measured spread. The same command again continues an unfinished "
+                    "plan (docs/plan.md).")
+    p.add_argument("recipe", type=Path)
+    p.add_argument("--nproc", type=positive_int,
+                   help="processes of the multi-process strategies (default: GPUs visible, at least 2)")
+    p.add_argument("--steps", type=positive_int, metavar="K",
+                   help="optimizer steps per trial, at least 3: the first 2 are memory-metered (default 8)")
+    p.add_argument("--repeat", type=positive_int, default=1, metavar="R",
+                   help="trials per candidate where the budget allows (medians and spread)")
+    p.add_argument("--budget", type=positive_float, metavar="MIN",
+                   help="minutes: no trial starts that would end past it, as the trials so far measure")
+    p.add_argument("--strategies", metavar="LIST",
+                   help="comma-separated strategies to consider (default: every launchable one)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a recipe field for every trial (repeatable)")
+    p.add_argument("--format", choices=["text", "json", "md"], default="text")
+    db_option(p)
+    p.set_defaults(handler="tui.cli.plan:cmd_plan")
 
 
 def _comparison_options(p: argparse.ArgumentParser) -> None:

@@ -1,0 +1,61 @@
+"""``ftui plan`` end to end with the fewest launches that prove it: a plan of single and DDP x2 cut short by
+its budget after its first trial, then the same command again, which races only the trial it lacks; then a
+budget shorter than a measured trial, refused in one line before anything runs. Two real trainings of
+quickstart (3 steps, context 64) in all."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from store import Store
+from tests.support import QUICKSTART, new_home
+
+PLAN = ["plan", str(QUICKSTART), "--nproc", "2", "--strategies", "single,ddp", "--steps", "3",
+        "--set", "data.context_length=64"]
+
+
+def _by_label(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["label"]: c for c in report["candidates"]}
+
+
+def test_a_plan_cut_by_its_budget_continues_where_it_stopped(tmp_path: Path) -> None:
+    ftui = new_home(tmp_path)
+    # 3 seconds: the first trial starts (nothing measured yet), the second would run past the budget.
+    first = ftui.run(*PLAN, "--budget", "0.05", "--format", "json", check=True)
+    cut = json.loads(first.stdout)
+    single, ddp = _by_label(cut)["single"], _by_label(cut)["ddp x2"]
+    assert single["status"] == "completed" and len(single["run_ids"]) == 1, first.stderr
+    assert (ddp["status"], ddp["reason"], ddp["run_ids"]) == ("not raced", "over the --budget", [])
+
+    again = ftui.run(*PLAN, "--format", "json", check=True)
+    assert "1 trial(s) already stored, continuing" in " ".join(again.stderr.split())
+    report = json.loads(again.stdout)
+    assert report["plan_id"] == cut["plan_id"]
+    found = _by_label(report)
+    assert found["single"]["run_ids"] == single["run_ids"]  # not raced again
+    assert found["ddp x2"]["status"] == "completed" and found["ddp x2"]["micro_batch"] == 2
+    for entry in found.values():  # what the JSON promises of every raced candidate
+        tps, mem, first_step = entry["tokens_per_s"], entry["peak_memory"], entry["time_to_first_step_s"]
+        assert tps["n"] == 1 and tps["median"] > 0 and tps["low"] == tps["high"] == tps["median"]
+        assert mem["estimated_bytes"] > 0 and mem["measured_bytes"] > 0
+        assert abs(mem["measured_bytes"] - mem["estimated_bytes"]) / mem["measured_bytes"] < 0.2
+        assert 0 < first_step["median"] < 600 and entry["fit"] == "fits"
+        assert entry["utilisation"]["mean_pct"] is not None
+    decision = report["decision"]  # one trial each, no spread measured: never a winner on one run each
+    assert decision["kind"] in ("unknown", "tie") and decision["winner_run_id"] is None
+    assert set(decision["ties"]) == {"single", "ddp x2"}
+
+    store = Store(ftui.db)
+    trials = store.list_runs(sweep_id=report["plan_id"])
+    assert sorted(r.id for r in trials) == sorted(found["single"]["run_ids"] + found["ddp x2"]["run_ids"])
+    assert all(r.status == "completed" and r.steps_done == 3 for r in trials)
+    assert {r.summary.sweep_note for r in trials} == {"micro-batch 4 x 1 process",
+                                                      "micro-batch 4/2 = 2 x 2 processes (global batch 4 kept)"}
+
+    short = ftui.run(*PLAN, "--repeat", "2", "--budget", "0.05")
+    assert short.returncode == 2 and short.stdout == ""
+    assert short.stderr.startswith("ftui: --budget: 0.05 minutes is less than one trial (")
+    assert len(short.stderr.strip().splitlines()) == 1
+    assert len(store.list_runs(sweep_id=report["plan_id"])) == 2  # nothing started, nothing lost

@@ -1,0 +1,111 @@
+"""The engines' terms in the estimate, each from a written config: torch ZeRO-2's units kept gathered and the
+forward's last all-gather output (runner/planner/fsdp.py), pipeline stages with their micro-batches in flight
+(runner/planner/pipeline.py, runner/spec/layout.py), and the bound an estimate is labelled with where it is
+known not to be within 5% of the measured peak."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from transformers import GPT2Config, LlamaConfig
+
+from runner.planner import EstimateInput, estimate, shape_from_config
+from runner.planner.activations import activation_bytes
+from runner.planner.fsdp import last_all_gather
+from runner.planner.memory import FSDP_MIXED_CHECKPOINTED_UPPER_BOUND, ZERO3_LOWER_BOUND
+from runner.planner.pipeline import kept_outputs, receive_buffers, stage_activations, stage_weights, stages
+from runner.spec.layout import in_flight, runs_1f1b, stage_bounds
+
+LLAMA = shape_from_config(LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=9,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=4096))
+GPT2 = shape_from_config(GPT2Config(n_embd=128, n_layer=4, n_head=4, vocab_size=4096, n_positions=256))
+
+
+def _inp(**kw: object) -> EstimateInput:
+    base = {"shape": LLAMA, "method": "lora", "precision": "fp32", "param_dtype": "fp32", "n_devices": 2,
+            "micro_batch": 4, "seq_len": 64, "device": "cpu", "lora_targets": ("q_proj", "k_proj", "v_proj", "o_proj")}
+    return EstimateInput(**{**base, **kw})  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------- torch ZeRO-2 (FSDP2, no reshard after forward)
+
+def test_zero2_torch_holds_every_unit_and_the_tails_all_gather_at_the_loss() -> None:
+    zero2, zero3 = estimate(_inp(strategy="zero2", engine="torch")), estimate(_inp(strategy="zero3", engine="torch"))
+    sh = LLAMA
+    adapters = zero2.grads_total * 2  # the gradients are sharded over 2: the whole adapters, 4 bytes each
+    layers = sh.layers * sh.layer_params * 4 + adapters
+    # ZeRO-3 reshards each layer after its forward: at the loss only the root is gathered (its all-gather
+    # output and the head together are the size of the root, counted as such).
+    assert zero2.phases["forward"] - zero3.phases["forward"] == layers + sh.vocab * sh.hidden * 4
+    # At the backward's start every unit is still gathered, the all-gather output freed.
+    assert zero2.phases["backward"] >= zero3.phases["backward"] + layers - sh.layer_params * 4
+    assert zero2.peak_phase in ("forward", "backward") and zero2.approximate is None
+
+
+def test_the_last_all_gather_is_the_head_or_with_a_tied_head_the_last_layer() -> None:
+    assert last_all_gather(_inp(), 0.0, 2) == LLAMA.vocab * LLAMA.hidden * 2
+    tied = _inp(shape=GPT2)
+    assert GPT2.tied_embeddings
+    assert last_all_gather(tied, 4000.0, 4) == GPT2.layer_params * 4 + 1000.0
+
+
+# ---------------------------------------------------------------------- pipeline stages
+
+def test_stage_bounds_and_the_micro_batches_in_flight() -> None:
+    assert stage_bounds(9, 2) == [(0, 5), (5, 9)]
+    assert [in_flight("1f1b", s, 2, 3) for s in (0, 1)] == [2, 1]
+    assert [in_flight("1f1b", s, 4, 8) for s in range(4)] == [4, 3, 2, 1]
+    assert [in_flight("gpipe", s, 2, 3) for s in (0, 1)] == [3, 3]
+    assert not runs_1f1b("1f1b", 1, 2)  # fewer micro-batches than stages: GPipe
+    assert in_flight("1f1b", 0, 2, 1) == 1
+
+
+@pytest.mark.parametrize("ckpt", [False, True])
+@pytest.mark.parametrize("shape", [LLAMA, GPT2], ids=["llama", "gpt2"])
+def test_the_stages_parts_add_up_to_the_whole_model(shape: object, ckpt: bool) -> None:
+    inp = _inp(shape=shape, gradient_checkpointing=ckpt, strategy="pp", microbatches=2)
+    acts = activation_bytes(inp)
+    sh = inp.shape
+    assert acts.stored == acts.first_layer + (sh.layers - 1) * acts.layer_stored + acts.post + acts.rotary
+    split = stages(inp, 2)
+    # Each stage computes its own rotary embedding; every other part is on exactly one stage.
+    assert sum(stage_activations(acts, s) for s in split) == acts.stored + acts.rotary
+    # A tied head is a second copy of the embedding on the last stage.
+    extra = sh.vocab * sh.hidden if sh.tied_embeddings else 0
+    assert sum(stage_weights(sh, s) for s in split) == sh.total_params + extra
+
+
+def test_the_busiest_stage_is_estimated_with_its_own_layers_and_micro_batches() -> None:
+    inp = _inp(strategy="pp", micro_batch=3, microbatches=3, pp_schedule="1f1b")
+    first, last = stages(inp, 2)
+    assert (first.layers, first.in_flight, last.layers, last.in_flight, first.rows) == (5, 2, 4, 1, 1)
+    acts = activation_bytes(replace(inp, micro_batch=1))
+    # The last stage keeps one micro-batch's logits (its output) per micro-batch in flight, and receives the
+    # hidden state (with its gradient) of every micro-batch.
+    assert kept_outputs(inp, last, 4) == 1 * 64 * LLAMA.vocab * 4
+    assert receive_buffers(inp, last, 4) == 3 * 2 * 64 * LLAMA.hidden * 4
+    assert receive_buffers(inp, first, 4) == 3 * 64 * LLAMA.hidden * 4
+    one_f_one_b, gpipe = estimate(inp), estimate(replace(inp, pp_schedule="gpipe"))
+    # GPipe holds all 3 micro-batches on the last stage: 2 more of its activations and kept logits.
+    more = 2 * (stage_activations(acts, last) + 64 * LLAMA.vocab * 4)
+    assert gpipe.activations - one_f_one_b.activations in (more, more - 2 * stage_activations(acts, first)
+                                                            + 2 * stage_activations(acts, last))
+    assert gpipe.total > one_f_one_b.total
+
+
+def test_naive_model_parallel_is_one_micro_batch_on_each_stage() -> None:
+    split = stages(_inp(strategy="mp", microbatches=1, micro_batch=4), 2)
+    assert [(s.rows, s.in_flight, s.microbatches) for s in split] == [(4, 1, 1), (4, 1, 1)]
+
+
+# ---------------------------------------------------------------------- the bound
+
+def test_an_estimate_known_to_miss_says_which_bound_it_is() -> None:
+    assert estimate(_inp(strategy="zero3", engine="deepspeed")).approximate == ZERO3_LOWER_BOUND
+    # (the end of the backward is the peak here: one row)
+    checkpointed = _inp(strategy="fsdp", method="full", precision="bf16", gradient_checkpointing=True, micro_batch=1)
+    assert estimate(checkpointed).approximate == FSDP_MIXED_CHECKPOINTED_UPPER_BOUND
+    for exact in (_inp(strategy="fsdp", method="full", precision="bf16"),
+                  _inp(strategy="zero2", engine="torch"), _inp(strategy="pp", microbatches=2)):
+        assert estimate(exact).approximate is None

@@ -1,0 +1,96 @@
+"""``ftui plan``: race the strategies this host can run a recipe under and say which to use
+(:mod:`runner.service.plan`; the output: :mod:`tui.render.plan`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+from rich.text import Text
+
+from runner.service import plan
+from runner.service.sweep import SweepItem, SweepResult
+from runner.spec.recipe import RecipeError
+from runner.watch.procs import StopRequest
+from tui.cli.common import open_store, settle_abandoned
+from tui.cli.exits import ExitCode, UsageError
+from tui.cli.progress import SweepProgress
+from tui.render.plan import plan_markdown, plan_report, plan_table
+
+
+def _setup(args: argparse.Namespace) -> plan.Setup:
+    """The plan, checked before anything is recorded (bad input: one line, exit 2)."""
+    names = None
+    if args.strategies is not None:
+        names = [s.strip() for s in args.strategies.split(",") if s.strip()]
+        if not names:
+            raise UsageError(f"--strategies: no strategy named in {args.strategies!r} (e.g. single,ddp)")
+    try:
+        return plan.setup(args.recipe, args.overrides, names, args.nproc, args.steps, args.repeat)
+    except (RecipeError, plan.PlanError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _announce(console: Console, setup: plan.Setup, progress: plan.Progress) -> None:
+    raced = [c for c in setup.candidates if c.skip is None]
+    done = sum(len(progress.done(c)) for c in raced)
+    again = ""
+    if done:
+        left = plan.next_trial(raced, progress, setup.repeat) is not None
+        again = f"; {done} trial(s) already stored, " + ("continuing" if left else "nothing left to race")
+    console.print(Text.assemble("plan ", (setup.pid, "bold"), f": {len(raced)} of {len(setup.candidates)} "
+                                f"candidates to race, {setup.steps} steps x {setup.repeat} repeat(s){again}"))
+    for c in setup.candidates:
+        if c.skip is not None:
+            console.print(Text(f"  not raced: {c.label}: {c.skip}", style="dim"))
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    setup = _setup(args)
+    store = open_store(args, create=True)
+    settle_abandoned(store)
+    console = Console(highlight=False, stderr=args.format != "text")
+    budget_s = args.budget * 60 if args.budget else None
+    before = plan.stored(store, setup.pid)
+    try:
+        plan.check_start(setup.candidates, before, setup.repeat, budget_s)
+    except plan.PlanError as exc:
+        raise UsageError(str(exc)) from None
+    _announce(console, setup, before)
+    live = SweepProgress(console)
+
+    def on_start(item: SweepItem, run_id: int) -> None:  # labels and notes are run text: never markup
+        console.print(f"run {run_id} · {item.strategy} x {item.nproc}{f' [{item.grid}]' if item.grid else ''} · "
+                      f"{item.note}", markup=False)
+        live.begin(f"run {run_id} {item.strategy}")
+
+    def on_done(item: SweepItem, result: SweepResult) -> None:
+        live.end()
+        style = {"completed": "green", "failed": "red"}.get(result.status, "yellow")
+        console.print(Text.assemble(f"  run {result.run_id} {item.strategy}: ", (result.status, style),
+                                    f": {result.reason}" if result.reason else ""), soft_wrap=True)
+
+    stop = StopRequest()
+    restore = stop.install()  # Ctrl-C/SIGTERM/SIGHUP stop the running trial and end the plan; its trials stay
+    try:
+        progress = plan.race(store, args.recipe, setup.candidates, setup.pid, args.overrides, setup.steps,
+                             setup.repeat, budget_s=budget_s,
+                             on_start=on_start, on_done=on_done, on_event=live.on_event, stop=stop)
+    except plan.PlanError as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        live.end()
+        restore()
+    found = plan.standings(store, setup.pid)
+    report = plan_report(setup, progress, found[1] if found else None)
+    if args.format == "json":
+        print(json.dumps(report, indent=2))
+    elif args.format == "md":
+        print(plan_markdown(report), end="")
+    else:
+        console.print(plan_table(report))
+    if progress.stopped or stop.is_set():
+        console.print(f"plan stopped: run the same command again to continue {setup.pid}", markup=False)
+        return ExitCode.INTERRUPTED
+    return ExitCode.OK if any(e["status"] == "completed" for e in report["candidates"]) else ExitCode.FAILED

@@ -1,0 +1,142 @@
+"""``ftui plan``'s output: one JSON-ready report (:func:`plan_report`) that the text table and the Markdown
+are drawn from, so the three say the same thing. Candidate labels, reasons and notes are run or user text:
+the table holds them as ``Text``, never markup."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from runner.analysis.noise import Spread
+from runner.analysis.ranking import Ranking, Standing
+from runner.service.plan import Candidate, Progress, Setup
+from tui.render.report import fmt_bytes
+
+
+def _spread(s: Spread | None) -> dict[str, float | int] | None:
+    return None if s is None else {"median": s.median, "low": s.low, "high": s.high, "n": s.n}
+
+
+def _status(c: Candidate, standing: Standing | None, left: int) -> tuple[str, str | None]:
+    """What became of a candidate, and why (the planner's reason, the budget, its trial's error)."""
+    if c.skip is not None:
+        return "not raced", c.skip
+    if standing is None:
+        return "not raced", ("over the --budget" if left else "not reached (the plan was stopped)")
+    if standing.status == "completed":
+        return "completed", (f"{left} repeat(s) over the --budget" if left else None)
+    return standing.status, standing.reason
+
+
+def candidate_entry(c: Candidate, standing: Standing | None, left: int) -> dict[str, Any]:
+    """One candidate of the JSON report."""
+    status, reason = _status(c, standing, left)
+    return {
+        "label": c.label, "strategy": c.strategy, "nproc": c.nproc, "engine": c.engine,
+        "checkpointing": c.checkpointing, "offload": c.offload,
+        "micro_batch": c.split.micro_batch if c.split else None,
+        "grad_accum": c.split.grad_accum if c.split else None,
+        "batch": c.note, "fit": c.fit, "status": status, "reason": reason,
+        "run_ids": standing.run_ids if standing else [],
+        "standing": standing.standing if standing else "",
+        "tokens_per_s": _spread(standing.tokens_per_s) if standing else None,
+        "peak_memory": {
+            "estimated_bytes": c.estimated,
+            "estimated_source": "runner.planner (runner/watch/estimate.py), per device",
+            "error_band_pct": None if c.band is None else round(c.band * 100, 2),
+            "error_band_source": c.band_source or None,
+            "budget_bytes": c.budget,
+            "measured_bytes": standing.mem_measured if standing else None,
+            "measured_source": standing.mem_source if standing else None,
+        },
+        "utilisation": {"mean_pct": standing.util if standing else None,
+                        "source": standing.util_source if standing else None},
+        "time_to_first_step_s": _spread(standing.first_step_s) if standing else None,
+    }
+
+
+def plan_report(plan: Setup, progress: Progress, ranking: Ranking | None) -> dict[str, Any]:
+    """The whole plan as JSON: its id, settings, the memory it judged against, the decision, every candidate
+    (raced or not) in ranking order, then those not raced."""
+    by_run = {rid: s for s in (ranking.standings if ranking else []) for rid in s.run_ids}
+    left: dict[str, int] = {}
+    for t in progress.over_budget:
+        left[t.candidate.label] = left.get(t.candidate.label, 0) + 1
+    order = {s.label: i for i, s in enumerate(ranking.standings)} if ranking else {}
+    ranked: list[tuple[tuple[bool, int], dict[str, Any]]] = []
+    for c in plan.candidates:  # raced ones in ranking order (fastest first), then those not raced
+        ids = [r.id for r in progress.runs.get(c.key(), [])]
+        standing = next((by_run[i] for i in ids if i in by_run), None)
+        entry = candidate_entry(c, standing, left.get(c.label, 0))
+        place = order.get(standing.label, len(order)) if standing else len(order)
+        ranked.append(((entry["status"] == "not raced", place), entry))
+    entries = [e for _, e in sorted(ranked, key=lambda x: x[0])]
+    decision = ranking.decision if ranking else None
+    return {
+        "plan_id": plan.pid, "recipe": plan.base.name, "steps": plan.steps, "repeat": plan.repeat,
+        "memory": {"bytes": plan.memory.bytes, "shared_by_ranks": plan.memory.shared, "source": plan.memory.source},
+        "decision": {"kind": decision.kind if decision else "none",
+                     "text": ranking.text if ranking else "No trial ran, so there is nothing to decide.",
+                     "winner_run_id": decision.run_id if decision else None,
+                     "ties": ranking.ties if ranking else []},
+        "candidates": entries,
+        "reopen": f"ftui compare --sweep {plan.pid}",
+    }
+
+
+def _tps(t: dict[str, Any] | None) -> str:
+    if not t:
+        return "-"
+    return f"{t['median']:,.0f}" + (f" ({t['low']:,.0f}-{t['high']:,.0f}, n={t['n']})" if t["n"] > 1 else "")
+
+
+def _result(e: dict[str, Any]) -> str:
+    """``leader``, ``tie``, ``slower``, ``cannot tell`` for a completed candidate, else its status."""
+    return (e["standing"] or "completed") if e["status"] == "completed" else e["status"]
+
+
+def _cells(e: dict[str, Any]) -> list[str]:
+    mem, util, first = e["peak_memory"], e["utilisation"], e["time_to_first_step_s"]
+    return [e["label"], _result(e), _tps(e["tokens_per_s"]), fmt_bytes(mem["estimated_bytes"]),
+            fmt_bytes(mem["measured_bytes"]), "-" if util["mean_pct"] is None else f"{util['mean_pct']:.0f}%",
+            "-" if not first else f"{first['median']:.1f}s", ", ".join(map(str, e["run_ids"])) or "-"]
+
+
+HEADERS = ("candidate", "result", "tokens/s", "est. mem", "meas. mem", "util", "1st step", "runs")
+"""tokens/s: steady-state median (min-max over the repeats); est. mem: the planner's per device; meas. mem:
+the busiest rank's measured peak; 1st step: seconds from launch to the first step."""
+
+
+def _notes(e: dict[str, Any]) -> str:
+    """A candidate's line under the table: why it was not raced or did not complete, else its batch split."""
+    return f"{e['label']}: {e['reason'] or e['batch']}"
+
+
+def plan_table(report: dict[str, Any]) -> RenderableType:
+    """The candidates as a table, each one's reason or batch split under it, then the decision."""
+    table = Table(title=f"plan {report['plan_id']} · {report['steps']} steps per trial", box=box.SIMPLE_HEAD)
+    for h in HEADERS:
+        table.add_column(h, justify="left" if h in ("candidate", "result") else "right")
+    for e in report["candidates"]:
+        table.add_row(*(Text(c) for c in _cells(e)))
+    mem = report["memory"]
+    return Group(table, *(Text(_notes(e), style="dim") for e in report["candidates"]),
+                 Text(f"memory judged against: {fmt_bytes(mem['bytes'])} ({mem['source']})", style="dim"),
+                 Text(report["decision"]["text"], style="bold"),
+                 Text(f"reopen with: {report['reopen']}", style="dim"))
+
+
+def plan_markdown(report: dict[str, Any]) -> str:
+    """The same table in Markdown (``|`` in a cell escaped)."""
+    lines = [f"## plan {report['plan_id']}", "", f"**{report['decision']['text']}**", "",
+             "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    for e in report["candidates"]:
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in _cells(e)) + " |")
+    lines += ["", *(f"- {_notes(e)}" for e in report["candidates"])]
+    lines += ["", f"Memory per device judged against: {fmt_bytes(report['memory']['bytes'])} "
+                  f"({report['memory']['source']}). Reopen with `{report['reopen']}`."]
+    return "\n".join(lines) + "\n"
