@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import torch
 
-from runner.rank import evaluate, memtrack
+from runner.rank import evaluate, memtrack, peak_probe
 from runner.rank.checkpointing import check_resume
 from runner.rank.context import DataShape, Setup
 from runner.rank.engine import Engine, MicroBatch
@@ -66,6 +66,8 @@ class _Progress:
     steady: Window | None = None
     """The first unmetered step's start and the tokens before it (the steady state's window)."""
     steady_steps: int = 0
+    probe_before: list[ev.ProbeRank] | None = None
+    """The CPU matmul probe right before the first step (:mod:`runner.rank.peak_probe`)."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,7 @@ def train(setup: Setup, engine: Engine) -> Status:
         tokens = int(resume["tokens_done"])
         progress = _Progress(start_step=int(resume["step"]), tokens_done=tokens, tokens_at_start=tokens)
     setup.emit(_start_event(setup, engine, shape, dims, progress.start_step, resume_seconds))
+    progress.probe_before = peak_probe.probe(setup)  # the peak under the run's load: right before step 1
     return _run_steps(setup, engine, shape, scheduler, progress)
 
 
@@ -325,6 +328,8 @@ def _finish(setup: Setup, engine: Engine, p: _Progress, meter: Any) -> Status:
     # Evaluations between steps are not training time; the metered steps are not the steady state.
     rate = throughput(Window(p.first_step_start, p.tokens_at_start), p.steady, p.steady_steps, p.last_step_end,
                       p.tokens_done, p.eval_spans)
+    # Only a completed run has an MFU; every rank agrees on the status (the step's collective).
+    probe_after = peak_probe.probe(setup) if p.status == "completed" and steps_done > p.start_step else None
     saved = None
     if train.save and p.status == "completed":
         setup.emit(ev.PhaseEvent(type="phase", phase="saving", detail="the trained model"))
@@ -333,7 +338,7 @@ def _finish(setup: Setup, engine: Engine, p: _Progress, meter: Any) -> Status:
     if steps_done > p.start_step:
         measured = {**meter.result(), "measured_steps": min(steps_done - p.start_step, memtrack.MEASURED_STEPS)}
     ranks = setup.memory.summary({**p.memory, **measured})
-    setup.emit(ev.EndEvent(
+    end = ev.EndEvent(
         type="end",
         status=p.status,
         steps=steps_done,
@@ -347,7 +352,11 @@ def _finish(setup: Setup, engine: Engine, p: _Progress, meter: Any) -> Status:
         ranks=ranks,
         skipped=p.skipped,
         checkpoint=p.last_checkpoint,
-    ))
+    )
+    probed = peak_probe.probe_record(setup, p.probe_before, probe_after)
+    if probed is not None:
+        end["peak_probe"] = probed
+    setup.emit(end)
     setup.accelerator.end_training()
     return p.status
 

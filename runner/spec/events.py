@@ -244,6 +244,29 @@ class ErrorEvent(TypedDict):
     value: NotRequired[str]
 
 
+class ProbeRank(TypedDict):
+    """One rank's matmul probe: the FLOP/s of each window, or why it failed."""
+
+    rank: int
+    rates: list[float]
+    error: NotRequired[str]
+
+
+class PeakProbe(TypedDict):
+    """The CPU matmul rate probed in every rank at once, right before the run's first step and after its
+    last (:mod:`runner.rank.peak_probe`): the peak its MFU divides by, taken under the run's own load."""
+
+    dtype: str
+    threads: int
+    """Torch threads of each rank (the run's own)."""
+    size: int
+    """The square matrix size of the probe's matmuls."""
+    window_s: float
+    """The least seconds of one window (its rate is its FLOPs over its wall time)."""
+    before: list[ProbeRank]
+    after: list[ProbeRank]
+
+
 class EndEvent(TypedDict):
     """The last event: how the training ended and what every rank measured."""
 
@@ -264,6 +287,8 @@ class EndEvent(TypedDict):
     """One :class:`runner.spec.summary.RankFigures` per rank."""
     skipped: int
     checkpoint: str | None
+    peak_probe: NotRequired[PeakProbe]
+    """CPU runs that completed: the matmul rate probed beside the run (the MFU peak's measurement)."""
 
 
 class PrecisionEvent(TypedDict):

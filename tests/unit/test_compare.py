@@ -14,7 +14,7 @@ import pytest
 from runner.analysis import cpu_peak, mfu
 from runner.analysis.compare import build_comparison, flatten, recipe_diff, speedups
 from runner.analysis.noise import NoiseFloor
-from runner.analysis.run_figures import default_peak, device_count, peak_note
+from runner.analysis.run_peak import default_peak, device_count, peak_note
 from runner.spec import flops
 from store import MetricPoint, SampleInfo
 from tests.support import run_info
