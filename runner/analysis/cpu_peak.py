@@ -201,44 +201,44 @@ def _calls_for(call: Any, seconds: float) -> int:
 # ---------------------------------------------------------------------- the peak beside the run
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
-def _rates(ranks: list[ProbeRank]) -> list[float]:
-    return [float(r) for rank in ranks for r in rank.get("rates") or [] if isinstance(r, int | float) and r > 0]
+def rank_peak(rank: ProbeRank) -> float | None:
+    """One rank's peak over its steady steps: each span between two probes rated at the mean of its ends,
+    weighted by its seconds; a single probe is its own rate; None when it measured nothing."""
+    rates = [float(r) for r in rank.get("rates") or []]
+    seconds = [float(s) for s in rank.get("seconds") or []]
+    if not rates or any(r <= 0 for r in rates):
+        return None
+    if len(rates) == 1 or len(seconds) != len(rates) - 1 or sum(seconds) <= 0:
+        return sum(rates) / len(rates)
+    return sum(s * (a + b) / 2 for s, a, b in zip(seconds, rates, rates[1:], strict=False)) / sum(seconds)
 
 
 def peak_from_probe(probe: PeakProbe, measured_at: float, fingerprint: Fingerprint | None = None) -> Peak:
-    """The peak of one rank of a CPU run: the median window of the matmul probes taken in every rank right
-    before its first step and after its last (:mod:`runner.rank.peak_probe`), so under the run's own load.
-
-    The median, not the best: the run's steps got the cores' share the host gave them over seconds, and a
-    window's rate is that share; the best window is the one moment the host gave most.
+    """The peak of one rank of a CPU run from the matmul probes its ranks took between its steady steps
+    (:mod:`runner.rank.peak_probe`): each rank's time-weighted rate (:func:`rank_peak`), the mean over the
+    ranks (so peak x ranks is their sum), under the run's own load step by step.
 
     Args:
         probe: The end event's ``peak_probe``.
-        measured_at: Unix time of the run's end (the second probe was taken moments before).
+        measured_at: Unix time of the run's end (the last probe was taken moments before).
         fingerprint: The machine's; default this one's (the watcher runs on the run's host).
 
     Raises:
-        ValueError: No window measured anything (each rank's error is in the message).
+        ValueError: No rank measured anything (each rank's error is in the message).
     """
-    before, after = _rates(probe["before"]), _rates(probe["after"])
-    if not before or not after:
-        errors = sorted({str(r["error"]) for r in [*probe["before"], *probe["after"]] if r.get("error")})
-        raise ValueError(f"the peak probe measured nothing: {'; '.join(errors) or 'no windows'}")
+    peaks = [p for p in (rank_peak(r) for r in probe["ranks"]) if p is not None]
+    if not peaks:
+        errors = sorted({str(r["error"]) for r in probe["ranks"] if r.get("error")})
+        raise ValueError(f"the peak probe measured nothing: {'; '.join(errors) or 'no probes'}")
     fp = fingerprint or machine_fingerprint()
-    rates = before + after
-    flops = _median(rates)
+    rates = [float(r) for rank in probe["ranks"] for r in rank.get("rates") or []]
+    flops = sum(peaks) / len(peaks)
     dtype, threads, n = probe["dtype"], int(probe["threads"]), int(probe["size"])
-    ranks = len(probe["before"])
-    source = (f"{PROBE_SOURCE}, {dtype} {n}x{n}, {threads} thread(s), median of {len(rates)} windows of "
-              f">= {probe['window_s'] * 1000:g} ms ({ranks} rank(s) at once, before step 1 and after the last step; "
-              f"median before {flops_text(_median(before))}, after {flops_text(_median(after))}; "
-              f"min {flops_text(min(rates))}, max {flops_text(max(rates))}), on {fp.describe()} [{fp.key}]")
+    per_rank = max(len(rank.get("rates") or []) for rank in probe["ranks"])
+    source = (f"{PROBE_SOURCE}, {dtype} {n}x{n}, {threads} thread(s), {per_rank} probe(s) of >= "
+              f"{probe['window_s'] * 1000:g} ms per rank through the steady steps, time-weighted, mean over "
+              f"{len(peaks)} rank(s) (min {flops_text(min(rates))}, max {flops_text(max(rates))}), "
+              f"on {fp.describe()} [{fp.key}]")
     return Peak(flops=flops, source=source, kind="probe", dtype=dtype, threads=threads, measured_at=measured_at,
                 fingerprint=fp.key, machine=fp.describe(), size=n, spread=(min(rates), flops, max(rates)))
 

@@ -108,7 +108,7 @@ def stored_mfu(run: RunInfo) -> tuple[float | None, str]:
     m = compute_mfu(fpt, run.tokens_per_s, peak, devices)
     if not trustworthy(m.mfu):
         return None, f"MFU > 100% against {peak.label()} x {devices} device(s): {over_100_note(peak)}"
-    return m.mfu, f"FLOPs/token x tokens/s / ({peak.label()} x {devices} device(s))"
+    return m.mfu, f"FLOPs/token x tokens/s / (MFU peak/device x {devices} device{'s' if devices != 1 else ''})"
 
 
 def peak_note(run: RunInfo, recipe: Mapping[str, Any], samples: Sequence[SampleInfo] = ()) -> str:

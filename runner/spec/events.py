@@ -245,16 +245,19 @@ class ErrorEvent(TypedDict):
 
 
 class ProbeRank(TypedDict):
-    """One rank's matmul probe: the FLOP/s of each window, or why it failed."""
+    """One rank's matmul probes through its steady steps: the FLOP/s of each, and the seconds between each
+    probe and the one before it (the span of training it stands for), or why it failed."""
 
     rank: int
     rates: list[float]
+    seconds: list[float]
+    """``seconds[i]`` is the training between probes ``i`` and ``i + 1`` (one fewer than ``rates``)."""
     error: NotRequired[str]
 
 
 class PeakProbe(TypedDict):
-    """The CPU matmul rate probed in every rank at once, right before the run's first step and after its
-    last (:mod:`runner.rank.peak_probe`): the peak its MFU divides by, taken under the run's own load."""
+    """The CPU matmul rate probed in every rank between its steady steps (:mod:`runner.rank.peak_probe`):
+    the peak its MFU divides by, taken under the run's own load, step by step."""
 
     dtype: str
     threads: int
@@ -262,9 +265,8 @@ class PeakProbe(TypedDict):
     size: int
     """The square matrix size of the probe's matmuls."""
     window_s: float
-    """The least seconds of one window (its rate is its FLOPs over its wall time)."""
-    before: list[ProbeRank]
-    after: list[ProbeRank]
+    """The least seconds of one probe (its rate is its FLOPs over its wall time)."""
+    ranks: list[ProbeRank]
 
 
 class EndEvent(TypedDict):
