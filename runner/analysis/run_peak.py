@@ -82,7 +82,7 @@ def differing_peaks(rows: Iterable[tuple[int, str | None, int | None, float | No
             groups.setdefault((dtype, threads), []).append((run_id, flops, kind))
     out = []
     for (dtype, threads), runs in groups.items():
-        if len({round(f, -6) for _, f, _ in runs}) < 2:
+        if len({flops_text(f) for _, f, _ in runs}) < 2:  # as printed: a difference a reader can see
             continue
         why = ("each probed beside its own run, under that run's load" if all(k == "probe" for _, _, k in runs)
                else "each run's own (probed beside it, its GPU's datasheet, or given)")
