@@ -30,8 +30,9 @@ if TYPE_CHECKING:
     from runner.rank.context import Setup
 
 PROBE_BASE_SIZE = 512
-"""Square matmul size of a one-thread probe: a core's fp32 and bf16 rates stop growing from 256-384 on
-(per CPU-second, BENCHMARKS.md "The CPU peak probe"), and one matmul costs 2-4 ms of a core."""
+"""Square matmul size of a one-thread probe: a core's rate per CPU-second stops growing from 256-384 on
+(2-core Xeon VM, one thread: fp32 118-126 GFLOP/s at 256-1536, bf16 64-72; BENCHMARKS.md "CPU MFU under
+two loads"), and one matmul costs 2-4 ms of a core."""
 PROBE_MAX_SIZE = 2048
 PROBE_WINDOW_S = 0.02
 """Seconds of one probe: several of the scheduler's time slices, so it reads the rank's share of the cores,
