@@ -2,6 +2,7 @@
 
     python bench/bench_memory_grid.py [--archs llama,qwen2,gpt2] [--methods full,lora] [--precisions fp32,bf16]
         [--strategies single,ddp,fsdp] [--ckpt off,on] [--seqs 128,256] [--out FILE.jsonl] [--markdown]
+        [--write-band]
 
 Each point trains a tiny model of the architecture (built offline from transformers' config classes,
 runner/service/memgrid.py) for two steps with the real trainer: ``single`` in this process, ``ddp``/``fsdp``
@@ -9,7 +10,8 @@ launched by the orchestrator over 2 ranks (gloo). The measured figure is the bus
 (runner/rank/memtrack.py: live tensors on CPU, the CUDA allocator on GPU); the estimated one is
 ``runner.planner.estimate`` of the same recipe. Results are appended to ``--out`` as JSON lines, and
 points already there are skipped, so an interrupted grid resumes. ``--markdown`` prints the table of
-docs/memory-model.md from ``--out``.
+docs/memory-model.md from ``--out``; ``--write-band`` writes the error bands ``ftui estimate`` prints
+(runner/planner/error_band.py) from ``--out``, re-estimated with the current formulas.
 """
 
 from __future__ import annotations
@@ -45,22 +47,9 @@ def table(rows: list[dict]) -> str:
 
 
 def reestimate(rows: list[dict]) -> list[dict]:
-    """The stored measurements beside the CURRENT estimate of each point (the estimate is a pure function of
-    the recipe, so a changed formula is checked against the same measurements without training again)."""
     from runner.service import memgrid
 
-    models = Path(tempfile.mkdtemp(prefix="ftui-memgrid-models-"))
-    out = []
-    for row in rows:
-        if row.get("measured") is None:
-            out.append(row)
-            continue
-        point = memgrid.point_from_label(row["config"])
-        breakdown, _ = memgrid.estimate_for(memgrid.recipe_for(point, memgrid.model_folder(point.arch, models)))
-        est = int(breakdown.total - breakdown.reserve)
-        out.append({**row, "estimated": est, "error_pct": (est - row["measured"]) / row["measured"] * 100,
-                    "peak_phase": breakdown.peak_phase, "estimated_phases": dict(breakdown.phases)})
-    return out
+    return memgrid.reestimate(rows, Path(tempfile.mkdtemp(prefix="ftui-memgrid-models-")))
 
 
 def main() -> int:
@@ -73,6 +62,8 @@ def main() -> int:
     parser.add_argument("--seqs", default="128,256")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "memory_grid.jsonl")
     parser.add_argument("--markdown", action="store_true", help="print the table of --out and exit")
+    parser.add_argument("--write-band", action="store_true",
+                        help="re-estimate --out's measurements, write runner/planner/measured_error.json, exit")
     args = parser.parse_args()
 
     done: dict[str, dict] = {}
@@ -82,6 +73,14 @@ def main() -> int:
             done[row["config"]] = row
     if args.markdown:
         print(table(reestimate(list(done.values()))))
+        return 0
+    if args.write_band:
+        from runner.planner import error_band
+
+        bands = error_band.bands_from_rows(reestimate(list(done.values())), source=str(args.out.resolve().relative_to(ROOT)) if args.out.resolve().is_relative_to(ROOT) else args.out.name)
+        error_band.write_bands(bands)
+        for band in bands.values():
+            print(band.sentence())
         return 0
 
     from runner.service import memgrid

@@ -44,7 +44,14 @@ def detect() -> HostFacts:
     return HostFacts(gpu_count=count, visible_gpus=seen, cpu_cores=cores, hostname=socket.gethostname())
 
 
-@functools.cache
 def current() -> HostFacts:
-    """The facts of this host, detected on first use and then kept for the life of the command."""
+    """The facts of this host under the ``CUDA_VISIBLE_DEVICES`` in effect now (:func:`facts_for`)."""
+    return facts_for(os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+@functools.cache
+def facts_for(visible: str | None) -> HostFacts:
+    """The facts of this host, detected on first use and then kept for the life of the process, once per
+    value of ``CUDA_VISIBLE_DEVICES`` (``visible``, which :func:`detect` reads): a process that changes it
+    (a test running commands in its own process) gets the GPUs it now makes visible."""
     return detect()

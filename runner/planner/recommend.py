@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from runner.planner.error_band import band_for
 from runner.planner.inputs import EstimateInput, Method, Strategy
 from runner.planner.memory import GIB, breakdown_json, estimate
 from runner.spec import strategies as table
@@ -135,17 +136,20 @@ def estimate_report(
         strategies: Strategies to report (default: every row of the strategy table).
 
     Returns:
-        ``{"strategies": {name: {"per_device_bytes": {...}, "fits": bool, "gpus_needed": int | None}},
+        ``{"strategies": {name: {"per_device_bytes": {...}, "fits": bool, "gpus_needed": int | None,
+        "error_band": {...} | None}},
         "recommendation": {"strategy": ..., "reason": ...}}``.
     """
     out: dict[str, Any] = {}
     for s in strategies if strategies is not None else table.names():
         inp = _at(base_inputs, s, n_gpus)
         est = estimate(inp)
+        band = band_for(inp.shape.family, s, inp.engine)
         out[s] = {
             "per_device_bytes": breakdown_json(est),
             "fits": est.total <= gpu_mem_bytes,
             "gpus_needed": gpus_needed(inp, gpu_mem_bytes),
+            "error_band": None if band is None else asdict(band),
         }
     rec = recommend(base_inputs, gpu_mem_bytes, n_gpus)
     return {"strategies": out, "recommendation": {"strategy": rec.strategy, "reason": rec.reason}}

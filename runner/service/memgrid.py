@@ -192,6 +192,23 @@ def measure_launched(store: Any, recipe: Any, root: Path | None = None) -> tuple
     return outcome.status, list(outcome.summary.get("ranks") or [])
 
 
+def reestimate(rows: list[dict[str, Any]], models: Path) -> list[dict[str, Any]]:
+    """Stored grid measurements beside the CURRENT estimate of each point (the estimate is a pure function of
+    the recipe, so a changed formula is checked against the same measurements without training again);
+    ``models`` holds the tiny model folders the recipes name."""
+    out = []
+    for row in rows:
+        if row.get("measured") is None:
+            out.append(row)
+            continue
+        point = point_from_label(row["config"])
+        breakdown, _ = estimate_for(recipe_for(point, model_folder(point.arch, models)))
+        est = int(breakdown.total - breakdown.reserve)
+        out.append({**row, "estimated": est, "error_pct": (est - row["measured"]) / row["measured"] * 100,
+                    "peak_phase": breakdown.peak_phase, "estimated_phases": dict(breakdown.phases)})
+    return out
+
+
 def compare(point: GridPoint, ranks: list[dict[str, Any]], breakdown: Any) -> dict[str, Any]:
     """One row of the grid's table: estimated vs measured peak (busiest rank), error in percent."""
 

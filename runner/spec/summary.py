@@ -76,6 +76,10 @@ class EstimateSummary(TypedDict, total=False):
     param_dtype: str
     device: str
     approximate: str
+    band_key: str
+    """``family/strategy`` (:func:`runner.planner.error_band.band_key`) of the error band."""
+    error_band: dict[str, Any] | None
+    """:class:`runner.planner.error_band.Band` of that key, None when the grid never measured it."""
     error: str
 
 

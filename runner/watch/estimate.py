@@ -4,11 +4,12 @@ pre-flight compares it with the free memory of the GPUs."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 from runner.planner import breakdown_json, estimate, inputs_from_recipe, resolve_model_shape
 from runner.planner.deepspeed import trainable_elements
+from runner.planner.error_band import band_for, band_key
 from runner.spec import strategies
 from runner.spec.recipe import Recipe
 from runner.spec.script import described
@@ -28,6 +29,7 @@ def estimate_summary(recipe: Recipe) -> dict[str, Any]:
             if strategies.get(inp.strategy).layer_split and recipe.launch.nproc == 1:
                 inp = replace(inp, n_devices=1)  # one device on CPU: mp is the single-process run
         breakdown = estimate(inp)
+        band = band_for(inp.shape.family, inp.strategy, inp.engine)
         return {
             "per_device_bytes": breakdown_json(breakdown),
             "strategy": inp.strategy,
@@ -39,6 +41,8 @@ def estimate_summary(recipe: Recipe) -> dict[str, Any]:
             "param_dtype": inp.param_dtype or "auto",
             "device": inp.device,
             **({"approximate": breakdown.approximate} if breakdown.approximate else {}),
+            "band_key": band_key(inp.shape.family, inp.strategy, inp.engine),
+            "error_band": None if band is None else asdict(band),
         }
     except Exception as exc:  # noqa: BLE001 (an estimate is informative only)
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}

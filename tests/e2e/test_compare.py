@@ -10,8 +10,6 @@ import io
 import json
 import math
 import re
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -19,6 +17,7 @@ import pytest
 from runner.analysis import cpu_peak
 from runner.spec import strategies
 from tests.support import QUICKSTART, ROOT, Ftui
+from tests.support.in_process import run_ftui
 from tests.support.matrix import CORE, GLOBAL_BATCH, GRAD_ACCUM, STEPS, Matrix, Sweep, sweep_id
 
 GOLDEN = ROOT / "tests" / "golden" / "compare.md"
@@ -45,7 +44,7 @@ def refused(ftui: Ftui) -> dict[str, Any]:
 
 
 def _compare(ftui: Ftui, *args: str) -> str:
-    return ftui.run("compare", *args, check=True).stdout
+    return ftui.call("compare", *args, check=True).stdout
 
 
 # ---------------------------------------------------------------------- the real sweep
@@ -152,10 +151,8 @@ def test_a_strategy_that_cannot_run_is_a_row_with_its_reason(ftui: Ftui, sweep: 
 def test_show_names_the_thread_unit_the_spread_and_the_peak(ftui: Ftui, sweep: Sweep) -> None:
     data = json.loads(_compare(ftui, "--sweep", sweep.id, "--format", "json"))
     ddp = next(r for r in data["runs"] if r["strategy"] == "ddp")
-    proc = subprocess.run([sys.executable, "-m", "tui.cli", "show", str(ddp["run_id"])], cwd=ROOT, text=True,
-                          capture_output=True, timeout=120, env={**ftui.env, "COLUMNS": "400"})  # no wrapped cells
-    assert proc.returncode == 0, proc.stderr
-    shown = proc.stdout
+    code, shown, err = run_ftui(["show", str(ddp["run_id"])], {**ftui.env, "COLUMNS": "400"}, ROOT)  # no wrapped cells
+    assert code == 0, err
     assert "util min-max over devices" in shown and "CPU % of its 1 thread" in shown
     assert "MFU peak/device" in shown and "fp32, 1 thread, probed beside the run" in shown
     assert re.search(r"│ MFU +│ +(\d+\.\d\d%|-) ", shown), shown

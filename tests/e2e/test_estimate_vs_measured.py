@@ -68,12 +68,12 @@ def test_ftui_estimate_says_approximate(ftui: Ftui, tmp_path: Path) -> None:
     folder = tmp_path / "tiny-opt"
     OPTConfig(hidden_size=128, num_hidden_layers=2, ffn_dim=256, num_attention_heads=4, vocab_size=VOCAB,
               word_embed_proj_dim=128).save_pretrained(str(folder))
-    text = ftui.run("estimate", "--model", str(folder), "--gpu-mem", "8GiB", check=True).stdout
+    text = ftui.call("estimate", "--model", str(folder), "--gpu-mem", "8GiB", check=True).stdout
     assert "APPROXIMATE: architecture 'opt' is not modelled" in " ".join(text.split())
-    report = json.loads(ftui.run("estimate", "--model", str(folder), "--gpu-mem", "8GiB", "--format", "json",
+    report = json.loads(ftui.call("estimate", "--model", str(folder), "--gpu-mem", "8GiB", "--format", "json",
                                  check=True).stdout)
     assert "not modelled" in report["strategies"]["single"]["per_device_bytes"]["approximate"]
-    llama = json.loads(ftui.run("estimate", "--model", "builtin:tiny-llama", "--gpu-mem", "8GiB", "--format",
+    llama = json.loads(ftui.call("estimate", "--model", "builtin:tiny-llama", "--gpu-mem", "8GiB", "--format",
                                 "json", check=True).stdout)
     assert "approximate" not in llama["strategies"]["single"]["per_device_bytes"]
 
@@ -261,3 +261,21 @@ def test_engine_runs_are_within_5_percent_of_the_measured_peak(matrix: Matrix, k
     assert "approximate" not in est, est
     assert abs(error) <= 0.05, (key, est["total"], measured, est["phases"],
                                 [r["phase_peaks"] for r in summary["ranks"]])
+
+
+def test_the_shipped_error_bands_are_the_grids_errors_under_the_current_formulas(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``ftui estimate``'s error bands (runner/planner/measured_error.json) are what the grid's stored
+    measurements give against today's estimate: a formula changed without ``bench/bench_memory_grid.py
+    --write-band`` fails here (no training: the estimate is a pure function of the recipe)."""
+    from runner.planner import error_band
+
+    grid = [json.loads(line) for line in (ROOT / "bench" / "memory_grid.jsonl").read_text().splitlines()]
+    now = error_band.bands_from_rows(memgrid.reestimate(grid, tmp_path_factory.mktemp("band-models")),
+                                     source="bench/memory_grid.jsonl")
+    shipped = {k: error_band.Band(**v) for k, v in json.loads(error_band.BAND_FILE.read_text()).items()}
+    assert set(shipped) == set(now)
+    for key, band in now.items():
+        assert shipped[key].runs == band.runs, key
+        assert shipped[key].median_pct == pytest.approx(band.median_pct, abs=0.05), key
+        assert shipped[key].worst_pct == pytest.approx(band.worst_pct, abs=0.05), key

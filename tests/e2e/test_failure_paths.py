@@ -177,7 +177,7 @@ def test_kill_9_of_one_ddp_rank_is_recorded_with_its_signal_and_every_process_is
     assert final.pgid is not None and not group_alive(final.pgid), "launcher and ranks reaped"
     steps = [e for e in run.journal() if e["type"] == "step"]
     assert len(ftui.show(run.run_id)["metrics"]) == len(steps) >= 2, "every metric up to the fault is kept"
-    assert "killed by SIGKILL" in ftui.run("show", str(run.run_id)).stdout
+    assert "killed by SIGKILL" in ftui.call("show", str(run.run_id)).stdout
 
 
 def test_sigterm_of_ftui_run_lets_every_ddp_rank_finish_its_step_and_end(

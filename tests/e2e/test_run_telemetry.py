@@ -37,9 +37,9 @@ def test_ddp_run_has_per_rank_samples_at_the_configured_rate(ftui: Ftui, matrix:
 
 
 def test_ftui_gpus_without_nvml_says_so_in_one_line(ftui: Ftui) -> None:
-    proc = ftui.run("gpus", check=True)
+    proc = ftui.call("gpus", check=True)
     assert "no NVML" in proc.stdout and "host" in proc.stdout
-    fake = ftui.run("--fake-gpus", "8", "gpus", check=True)
+    fake = ftui.call("--fake-gpus", "8", "gpus", check=True)
     # One line per GPU, its index first; the source named once, in the title (fits 80 columns).
     indices = re.findall(r"^\s+(\d+)\s+H100", fake.stdout, flags=re.M)
     assert indices == [str(i) for i in range(8)] and "every figure: fake NVML" in fake.stdout

@@ -271,12 +271,12 @@ def test_script_run_fills_the_store(script_runs: dict[str, dict[str, Any]], key:
 def test_script_runs_compare_beside_a_recipe_run(ftui: Ftui, matrix: Matrix,
                                                  script_runs: dict[str, dict[str, Any]]) -> None:
     ids = [str(matrix["single"].id), str(script_runs["hf-ddp"]["id"]), str(script_runs["acc-ddp"]["id"])]
-    proc = ftui.run("compare", *ids, "--format", "json", check=True)
+    proc = ftui.call("compare", *ids, "--format", "json", check=True)
     rows = {r["run_id"]: r for r in json.loads(proc.stdout)["runs"]}
     for rid in ids:
         row = rows[int(rid)]
         assert row["status"] == "completed" and row["tokens_per_s"] and row["final_loss"] is not None
-    text = ftui.run("compare", *ids, check=True).stdout
+    text = ftui.call("compare", *ids, check=True).stdout
     assert "script" in text
 
 
@@ -355,5 +355,5 @@ def test_script_that_reports_nothing_still_has_status_samples_and_duration(ftui:
     assert run["started_at"] and run["ended_at"]
     log = (Path(run["run_dir"]) / "logs" / "rank0.log").read_text()
     assert "args ['a b', '--c']" in log
-    text = ftui.run("compare", str(run["id"]), check=True).stdout
+    text = ftui.call("compare", str(run["id"]), check=True).stdout
     assert "not reported" in text

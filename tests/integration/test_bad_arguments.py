@@ -1,5 +1,7 @@
-"""Bad arguments in a real ``ftui`` process: exit 2 and one line on stderr naming what is wrong, never a
-traceback, and nothing recorded."""
+"""Bad arguments in a real ``ftui`` process, one case per command: exit 2 and one line on stderr naming what
+is wrong, never a traceback, and nothing recorded. These are the CLI's real-process refusals; every other
+CLI test reads what a command prints through ``main`` in the test's process (``Ftui.call``,
+``run_in_process``: docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -12,16 +14,37 @@ import pytest
 
 from store import Store
 from tests.support import ROOT
+from tests.support.in_process import command_names
+
+QUICK = "recipes/quickstart.toml"
+CASES = [
+    ["--bogus"],  # the dashboard's flags
+    ["run", QUICK, "--set", "data.source=\"nope.jsonl\""],
+    ["resume", "abc"],
+    ["stop", "abc"],
+    ["runs", "--status", "x"],
+    ["show", "abc"],
+    ["gpus", "--watch", "0"],
+    ["estimate", "--params", "lots"],
+    ["compare", "1", "x"],
+    ["report"],
+    ["sweep", QUICK, "--nproc", "0"],
+    ["recover", "--format", "yaml"],
+    ["db", "nope"],
+    ["slurm", QUICK, "--nodes", "0"],
+]
 
 
-@pytest.mark.parametrize("argv", [
-    ["show", "abc"], ["compare", "1", "x"], ["runs", "--status", "x"], ["--bogus"],
-    ["run", "recipes/quickstart.toml", "--set", "data.source=\"nope.jsonl\""],
-])
+@pytest.mark.parametrize("argv", CASES, ids=[" ".join(c[:1]) for c in CASES])
 def test_bad_arguments_in_a_real_process(tmp_path: Path, argv: list[str]) -> None:
     env = {**os.environ, "FTUI_HOME": str(tmp_path), "FTUI_DB": f"sqlite:///{tmp_path / 'ftui.db'}"}
     proc = subprocess.run([sys.executable, "-m", "tui.cli", *argv], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2, proc
     assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("ftui: "), proc.stderr
+    assert "Traceback" not in proc.stderr
     assert not (tmp_path / "ftui.db").exists() or Store(env["FTUI_DB"]).list_runs() == []
+
+
+def test_every_command_has_a_real_process_case() -> None:
+    assert {argv[0] for argv in CASES[1:]} == command_names()

@@ -17,7 +17,7 @@ from runner.data.check import check_data
 from runner.data.rows import DataError, read_rows
 from runner.spec import builtin
 from runner.spec.recipe import Recipe, parse_recipe
-from tests.support import ROOT, Ftui
+from tests.support import ROOT, Ftui, run_in_process
 
 TWO_TURNS = {"messages": [
     {"role": "system", "content": "Be brief."},
@@ -192,11 +192,17 @@ def test_hugging_face_datasets_offline(tmp_path: Path, monkeypatch: pytest.Monke
         check_data(_recipe("acme/missing").data)
 
 
-def test_a_bad_row_deep_in_the_file_is_refused_before_anything_is_recorded(ftui: Ftui, tmp_path: Path) -> None:
+def test_a_bad_row_deep_in_the_file_is_refused_before_anything_is_recorded(
+        ftui: Ftui, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through ``main`` in this process, on the session's home (the refusal comes before any launch)."""
     rows = [TWO_TURNS] * 40 + [{"messages": [{"role": "narrator", "content": "x"}]}]
     path = _write(tmp_path / "chat.jsonl", rows)
     before = len(ftui.runs())
-    proc = ftui.run("run", str(ROOT / "recipes" / "chat-lora.toml"), "--set", f"data.source={json.dumps(str(path))}")
+    monkeypatch.setenv("FTUI_HOME", str(ftui.home))
+    monkeypatch.setenv("FTUI_DB", ftui.db)
+    monkeypatch.chdir(ROOT)
+    proc = run_in_process(capsys, "run", str(ROOT / "recipes" / "chat-lora.toml"), "--set",
+                          f"data.source={json.dumps(str(path))}")
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ftui: ") and lines[0].endswith(

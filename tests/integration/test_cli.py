@@ -148,13 +148,13 @@ def test_preflight_maps_cuda_indices_and_checks_free_memory_on_scripted_gpus(ftu
     """--fake-gpus 8: the demo GPUs (~62 GiB used of 80 once loaded; the probe starts them at tick 0
     with 0.5 GiB used). The seed's CodeLlama 34B recipe as a FULL fine-tune over 2 GPUs needs far more
     than one GPU holds, so pre-flight warns for each requested GPU, named by its physical index."""
-    proc = ftui.run("--fake-gpus", "8", "run", str(ROOT / "recipes" / "codellama-34b-lora-fsdp.toml"),
+    proc = ftui.call("--fake-gpus", "8", "run", str(ROOT / "recipes" / "codellama-34b-lora-fsdp.toml"),
                     "--set", "method.type=full", "--nproc", "2", "--set", "launch.gpus=[5,2]", "--dry-run",
                     check=True)
     out = " ".join(proc.stdout.split())
     assert "GPUs (CUDA index -> physical): cuda:0 -> GPU 5, cuda:1 -> GPU 2" in out
     assert "GPU 5 has" in out and "GPU 2 has" in out and "the plan needs" in out
     assert "GPU 0 " not in out, "only the requested GPUs are checked"
-    lora = ftui.run("--fake-gpus", "8", "run", str(QUICKSTART), "--strategy", "ddp", "--nproc", "2",
+    lora = ftui.call("--fake-gpus", "8", "run", str(QUICKSTART), "--strategy", "ddp", "--nproc", "2",
                     "--set", "launch.gpus=[1,3]", "--dry-run", check=True)
     assert "the plan needs" not in lora.stdout, "the tiny model fits"

@@ -1,14 +1,12 @@
 """``--db`` as a user meets it through the real command line: a bad path is one line and exit 2 (nothing
 created), ``ftui db upgrade`` upgrades an old store and says from what to what, a newer store is refused.
 
-The default store's creation runs the real command in a subprocess; the rest is what a command prints and
-its exit code, through the same ``main`` in this process."""
+What a command prints and its exit code, through the same ``main`` in this process (the real processes'
+refusals: tests/integration/test_bad_arguments.py)."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,33 +14,29 @@ import pytest
 import sqlalchemy as sa
 
 from store import migrate
-from tests.support import CliResult, run_in_process
+from tests.support import CliResult
+from tests.support.in_process import run_ftui
 from tests.unit.test_store_migrations import _old_database
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _ftui(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _ftui(home: Path, *args: str) -> CliResult:
+    """``ftui ARGS`` with FTUI_HOME=home and no FTUI_DB, as a fresh process runs it (in this process)."""
     env = {k: v for k, v in os.environ.items() if k != "FTUI_DB"} | {"FTUI_HOME": str(home)}
-    return subprocess.run([sys.executable, "-m", "tui.cli", *args], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    return CliResult(*run_ftui(args, env, ROOT))
 
 
 Cli = Callable[..., CliResult]
 
 
 @pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Cli:
+def cli() -> Cli:
     """``ftui ARGS`` with FTUI_HOME=home and no FTUI_DB, in this process."""
-    monkeypatch.delenv("FTUI_DB", raising=False)
-
-    def run(home: Path, *args: str) -> CliResult:
-        monkeypatch.setenv("FTUI_HOME", str(home))
-        return run_in_process(capsys, *args)
-    return run
+    return _ftui
 
 
-def _one_line(proc: subprocess.CompletedProcess[str] | CliResult) -> str:
+def _one_line(proc: CliResult) -> str:
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     return proc.stderr.strip()

@@ -1,17 +1,31 @@
-"""``ftui compare`` refuses bad ids and flags in one line naming what is wrong, exit 2."""
+"""``ftui compare`` refuses bad ids and flags in one line naming what is wrong, exit 2. Through ``main`` in
+this process on the session's home (the real process's refusal: tests/integration/test_bad_arguments.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from tests.support import QUICKSTART, Ftui
+from tests.support import QUICKSTART, ROOT, CliResult, Ftui, run_in_process
+
+Cli = Callable[..., CliResult]
 
 
-def test_bad_input_is_one_line_and_exit_2(ftui: Ftui) -> None:
+@pytest.fixture
+def cli(ftui: Ftui, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Cli:
+    """``ftui ARGS`` on the session's home, in this process (a sweep refused before it trains included)."""
+    monkeypatch.setenv("FTUI_HOME", str(ftui.home))
+    monkeypatch.setenv("FTUI_DB", ftui.db)
+    monkeypatch.chdir(ROOT)
+    return lambda *args: run_in_process(capsys, *args)
+
+
+def test_bad_input_is_one_line_and_exit_2(cli: Cli) -> None:
     for args in (["compare"], ["compare", "9999"], ["compare", "--sweep", "no-such-sweep"],
                  ["sweep", str(QUICKSTART), "--strategies", "single,warp"],
                  ["sweep", str(QUICKSTART), "--grid", "train.batch_size"]):
-        proc = ftui.run(*args)
+        proc = cli(*args)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert proc.stderr.startswith("ftui: ") and "Traceback" not in proc.stderr, proc.stderr
 
@@ -27,8 +41,8 @@ def test_bad_input_is_one_line_and_exit_2(ftui: Ftui) -> None:
         (["sweep", str(QUICKSTART), "-o", "/missing/dir/x.html", "--format", "html"], "-o/--output"),
     ],
 )
-def test_bad_flags_are_one_line_naming_the_flag(ftui: Ftui, args: list[str], named: str) -> None:
-    proc = ftui.run(*args)
+def test_bad_flags_are_one_line_naming_the_flag(cli: Cli, args: list[str], named: str) -> None:
+    proc = cli(*args)
     assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ftui: ") and named in lines[0], proc.stderr

@@ -13,8 +13,11 @@ import pytest
 
 from runner.watch import journal
 from store import Store
-from tests.support import Ftui, new_home, run_in_process
+from tests.support import Ftui, new_home
 from tests.support.scripted_rank import SCRIPT
+
+pytestmark = pytest.mark.xdist_group(name="db-rebuild")
+"""The module's home (two real runs) is made once: its tests go to one worker."""
 
 
 @pytest.fixture(scope="module")
@@ -28,11 +31,9 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Ftui:
 
 
 @pytest.fixture
-def ftui(home: Ftui, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Any:
+def ftui(home: Ftui) -> Any:
     """``ftui ARGS`` against the home, in this process (the read and rebuild commands: no start-up cost)."""
-    monkeypatch.setenv("FTUI_HOME", str(home.home))
-    monkeypatch.setenv("FTUI_DB", home.db)
-    return lambda *args: run_in_process(capsys, *args)
+    return home.call
 
 
 def _everything(ftui: Any) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ from textual.widgets import DataTable, Static
 
 from store import Store
 from tests.support import CliResult, run_in_process
-from tests.support.dashboard import wait_for
+from tests.support.dashboard import trainer_summary, wait_for
 from tui.app import make_app
 from tui.app.messages import RunsLoaded
 from tui.app.screens.monitor import MonitorScreen
@@ -28,7 +28,8 @@ ERROR = "boom [/] at [red]step[/] 3"
 
 
 def add_run(store: Store, name: str, status: str = "completed") -> int:
-    """A run recorded through the real store API, with metrics, an error and tags that look like markup."""
+    """A run recorded through the real store API, with metrics, an error and tags that look like markup, and
+    its trainer's summary (compared without importing transformers)."""
     from runner.spec.recipe import load_recipe
 
     recipe = load_recipe(ROOT / "recipes" / "quickstart.toml", [f"name={json.dumps(name)}"])
@@ -37,7 +38,7 @@ def add_run(store: Store, name: str, status: str = "completed") -> int:
     store.ingest(run_id, [{"seq": i, "type": "step", "time": 1000.0 + i, "step": i, "loss": 5.0 - 0.1 * i,
                            "tokens_per_s": 1000.0, "step_time": 0.5} for i in range(1, 4)])
     store.update_run(run_id, status=status, final_loss=4.7, tokens_per_s=1000.0, train_seconds=1.5,
-                     error=ERROR if status == "failed" else None)
+                     error=ERROR if status == "failed" else None, summary=trainer_summary())
     return run_id
 
 

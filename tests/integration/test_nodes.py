@@ -19,6 +19,7 @@ from runner.spec import checkpoint as ck
 from runner.spec.recipe import load_recipe
 from store import Store
 from store import nodes as store_nodes
+from tests.support import new_home
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "recipes" / "quickstart.toml"
@@ -27,16 +28,15 @@ FAST = {"FTUI_NODE_HEARTBEAT_S": "0.25", "FTUI_NODE_POLL_S": "0.1"}
 
 
 def test_ftui_run_refuses_bad_multinode_flags_in_one_line(tmp_path: Path) -> None:
-    env = {**os.environ, "FTUI_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "tui.cli", "run", str(QUICKSTART), "--strategy", "ddp", "--nproc", "1",
-                           "--nnodes", "2", "--main-addr", "127.0.0.1", "--dry-run"],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    """Dry runs, through ``main`` in this process (``Ftui.call``)."""
+    ftui = new_home(tmp_path)
+    proc = ftui.call("run", str(QUICKSTART), "--strategy", "ddp", "--nproc", "1", "--nnodes", "2", "--main-addr",
+                     "127.0.0.1", "--dry-run")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "ftui: --node-rank: this machine's node rank (0 to nnodes-1) is needed with --main-addr"]
-    proc = subprocess.run([sys.executable, "-m", "tui.cli", "run", str(QUICKSTART), "--strategy", "ddp", "--nproc", "1",
-                           "--nnodes", "2", "--node-rank", "1", "--main-addr", "127.0.0.1", "--dry-run",
-                           "--format", "json"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    proc = ftui.call("run", str(QUICKSTART), "--strategy", "ddp", "--nproc", "1", "--nnodes", "2", "--node-rank", "1",
+                     "--main-addr", "127.0.0.1", "--dry-run", "--format", "json")
     assert proc.returncode == 0, proc.stderr
     launch = json.loads(proc.stdout)
     assert launch["env"]["MASTER_ADDR"] == "127.0.0.1" and launch["env"]["GLOO_SOCKET_IFNAME"] == "lo"

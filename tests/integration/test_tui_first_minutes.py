@@ -184,7 +184,8 @@ async def test_stop_asks_first(store: Store) -> None:
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="stop question")
         assert "Stop run" in str(app.screen.query_one("Label").render())
         await pilot.press("n")
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen), what="the question answered")
+        await pilot.pause()
         assert isinstance(app.screen, MonitorScreen)
         run = store.get_run(run_id)
         assert run is not None and run.status == "running" and run.stop_requested_at is None
@@ -200,7 +201,8 @@ async def test_runs_screen_hint_keys_help_and_live_step(store: Store) -> None:
 
     app = make_app(store, refresh_s=0.2, watcher_check_s=NO_WATCHER_CHECK)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.pause(0.5)
+        await wait_for(pilot, lambda: app.screen.loaded, what="the store read")
+        await pilot.pause()
         hint = app.screen.query_one("#runs-empty")
         assert hint.display and "ftui run recipes/quickstart.toml" in str(hint.render())
         await pilot.press("question_mark")
@@ -216,9 +218,13 @@ async def test_runs_screen_hint_keys_help_and_live_step(store: Store) -> None:
         store.ingest(run_id, [{"seq": s, "type": "step", "time": 1.0 + s, "step": s, "loss": 5.0 - s / 10,
                                "tokens_per_s": 1000.0 + s} for s in (1, 2, 3)])
         table = app.screen.query_one(DataTable)
-        await wait_for(pilot, lambda: table.row_count == 1, what="the run listed")
-        await pilot.pause(0.3)
-        row = {str(c.label): str(v) for c, v in zip(table.columns.values(), table.get_row_at(0), strict=True)}
-        assert (row["step"], row["loss"], row["tokens/s"], row["mode"]) == ("3/30", "4.7000", "1,003", "DDP (CPU)")
-        assert "try 2" in row["tags · note"]
+
+        def row() -> dict[str, str]:
+            return {str(c.label): str(v) for c, v in zip(table.columns.values(), table.get_row_at(0), strict=True)}
+
+        # the poll may list the run between its writes: wait for the one that shows its steps
+        await wait_for(pilot, lambda: table.row_count == 1 and row()["step"] != "-", what="the run listed")
+        shown = row()
+        assert (shown["step"], shown["loss"], shown["tokens/s"], shown["mode"]) == ("3/30", "4.7000", "1,003", "DDP (CPU)")
+        assert "try 2" in shown["tags · note"]
         assert not app.screen.query_one("#runs-empty").display

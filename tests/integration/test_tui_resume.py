@@ -8,6 +8,7 @@ from pathlib import Path
 from textual.message import Message
 
 from store import Store
+from tests.support.dashboard import wait_for
 from tui.app import make_app
 from tui.app.messages import LaunchFailed
 from tui.app.poll import MonitorFeed
@@ -46,15 +47,9 @@ async def test_resume_key_without_a_checkpoint_says_why(store: Store, tmp_path: 
     async with app.run_test(size=(120, 40), message_hook=seen.append) as pilot:
         await pilot.pause()
         assert isinstance(app.screen, RunsScreen)
-        for _ in range(50):
-            await pilot.pause(0.1)
-            if app.screen.query("DataTable") and app.screen.query_one("DataTable").row_count:
-                break
+        await wait_for(pilot, lambda: app.screen.query_one("DataTable").row_count == 1, what="the run listed")
         await pilot.press("R")
-        for _ in range(100):
-            if any(isinstance(m, LaunchFailed) for m in seen):
-                break
-            await pilot.pause(0.1)
+        await wait_for(pilot, lambda: any(isinstance(m, LaunchFailed) for m in seen), what="the refusal")
     failed = [m for m in seen if isinstance(m, LaunchFailed)]
     assert failed and "no complete checkpoint" in failed[0].error
     assert len(store.list_runs()) == 1  # nothing recorded

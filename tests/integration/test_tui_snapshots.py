@@ -12,11 +12,9 @@ import pytest
 from runner.hardware import DeviceSample, ProcessGpuMemory
 from runner.spec.recipe import load_recipe
 from store import Store
-from tests.support.dashboard import NO_WATCHER_CHECK, wait_for
+from tests.support.dashboard import NO_WATCHER_CHECK, trainer_summary, wait_for
 from tui.app import app as app_module
 from tui.app import make_app
-
-# Each snapshot drives the whole app for 1-3 s: part of the full suite, not the fast loop.
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 1, 2, 3, 4, 5)
@@ -48,13 +46,15 @@ def store(filled: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Stor
 
 
 def fill(store: Store, tmp: Path) -> None:
+    # The last figure: the per-device estimate the trainer stores (the planner's, what
+    # runner.analysis.run_figures.estimated_memory computes from each recipe), with the model's dimensions.
     plans = [
-        ("quickstart", "single", 1, "completed", 2e-3, 1.0),
-        ("ddp-2", "ddp", 2, "completed", 2e-3, 0.9),
-        ("fsdp-2", "fsdp", 2, "stopped", 1e-3, 1.1),
-        ("demo-8gpu", "ddp", 8, "running", 1e-3, 1.2),
+        ("quickstart", "single", 1, "completed", 2e-3, 1.0, 232254976),
+        ("ddp-2", "ddp", 2, "completed", 2e-3, 0.9, 232746496),
+        ("fsdp-2", "fsdp", 2, "stopped", 1e-3, 1.1, 206341888),
+        ("demo-8gpu", "ddp", 8, "running", 1e-3, 1.2, 232746496),
     ]
-    for i, (name, strategy, nproc, status, lr, scale) in enumerate(plans):
+    for i, (name, strategy, nproc, status, lr, scale, estimate) in enumerate(plans):
         over = [f"name={name}", f"train.lr={lr}", f"launch.strategy={strategy}", f"launch.nproc={nproc}"]
         recipe = load_recipe(ROOT / "recipes" / "quickstart.toml", over)
         run_dir = tmp / f"run{i}"
@@ -75,7 +75,7 @@ def fill(store: Store, tmp: Path) -> None:
                          train_seconds=15.0 if done else None, tokens_per_s=2100.0 / scale if done else None,
                          final_loss=scale * 3.3 if done else None, peak_mem_bytes=(300 + 10 * i) * 2**20,
                          mean_util=70.0 + i if done else None, tags=["demo"] if i == 0 else [],
-                         note="baseline" if i == 0 else "")
+                         note="baseline" if i == 0 else "", summary=trainer_summary(estimate))
         samples, procs = [], []
         for k in range(20):
             ts = t + k * 0.5
@@ -97,25 +97,26 @@ def app_for(store: Store):  # type: ignore[no-untyped-def]
 
 
 async def settle(pilot) -> None:  # type: ignore[no-untyped-def]
-    """Wait until the store reads (thread workers) have filled every table on screen, then let the
-    tables' deferred column sizing and a repaint happen, so that load on the machine cannot change
-    what the snapshot sees."""
+    """Wait until the store reads (thread workers) have filled every table on screen and Compose's launch
+    preview is built, then until the app is idle with no animation pending (the tables' deferred column
+    sizing and a repaint), so that load on the machine cannot change what the snapshot sees."""
+    await wait_for(pilot, lambda: _filled(pilot.app.screen), what="the screen's reads")
+    await pilot.wait_for_scheduled_animations()
+    await pilot.pause()
+    await pilot.pause()
+
+
+def _filled(screen) -> bool:  # type: ignore[no-untyped-def]
+    """The screen shows its reads: the Runs screen's first, every table's rows (the recipe diff may be
+    empty), Compose's launch command when the form is valid."""
     from textual.widgets import DataTable
 
-    await pilot.pause(0.3)
-    for _ in range(100):
-        tables = list(pilot.app.screen.query(DataTable))
-        if all(t.row_count > 0 for t in tables if t.id != "diff"):
-            break
-        await pilot.pause(0.1)
-    for _ in range(100):  # Compose builds its launch preview in a thread worker
-        screen = pilot.app.screen
-        previews = list(screen.query("#preview"))
-        if not previews or not getattr(screen, "valid", False) or "launch command" in str(previews[0].render()):
-            break
-        await pilot.pause(0.1)
-    await pilot.pause(0.4)
-    await pilot.pause()
+    if not getattr(screen, "loaded", True):
+        return False
+    if not all(t.row_count > 0 for t in screen.query(DataTable) if t.id != "diff"):
+        return False
+    previews = list(screen.query("#preview"))
+    return not previews or not getattr(screen, "valid", False) or "launch command" in str(previews[0].render())
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
@@ -139,10 +140,8 @@ def test_compose_valid(snap_compare, store: Store, size) -> None:  # type: ignor
     """A valid form: the launch command, and the estimate from its thread worker (scrollable at 80x24)."""
     async def before(pilot) -> None:  # type: ignore[no-untyped-def]
         await pilot.press("2")
-        for _ in range(100):
-            if "recommended" in str(pilot.app.screen.query_one("#estimate").render()):
-                break
-            await pilot.pause(0.1)
+        await wait_for(pilot, lambda: "recommended" in str(pilot.app.screen.query_one("#estimate").render()),
+                       what="the estimate")
         await settle(pilot)
 
     assert snap_compare(app_for(store), terminal_size=size, run_before=before)
@@ -236,7 +235,7 @@ def test_runs_empty(snap_compare, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     app = make_app(Store(f"sqlite:///{tmp_path}/ftui.db"), now=lambda: NOW, python="python", refresh_s=0.2, watcher_check_s=NO_WATCHER_CHECK)
 
     async def before(pilot) -> None:  # type: ignore[no-untyped-def]
-        await pilot.pause(0.5)
+        await wait_for(pilot, lambda: pilot.app.screen.loaded, what="the store read")
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=before)
@@ -245,10 +244,8 @@ def test_runs_empty(snap_compare, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 async def _open_monitor(pilot, run_id: int) -> None:  # type: ignore[no-untyped-def]
     await settle(pilot)
     pilot.app.open_run(run_id)
-    for _ in range(50):  # the monitor's first read lands from a worker thread
-        if getattr(pilot.app.screen, "snapshot", None) is not None:
-            break
-        await pilot.pause(0.1)
+    # the monitor's first read lands from a worker thread
+    await wait_for(pilot, lambda: getattr(pilot.app.screen, "snapshot", None) is not None, what="the monitor")
     await settle(pilot)
 
 
@@ -257,10 +254,7 @@ async def _modal(pilot, key: str) -> None:  # type: ignore[no-untyped-def]
     from textual.screen import ModalScreen
 
     await pilot.press(key)
-    for _ in range(50):
-        if isinstance(pilot.app.screen, ModalScreen):
-            break
-        await pilot.pause(0.1)
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, ModalScreen), what=f"the modal of {key}")
     await pilot.pause()
     await pilot.pause()
 

@@ -1,5 +1,7 @@
 """What the tests share: the repository's paths, and ``Ftui``, which runs the real ``ftui`` command line
-in a subprocess against one home (database, run folders, caches).
+against one home (database, run folders, caches): in a subprocess (``Ftui.run``: whatever trains, forks or
+signals, and the tests of the process itself), or in this process as a fresh process runs it
+(``Ftui.call``: the commands that only read, :mod:`tests.support.in_process`).
 
 The fixtures live in plugin modules next to this one, registered by tests/conftest.py: ``postgres``
 (``db_url``, ``pg_server``), ``slurm_cluster`` and ``matrix`` (the shared real runs).
@@ -18,6 +20,7 @@ from typing import Any
 
 from runner.spec.summary import RunSummary
 from store import RunInfo
+from tests.support.in_process import call_main, fresh_process_state, run_ftui
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "recipes" / "quickstart.toml"
@@ -45,11 +48,21 @@ class Ftui:
             raise AssertionError(f"ftui {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
         return proc
 
+    def call(self, *args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+        """``ftui ARGS`` in this process, as ``run`` would give it from a fresh process (this home's
+        environment, cwd ROOT, no terminal): for the commands that neither train nor start processes
+        (``show``, ``runs``, ``compare``, ``report``, ``estimate``, ``db``, ``gpus``, and ``run``/``sweep``
+        with ``--dry-run``); any other is refused."""
+        code, out, err = run_ftui(args, self.env, ROOT)
+        if check and code != 0:
+            raise AssertionError(f"ftui {' '.join(args)} exited {code}\n{out}\n{err}")
+        return subprocess.CompletedProcess([sys.executable, "-m", "tui.cli", *args], code, out, err)
+
     def show(self, run_id: int) -> dict[str, Any]:
-        return json.loads(self.run("show", str(run_id), "--format", "json", check=True).stdout)
+        return json.loads(self.call("show", str(run_id), "--format", "json", check=True).stdout)
 
     def runs(self) -> list[dict[str, Any]]:
-        return json.loads(self.run("runs", "--format", "json", check=True).stdout)
+        return json.loads(self.call("runs", "--format", "json", check=True).stdout)
 
 
 @dataclass(frozen=True)
@@ -62,13 +75,14 @@ class CliResult:
 
 
 def run_in_process(capsys: Any, *args: str) -> CliResult:
-    """``ftui ARGS`` through ``tui.cli.main.main`` in this process (``capsys`` is pytest's fixture): the same
-    parsing, handlers and exit codes as the command, without an interpreter's start-up. For commands that
-    neither train nor depend on what this process imported."""
-    from tui.cli.main import main
-
+    """``ftui ARGS`` through ``tui.cli.main.main`` in this process (``capsys`` is pytest's fixture), with
+    this process's environment and folder as the test set them: the same parsing, handlers and exit codes
+    as the command, without an interpreter's start-up, and no terminal, logging handler, warning filter or
+    open database left to or from the test (:func:`tests.support.in_process.fresh_process_state`). Any
+    command that starts no process: a dry run, a refusal of bad input, a read."""
     capsys.readouterr()
-    code = main(list(args))
+    with fresh_process_state():
+        code = call_main(args)
     out, err = capsys.readouterr()
     return CliResult(code, out, err)
 

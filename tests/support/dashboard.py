@@ -45,8 +45,24 @@ async def wait_for(pilot: Any, predicate: Callable[[], object], timeout: float =
     raise AssertionError(f"timed out waiting for {what}")
 
 
+QUICKSTART_DIMS = {"layers": 6, "heads": 6, "head_dim": 64, "seq_len": 256, "embedding_params": 1572864}
+"""What the trainer stores as ``summary.model_dims`` for quickstart's ``builtin:tiny-llama`` at context 256
+(``runner.analysis.run_figures.model_dims`` of the recipe gives the same)."""
+QUICKSTART_ESTIMATE_BYTES = 232254976
+"""The planner's per-device estimate the trainer stores for quickstart (single, LoRA): what
+``runner.analysis.run_figures.estimated_memory`` computes from the recipe."""
+
+
+def trainer_summary(estimate_bytes: int = QUICKSTART_ESTIMATE_BYTES) -> dict[str, Any]:
+    """The figures a run's trainer stores in its summary (model dimensions, the planner's estimate), so that
+    comparing it reads them rather than building the model's config through transformers and torch (about
+    7 s of CPU to import; a run stored without them is compared in tests/integration/test_store_scale.py)."""
+    return {"model_dims": QUICKSTART_DIMS, "estimate": {"per_device_bytes": {"total": estimate_bytes}}}
+
+
 def add_finished_run(store: Store, name: str, lr: float) -> int:
-    """A completed quickstart run with five logged steps, written straight into the store."""
+    """A completed quickstart run with five logged steps and its trainer's summary, written straight into
+    the store."""
     from runner.spec.recipe import load_recipe
 
     recipe = load_recipe(QUICKSTART, [f"name={name}", f"train.lr={lr}"])
@@ -54,7 +70,8 @@ def add_finished_run(store: Store, name: str, lr: float) -> int:
                               strategy="single", nproc=1, method="lora", model=recipe.model.name, run_dir="")
     store.ingest(run_id, [{"seq": i, "type": "step", "time": 1000.0 + i, "step": i, "loss": 5.0 - 0.1 * i * lr * 1000,
                            "tokens_per_s": 1000.0, "step_time": 0.5} for i in range(1, 6)])
-    store.update_run(run_id, status="completed", final_loss=4.0, tokens_per_s=1000.0, train_seconds=2.5)
+    store.update_run(run_id, status="completed", final_loss=4.0, tokens_per_s=1000.0, train_seconds=2.5,
+                     summary=trainer_summary())
     return run_id
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from tests.support import QUICKSTART, ROOT, Ftui
+from tests.support.in_process import run_ftui
 
 STEPS = 5
 """Optimizer steps of every compared run: start-up dominates a run on CPU, a few steps show the curves agree
@@ -178,7 +179,7 @@ class Matrix:
                                  *[a for s in COMMON for a in ("--set", s)], "--format", "md", timeout=1800)
             assert proc.returncode == 0, f"sweep: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
             sid = sweep_id(proc.stdout + proc.stderr)
-            rows = json.loads(self.ftui.run("compare", "--sweep", sid, "--format", "json", check=True).stdout)["runs"]
+            rows = json.loads(self.ftui.call("compare", "--sweep", sid, "--format", "json", check=True).stdout)["runs"]
             self._sweep = Sweep(sid, proc.stdout, proc.stderr, {r["strategy"]: r["run_id"] for r in rows})
             for strategy, run_id in self._sweep.run_ids.items():
                 self._runs[strategy] = Run(strategy, self.ftui.show(run_id), proc.stdout)
@@ -209,10 +210,9 @@ class Matrix:
 
     def show_text(self, run: Run) -> str:
         """``ftui show`` of a run as a wide terminal prints it (at 80 columns its cells wrap)."""
-        proc = subprocess.run([sys.executable, "-m", "tui.cli", "show", str(run.id)], cwd=ROOT, text=True,
-                              capture_output=True, timeout=120, env={**self.ftui.env, "COLUMNS": "400"})
-        assert proc.returncode == 0, proc.stderr
-        return proc.stdout
+        code, out, err = run_ftui(["show", str(run.id)], {**self.ftui.env, "COLUMNS": "400"}, ROOT)
+        assert code == 0, err
+        return out
 
 
 @pytest.fixture(scope="session")
@@ -252,7 +252,7 @@ def cold_repeat(tmp_path_factory: pytest.TempPathFactory) -> ColdRepeat:
     proc = subprocess.run([sys.executable, "-m", "tui.cli", "sweep", str(recipe), "--strategies", "single",
                            "--repeat", "2"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
-    listed = subprocess.run([sys.executable, "-m", "tui.cli", "runs", "--format", "json"], env=env, cwd=ROOT,
-                            capture_output=True, text=True, timeout=120, check=True).stdout
+    code, listed, err = run_ftui(["runs", "--format", "json"], env, ROOT)
+    assert code == 0, err
     run_dirs = [Path(r["run_dir"]) for r in sorted(json.loads(listed), key=lambda r: r["id"])]
     return ColdRepeat(home, recipe, env, proc, run_dirs)

@@ -192,7 +192,7 @@ def test_ftui_report_of_stored_runs_renders_every_chart(chromium: str, tmp_path:
     ids = stored_runs(home)
     page = tmp_path / "out" / "report.html"
     page.parent.mkdir()
-    home.run("report", *map(str, ids), "-o", str(page), check=True)
+    home.call("report", *map(str, ids), "-o", str(page), check=True)
     html = page.read_text()
     assert "Cannot tell" in html  # one run each, no spread measured: no "Use"
     # the RSS of the memory events on a chart of its own, named so; the measured peak is in the bars
@@ -201,7 +201,7 @@ def test_ftui_report_of_stored_runs_renders_every_chart(chromium: str, tmp_path:
     assert not re.search(r"""(src|href)=["']?https?:""", html), "the page must not load anything"
     assert_renders(chromium, html, tmp_path)
     same = tmp_path / "out" / "compare.html"
-    home.run("compare", *map(str, ids), "--format", "html", "-o", str(same), check=True)
+    home.call("compare", *map(str, ids), "--format", "html", "-o", str(same), check=True)
     made = r"<th>made</th><td>[^<]*</td>"  # when it was made
     assert re.sub(made, "", same.read_text()) == re.sub(made, "", html)
 
@@ -214,7 +214,7 @@ def sweep(matrix: Matrix) -> Sweep:
 def test_the_report_of_a_real_sweep_renders_every_chart(ftui: Ftui, sweep: Sweep, chromium: str,
                                                         tmp_path: Path) -> None:
     page = tmp_path / "report.html"
-    ftui.run("report", "--sweep", sweep.id, "-o", str(page), check=True)
+    ftui.call("report", "--sweep", sweep.id, "-o", str(page), check=True)
     html = page.read_text()
     assert "Recipe differences" in html and "eval loss" not in html  # no run of the sweep evaluates
     assert_renders(chromium, html, tmp_path)

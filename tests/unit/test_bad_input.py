@@ -1,7 +1,7 @@
 """Bad input is found before launch: one line naming the field
 or file, exit 2, never a traceback, and nothing recorded. Property-based over the recipe loader and
 over every command of the CLI, in process through ``tui.cli.main`` (tests/integration/test_bad_arguments.py
-runs a few in real processes)."""
+runs one per command in a real process)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from runner.spec.recipe import RecipeError, load_recipe, parse_recipe
 from store import Store
+from tests.support import run_in_process
 from tui.cli.main import main
 from tui.cli.parser import COMMANDS
 
@@ -184,8 +185,8 @@ def snapshot(home: Path) -> tuple[str, list[str]]:
 
 def assert_usage_error(home: Path, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     before = snapshot(home)
-    code = main(argv)
-    out, err = capsys.readouterr()
+    result = run_in_process(capsys, *argv)
+    code, out, err = result.returncode, result.stdout, result.stderr
     assert code == 2, (argv, code, out, err)
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("ftui: "), (argv, err)

@@ -274,7 +274,7 @@ def test_report_shape_is_json_ready(tiny_shape: ModelShape) -> None:
     assert set(report) == {"strategies", "recommendation"}
     assert set(report["strategies"]) == {"ddp", "zero2", "fsdp"}
     for entry in report["strategies"].values():
-        assert set(entry) == {"per_device_bytes", "fits", "gpus_needed"}
+        assert set(entry) == {"per_device_bytes", "fits", "gpus_needed", "error_band"}
         # The contract keys, plus the parts that make the total add up and the stored activations.
         assert set(entry["per_device_bytes"]) == {
             *PARTS,

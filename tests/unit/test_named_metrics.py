@@ -82,8 +82,7 @@ def test_a_0002_database_upgrades_to_0003_keeping_rows(tmp_path: Path) -> None:
 
 
 def test_show_json_has_named_metrics(tmp_path: Path) -> None:
-    import subprocess
-    import sys
+    from tests.support.in_process import run_ftui
 
     root = Path(__file__).resolve().parents[2]
     url = f"sqlite:///{tmp_path / 'ftui.db'}"
@@ -94,10 +93,10 @@ def test_show_json_has_named_metrics(tmp_path: Path) -> None:
                           {"seq": 1, "type": "eval_samples", "time": 2.0, "step": 5,
                            "samples": [{"prompt": "hi", "completion": " there"}]}])
     store.close()
-    out = subprocess.run([sys.executable, "-m", "tui.cli", "show", str(run_id), "--format", "json", "--db", url],
-                         capture_output=True, text=True, cwd=root, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root),
-                                                                        "FTUI_HOME": str(tmp_path)}, check=True)
-    data = json.loads(out.stdout)
+    code, out, err = run_ftui(["show", str(run_id), "--format", "json", "--db", url],
+                              {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root), "FTUI_HOME": str(tmp_path)}, root)
+    assert code == 0, err
+    data = json.loads(out)
     assert data["named_metrics"] == {"eval/loss": [{"step": 5, "value": 1.5, "time": 2.0}]}
     assert data["eval_samples"] == [{"step": 5, "samples": [{"prompt": "hi", "completion": " there"}]}]
 

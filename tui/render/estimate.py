@@ -10,11 +10,17 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from runner.planner.error_band import FOOTNOTE, UNKNOWN_CELL, Band
 from tui.render.report import fmt_bytes
 
 HEADERS = {"activations": "activ-\nations", "grad_buckets": "grad\nbuckets", "recompute": "recom-\npute",
            "ds_reduce_bucket": "reduce\nbucket", "ds_gathered": "zero3\ngathered"}
 """Two-line headers where the word is wider than its figures."""
+
+
+def error_cell(band: dict[str, Any] | None) -> str:
+    """The "error here" cell of a strategy's :class:`runner.planner.error_band.Band` (as JSON)."""
+    return UNKNOWN_CELL if band is None else Band(**band).cell()
 
 
 def _header(part: str) -> str:
@@ -46,6 +52,7 @@ def estimate_table(report: dict[str, Any], parts_order: tuple[str, ...], title: 
         ("peak\nphase", [str(b.get("peak_phase", "-")) for b in sizes]),
         ("fits", ["yes" if entry["fits"] else "no" for _, entry in rows]),
         ("GPUs\nneeded", ["-" if entry["gpus_needed"] is None else str(entry["gpus_needed"]) for _, entry in rows]),
+        ("error\nhere", [error_cell(entry.get("error_band")) for _, entry in rows]),
     ]
 
     def part_width(p: str) -> int:
@@ -83,9 +90,10 @@ def estimate_table(report: dict[str, Any], parts_order: tuple[str, ...], title: 
             fixed[0][1][i], fixed[1][1][i],
             Text(fixed[2][1][i], style="green" if entry["fits"] else "red"),
             fixed[3][1][i],
+            Text(fixed[4][1][i], style="dim" if fixed[4][1][i] == UNKNOWN_CELL else ""),
         )
     notes = ["every figure is estimated (runner.planner; docs/memory-model.md): the parts alive at the "
-             "step's peak add up to the total; * marks the recommended strategy"]
+             "step's peak add up to the total; * marks the recommended strategy", FOOTNOTE]
     if other:
         notes.append(f"other = {' + '.join(other)} (a wider terminal shows each)")
     if zero:

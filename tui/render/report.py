@@ -8,6 +8,7 @@ process RSS (getrusage/psutil) is shown as such, never as "measured memory".
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from rich.text import Text
 from runner.analysis.mfu import Peak
 from runner.analysis.run_peak import stored_mfu
 from runner.hardware.records import SOURCE_LABELS
+from runner.planner.error_band import Band
 from runner.spec.events import RECIPE_FILE
 from runner.spec.strategies import STRATEGIES, recipe_global_batch
 from runner.spec.summary import RunSummary, model_state_bytes, rank_peak, rank_rss
@@ -345,7 +347,18 @@ def estimate_table(summary: RunSummary) -> Group | None:
         table.add_column(col, justify="left" if col == "figure" else "right", no_wrap=True)
     for kind, est, measured, err in compared:
         table.add_row(kind, fmt_bytes(est), fmt_bytes(measured), "-" if err is None else f"{err:+.1f}%")
-    return Group(table, sources)
+    return Group(table, sources, Text(band_line(summary.estimate or {}), style="dim"))
+
+
+def band_line(estimate: Mapping[str, Any]) -> str:
+    """What the planner's error has been for this run's model family and strategy, elsewhere than here."""
+    band = estimate.get("error_band")
+    if band:
+        return f"the planner's error on the held-out grid for {Band(**band).sentence()}"
+    key = estimate.get("band_key")
+    if key:
+        return f"the planner's error for {key} was never measured on the held-out grid: unknown beyond this run"
+    return "the planner's error band was not recorded for this run"
 
 
 def run_report(run: RunInfo) -> Group:

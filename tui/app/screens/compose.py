@@ -204,6 +204,9 @@ class ComposeScreen(Screen[None]):
         self.base_recipe: Recipe | None = None
         """The loaded file's recipe: Save writes the fields that differ from it into that file's text."""
         self.errors: dict[str, str] = {}
+        self.shown: dict[str, tuple[str, str, list[Any]]] = {}
+        """What each of the form's text widgets shows, by id: :meth:`show` skips a widget whose text is the
+        same (a Static's update lays the screen out again: every keystroke would do it 20 times)."""
         self.preview_generation = 0
         """Counts the form's states that asked for a launch preview (an older one arriving late is dropped)."""
         if recipe_path:
@@ -323,29 +326,35 @@ class ComposeScreen(Screen[None]):
             recipe = None
         whole_error = other or next((f"{p}: {m}" for p, m in self.errors.items()), "")
         for f in FIELDS:
-            err = self.query_one("#err-" + field_id(f.path), Static)
-            err.update(Text(self.errors.get(f.path, ""), style="red"))
+            self.show("err-" + field_id(f.path), Text(self.errors.get(f.path, ""), style="red"))
             self.query_one("#" + field_id(f.path)).set_class(f.path in self.errors, "-invalid")
         self.recipe = recipe
         self.valid = recipe is not None
-        status = self.query_one("#form-status", Static)
         if recipe is None:
-            status.update(Text(f"✗ {whole_error or 'fix the fields marked in red'}", style="red"))
+            self.show("form-status", Text(f"✗ {whole_error or 'fix the fields marked in red'}", style="red"))
         else:
-            status.update(Text(f"✓ valid recipe (its validator and the pre-flight's file and process checks) · {self.recipe_path}", style="green"))
+            self.show("form-status", Text("✓ valid recipe (its validator and the pre-flight's file and process "
+                                          f"checks) · {self.recipe_path}", style="green"))
         self.show_preview(recipe)
         return recipe
 
+    def show(self, widget_id: str, text: Text | str) -> None:
+        """Put ``text`` in the Static ``widget_id`` unless it shows that already."""
+        rich = text if isinstance(text, Text) else Text(text)
+        key = (rich.plain, str(rich.style), list(rich.spans))  # Text's own == ignores its style
+        if self.shown.get(widget_id) == key:
+            return
+        self.shown[widget_id] = key
+        self.query_one("#" + widget_id, Static).update(text)
+
     def show_preview(self, recipe: Recipe | None) -> None:
-        preview = self.query_one("#preview", Static)
-        estimate = self.query_one("#estimate", Static)
         if recipe is None:
             # The last valid command would mislead: say what the preview waits for.
             wait = Text("launch command and memory estimate: waiting for the fields in red to be fixed",
                         style="dim italic")
             self.preview_generation += 1  # a preview still being built is for an older form
-            preview.update(wait)
-            estimate.update("")
+            self.show("preview", wait)
+            self.show("estimate", "")
             self.estimate_memory(None)
             return
         # Building the launch (accelerate's config, the env) costs ~15 ms a keystroke on a loaded machine:
@@ -365,7 +374,7 @@ class ComposeScreen(Screen[None]):
 
     def on_preview_ready(self, message: PreviewReady) -> None:
         if self.valid and message.generation == self.preview_generation:  # not a form that changed since
-            self.query_one("#preview", Static).update(message.text)
+            self.show("preview", message.text)
 
     @work(thread=True, exclusive=True, group="estimate")
     def estimate_memory(self, recipe: Recipe | None) -> None:
@@ -384,11 +393,11 @@ class ComposeScreen(Screen[None]):
     def on_launch_failed(self, message: LaunchFailed) -> None:
         """A pre-flight refusal (or a failed start) also stays on the form, not only in a toast;
         the message goes on to the app, which notifies."""
-        self.query_one("#form-status", Static).update(Text(f"✗ not launched: {message.error}", style="red"))
+        self.show("form-status", Text(f"✗ not launched: {message.error}", style="red"))
 
     def on_estimate_ready(self, message: EstimateReady) -> None:
         if self.valid:
-            self.query_one("#estimate", Static).update(message.text)
+            self.show("estimate", message.text)
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id and event.input.id.startswith("f-"):

@@ -1,0 +1,88 @@
+"""How far this planner's estimate has been from the measured peak, per model family and strategy: the
+error band that ``ftui estimate`` and ``ftui show`` print beside an estimate.
+
+The figures come from the project's own held-out grid (``bench/bench_memory_grid.py``: tiny models of
+several architectures, trained for real, the busiest rank's live-tensor peak against the estimate of the
+same recipe). ``python bench/bench_memory_grid.py --write-band`` re-estimates every stored measurement with
+the current formulas and writes :data:`BAND_FILE`, which ships with the package. A family and strategy
+that the grid never measured has no band: its error is unknown, and it is printed as unknown.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+BAND_FILE = Path(__file__).with_name("measured_error.json")
+"""The bands, written by ``bench/bench_memory_grid.py --write-band`` from ``bench/memory_grid.jsonl``."""
+ZERO_ENGINES = ("zero1", "zero2", "zero3")
+
+
+def band_key(family: str, strategy: str, engine: str = "auto") -> str:
+    """``family/strategy``, with the engine for the ZeRO stages (``llama/zero2@torch``): the two engines
+    hold different buffers, so one's error says nothing of the other's."""
+    if strategy in ZERO_ENGINES:
+        return f"{family}/{strategy}@{'torch' if engine == 'torch' else 'deepspeed'}"
+    return f"{family}/{strategy}"
+
+
+@dataclass(frozen=True)
+class Band:
+    """The estimate's error over the measured runs of one family and strategy, in percent of the measured
+    peak (positive: the estimate was above)."""
+
+    key: str
+    runs: int
+    median_pct: float
+    worst_pct: float
+    """The error of largest magnitude, with its sign."""
+    source: str
+
+    def cell(self) -> str:
+        """The table's cell: the largest magnitude and the count (``≤1.2% (16)``)."""
+        return f"≤{abs(self.worst_pct):.1f}% ({self.runs})"
+
+    def sentence(self) -> str:
+        return (f"{self.key}: {self.median_pct:+.1f}% median, {self.worst_pct:+.1f}% worst over {self.runs} "
+                f"measured runs ({self.source})")
+
+
+def bands_from_rows(rows: Iterable[Mapping[str, Any]], source: str) -> dict[str, Band]:
+    """The bands of grid rows (``config`` label, ``error_pct``; rows without a measurement are skipped)."""
+    errors: dict[str, list[float]] = {}
+    for row in rows:
+        if row.get("error_pct") is None:
+            continue
+        words = str(row["config"]).split()
+        family, strategy = words[0], words[3]
+        name, _, engine = strategy.partition("@")
+        errors.setdefault(band_key(family, name, engine or "auto"), []).append(float(row["error_pct"]))
+    return {key: Band(key, len(errs), statistics.median(errs), max(errs, key=abs), source)
+            for key, errs in sorted(errors.items())}
+
+
+def write_bands(bands: Mapping[str, Band], path: Path = BAND_FILE) -> None:
+    path.write_text(json.dumps({k: asdict(b) for k, b in bands.items()}, indent=1, sort_keys=True) + "\n")
+
+
+@cache
+def _load(path: Path) -> dict[str, Band]:
+    if not path.is_file():
+        return {}
+    return {k: Band(**v) for k, v in json.loads(path.read_text()).items()}
+
+
+def band_for(family: str, strategy: str, engine: str = "auto", path: Path = BAND_FILE) -> Band | None:
+    """The band of this family and strategy, None when the grid never measured it (the error is unknown)."""
+    return _load(path).get(band_key(family, strategy, engine))
+
+
+UNKNOWN_CELL = "?"
+FOOTNOTE = ("error here: the largest |estimated - measured| / measured of this planner over the runs of the "
+            "same model family and strategy on the project's held-out grid (tiny models trained on CPU; count "
+            "in brackets; bench/memory_grid.jsonl); ? = never measured: the error is unknown")
