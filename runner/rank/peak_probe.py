@@ -37,8 +37,8 @@ PROBE_MAX_SIZE = 2048
 PROBE_WINDOW_S = 0.02
 """Seconds of one probe: several of the scheduler's time slices, so it reads the rank's share of the cores,
 not one slice's luck."""
-PROBE_EVERY_S = 0.2
-"""Least seconds between two probes: probing costs at most a tenth of the training's wall time (and
+PROBE_EVERY_S = 1.0
+"""Least seconds between two probes: probing costs at most a fiftieth of the training's wall time (and
 nothing of its tokens/s, which leaves the probes out)."""
 
 _TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
