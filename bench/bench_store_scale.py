@@ -70,9 +70,9 @@ def _summary_template() -> dict[str, Any]:
         "telemetry": {"whole": {"kind": "rank", "devices": 2, "util_mean": 30.9, "util_peak": 48.4, "util_min": 30.8,
                                 "util_max": 30.9, "util_unit": "CPU % of its 1 thread (psutil)", "threads": 1,
                                 "mem_peak": 747626496}},
-        "mfu_peak": {"flops": 25507223843.8, "source": "measured matmul peak (CPU), fp32 512x512, 1 thread(s)",
-                     "kind": "measured", "dtype": "fp32", "threads": 1, "measured_at": 1795447228.6,
-                     "fingerprint": "2749f773ac9d640e", "machine": "AMD EPYC, 2 cores", "size": 512, "load": 0.5},
+        "mfu_peak": {"flops": 25507223843.8, "source": "matmul probe in the ranks (CPU), fp32 512x512, 1 thread(s)",
+                     "kind": "probe", "dtype": "fp32", "threads": 1, "measured_at": 1795447228.6,
+                     "fingerprint": "2749f773ac9d640e", "machine": "AMD EPYC, 2 cores", "size": 512},
     }
 
 

@@ -1,7 +1,7 @@
 """Compare runs side by side: the figures of each run, speed-ups against a baseline, the recipe diff.
 
 :func:`build_comparison` is pure (stored runs and their metrics in, a :class:`Comparison` out);
-:func:`load_comparison` reads the store and resolves MFU peaks (which may run a short CPU benchmark).
+:func:`load_comparison` reads the store and resolves MFU peaks (those the runs stored; no benchmark).
 The figures of each run come from :mod:`runner.analysis.run_figures`; rendering lives in
 ``tui/render/compare.py``.
 """
@@ -19,16 +19,13 @@ from typing import Any
 from runner.analysis import verdict
 from runner.analysis.mfu import Peak, compute_mfu, trustworthy
 from runner.analysis.noise import NoiseFloor, Training, host_other_util, measured_floor
-from runner.analysis.run_figures import (
+from runner.analysis.run_figures import estimated_memory, mem_measured, model_dims, utilisation
+from runner.analysis.run_peak import (
     default_peak,
     device_count,
-    estimated_memory,
-    mem_measured,
-    model_dims,
+    over_100_note,
     peak_note,
-    remeasured_peak,
     stored_flops_per_token,
-    utilisation,
 )
 from runner.spec import strategies
 from runner.spec.flops import flops_per_token
@@ -70,12 +67,12 @@ class RunRow:
     peak_dtype: str | None
     peak_threads: int | None
     peak_kind: str | None
-    """``measured`` (CPU benchmark), ``datasheet`` (GPU) or ``given`` (--peak-tflops, the recipe)."""
+    """``probe`` (CPU: probed beside the run), ``datasheet`` (GPU) or ``given`` (--peak-tflops, the recipe)."""
     peak_measured_at: str | None
-    """ISO date-time (UTC) the CPU peak was measured."""
+    """ISO date-time (UTC) the CPU peak was measured (the run's end, for a probe)."""
     peak_fingerprint: str | None
     peak_label: str
-    """``40.6 GFLOP/s fp32, 2 threads, measured 2026-11-23``, or ``-``."""
+    """``40.6 GFLOP/s fp32, 2 threads, probed beside the run``, or ``-``."""
     mem_measured: int | None
     mem_measured_source: str
     mem_estimated: int | None
@@ -260,9 +257,8 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
               dims: Mapping[str, Any] | None, grid: str = "", peak_note: str | None = None) -> RunRow:
     """The figures of one run (pure, apart from a memory estimate computed from the recipe).
 
-    ``peak_note`` says why ``peak`` is None (shown as the reason MFU is '-'), or what was done about a
-    peak that gave an MFU above 100% (such an MFU is never shown: ``mfu`` is None, ``mfu_rejected``
-    holds it and ``mfu_note`` says why).
+    ``peak_note`` says why ``peak`` is None (shown as the reason MFU is '-'). An MFU above 100% is never
+    shown: ``mfu`` is None, ``mfu_rejected`` holds it and ``mfu_note`` says why.
     """
     recipe = _recipe(run)
     train = recipe.get("train", {})
@@ -287,8 +283,8 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
             mfu = m.mfu
         else:  # never printed: a figure above 100% says the peak is wrong, not that the run was fast
             rejected = m.mfu
-            over_note = (f"MFU > 100% against {peak.label()} x {devices} device(s): peak not trustworthy"
-                         f"{'; ' + peak_note if peak_note else ''}")
+            over_note = (f"MFU > 100% against {peak.label()} x {devices} device(s): peak not trustworthy; "
+                         f"{over_100_note(peak)}")
     util = utilisation(run)
     measured_at = None
     if peak and peak.measured_at:
@@ -529,7 +525,7 @@ def load_comparison(store: Store, run_ids: Sequence[int], baseline_id: int | Non
 
     Reads what the runs stored (FLOPs per token, model dimensions, peaks, estimates) and each run's loss
     curve downsampled (:func:`compare_metrics`); telemetry samples only for the HTML timelines or a run
-    stored without its peak; model configs only for a run recorded without its dimensions.
+    stored without its peak (a GPU's name); model configs only for a run recorded without its dimensions.
     """
     found = {r.id: r for r in store.get_runs(run_ids)}
     missing = next((rid for rid in run_ids if rid not in found), None)
@@ -548,20 +544,6 @@ def load_comparison(store: Store, run_ids: Sequence[int], baseline_id: int | Non
     named = compare_named(store, runs)
     evals = {r.id: last_samples(store, r.id) for r in runs}
     floor = stored_floor(store, runs)
-    cmp = build_comparison(runs, metrics, peaks, dims, baseline_id,
-                           samples if with_samples else None, sweep_id, peak_notes=notes, named=named,
-                           eval_samples={k: v for k, v in evals.items() if v}, floor=floor)
-    # An MFU above 100% means the peak is wrong: measure it once more; build_row suppresses what is
-    # still above 100% and says why.
-    redo = {row.run_id for row in cmp.rows if row.mfu_rejected is not None}
-    if not redo:
-        return cmp
-    for run in runs:
-        old_peak = peaks[run.id]
-        if run.id in redo and old_peak is not None:
-            new_peak, notes[run.id] = remeasured_peak(run, old_peak)
-            if new_peak is not None:
-                peaks[run.id] = replace(new_peak, source=f"{new_peak.source}; {notes[run.id]}")
     return build_comparison(runs, metrics, peaks, dims, baseline_id,
                             samples if with_samples else None, sweep_id, peak_notes=notes, named=named,
                             eval_samples={k: v for k, v in evals.items() if v}, floor=floor)

@@ -1,11 +1,13 @@
-"""The peak FLOP/s of a CPU, measured: a matmul benchmark taken as a peak, and its cache.
+"""The peak FLOP/s of a CPU, measured beside the run, and the machine it was measured on.
 
-No datasheet figure holds on a shared virtual machine, so the peak is *measured* (warm-up, several
-matrix sizes, repeats, best of them), once per machine fingerprint (CPU model, cores, ISA flags, torch
-version: never the hostname, which virtual machines share), dtype and thread count, cached in
-:func:`runner.spec.paths.cache_dir` and re-measured when older than :data:`PEAK_MAX_AGE_S`.
-:func:`peak_for_run` picks a run's peak: the datasheet on GPU (:func:`runner.analysis.mfu.gpu_peak`),
-this benchmark on CPU.
+No datasheet figure holds on a shared virtual machine, and no figure measured at another time holds
+either: what a rank computes per second is its share of the cores, which moves with the other load. So a
+CPU run's peak is the matmul probe its ranks took right before its first step and after its last
+(:mod:`runner.rank.peak_probe`), turned into a :class:`~runner.analysis.mfu.Peak` here
+(:func:`peak_from_probe`), with the machine's fingerprint (CPU model, cores, ISA flags, torch version:
+never the hostname, which virtual machines share). :func:`peak_for_run` picks a run's peak: the datasheet
+on GPU (:func:`runner.analysis.mfu.gpu_peak`), the probe on CPU. :func:`measure_cpu_peak` is the
+benchmark of the machine's best matmul rate (``bench/bench_cpu_peak.py``).
 """
 
 from __future__ import annotations
@@ -19,17 +21,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.analysis.mfu import DTYPES, Peak, flops_text, gpu_peak, run_dtype
-from runner.spec.paths import cache_dir
+from runner.analysis.mfu import Peak, flops_text, gpu_peak
+from runner.spec.events import PeakProbe, ProbeRank
+from runner.spec.flops import run_dtype
 
-CPU_PEAK_SOURCE = "measured matmul peak (CPU)"
-PEAK_CACHE_FILE = "mfu-cpu-peaks.json"
-PEAK_CACHE_VERSION = 2
-PEAK_MAX_AGE_S = 7 * 24 * 3600.0
-"""A cached CPU peak older than this is measured again (a kernel, BIOS or microcode update moves it)."""
-PEAK_BUSY_MAX_AGE_S = 3600.0
-"""A peak measured while the host's load average exceeded its cores (others computing: it comes out
-low) is kept only this long."""
+PROBE_SOURCE = "matmul probe in the ranks (CPU)"
+"""The first clause of a CPU peak's source (what ``ftui show`` and compare's footnotes print)."""
 PEAK_SIZES = (256, 512, 1024, 2048)
 """Square matmul sizes tried in turn, stopping when two sizes in a row gain under 3% on the best before: small
 sizes are bound by caches and thread start-up, so the rate grows with the size until it reaches the
@@ -46,7 +43,7 @@ _ISA_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "av
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """What decides a CPU's matmul peak. Virtual machines share hostnames; they do not share this."""
+    """What decides a CPU's matmul rate. Virtual machines share hostnames; they do not share this."""
 
     cpu_model: str
     logical_cores: int
@@ -56,7 +53,7 @@ class Fingerprint:
 
     @property
     def key(self) -> str:
-        """A short stable hash of the fields (the cache key and what a run's summary records)."""
+        """A short stable hash of the fields (what a run's summary records)."""
         text = json.dumps(asdict(self), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -201,123 +198,68 @@ def _calls_for(call: Any, seconds: float) -> int:
 
 
 
-# ---------------------------------------------------------------------- the cache
+# ---------------------------------------------------------------------- the peak beside the run
 
 
-def _cache_path(cache: Path | str | None) -> Path:
-    return (Path(cache) if cache is not None else cache_dir()) / PEAK_CACHE_FILE
-
-
-def cache_key(fingerprint: str, dtype: str, threads: int) -> str:
-    """``<fingerprint>|bf16|threads=2``: one cached peak per machine, dtype and thread count."""
-    return f"{fingerprint}|{dtype}|threads={threads}"
-
-
-def read_cache(cache: Path | str | None = None) -> dict[str, Peak]:
-    """Every cached peak by :func:`cache_key`; an unreadable or old-format file reads as empty."""
-    try:
-        data = json.loads(_cache_path(cache).read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict) or data.get("version") != PEAK_CACHE_VERSION:
-        return {}
-    peaks = {}
-    for key, value in (data.get("peaks") or {}).items():
-        peak = Peak.from_json(value)
-        if peak is not None:
-            peaks[str(key)] = peak
-    return peaks
-
-
-def _write_cache(peak: Peak, cache: Path | str | None) -> None:
-    path = _cache_path(cache)
-    assert peak.fingerprint and peak.dtype and peak.threads
-    peaks = read_cache(cache)  # re-read: another run may have added a peak meanwhile
-    peaks[cache_key(peak.fingerprint, peak.dtype, peak.threads)] = peak
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"version": PEAK_CACHE_VERSION,
-                               "peaks": {k: p.to_json() for k, p in sorted(peaks.items())}}, indent=2) + "\n")
-    os.replace(tmp, path)  # atomic: two runs ending together never leave half a file
-
-
-def cached_cpu_peak(threads: int, dtype: str = "fp32", cache: Path | str | None = None,
-                    max_age_s: float = PEAK_MAX_AGE_S, now: float | None = None) -> Peak | None:
-    """The cached peak of this machine for ``dtype`` and ``threads`` when fresh (younger than
-    ``max_age_s``, or :data:`PEAK_BUSY_MAX_AGE_S` when measured on a busy host), else None (no torch)."""
-    fp = machine_fingerprint()
-    peak = read_cache(cache).get(cache_key(fp.key, dtype, threads))
-    now = time.time() if now is None else now
-    if peak is None or peak.measured_at is None:
+def rank_peak(rank: ProbeRank) -> float | None:
+    """One rank's peak over its steady steps: each span between two probes rated at the mean of its ends,
+    weighted by its seconds; a single probe is its own rate; None when it measured nothing."""
+    rates = [float(r) for r in rank.get("rates") or []]
+    seconds = [float(s) for s in rank.get("seconds") or []]
+    if not rates or any(r <= 0 for r in rates):
         return None
-    if peak.load is not None and peak.load > fp.logical_cores:
-        max_age_s = min(max_age_s, PEAK_BUSY_MAX_AGE_S)
-    return None if now - peak.measured_at > max_age_s else peak
+    if len(rates) == 1 or len(seconds) != len(rates) - 1 or sum(seconds) <= 0:
+        return sum(rates) / len(rates)
+    return sum(s * (a + b) / 2 for s, a, b in zip(seconds, rates, rates[1:], strict=False)) / sum(seconds)
 
 
-def cpu_peak(threads: int, dtype: str = "fp32", cache: Path | str | None = None, *,
-             max_age_s: float = PEAK_MAX_AGE_S, remeasure: bool = False,
-             sizes: tuple[int, ...] = PEAK_SIZES, repeats: int = PEAK_REPEATS) -> Peak:
-    """The CPU peak for ``threads`` torch threads in ``dtype`` on this machine.
-
-    Read from the cache (a folder; default :func:`runner.spec.paths.cache_dir`) when an entry for this
-    machine's fingerprint, dtype and threads is younger than ``max_age_s``; otherwise measured with
-    :func:`measure_cpu_peak` and cached.
+def peak_from_probe(probe: PeakProbe, measured_at: float, fingerprint: Fingerprint | None = None) -> Peak:
+    """The peak of one rank of a CPU run from the matmul probes its ranks took between its steady steps
+    (:mod:`runner.rank.peak_probe`): each rank's time-weighted rate (:func:`rank_peak`), the mean over the
+    ranks (so peak x ranks is their sum), under the run's own load step by step.
 
     Args:
-        threads: Torch intra-op threads of one rank.
-        dtype: ``fp32``, ``bf16`` or ``fp16``: the precision the run's matmuls ran in.
-        cache: The cache folder.
-        max_age_s: Older entries are measured again.
-        remeasure: Measure even when a fresh entry exists (a peak that gave MFU > 100%).
-        sizes: Matrix sizes to try (tests use small ones).
-        repeats: Repeats per size.
+        probe: The end event's ``peak_probe``.
+        measured_at: Unix time of the run's end (the last probe was taken moments before).
+        fingerprint: The machine's; default this one's (the watcher runs on the run's host).
 
-    Returns:
-        The peak, with its fingerprint, time of measurement, size and spread.
+    Raises:
+        ValueError: No rank measured anything (each rank's error is in the message).
     """
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
-    threads = max(1, threads)
-    if not remeasure:
-        fresh = cached_cpu_peak(threads, dtype, cache, max_age_s)
-        if fresh is not None:
-            return fresh
-    fp = machine_fingerprint()
-    m = measure_cpu_peak(threads, dtype, sizes=sizes, repeats=repeats)
-    lo, mid, _ = m.spread
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    peak = Peak(
-        flops=m.flops,
-        source=(f"{CPU_PEAK_SOURCE}, {dtype} {m.size}x{m.size}, {threads} thread(s), best of {len(m.rates[m.size])} "
-                f"(median {flops_text(mid)}, min {flops_text(lo)}), load {load if load is None else round(load, 1)}, "
-                f"on {fp.describe()} [{fp.key}]"),
-        kind="measured", dtype=dtype, threads=threads, measured_at=time.time(), fingerprint=fp.key,
-        machine=fp.describe(), size=m.size, spread=m.spread, load=load,
-    )
-    _write_cache(peak, cache)
-    return peak
+    peaks = [p for p in (rank_peak(r) for r in probe["ranks"]) if p is not None]
+    if not peaks:
+        errors = sorted({str(r["error"]) for r in probe["ranks"] if r.get("error")})
+        raise ValueError(f"the peak probe measured nothing: {'; '.join(errors) or 'no probes'}")
+    fp = fingerprint or machine_fingerprint()
+    rates = [float(r) for rank in probe["ranks"] for r in rank.get("rates") or []]
+    flops = sum(peaks) / len(peaks)
+    dtype, threads, n = probe["dtype"], int(probe["threads"]), int(probe["size"])
+    per_rank = max(len(rank.get("rates") or []) for rank in probe["ranks"])
+    source = (f"{PROBE_SOURCE}, {dtype} {n}x{n}, {threads} thread(s), {per_rank} probe(s) of >= "
+              f"{probe['window_s'] * 1000:g} ms per rank through the steady steps, time-weighted, mean over "
+              f"{len(peaks)} rank(s) (min {flops_text(min(rates))}, max {flops_text(max(rates))}), "
+              f"on {fp.describe()} [{fp.key}]")
+    return Peak(flops=flops, source=source, kind="probe", dtype=dtype, threads=threads, measured_at=measured_at,
+                fingerprint=fp.key, machine=fp.describe(), size=n, spread=(min(rates), flops, max(rates)))
 
 
-
-def peak_for_run(device_type: str | None, precision: str | None, threads: int | None,
-                 gpu_names: list[str] | None = None, cache: Path | str | None = None) -> Peak | None:
+def peak_for_run(device_type: str | None, probe: PeakProbe | None, precision: str | None,
+                 gpu_names: list[str] | None = None, measured_at: float | None = None) -> Peak | None:
     """The peak of one device of a run, to store in its summary when it ends (``summary["mfu_peak"]``).
 
     Args:
         device_type: ``cpu`` or ``cuda`` (the trainer's ``start`` event).
+        probe: The end event's ``peak_probe`` (CPU runs that completed).
         precision: ``train.precision``: bf16 runs are measured against the bf16 peak.
-        threads: Torch threads one rank ran with (CPU).
         gpu_names: NVML names of the run's GPUs.
-        cache: The CPU peak cache folder.
+        measured_at: Unix time of the run's end; default now.
 
     Returns:
-        The datasheet peak of the first GPU, the CPU peak (cached, or measured now: call this after the
-        run, never during it), or None when unknown.
+        The datasheet peak of the first GPU, the CPU peak probed beside the run, or None when unknown (a
+        CPU run without a probe has no peak: one measured at another time did not share its load).
     """
-    dtype = run_dtype(precision)
     if device_type == "cuda" or gpu_names:
-        return gpu_peak(gpu_names[0], dtype) if gpu_names else None
-    if device_type != "cpu" or not threads:
+        return gpu_peak(gpu_names[0], run_dtype(precision)) if gpu_names else None
+    if device_type != "cpu" or probe is None:
         return None
-    return cpu_peak(threads, dtype, cache)
+    return peak_from_probe(probe, time.time() if measured_at is None else measured_at)

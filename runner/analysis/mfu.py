@@ -3,10 +3,10 @@
 The FLOPs per token come from :mod:`runner.spec.flops`. A peak (:class:`Peak`) is one device's FLOP/s
 and where the figure comes from: on GPU the dense (no 2:4 sparsity) vendor datasheet figure per model and
 dtype (:data:`PEAK_TFLOPS`, :func:`gpu_peak`); on CPU, where no datasheet holds on a shared virtual
-machine, a measured matmul peak (:mod:`runner.analysis.cpu_peak`). The orchestrator stores the peak it
-used in the run's summary (``summary.mfu_peak``, :meth:`Peak.to_json`) after the run, so ``ftui compare``
-needs no benchmark. An MFU above 100% means the peak is wrong: :func:`trustworthy` says so, and compare
-re-measures once.
+machine, the matmul rate probed in the ranks beside the run (:mod:`runner.analysis.cpu_peak`). The
+orchestrator stores the peak in the run's summary (``summary.mfu_peak``, :meth:`Peak.to_json`) when the
+run ends, so ``ftui compare`` needs no benchmark. An MFU above 100% means the peak (or the FLOP count) is
+wrong: :func:`trustworthy` says so, and it is never shown.
 """
 
 from __future__ import annotations
@@ -36,8 +36,6 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "T4": {"fp16": 65.0, "fp32": 8.1},
 }
 
-DTYPES = ("fp32", "bf16", "fp16")
-"""The dtypes a peak is known for; a run's precision maps to one of them (:func:`run_dtype`)."""
 
 
 @dataclass(frozen=True)
@@ -47,15 +45,17 @@ class Peak:
     Attributes:
         flops: FLOP/s of one device (a GPU, or one rank's threads on CPU).
         source: One line: where the figure comes from.
-        kind: ``measured`` (CPU benchmark), ``datasheet`` (GPU table) or ``given`` (a flag, the recipe).
+        kind: ``probe`` (CPU: probed in the ranks beside the run), ``datasheet`` (GPU table), ``given`` (a
+            flag, the recipe) or ``measured`` (CPU: a benchmark after the run, as runs recorded before the
+            probe stored it; no MFU is computed against it: it did not share the run's load).
         dtype: The dtype the peak holds for (``fp32``, ``bf16``, ``fp16``), when known.
-        threads: Torch threads the benchmark used (CPU).
-        measured_at: Unix time of the measurement (CPU).
+        threads: Torch threads of one rank (CPU).
+        measured_at: Unix time of the measurement (CPU: the run's end).
         fingerprint: :attr:`runner.analysis.cpu_peak.Fingerprint.key` of the machine measured (CPU).
         machine: :meth:`runner.analysis.cpu_peak.Fingerprint.describe` of that machine.
-        size: Matrix size that reached the peak.
-        spread: (min, median, max) FLOP/s over the repeats at that size.
-        load: The host's 1-minute load average when measured (a busy host measures low).
+        size: Square matrix size of the matmuls measured.
+        spread: (min, median, max) FLOP/s over the probe's windows (a benchmark's repeats).
+        load: The host's 1-minute load average when a benchmark measured it (none for a probe).
     """
 
     flops: float
@@ -95,14 +95,16 @@ class Peak:
             return None
 
     def label(self) -> str:
-        """A short cell: ``52.1 GFLOP/s bf16, 1 thread, measured 2026-11-23``."""
+        """A short cell: ``52.1 GFLOP/s bf16, 1 thread, probed beside the run``."""
         parts = [flops_text(self.flops)]
         if self.dtype:
             parts[0] += f" {self.dtype}"
         if self.threads:
             parts.append(f"{self.threads} thread{'s' if self.threads != 1 else ''}")
-        if self.kind == "measured" and self.measured_at:
-            parts.append("measured " + time.strftime("%Y-%m-%d", time.gmtime(self.measured_at)))
+        if self.kind == "probe":
+            parts.append("probed beside the run")
+        elif self.kind == "measured" and self.measured_at:
+            parts.append("measured after the run " + time.strftime("%Y-%m-%d", time.gmtime(self.measured_at)))
             if self.load is not None and self.load > (os.cpu_count() or 1):
                 parts.append(f"busy host (load {self.load:.1f})")
         else:
@@ -171,8 +173,3 @@ def gpu_peak(device_name: str, dtype: str) -> Peak | None:
 def _matches(model: str, name: str) -> bool:
     # "A10" must not match "A100"; "L4" must not match "L40S": whole-token match on the model.
     return re.search(rf"(?<![A-Z0-9]){re.escape(model)}(?![0-9A-Z])", name) is not None
-
-
-def run_dtype(precision: str | None) -> str:
-    """The dtype a run's matmuls ran in: ``train.precision`` (``fp32``, ``bf16``, ``fp16``)."""
-    return precision if precision in DTYPES else "fp32"

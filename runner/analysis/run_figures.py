@@ -1,29 +1,23 @@
 """The figures of one stored run that a comparison reads: its model's dimensions, its memory estimate, its
-utilisation, its devices, and the peak FLOP/s its MFU is measured against.
+utilisation (its MFU and the peak it is measured against: :mod:`runner.analysis.run_peak`).
 
 Each reads the run's typed record (:class:`store.RunInfo`, its summary a
 :class:`runner.spec.summary.RunSummary`); only a run stored without a figure makes one of them do work
-(read a model config, run the planner, measure a CPU peak).
+(read a model config, run the planner).
 """
 
 from __future__ import annotations
 
-import os
-import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-import psutil
-
-from runner.analysis import cpu_peak
-from runner.analysis.mfu import Peak, gpu_peak, run_dtype
 from runner.planner import estimate, inputs_from_recipe, shape_from_config
 from runner.spec.builtin import tiny_llama_config
 from runner.spec.flops import dims_from_config
 from runner.spec.recipe import parse_recipe
 from runner.spec.summary import CPU_CORE_UNIT, GPU_UTIL_UNIT, busiest_peak, cpu_threads_unit
-from store import RunInfo, SampleInfo
+from store import RunInfo
 
 
 def model_dims(recipe: Mapping[str, Any], run: RunInfo | None = None) -> dict[str, Any] | None:
@@ -111,102 +105,3 @@ def mem_measured(run: RunInfo) -> tuple[int | None, str]:
     if peak is not None:
         return peak, f"{source}, busiest rank"
     return run.peak_mem_bytes, "stored peak"
-
-
-def device_count(run: RunInfo) -> int:
-    """Devices a run computed on: the distinct GPUs of its ``device_map`` (model parallel: one process, several
-    GPUs) when it has one on GPUs, else its world size (processes), at least 1."""
-    device_map = run.summary.device_map
-    if device_map is not None:
-        gpus = set()
-        for value in device_map.values():  # 0, "0", "cuda:1"; "cpu" and "disk" are not compute devices
-            text = str(value).removeprefix("cuda:")
-            if text.isdigit():
-                gpus.add(int(text))
-        if gpus:
-            return len(gpus)
-    return max(1, int(run.summary.world_size or run.nproc or 1))
-
-
-def stored_flops_per_token(run: RunInfo) -> float | None:
-    """FLOPs per token stored with the run at its start (:func:`runner.spec.flops.run_flops_per_token`), or None
-    (a run recorded without them: compare then derives them from the model's dimensions)."""
-    value = run.summary.flops_per_token
-    return float(value) if value is not None and value > 0 else None
-
-
-def default_peak(run: RunInfo, recipe: Mapping[str, Any], peak_tflops: float | None = None,
-                 samples: Sequence[SampleInfo] = ()) -> Peak | None:
-    """The peak FLOP/s of one of the run's devices, in the dtype it trained in.
-
-    In order: ``peak_tflops`` when given; the recipe's ``launch.peak_tflops``; the peak the run stored
-    when it ended (``summary.mfu_peak``: no benchmark, no torch import); the datasheet figure of its
-    GPU; on CPU, for a run stored without its peak, the cached (or measured now) matmul peak of this
-    machine for the run's dtype and threads, flagged as measured at compare time.
-    """
-    if peak_tflops:
-        return Peak(peak_tflops * 1e12, f"given (--peak-tflops {peak_tflops:g})")
-    in_recipe = recipe.get("launch", {}).get("peak_tflops")
-    if in_recipe:
-        return Peak(float(in_recipe) * 1e12, f"given (recipe launch.peak_tflops {float(in_recipe):g})")
-    stored = Peak.from_json(run.summary.mfu_peak)
-    if stored is not None:
-        return stored
-    dtype = run_dtype(recipe.get("train", {}).get("precision", "fp32"))
-    gpu_names = [s.name for s in samples if s.kind == "gpu"]
-    if run.device_type == "cuda" or gpu_names:
-        return gpu_peak(gpu_names[0], dtype) if gpu_names else None
-    if run.device_type != "cpu":
-        return None
-    peak = cpu_peak.cpu_peak(run_threads(run), dtype)
-    note = "measured by compare, not stored with the run"
-    here = socket.gethostname()
-    if run.host and run.host != here:  # the benchmark runs where ``ftui compare`` runs
-        note += f"; on {here}, not on the run's host {run.host}: give --peak-tflops for that host"
-    return replace(peak, source=f"{peak.source} ({note})")
-
-
-def run_threads(run: RunInfo) -> int:
-    """Torch threads each rank of a CPU run used: recorded at start, else what the orchestrator gives
-    (the physical cores shared out over the processes)."""
-    stored = run.summary.threads
-    if stored is not None and stored > 0:
-        return stored
-    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    return max(1, cores // max(1, run.nproc))
-
-
-def remeasured_peak(run: RunInfo, peak: Peak, cache: Any = None) -> tuple[Peak | None, str]:
-    """Measure once more the CPU peak that gave a run an MFU above 100%.
-
-    Only a measured peak of this very machine (same fingerprint) can be measured again here; a cache
-    entry newer than ``peak`` is the re-measurement already made (by an earlier compare), so a bad
-    run costs one benchmark, not one per compare.
-
-    Returns:
-        The new peak (None when it cannot be re-measured here) and one line saying what was done.
-    """
-    if peak.kind != "measured" or not peak.dtype or not peak.threads:
-        return None, f"the {peak.kind} peak cannot be re-measured: check it (--peak-tflops)"
-    here = cpu_peak.machine_fingerprint()
-    if peak.fingerprint != here.key:
-        return None, (f"the peak was measured on another machine ({peak.machine or peak.fingerprint}), "
-                      "it cannot be re-measured here")
-    newer = cpu_peak.read_cache(cache).get(cpu_peak.cache_key(here.key, peak.dtype, peak.threads))
-    if newer is not None and (newer.measured_at or 0) > (peak.measured_at or 0):
-        again = newer
-    else:
-        again = cpu_peak.cpu_peak(peak.threads, peak.dtype, cache, remeasure=True)
-    return again, f"re-measured once ({peak.label()} gave MFU > 100%; now {again.label()})"
-
-
-def peak_note(run: RunInfo, recipe: Mapping[str, Any], samples: Sequence[SampleInfo] = ()) -> str:
-    """Why :func:`default_peak` found no peak for a run: names the GPU and suggests ``--peak-tflops``."""
-    precision = recipe.get("train", {}).get("precision", "fp32")
-    gpu_names = sorted({s.name for s in samples if s.kind == "gpu" and s.name})
-    if gpu_names:
-        return (f"no datasheet peak for {', '.join(gpu_names)} in {precision} (runner.analysis.mfu.PEAK_TFLOPS); "
-                "give --peak-tflops")
-    if run.device_type == "cuda":
-        return "GPU model unknown (no NVML samples stored for the run); give --peak-tflops"
-    return f"no peak FLOP/s known for device type {run.device_type or '?'}; give --peak-tflops"

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import torch
 
-from runner.rank import evaluate, memtrack
+from runner.rank import evaluate, memtrack, peak_probe
 from runner.rank.checkpointing import check_resume
 from runner.rank.context import DataShape, Setup
 from runner.rank.engine import Engine, MicroBatch
@@ -34,7 +34,7 @@ from runner.rank.model_load import load_model
 from runner.rank.throughput import Window, throughput
 from runner.spec import events as ev
 from runner.spec import layout, zero
-from runner.spec.flops import dims_from_config
+from runner.spec.flops import dims_from_config, run_dtype
 
 MEMORY_EVERY_S = 10.0
 """Seconds between ``memory`` events (plus one at the run's first and last step)."""
@@ -66,6 +66,8 @@ class _Progress:
     steady: Window | None = None
     """The first unmetered step's start and the tokens before it (the steady state's window)."""
     steady_steps: int = 0
+    probe: peak_probe.Probe | None = None
+    """The CPU matmul probes through the steady steps (:mod:`runner.rank.peak_probe`)."""
 
 
 @dataclass(frozen=True)
@@ -169,6 +171,7 @@ def _run_steps(setup: Setup, engine: Engine, shape: DataShape, scheduler: Any, p
     # One meter over the measured steps: what step 1 leaves alive (optimizer state, DDP's buckets) is
     # still counted in step 2.
     meter = engine.meter()
+    p.probe = peak_probe.Probe(setup.on_cpu, run_dtype(recipe.train.precision))
     p.scale = engine.loss_scale()
     p.step = p.start_step - 1
     engine.model.train()
@@ -212,6 +215,9 @@ def _run_steps(setup: Setup, engine: Engine, shape: DataShape, scheduler: Any, p
             p.status = "failed"
             break
         _cadence(setup, engine, shape, p, reduced.stop_requested)
+        # The peak under the run's load: before the first steady step, then between steady steps.
+        if step - p.start_step >= memtrack.MEASURED_STEPS - 1 and p.probe.due(last=notable):
+            p.probe.take()
         if reduced.stop_requested:
             p.status = "stopped"
             break
@@ -323,8 +329,11 @@ def _finish(setup: Setup, engine: Engine, p: _Progress, meter: Any) -> Status:
     train = setup.recipe.train
     steps_done = p.step + 1
     # Evaluations between steps are not training time; the metered steps are not the steady state.
+    probes = p.probe.spans if p.probe is not None else []
     rate = throughput(Window(p.first_step_start, p.tokens_at_start), p.steady, p.steady_steps, p.last_step_end,
-                      p.tokens_done, p.eval_spans)
+                      p.tokens_done, [*p.eval_spans, *probes])
+    # Only a completed run with steady steps has an MFU; every rank agrees on both (the step's collective).
+    probed = p.probe.record(setup) if p.probe is not None and p.status == "completed" and p.steady_steps else None
     saved = None
     if train.save and p.status == "completed":
         setup.emit(ev.PhaseEvent(type="phase", phase="saving", detail="the trained model"))
@@ -333,7 +342,7 @@ def _finish(setup: Setup, engine: Engine, p: _Progress, meter: Any) -> Status:
     if steps_done > p.start_step:
         measured = {**meter.result(), "measured_steps": min(steps_done - p.start_step, memtrack.MEASURED_STEPS)}
     ranks = setup.memory.summary({**p.memory, **measured})
-    setup.emit(ev.EndEvent(
+    end = ev.EndEvent(
         type="end",
         status=p.status,
         steps=steps_done,
@@ -347,7 +356,10 @@ def _finish(setup: Setup, engine: Engine, p: _Progress, meter: Any) -> Status:
         ranks=ranks,
         skipped=p.skipped,
         checkpoint=p.last_checkpoint,
-    ))
+    )
+    if probed is not None:
+        end["peak_probe"] = probed
+    setup.emit(end)
     setup.accelerator.end_training()
     return p.status
 

@@ -46,7 +46,8 @@ class Throughput:
 
 
 def _seconds(window: Window, end: float, evals: Sequence[tuple[float, float]]) -> float:
-    """Seconds from the window's start to ``end``, less the evaluations that ran inside it."""
+    """Seconds from the window's start to ``end``, less the spans left out that ran inside it (evaluations,
+    the CPU peak's probes)."""
     return end - window.start - sum(e - b for b, e in evals if b >= window.start and e <= end)
 
 
@@ -58,7 +59,8 @@ def throughput(whole: Window, steady: Window | None, steady_steps: int, end: flo
                evals: Sequence[tuple[float, float]] = ()) -> Throughput:
     """Steady-state and whole-window tokens/s of a run whose last step ended at ``end`` with
     ``tokens_done`` tokens trained; ``steady`` is the window of the first unmetered step (None: no such
-    step ran); ``evals`` the (start, end) of the evaluations between steps."""
+    step ran); ``evals`` the (start, end) of what ran between steps and is not training (evaluations, the
+    CPU peak's probes: runner/rank/peak_probe.py)."""
     seconds = _seconds(whole, end, evals)
     window_rate = _rate(tokens_done - whole.tokens_before, seconds)
     steady_rate = None

@@ -244,6 +244,31 @@ class ErrorEvent(TypedDict):
     value: NotRequired[str]
 
 
+class ProbeRank(TypedDict):
+    """One rank's matmul probes through its steady steps: the FLOP/s of each, and the seconds between each
+    probe and the one before it (the span of training it stands for), or why it failed."""
+
+    rank: int
+    rates: list[float]
+    seconds: list[float]
+    """``seconds[i]`` is the training between probes ``i`` and ``i + 1`` (one fewer than ``rates``)."""
+    error: NotRequired[str]
+
+
+class PeakProbe(TypedDict):
+    """The CPU matmul rate probed in every rank between its steady steps (:mod:`runner.rank.peak_probe`):
+    the peak its MFU divides by, taken under the run's own load, step by step."""
+
+    dtype: str
+    threads: int
+    """Torch threads of each rank (the run's own)."""
+    size: int
+    """The square matrix size of the probe's matmuls."""
+    window_s: float
+    """The least seconds of one probe (its rate is its FLOPs over its wall time)."""
+    ranks: list[ProbeRank]
+
+
 class EndEvent(TypedDict):
     """The last event: how the training ended and what every rank measured."""
 
@@ -264,6 +289,8 @@ class EndEvent(TypedDict):
     """One :class:`runner.spec.summary.RankFigures` per rank."""
     skipped: int
     checkpoint: str | None
+    peak_probe: NotRequired[PeakProbe]
+    """CPU runs that completed: the matmul rate probed beside the run (the MFU peak's measurement)."""
 
 
 class PrecisionEvent(TypedDict):

@@ -15,6 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
+DTYPES = ("fp32", "bf16", "fp16")
+"""The dtypes a matmul peak is known for; a run's precision maps to one of them (:func:`run_dtype`)."""
+
+
+def run_dtype(precision: str | None) -> str:
+    """The dtype a run's matmuls ran in: ``train.precision`` (``fp32``, ``bf16``, ``fp16``)."""
+    return precision if precision in DTYPES else "fp32"
+
 
 def flops_per_token(params: int, layers: int, heads: int, head_dim: int, seq_len: int,
                     trainable_params: int | None = None) -> float:

@@ -295,7 +295,9 @@ class RunSummary:
     telemetry: TelemetrySummary | None = None
     mfu_peak: dict[str, Any] | None = None
     """The peak FLOP/s of one device that the run's MFU is measured against
-    (:meth:`runner.analysis.mfu.Peak.to_json`), taken after the run on the machine that ran it;
+    (:meth:`runner.analysis.mfu.Peak.to_json`): on GPU the datasheet's, on CPU the matmul rate probed in
+    the ranks right before the first step and after the last (runs recorded before the probe hold a
+    benchmark taken after the run, ``kind: measured``, which no MFU is computed against);
     ``{"error": ...}`` when it could not be had."""
     # a resumed run (``ftui resume``): the run and checkpoint it continues
     resumed_from: dict[str, Any] | None = None

@@ -165,7 +165,7 @@ def project_end(store: Store, stream: RunStream, status: str, exit_code: int | N
         summary["telemetry"] = telemetry
         overall = telemetry.get("active") or telemetry.get("whole") or {}
         columns["mean_util"] = overall.get("util_mean")
-    if status == "completed":  # after the run, never during it: the peak its MFU is measured against
+    if status == "completed":  # the peak its MFU is measured against
         summary["mfu_peak"] = mfu_peak(stream, telemetry)
     if status in ENDED_BY_USER:
         summary["ended"] = quietly(ended_line, stream, status)
@@ -184,14 +184,15 @@ def ended_line(stream: RunStream, status: str) -> str:
 
 
 def mfu_peak(stream: RunStream, telemetry: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The peak FLOP/s of one device of the run (:func:`runner.analysis.cpu_peak.peak_for_run`), stored with it so
-    that compare never benchmarks; None when unknown. Never fails a run."""
-    start = stream.start
+    """The peak FLOP/s of one device of the run (:func:`runner.analysis.cpu_peak.peak_for_run`: the GPU's
+    datasheet, or on CPU the matmul probe its ranks took beside it), stored with it so that compare never
+    benchmarks; None when unknown, ``{"error": ...}`` when the probe measured nothing. Never fails a run."""
+    start, end = stream.start, stream.end
     device_type = start.get("device_type") if start is not None else None
-    threads = start.get("threads") if start is not None else None
+    probe = end.get("peak_probe") if end is not None else None
     gpus = [d["name"] for d in ((telemetry or {}).get("devices") or {}).values() if d.get("kind") == "gpu"]
     try:
-        peak = cpu_peak.peak_for_run(device_type, stream.prepared.recipe.train.precision, threads, gpus)
+        peak = cpu_peak.peak_for_run(device_type, probe, stream.prepared.recipe.train.precision, gpus)
     except Exception as exc:  # noqa: BLE001 (a peak is informative only)
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
     return peak.to_json() if peak is not None else None

@@ -96,12 +96,10 @@ def test_every_format_has_one_plausible_row_per_strategy(ftui: Ftui, sweep: Swee
         assert 0 < r["cpu_util"] <= 150 and f"CPU % of its {threads} thread" in r["util_source"]
         if r["devices"] > 1:
             assert r["util_min"] <= r["cpu_util"] <= r["util_max"]
-        # The peak was measured on this machine after the run and stored with it, in the run's dtype
-        # and threads. On a shared host a peak can still come out low: then MFU is '-' with the reason.
-        assert r["peak_source"].startswith(cpu_peak.CPU_PEAK_SOURCE) and r["peak_kind"] == "measured"
+        # The peak was probed in the ranks beside the run and stored with it, in the run's dtype and threads.
+        assert r["peak_source"].startswith(cpu_peak.PROBE_SOURCE) and r["peak_kind"] == "probe"
         assert (r["peak_dtype"], r["peak_threads"]) == ("fp32", threads)
         assert r["peak_fingerprint"] == cpu_peak.machine_fingerprint().key
-        assert "measured by compare" not in r["peak_source"]  # stored with the run when it ended
         assert (0 < r["mfu"] <= 1) if r["mfu"] is not None else "peak not trustworthy" in r["mfu_note"], r
         # a device holds at least its share of the fp32 weights (builtin:tiny-llama: 12,587,904 parameters)
         assert r["mem_measured"] > 12_587_904 * 4 / r["devices"] and r["mem_estimated"] > 0
@@ -156,12 +154,15 @@ def test_show_names_the_thread_unit_the_spread_and_the_peak(ftui: Ftui, sweep: S
     code, shown, err = run_ftui(["show", str(ddp["run_id"])], {**ftui.env, "COLUMNS": "400"}, ROOT)  # no wrapped cells
     assert code == 0, err
     assert "util min-max over devices" in shown and "CPU % of its 1 thread" in shown
-    assert "MFU peak/device" in shown and "fp32, 1 thread" in shown
+    assert "MFU peak/device" in shown and "fp32, 1 thread, probed beside the run" in shown
+    assert re.search(r"│ MFU +│ +(\d+\.\d\d%|-) ", shown), shown
     summary = ftui.show(ddp["run_id"])["summary"]
     assert summary["threads"] == 1 and summary["model_dims"]["layers"] == 6
     peak = summary["mfu_peak"]
-    assert (peak["dtype"], peak["threads"], peak["kind"]) == ("fp32", 1, "measured") and peak["flops"] > 0
+    assert (peak["dtype"], peak["threads"], peak["kind"]) == ("fp32", 1, "probe") and peak["flops"] > 0
     assert peak["fingerprint"] == cpu_peak.machine_fingerprint().key and peak["measured_at"] > 0
+    # Both ranks probed through the steady steps, and the probes' rates are the peak's spread.
+    assert "mean over 2 rank(s)" in peak["source"] and peak["spread"][0] <= peak["flops"] <= peak["spread"][2]
 
 
 def test_the_sweep_shows_the_running_runs_progress(sweep: Sweep) -> None:

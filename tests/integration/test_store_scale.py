@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "recipes" / "quickstart.toml"
 DIMS = {"layers": 6, "heads": 6, "head_dim": 64, "seq_len": 256, "embedding_params": 1572864}
 PARAMS, TRAINABLE = 12587904, 122880
-PEAK = {"flops": 250e9, "source": "measured matmul peak (CPU), fp32", "kind": "measured", "dtype": "fp32",
+PEAK = {"flops": 250e9, "source": "matmul probe in the ranks (CPU), fp32", "kind": "probe", "dtype": "fp32",
         "threads": 1, "measured_at": 1795447228.6, "fingerprint": "x", "machine": "test", "size": 512, "load": 0.5}
 
 

@@ -4,7 +4,6 @@ resumed run's curve joined to its parent's."""
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 from runner.analysis import cpu_peak, mfu
 from runner.analysis.compare import build_comparison, flatten, recipe_diff, speedups
 from runner.analysis.noise import NoiseFloor
-from runner.analysis.run_figures import default_peak, device_count, peak_note
+from runner.analysis.run_peak import default_peak, device_count, peak_note
 from runner.spec import flops
 from store import MetricPoint, SampleInfo
 from tests.support import run_info
@@ -113,31 +112,17 @@ def test_mfu_dash_says_why_for_an_unknown_gpu() -> None:
     # A given peak fixes it: no note.
     assert default_peak(run, recipe, peak_tflops=100.0, samples=samples) == mfu.Peak(1e14, "given (--peak-tflops 100)")
 
-def test_cpu_peak_measured_by_compare_on_another_host_is_flagged(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """A run stored before runs kept their peak: compare takes this machine's cached peak and says so."""
-    import socket
-
-    monkeypatch.setenv("FTUI_HOME", str(tmp_path))
-    monkeypatch.setenv("FTUI_CACHE", str(tmp_path / "cache"))
-    key = cpu_peak.machine_fingerprint().key
-    cached = mfu.Peak(1e10, f"{cpu_peak.CPU_PEAK_SOURCE}, cached", kind="measured", dtype="fp32", threads=1,
-                      measured_at=time.time(), fingerprint=key)
-    (tmp_path / "cache").mkdir()
-    (tmp_path / "cache" / cpu_peak.PEAK_CACHE_FILE).write_text(json.dumps(
-        {"version": cpu_peak.PEAK_CACHE_VERSION, "peaks": {cpu_peak.cache_key(key, "fp32", 1): cached.to_json()}}))
-    here = run_info(1, "single", 1, 1000.0, threads=1)
-    here = replace(here, host=socket.gethostname())
-    elsewhere = replace(here, host="gpu-box-7")
-    same = default_peak(here, {})
-    other = default_peak(elsewhere, {})
-    assert same is not None and other is not None and same.flops == other.flops == 1e10
-    assert "measured by compare, not stored with the run" in same.source
-    assert "not on the run's host" not in same.source
-    assert "not on the run's host gpu-box-7" in other.source and "--peak-tflops" in other.source
-    # A run that stored its peak is read as it ran: no cache, no host question.
-    stored = replace(elsewhere, summary=replace(elsewhere.summary, mfu_peak=replace(cached, flops=2e10).to_json()))
-    assert default_peak(stored, {}) == replace(cached, flops=2e10)
+def test_a_cpu_run_gets_its_stored_peak_or_none_never_one_measured_now() -> None:
+    """Compare reads the peak a CPU run stored (probed beside it); without one it benchmarks nothing: a peak
+    measured now did not share the run's load."""
+    run = run_info(1, "single", 1, 1000.0, threads=1)
+    assert default_peak(run, {}) is None and "no CPU peak measured beside the run" in peak_note(run, {})
+    probed = mfu.Peak(2e10, f"{cpu_peak.PROBE_SOURCE}, fp32", kind="probe", dtype="fp32", threads=1,
+                      measured_at=time.time(), fingerprint="f")
+    stored = replace(run, summary=replace(run.summary, mfu_peak=probed.to_json()))
+    assert default_peak(stored, {}) == probed
+    failed = replace(run, summary=replace(run.summary, mfu_peak={"error": "ValueError: the peak probe measured nothing"}))
+    assert default_peak(failed, {}) is None and "the peak probe beside the run measured nothing" in peak_note(failed, {})
 
 def test_the_recipe_can_name_the_mfu_peak_and_the_command_line_wins() -> None:
     run = run_info(1, "single", 1, 1000.0)

@@ -16,15 +16,15 @@ from tests.support import run_info
 from tui.render.compare import rich_table
 from tui.render.compare_cells import CELL_MAX, columns, footnotes
 
-SOURCE = (f"{cpu_peak.CPU_PEAK_SOURCE}, fp32 1024x1024, 2 thread(s), best of 5 (median 44.1 GFLOP/s, min 40.2 "
-          "GFLOP/s), load 1.9, on Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz (2 cores) "
+SOURCE = (f"{cpu_peak.PROBE_SOURCE}, fp32 640x640, 2 thread(s), 7 probe(s) of >= 20 ms per rank through the steady "
+          "steps, time-weighted, mean over 1 rank(s) (min 40.2 GFLOP/s, max 51.0 GFLOP/s), on Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz (2 cores) "
           "[avx2 avx512f avx512bw avx512vl fma torch 2.13] [3f9a1c2b]")
 """A CPU peak's source as ``runner.analysis.cpu_peak`` writes it (the ISA flags made it 8-9 lines)."""
 
 
 def comparison(n: int) -> Comparison:
     """``n`` runs: single, ddp x2, and a pipeline run that failed with a long reason."""
-    peak = Peak(46.5e9, SOURCE, kind="measured", dtype="fp32", threads=2, measured_at=time.time(), fingerprint="f")
+    peak = Peak(46.5e9, SOURCE, kind="probe", dtype="fp32", threads=2, measured_at=time.time(), fingerprint="f")
     made = [run_info(1, "single", 1, 1234.0, threads=2), run_info(2, "ddp", 2, 2345.0, threads=1),
             run_info(3, "pp", 2, None, "failed")]
     runs = [dataclasses.replace(made[2], error="refused before launch: pp on CPU needs the gloo backend and two "
@@ -51,8 +51,7 @@ def test_every_cell_is_short_and_long_texts_are_footnotes() -> None:
     assert cells["MFU peak/device"][:2] == ["46.5 GFLOP/s fp32 [1]"] * 2  # one footnote for the same peak
     assert cells["status"] == ["completed", "completed", "failed [2]"]
     notes = footnotes(cmp)
-    assert notes[0].startswith("[1] 46.5 GFLOP/s fp32, 2 threads, measured ") and "avx512" not in notes[0]
-    assert notes[0].endswith(f"; {cpu_peak.CPU_PEAK_SOURCE}")
+    assert notes[0] == f"[1] 46.5 GFLOP/s fp32, 2 threads, probed beside the run; {cpu_peak.PROBE_SOURCE}"
     assert notes[1].startswith("[2] run 3 failed: refused before launch: pp on CPU needs the gloo backend")
 
 
@@ -69,5 +68,5 @@ def test_three_runs_fit_120_columns_and_two_fit_80() -> None:
             for r in cmp.rows:
                 assert any(cell(r) in line for line in table), (cell(r), width)
         # the MFU peak's provenance: one or two lines
-        peak_lines = [line for line in lines if "GFLOP/s" in line or cpu_peak.CPU_PEAK_SOURCE in line]
+        peak_lines = [line for line in lines if "GFLOP/s" in line or cpu_peak.PROBE_SOURCE in line]
         assert len([line for line in peak_lines if not line.startswith("│")]) <= 2, peak_lines

@@ -1,10 +1,11 @@
-"""MFU you can bet a GPU-hour on: the CPU peak measured as a peak per machine fingerprint, dtype and
-threads (cached, re-measured when stale), stored with each run; an MFU above 100% re-measured once and
-then never shown; bf16 runs against the bf16 peak; the compare table naming the peak in every format;
-utilisation as CPU % of the rank's threads, GPU busy % apart, and the spread over ranks.
+"""MFU you can bet a GPU-hour on: the CPU peak probed in the ranks beside the run (time-weighted through
+the steady steps) and stored with it; a peak benchmarked after the run gives no MFU and says why; an MFU
+above 100% never shown; bf16 runs against the bf16 peak; the compare table naming the peak in every format
+and saying when two runs hold different peaks; utilisation as CPU % of the rank's threads, GPU busy % apart,
+and the spread over ranks.
 
-Real benchmarks (small sizes), real SQLite, real subprocesses; the only thing injected is data: a
-too-low peak written into the cache file, as a stale or wrong measurement would leave it.
+Real matmuls (small sizes), real SQLite, real subprocesses; what is injected is data (a probe record, a
+stored peak) and, for the probe's window logic, the clock.
 """
 
 from __future__ import annotations
@@ -24,13 +25,11 @@ import pytest
 
 from runner.analysis import cpu_peak, mfu
 from runner.analysis.compare import build_comparison, load_comparison
+from runner.rank import peak_probe
 from runner.spec import flops
 from store import Store
 from tests.support import ROOT
 from tui.render.compare import COLUMNS, markdown, to_csv, to_html, to_json
-
-SMALL = {"sizes": (64, 128), "repeats": 3}
-"""Benchmark sizes small enough for a test (the real ones take seconds)."""
 
 TINY_DIMS = {"layers": 6, "heads": 6, "head_dim": 64, "seq_len": 256, "embedding_params": 1572864}
 PARAMS, TRAINABLE = 12710784, 122880
@@ -38,42 +37,17 @@ PARAMS, TRAINABLE = 12710784, 122880
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """FTUI_HOME of the test: the peak cache lives in its cache folder. A peak that compare measures
-    (a run without one, or one re-measured) is the real benchmark at :data:`SMALL` sizes."""
     monkeypatch.setenv("FTUI_HOME", str(tmp_path))
-    monkeypatch.delenv("FTUI_CACHE", raising=False)
-    measure = cpu_peak.measure_cpu_peak
-
-    def measure_small(threads: int, dtype: str = "fp32", **_sizes: Any) -> cpu_peak.PeakMeasurement:
-        return measure(threads, dtype, **SMALL)
-    monkeypatch.setattr(cpu_peak, "measure_cpu_peak", measure_small)
     return tmp_path
 
 
-def _cache_file(home: Path) -> Path:
-    return home / "cache" / cpu_peak.PEAK_CACHE_FILE
+def _probe_peak(flops: float, dtype: str = "fp32", threads: int = 1, source: str = "probed for the test") -> mfu.Peak:
+    """A peak as the watcher stores it from the ranks' probes."""
+    return mfu.Peak(flops, source, kind="probe", dtype=dtype, threads=threads, measured_at=1_790_000_000.0,
+                    fingerprint="fp-a", machine="m", size=512)
 
 
-def _write_peak(home: Path, flops: float, dtype: str = "fp32", threads: int = 1, age_s: float = 0.0,
-                fingerprint: str | None = None) -> mfu.Peak:
-    """Put a peak in the cache file, as an earlier measurement would have left it."""
-    fp = fingerprint or cpu_peak.machine_fingerprint().key
-    peak = mfu.Peak(flops, f"{cpu_peak.CPU_PEAK_SOURCE}, written by the test", kind="measured", dtype=dtype,
-                    threads=threads, measured_at=time.time() - age_s, fingerprint=fp, machine="test", size=64)
-    return _write_peak_obj(home, peak)
-
-
-def _write_peak_obj(home: Path, peak: mfu.Peak) -> mfu.Peak:
-    assert peak.fingerprint and peak.dtype and peak.threads
-    path = _cache_file(home)
-    data = json.loads(path.read_text()) if path.exists() else {"version": cpu_peak.PEAK_CACHE_VERSION, "peaks": {}}
-    data["peaks"][cpu_peak.cache_key(peak.fingerprint, peak.dtype, peak.threads)] = peak.to_json()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data))
-    return peak
-
-
-# ---------------------------------------------------------------------- the fingerprint and the cache
+# ---------------------------------------------------------------------- the machine and the probe
 
 
 def test_fingerprint_reads_the_cpu_not_the_hostname() -> None:
@@ -101,67 +75,74 @@ def test_a_measured_peak_is_the_best_of_its_repeats() -> None:
     assert lo <= mid <= hi == m.flops
 
 
-def test_cache_is_keyed_by_fingerprint_dtype_and_threads(home: Path) -> None:
-    # Another machine's entry (same hostname, as on every VM here) is never used.
-    _write_peak(home, 1.0, "fp32", 1, fingerprint="another-machine")
-    peak = cpu_peak.cpu_peak(1, "fp32", **SMALL)
-    assert peak.flops > 1e6 and peak.kind == "measured"
-    assert peak.fingerprint == cpu_peak.machine_fingerprint().key and peak.dtype == "fp32" and peak.threads == 1
-    assert peak.measured_at is not None and abs(peak.measured_at - time.time()) < 60
-    assert peak.size in SMALL["sizes"] and peak.spread is not None and peak.machine
-    # Both entries are in the file now, under their own keys.
-    keys = set(json.loads(_cache_file(home).read_text())["peaks"])
-    assert keys == {cpu_peak.cache_key("another-machine", "fp32", 1), cpu_peak.cache_key(peak.fingerprint, "fp32", 1)}
-    # A fresh entry of this machine is read back, not measured again; other dtypes and threads are separate.
-    assert cpu_peak.cpu_peak(1, "fp32", **SMALL) == peak
-    _write_peak(home, 7e9, "bf16", 1)
-    _write_peak(home, 9e9, "fp32", 2)
-    assert cpu_peak.cpu_peak(1, "bf16", **SMALL).flops == 7e9
-    assert cpu_peak.cpu_peak(2, "fp32", **SMALL).flops == 9e9
-    assert cpu_peak.cpu_peak(1, "fp32", **SMALL) == peak
+def test_the_probe_size_grows_with_the_threads() -> None:
+    assert [peak_probe.probe_size(t) for t in (1, 2, 8, 64, 1000)] == [512, 640, 1024, 2048, 2048]
 
 
-def test_a_stale_peak_is_measured_again(home: Path) -> None:
-    old = _write_peak(home, 1.0, "fp32", 1, age_s=cpu_peak.PEAK_MAX_AGE_S + 60)
-    assert cpu_peak.cached_cpu_peak(1, "fp32") is None
-    again = cpu_peak.cpu_peak(1, "fp32", **SMALL)
-    assert again.flops > 1e6 and again.measured_at is not None and old.measured_at is not None
-    assert again.measured_at > old.measured_at + cpu_peak.PEAK_MAX_AGE_S
-    # A young one is kept; remeasure forces a measurement all the same.
-    young = _write_peak(home, 2.0, "fp32", 1, age_s=60)
-    assert cpu_peak.cpu_peak(1, "fp32", **SMALL) == young
-    assert cpu_peak.cpu_peak(1, "fp32", remeasure=True, **SMALL).flops > 1e6
-    # Measured on a busy host (load above the cores): kept an hour, not a week.
-    busy = replace(_write_peak(home, 3.0, "fp32", 1, age_s=120), load=float(os.cpu_count() or 1) + 5)
-    _write_peak_obj(home, busy)
-    assert cpu_peak.cpu_peak(1, "fp32", **SMALL) == busy and "busy host" in busy.label()
-    _write_peak_obj(home, replace(busy, measured_at=time.time() - cpu_peak.PEAK_BUSY_MAX_AGE_S - 60))
-    assert cpu_peak.cpu_peak(1, "fp32", **SMALL).flops > 1e6
+def test_a_probe_window_counts_real_matmuls_over_its_clock() -> None:
+    import torch
+
+    ticks = iter(range(100))
+    a = torch.ones(64, 64)
+    rate = peak_probe.probe_rate(a, a, torch.empty(64, 64), window_s=3.0, clock=lambda: float(next(ticks)))
+    assert rate == 2 * 64**3 * 3 / 3.0  # one tick per matmul: 3 matmuls fill 3 seconds
 
 
-def test_a_damaged_cache_is_measured_over(home: Path) -> None:
-    _cache_file(home).parent.mkdir(parents=True)
-    _cache_file(home).write_text("{not json")
-    assert cpu_peak.read_cache() == {}
-    assert cpu_peak.cpu_peak(1, "fp32", **SMALL).flops > 1e6
-    with pytest.raises(ValueError, match="dtype 'int8'"):
-        cpu_peak.cpu_peak(1, "int8")
+def test_the_probe_follows_the_steps_and_leaves_its_time_out() -> None:
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 0.001
+        return now[0]
+    probe = peak_probe.Probe(True, "fp32", clock=clock)
+    assert probe.due(last=False)  # the first boundary
+    probe.take()
+    assert not probe.due(last=False) and probe.due(last=True)  # too soon, unless it is the last step
+    now[0] += peak_probe.PROBE_EVERY_S
+    assert probe.due(last=False)
+    probe.take()
+    assert len(probe.rates) == 2 and all(r > 0 for r in probe.rates) and len(probe.seconds) == 1
+    assert probe.seconds[0] >= peak_probe.PROBE_EVERY_S and len(probe.spans) == 2
+    assert all(end - start >= peak_probe.PROBE_WINDOW_S for start, end in probe.spans)
+    assert not peak_probe.Probe(False, "fp32").due(last=True)  # GPU runs keep the datasheet peak
+    broken = peak_probe.Probe(True, "int8")
+    broken.take()
+    assert broken.error is not None and "int8" in broken.error and not broken.due(last=True)
 
 
-def test_the_run_peak_follows_its_precision(home: Path) -> None:
-    _write_peak(home, 3e10, "fp32", 2)
-    _write_peak(home, 8e10, "bf16", 2)
-    bf16 = cpu_peak.peak_for_run("cpu", "bf16", 2)
-    fp32 = cpu_peak.peak_for_run("cpu", "fp32", 2)
-    assert bf16 is not None and bf16.flops == 8e10 and bf16.dtype == "bf16"
-    assert fp32 is not None and fp32.flops == 3e10 and fp32.dtype == "fp32"
-    h100 = cpu_peak.peak_for_run("cuda", "bf16", None, ["NVIDIA H100 80GB HBM3"])
+def _probe(ranks: list[dict[str, Any]], dtype: str = "fp32") -> Any:
+    return {"dtype": dtype, "threads": 1, "size": 512, "window_s": 0.02, "ranks": ranks}
+
+
+def test_the_peak_is_the_time_weighted_rate_of_each_rank_and_their_mean() -> None:
+    # rank 0: 2 s at (10+30)/2 and 1 s at (30+20)/2 GFLOP/s; rank 1: one probe only
+    probe = _probe([{"rank": 0, "rates": [10e9, 30e9, 20e9], "seconds": [2.0, 1.0]},
+                    {"rank": 1, "rates": [15e9], "seconds": []}])
+    assert cpu_peak.rank_peak(probe["ranks"][0]) == pytest.approx((2 * 20e9 + 1 * 25e9) / 3)
+    peak = cpu_peak.peak_from_probe(probe, 1_790_000_000.0)
+    assert peak.flops == pytest.approx(((2 * 20e9 + 25e9) / 3 + 15e9) / 2)
+    assert (peak.kind, peak.dtype, peak.threads, peak.size) == ("probe", "fp32", 1, 512)
+    assert peak.spread == (10e9, peak.flops, 30e9)
+    assert peak.source.startswith(cpu_peak.PROBE_SOURCE) and "fp32 512x512, 1 thread(s), 3 probe(s)" in peak.source
+    assert "time-weighted, mean over 2 rank(s)" in peak.source and peak.fingerprint in peak.source
+    assert peak.label() == "18.3 GFLOP/s fp32, 1 thread, probed beside the run"
+    assert mfu.Peak.from_json(peak.to_json()) == peak
+    # a rank that failed is left out; none measured: the errors, never a number
+    failed = {"rank": 1, "rates": [], "seconds": [], "error": "RuntimeError: no bf16 kernel"}
+    assert cpu_peak.peak_from_probe(_probe([probe["ranks"][1], failed]), 0.0).flops == 15e9
+    with pytest.raises(ValueError, match="no bf16 kernel"):
+        cpu_peak.peak_from_probe(_probe([failed]), 0.0)
+
+
+def test_the_run_peak_follows_its_precision_and_a_cpu_run_without_a_probe_has_none() -> None:
+    bf16 = cpu_peak.peak_for_run("cpu", _probe([{"rank": 0, "rates": [8e10], "seconds": []}], "bf16"), "bf16")
+    assert bf16 is not None and bf16.flops == 8e10 and bf16.dtype == "bf16" and bf16.kind == "probe"
+    assert cpu_peak.peak_for_run("cpu", None, "fp32") is None  # never a benchmark taken at another time
+    h100 = cpu_peak.peak_for_run("cuda", None, "bf16", ["NVIDIA H100 80GB HBM3"])
     assert h100 is not None and h100.flops == 989.4e12 and h100.kind == "datasheet" and h100.dtype == "bf16"
-    fp16 = cpu_peak.peak_for_run("cuda", "fp16", None, ["NVIDIA A100-SXM4-80GB"])
+    fp16 = cpu_peak.peak_for_run("cuda", None, "fp16", ["NVIDIA A100-SXM4-80GB"])
     assert fp16 is not None and fp16.flops == 312e12 and fp16.dtype == "fp16"
-    assert cpu_peak.peak_for_run("cuda", "bf16", None, []) is None
-    assert cpu_peak.peak_for_run("cpu", "fp32", None) is None  # threads unknown: no guess
-    assert mfu.Peak.from_json(bf16.to_json()) == bf16
+    assert cpu_peak.peak_for_run("cuda", None, "bf16", []) is None
     assert mfu.Peak.from_json({"error": "x"}) is None and mfu.Peak.from_json(None) is None
 
 
@@ -229,33 +210,14 @@ def _fpt() -> float:
     return flops.flops_per_token(PARAMS - TINY_DIMS["embedding_params"], 6, 6, 64, 256, TRAINABLE)
 
 
-def test_mfu_over_100_is_remeasured_once_then_shown(home: Path) -> None:
-    """A too-low peak in the cache (1 kFLOP/s) gives an absurd MFU: compare measures the peak again
-    and shows the MFU against the new one."""
+def test_mfu_over_100_is_never_printed_and_says_why(home: Path) -> None:
     store = Store(f"sqlite:///{home / 'ftui.db'}")
-    bad = _write_peak(home, 1e3, "fp32", 1)
-    rid = _stored_run(store, tps=1.0, peak=bad)  # 1 token/s: far below any real peak
-    row = load_comparison(store, [rid]).rows[0]
-    assert row.mfu is not None and 0 < row.mfu < 1 and row.mfu_rejected is None
-    assert row.peak_flops is not None and row.peak_flops > 1e6 and "re-measured once" in (row.peak_source or "")
-    fresh = cpu_peak.read_cache()[cpu_peak.cache_key(cpu_peak.machine_fingerprint().key, "fp32", 1)]
-    assert fresh.flops == row.peak_flops and fresh.measured_at and bad.measured_at and fresh.measured_at > bad.measured_at
-    # The next compare uses that re-measurement (newer than the run's peak): no second benchmark.
-    again = load_comparison(store, [rid]).rows[0]
-    assert again.peak_flops == row.peak_flops and again.peak_measured_at == row.peak_measured_at
-
-
-def test_mfu_still_over_100_after_remeasuring_is_never_printed(home: Path) -> None:
-    store = Store(f"sqlite:///{home / 'ftui.db'}")
-    bad = _write_peak(home, 1e3, "fp32", 1)
-    rid = _stored_run(store, tps=1e12, peak=bad)  # a throughput no CPU reaches: still > 100%
+    rid = _stored_run(store, tps=1e12, peak=_probe_peak(1e3))  # a throughput no CPU reaches: > 100%
     cmp = load_comparison(store, [rid])
     row = cmp.rows[0]
     assert row.mfu is None and row.mfu_rejected is not None and row.mfu_rejected > 1
     assert row.mfu_note is not None and row.mfu_note.startswith("MFU > 100%") and "peak not trustworthy" in row.mfu_note
-    assert "re-measured once" in row.mfu_note
-    fresh = cpu_peak.read_cache()[cpu_peak.cache_key(cpu_peak.machine_fingerprint().key, "fp32", 1)]
-    assert fresh.measured_at and bad.measured_at and fresh.measured_at > bad.measured_at  # it was re-measured
+    assert "exceed the matmul rate probed beside it" in row.mfu_note  # a probe cannot be re-measured after the run
     rejected = f"{row.mfu_rejected * 100:,.0f}"  # kept in the data (mfu_rejected), never in a table or a line
     for text in (markdown(cmp), to_html(cmp)):
         assert "peak not trustworthy" in text and rejected not in text
@@ -263,27 +225,54 @@ def test_mfu_still_over_100_after_remeasuring_is_never_printed(home: Path) -> No
     assert "| - [1] |" in markdown(cmp).splitlines()[4]
     assert "- [1] run 1 MFU: > 100%: peak not trustworthy" in markdown(cmp)
     assert "MFU " not in cmp.recommendation()
-    # A peak from another machine cannot be re-measured here: suppressed, and it says why.
-    other = mfu.Peak(1e3, "elsewhere", kind="measured", dtype="fp32", threads=1, measured_at=time.time(),
-                     fingerprint="another-machine", machine="a big box")
-    rid2 = _stored_run(store, tps=1000.0, peak=other)
-    row2 = load_comparison(store, [rid2]).rows[0]
-    assert row2.mfu is None and row2.mfu_note and "another machine (a big box)" in row2.mfu_note
+
+
+def test_a_cpu_peak_not_measured_beside_the_run_gives_no_mfu(home: Path) -> None:
+    """A run recorded before the probe (its peak benchmarked after the run, under another load), or with no
+    peak at all: MFU '-', and the reason, in compare and in ``ftui show``'s figures; never a benchmark now."""
+    from runner.analysis.run_peak import stored_mfu
+
+    store = Store(f"sqlite:///{home / 'ftui.db'}")
+    after = mfu.Peak(5e10, "measured matmul peak (CPU), fp32", kind="measured", dtype="fp32", threads=1,
+                     measured_at=1_790_000_000.0, fingerprint="fp-a", machine="m", load=7.5)
+    old = _stored_run(store, peak=after)
+    none = _stored_run(store)
+    probed = _stored_run(store, peak=_probe_peak(5e11))
+    rows = load_comparison(store, [old, none, probed]).rows
+    assert rows[0].mfu is None and rows[0].mfu_note is not None
+    assert "measured after the run, under load the run did not share" in rows[0].mfu_note
+    assert rows[1].mfu is None and "no CPU peak measured beside the run" in (rows[1].mfu_note or "")
+    assert rows[2].mfu == pytest.approx(_fpt() * 1000 / 5e11)
+    runs = {r.id: r for r in store.get_runs([old, none, probed])}
+    assert stored_mfu(runs[old])[0] is None and "did not share" in stored_mfu(runs[old])[1]
+    assert "FLOPs per token not stored" in stored_mfu(runs[probed])[1]  # compare derives them; show does not
+    with_fpt = replace(runs[probed], summary=replace(runs[probed].summary, flops_per_token=_fpt()))
+    assert stored_mfu(with_fpt) == (pytest.approx(_fpt() * 1000 / 5e11),
+                                        "FLOPs/token x tokens/s / (MFU peak/device x 1 device)")
+    # A given peak still gives one.
+    assert load_comparison(store, [old], peak_tflops=0.5).rows[0].mfu == pytest.approx(_fpt() * 1000 / 5e11)
 
 
 def test_bf16_runs_divide_by_the_bf16_peak(home: Path) -> None:
     store = Store(f"sqlite:///{home / 'ftui.db'}")
-    fp32 = _write_peak(home, 1e11, "fp32", 2)
-    bf16 = _write_peak(home, 4e11, "bf16", 2)
-    # Stored before runs recorded their peak: compare takes the cached one for the run's dtype.
-    a = _stored_run(store, precision="fp32", tps=1000.0, threads=2)
-    b = _stored_run(store, precision="bf16", tps=1000.0, threads=2)
+    a = _stored_run(store, precision="fp32", tps=1000.0, threads=2, peak=_probe_peak(1e11, "fp32", 2))
+    b = _stored_run(store, precision="bf16", tps=1000.0, threads=2, peak=_probe_peak(4e11, "bf16", 2))
     rows = load_comparison(store, [a, b]).rows
-    assert rows[0].peak_dtype == "fp32" and rows[0].peak_flops == fp32.flops
-    assert rows[1].peak_dtype == "bf16" and rows[1].peak_flops == bf16.flops
+    assert rows[0].peak_dtype == "fp32" and rows[0].peak_flops == 1e11
+    assert rows[1].peak_dtype == "bf16" and rows[1].peak_flops == 4e11
     assert rows[0].mfu == pytest.approx(_fpt() * 1000 / 1e11)
     assert rows[1].mfu == pytest.approx(rows[0].mfu / 4)
-    assert "measured by compare, not stored with the run" in (rows[1].peak_source or "")
+
+
+def test_two_runs_with_different_peaks_for_one_dtype_and_threads_say_why(home: Path) -> None:
+    store = Store(f"sqlite:///{home / 'ftui.db'}")
+    quiet = _stored_run(store, peak=_probe_peak(60e9))
+    busy = _stored_run(store, peak=_probe_peak(20e9))
+    same = _stored_run(store, peak=_probe_peak(20e9 + 1e6))  # prints as 20.0 GFLOP/s too
+    md = markdown(load_comparison(store, [quiet, busy, same]))
+    assert ("MFU peaks differ for fp32, 1 thread (run 1 60.0 GFLOP/s, run 2 20.0 GFLOP/s, run 3 20.0 GFLOP/s): "
+            "each probed beside its own run, under that run's load") in md
+    assert "MFU peaks differ" not in markdown(load_comparison(store, [busy, same]))
 
 
 def _tel(kind: str, means: list[float], threads: int | None) -> dict[str, Any]:
@@ -298,9 +287,9 @@ def _tel(kind: str, means: list[float], threads: int | None) -> dict[str, Any]:
 
 def _table_runs(home: Path) -> tuple[Store, list[int]]:
     store = Store(f"sqlite:///{home / 'ftui.db'}")
-    single_peak = mfu.Peak(5e11, "measured for the test", kind="measured", dtype="bf16", threads=2,
+    single_peak = mfu.Peak(5e11, "probed for the test", kind="probe", dtype="bf16", threads=2,
                            measured_at=1_790_000_000.0, fingerprint="fp-a", machine="m")
-    ddp_peak = mfu.Peak(2.5e11, "measured for the test", kind="measured", dtype="bf16", threads=1,
+    ddp_peak = mfu.Peak(2.5e11, "probed for the test", kind="probe", dtype="bf16", threads=1,
                         measured_at=1_790_000_000.0, fingerprint="fp-a", machine="m")
     single = _stored_run(store, precision="bf16", tps=2000.0, threads=2, peak=single_peak,
                          telemetry=_tel("rank", [198.0], 2))
@@ -313,17 +302,17 @@ def test_compare_names_the_peak_dtype_and_threads_in_every_format(home: Path) ->
     store, ids = _table_runs(home)
     cmp = load_comparison(store, ids)
     single, ddp = cmp.rows
-    assert single.peak_label == "500.0 GFLOP/s bf16, 2 threads, measured 2026-09-21"
-    assert ddp.peak_label == "250.0 GFLOP/s bf16, 1 thread, measured 2026-09-21"
+    assert single.peak_label == "500.0 GFLOP/s bf16, 2 threads, probed beside the run"
+    assert ddp.peak_label == "250.0 GFLOP/s bf16, 1 thread, probed beside the run"
     assert single.mfu == pytest.approx(_fpt() * 2000 / 5e11)
     assert ddp.mfu == pytest.approx(_fpt() * 2000 / (2.5e11 * 2))  # per device x 2 devices
     md = markdown(cmp)
     assert "| MFU peak/device |" in md.splitlines()[2]
     assert "500.0 GFLOP/s bf16 [1]" in md and "250.0 GFLOP/s bf16 [2]" in md
-    assert f"[1] {single.peak_label}; measured for the test" in md and f"[2] {ddp.peak_label}" in md
+    assert f"[1] {single.peak_label}; probed for the test" in md and f"[2] {ddp.peak_label}" in md
     assert single.peak_label in to_html(cmp) and "MFU peak/device" in to_html(cmp)
     rows = list(csv.DictReader(io.StringIO(to_csv(cmp))))
-    assert [(r["peak_dtype"], r["peak_threads"], r["peak_kind"]) for r in rows] == [("bf16", "2", "measured"), ("bf16", "1", "measured")]
+    assert [(r["peak_dtype"], r["peak_threads"], r["peak_kind"]) for r in rows] == [("bf16", "2", "probe"), ("bf16", "1", "probe")]
     assert float(rows[0]["peak_flops"]) == 5e11 and rows[0]["peak_measured_at"] == "2026-09-21T14:13:20+00:00"
     data = json.loads(to_json(cmp))["runs"]
     assert [(r["peak_dtype"], r["peak_threads"], r["peak_flops"], r["peak_fingerprint"]) for r in data] == [
@@ -373,7 +362,7 @@ def test_old_runs_without_threads_stay_in_cpu_percent_of_one_core() -> None:
 def test_compare_of_runs_with_stored_peaks_imports_no_torch(home: Path) -> None:
     """Ten runs with their peak and model dims stored compare without a benchmark or a torch import."""
     store = Store(f"sqlite:///{home / 'ftui.db'}")
-    peak = mfu.Peak(5e10, "stored", kind="measured", dtype="fp32", threads=1, measured_at=time.time(),
+    peak = mfu.Peak(5e10, "stored", kind="probe", dtype="fp32", threads=1, measured_at=time.time(),
                     fingerprint="fp-a", machine="m")
     ids = [_stored_run(store, tps=100.0 + i, peak=peak, telemetry=_tel("rank", [90.0], 1)) for i in range(10)]
     code = ("import sys, time, json; t = time.perf_counter(); from store import Store; "
@@ -387,4 +376,3 @@ def test_compare_of_runs_with_stored_peaks_imports_no_torch(home: Path) -> None:
     out = json.loads(proc.stdout)
     assert out["torch"] is False and out["transformers"] is False
     assert all(m is not None and m > 0 for m in out["mfu"])
-    assert not _cache_file(home).exists()  # nothing was measured

@@ -7,11 +7,11 @@ the table (:func:`footnotes`), the cell keeping its gist and the footnote's mark
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 from runner.analysis.compare import Comparison, RunRow
 from runner.analysis.mfu import flops_text
+from runner.analysis.run_peak import differing_peaks
 from tui.render.report import fmt_bytes, fmt_seconds
 
 CELL_MAX = 24
@@ -113,11 +113,9 @@ def full_columns(cmp: Comparison) -> list[Column]:
 
 
 def peak_brief(r: RunRow) -> str:
-    """The MFU peak's provenance in one line: its label, what it is, and what was done to it (measured by
-    compare, re-measured); the full source is in JSON (``peak_source``) and the HTML report's details."""
-    source = r.peak_source or ""
-    notes = re.findall(r"\((measured by compare[^)]*)\)", source) + re.findall(r"; (re-measured once .*)$", source)
-    return "; ".join([r.peak_label, source.split(", ")[0], *notes])
+    """The MFU peak's provenance in one line: its label and what it is (``matmul probe in the ranks (CPU)``,
+    a datasheet, given); the full source is in JSON (``peak_source``) and the HTML report's details."""
+    return f"{r.peak_label}; {(r.peak_source or '').split(', ')[0]}"
 
 
 def _gist(header: str, r: RunRow, text: str) -> tuple[str, str | None]:
@@ -159,7 +157,7 @@ def columns(cmp: Comparison) -> list[Column]:
 
 
 def footnotes(cmp: Comparison) -> list[str]:
-    """``[1] 40.6 GFLOP/s fp32, 2 threads, measured 2026-11-23; measured matmul peak (CPU)``: what the
+    """``[1] 40.6 GFLOP/s fp32, 2 threads, probed beside the run; matmul probe in the ranks (CPU)``: what the
     short cells of :func:`columns` left out."""
     return [f"[{i}] {note}" for i, note in enumerate(_cells(cmp)[1], start=1)]
 
@@ -183,6 +181,7 @@ def figure_sources(cmp: Comparison) -> list[str]:
                    "its start to its last step); 'not reported' where it did not")
     if any(r.peak_source for r in cmp.rows):
         out.append("MFU: FLOPs/token x tokens/s / (peak x devices), in the run's dtype (docs/compare.md)")
+    out += differing_peaks((r.run_id, r.peak_dtype, r.peak_threads, r.peak_flops, r.peak_kind) for r in cmp.rows)
     out += [f"MFU '-' for run {r.run_id}: {r.mfu_note}" for r in cmp.rows if r.mfu_note]
     mem = sorted({r.mem_measured_source for r in cmp.rows if r.mem_measured is not None})
     if mem:

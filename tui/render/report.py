@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from runner.analysis.mfu import Peak
+from runner.analysis.run_peak import stored_mfu
 from runner.hardware.records import SOURCE_LABELS
 from runner.planner.error_band import Band
 from runner.spec.events import RECIPE_FILE
@@ -211,6 +212,9 @@ def run_summary_table(run: RunInfo | None) -> Table:
         if overall["devices"] > 1 and low is not None and high is not None:
             table.add_row(*text_row("util min-max over devices", f"{low:.0f}-{high:.0f}%",
                                     f"{unit}: the lowest and highest device's mean, {span}"))
+    if run.status == "completed" and run.tokens_per_s:
+        mfu, why = stored_mfu(run)
+        table.add_row(*text_row("MFU", "-" if mfu is None else f"{mfu:.2%}", why))
     mfu_peak = run.summary.mfu_peak
     if mfu_peak is not None and mfu_peak.get("flops"):
         stored = Peak.from_json(mfu_peak)
