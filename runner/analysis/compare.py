@@ -26,6 +26,7 @@ from runner.analysis.run_peak import (
     over_100_note,
     peak_note,
     stored_flops_per_token,
+    unknown_device_note,
 )
 from runner.spec import strategies
 from runner.spec.flops import flops_per_token
@@ -243,7 +244,7 @@ def _mfu_note(run: RunInfo, peak: Peak | None, peak_note: str | None, dims: Mapp
     if run.status != "completed" or not run.tokens_per_s:
         return None
     if peak is None:
-        return peak_note or f"no peak FLOP/s known for device type {run.device_type or '?'}; give --peak-tflops"
+        return peak_note or unknown_device_note(run)
     if stored_flops_per_token(run) is not None:
         return None
     if dims is None:

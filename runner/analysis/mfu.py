@@ -94,22 +94,29 @@ class Peak:
         except (TypeError, ValueError):
             return None
 
-    def label(self) -> str:
-        """A short cell: ``52.1 GFLOP/s bf16, 1 thread, probed beside the run``."""
+    def figure(self) -> str:
+        """The rate with its dtype and threads: ``52.1 GFLOP/s bf16, 1 thread``."""
         parts = [flops_text(self.flops)]
         if self.dtype:
             parts[0] += f" {self.dtype}"
         if self.threads:
             parts.append(f"{self.threads} thread{'s' if self.threads != 1 else ''}")
-        if self.kind == "probe":
-            parts.append("probed beside the run")
-        elif self.kind == "measured" and self.measured_at:
-            parts.append("measured after the run " + time.strftime("%Y-%m-%d", time.gmtime(self.measured_at)))
-            if self.load is not None and self.load > (os.cpu_count() or 1):
-                parts.append(f"busy host (load {self.load:.1f})")
-        else:
-            parts.append(self.kind)
         return ", ".join(parts)
+
+    def provenance(self) -> str:
+        """How the rate was had: ``probed beside the run``, ``measured after the run 2026-11-23``..."""
+        if self.kind == "probe":
+            return "probed beside the run"
+        if self.kind == "measured" and self.measured_at:
+            words = "measured after the run " + time.strftime("%Y-%m-%d", time.gmtime(self.measured_at))
+            if self.load is not None and self.load > (os.cpu_count() or 1):
+                words += f", busy host (load {self.load:.1f})"
+            return words
+        return self.kind
+
+    def label(self) -> str:
+        """A short cell: ``52.1 GFLOP/s bf16, 1 thread, probed beside the run``."""
+        return f"{self.figure()}, {self.provenance()}"
 
 
 def _int(v: Any) -> int | None:

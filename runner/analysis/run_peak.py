@@ -108,7 +108,7 @@ def stored_mfu(run: RunInfo) -> tuple[float | None, str]:
     m = compute_mfu(fpt, run.tokens_per_s, peak, devices)
     if not trustworthy(m.mfu):
         return None, f"MFU > 100% against {peak.label()} x {devices} device(s): {over_100_note(peak)}"
-    return m.mfu, f"FLOPs/token x tokens/s / (MFU peak/device x {devices} device{'s' if devices != 1 else ''})"
+    return m.mfu, f"FLOPs/token x tokens/s / (peak x {devices} device{'s' if devices != 1 else ''})"
 
 
 def peak_note(run: RunInfo, recipe: Mapping[str, Any], samples: Sequence[SampleInfo] = ()) -> str:
@@ -131,4 +131,11 @@ def peak_note(run: RunInfo, recipe: Mapping[str, Any], samples: Sequence[SampleI
                 "give --peak-tflops")
     if run.device_type == "cuda":
         return "GPU model unknown (no NVML samples stored for the run); give --peak-tflops"
-    return f"no peak FLOP/s known for device type {run.device_type or '?'}; give --peak-tflops"
+    return unknown_device_note(run)
+
+
+def unknown_device_note(run: RunInfo) -> str:
+    """No peak for the run's device type (or none recorded)."""
+    if not run.device_type:
+        return "no peak FLOP/s: the run recorded no device type; give --peak-tflops"
+    return f"no peak FLOP/s known for device type {run.device_type}; give --peak-tflops"

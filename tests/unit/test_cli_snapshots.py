@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from runner.spec.flops import run_flops_per_token
 from store import Store
 from tui.cli import main
 
@@ -36,7 +37,17 @@ def store(tmp_path: Path) -> Store:
                "lr": 2e-3, "grad_norm": 0.7, "tokens": 1024 * (k + 1), "step_time": 0.4, "tokens_per_s": 2560.0}
               for k in range(30)]
     store.ingest(1, events)
+    # What a run records now besides the golden summary: its device type, and the peak its ranks probed
+    # beside it (the MFU's divisor) with its FLOPs per token (runner.spec.flops of the builtin tiny Llama).
+    flops = run_flops_per_token("lora", PARAMS, TRAINABLE, DIMS)
+    store.update_run(1, device_type="cpu", summary={"flops_per_token": flops, "mfu_peak": PEAK})
     return store
+
+
+PARAMS, TRAINABLE = 12_587_904, 122_880
+DIMS = {"layers": 6, "heads": 6, "head_dim": 64, "seq_len": 256, "embedding_params": 1_572_864}
+PEAK = {"flops": 118.2e9, "source": "matmul probe in the ranks (CPU), fp32", "kind": "probe", "dtype": "fp32",
+        "threads": 2, "measured_at": 1795447228.6, "fingerprint": "x", "machine": "test", "size": 640, "load": 0.5}
 
 
 def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, size: tuple[int, int],

@@ -248,7 +248,7 @@ def test_a_cpu_peak_not_measured_beside_the_run_gives_no_mfu(home: Path) -> None
     assert "FLOPs per token not stored" in stored_mfu(runs[probed])[1]  # compare derives them; show does not
     with_fpt = replace(runs[probed], summary=replace(runs[probed].summary, flops_per_token=_fpt()))
     assert stored_mfu(with_fpt) == (pytest.approx(_fpt() * 1000 / 5e11),
-                                        "FLOPs/token x tokens/s / (MFU peak/device x 1 device)")
+                                        "FLOPs/token x tokens/s / (peak x 1 device)")
     # A given peak still gives one.
     assert load_comparison(store, [old], peak_tflops=0.5).rows[0].mfu == pytest.approx(_fpt() * 1000 / 5e11)
 

@@ -220,7 +220,9 @@ def run_summary_table(run: RunInfo | None) -> Table:
         stored = Peak.from_json(mfu_peak)
         if stored is not None:
             # the source's first clause (its details, the CPU's ISA flags, are in `ftui compare`'s notes)
-            table.add_row(*text_row("MFU peak/device", stored.label(), stored.source.split(", ")[0]))
+            source = stored.source.split(", ")[0]  # a probe's source says it was beside the run
+            table.add_row(*text_row("MFU peak/device", stored.figure(),
+                                    source if stored.kind == "probe" else f"{stored.provenance()}: {source}"))
     if run.error:
         table.add_row("error", Text(run.error, style="red"), "")
     stacks = run.summary.stacks
