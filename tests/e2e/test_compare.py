@@ -154,7 +154,7 @@ def test_show_names_the_thread_unit_the_spread_and_the_peak(ftui: Ftui, sweep: S
     code, shown, err = run_ftui(["show", str(ddp["run_id"])], {**ftui.env, "COLUMNS": "400"}, ROOT)  # no wrapped cells
     assert code == 0, err
     assert "util min-max over devices" in shown and "CPU % of its 1 thread" in shown
-    assert "MFU peak/device" in shown and "fp32, 1 thread, probed beside the run" in shown
+    assert "MFU peak/device" in shown and "fp32, 1 thread" in shown and "matmul probe in the ranks" in shown
     assert re.search(r"│ MFU +│ +(\d+\.\d\d%|-) ", shown), shown
     summary = ftui.show(ddp["run_id"])["summary"]
     assert summary["threads"] == 1 and summary["model_dims"]["layers"] == 6
