@@ -228,6 +228,7 @@ class _Watch:
         self.on_event = on_event
         self.request = stop if isinstance(stop, procs.StopRequest) else procs.StopRequest(stop)
         self.stream = RunStream(store, prepared, on_event)
+        self.stream.launched = launcher.group.started  # spawn is timed from here (runner.spec.first_step)
         self.telemetry: RunTelemetry | None = None
         self.ranks = RankWatch(prepared.run_dir, clock=options.clock)
         self.stopper = Stopper(prepared.run_dir, launcher.group, self.request)
