@@ -78,7 +78,11 @@ def _median_stages(records: Sequence[Mapping[str, Any]]) -> dict[str, float | No
     if not records:
         return {}
     per = [fs.stage_seconds(r) for r in records]
-    return {s: statistics.median(v) if (v := [p[s] for p in per if p[s] is not None]) else None for s in fs.STAGES}
+    out: dict[str, float | None] = {}
+    for stage in fs.STAGES:
+        known = [v for p in per if (v := p[stage]) is not None]
+        out[stage] = statistics.median(known) if known else None
+    return out
 
 
 def rank(rows: Sequence[RunRow], floor: NoiseFloor | None, first_step: Mapping[int, float] | None = None) -> Ranking:

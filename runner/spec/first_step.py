@@ -73,12 +73,17 @@ def total_seconds(record: Mapping[str, Any] | None) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
+def stages_words(record: Mapping[str, Any] | None) -> str:
+    """``"spawn 4.1, imports 12.0, data 0.3, model load 1.2, prepare/shard 0.8, first step 12.8"``: the
+    stages known, in seconds (a stage that did not happen or is unknown is left out)."""
+    return ", ".join(f"{STAGE_WORDS[s]} {v:.1f}" for s, v in stage_seconds(record).items() if v is not None)
+
+
 def words(record: Mapping[str, Any] | None) -> str:
-    """``"31.2 s: spawn 4.1, imports 12.0, data 0.3, model load 1.2, prepare/shard 0.8, first step 12.8"``
-    (stages that did not happen or are unknown left out); ``"-"`` without a record."""
-    total = total_seconds(record)
-    parts = [f"{STAGE_WORDS[s]} {v:.1f}" for s, v in stage_seconds(record).items() if v is not None]
+    """``"31.2 s: spawn 4.1, imports 12.0, ..."``: the total, then :func:`stages_words`; ``"-"`` without a
+    record."""
+    total, parts = total_seconds(record), stages_words(record)
     if total is None and not parts:
         return "-"
     head = "-" if total is None else f"{total:.1f} s"
-    return f"{head}: {', '.join(parts)}" if parts else head
+    return f"{head}: {parts}" if parts else head

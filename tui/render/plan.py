@@ -117,7 +117,7 @@ the candidate's line under the table: :mod:`runner.spec.first_step`)."""
 def _notes(e: dict[str, Any]) -> str:
     """A candidate's line under the table: why it was not raced or did not complete, else its batch split;
     then where its time to first step went."""
-    split = ", ".join(f"{fs.STAGE_WORDS[k]} {v:.1f}" for k, v in e["time_to_first_step_split"].items() if v is not None)
+    split = fs.stages_words({"seconds": e["time_to_first_step_split"]})
     return f"{e['label']}: {e['reason'] or e['batch']}" + (f"; to first step (s): {split}" if split else "")
 
 
