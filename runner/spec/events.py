@@ -165,7 +165,7 @@ class StartEvent(TypedDict):
     model and optimizer of rank 0 (a mismatch with the strategy asked for fails the run before this)."""
     data: NotRequired[dict[str, Any]]
     """The data step (:meth:`runner.data.prepare.DataSet.info`): format, cache key, cached, seconds, eval rows."""
-    process_started: NotRequired[float]
+    process_started: NotRequired[float | None]
     """Rank 0's process create time (unix seconds): where its imports start (:mod:`runner.spec.first_step`)."""
     parallel: NotRequired[dict[str, Any]]
     """Pipeline or tensor-parallel runs (runner/rank/pipeline.py): ``kind``, stages or tp size, micro-batches,

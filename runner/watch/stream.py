@@ -103,8 +103,9 @@ class RunStream:
         elif event["type"] == "start":
             self.start = event
             self.marks["start"] = float(raw["time"])
-            if isinstance(event.get("process_started"), int | float):
-                self.marks["process_started"] = float(event["process_started"])
+            started = event.get("process_started")
+            if isinstance(started, int | float):
+                self.marks["process_started"] = float(started)
             self._on_start(event)
         elif event["type"] == "step":
             if self.first_step_time is None:

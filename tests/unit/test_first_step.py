@@ -5,6 +5,9 @@ footnote and the JSON) and ``ftui plan`` (its candidates' split) reading the sto
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,7 @@ from rich.console import Console
 
 from runner.analysis.compare import build_comparison
 from runner.analysis.ranking import rank
+from runner.hardware.processes import started_wall
 from runner.spec import events as ev
 from runner.spec.first_step import STAGES, breakdown, words
 from runner.spec.recipe import load_recipe
@@ -120,3 +124,17 @@ def test_plan_gives_each_candidate_the_median_of_its_trials_stages() -> None:
     entry = candidate_entry(Candidate(strategy="ddp", nproc=2, note="micro-batch 2 x GA 1"), standing, 0)
     assert entry["time_to_first_step_split"]["spawn"] == pytest.approx(3.0)
     assert _notes(entry).endswith("to first step (s): spawn 3.0, imports 7.0, first step 4.0")
+
+
+def test_a_process_start_is_on_the_clock_the_journal_uses() -> None:
+    """A child's start lies between the moments before and after it was spawned (time.time(), to /proc's
+    10 ms tick), where psutil's create_time can be a second off (its boot time is whole seconds)."""
+    before = time.time()
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    after = time.time()
+    try:
+        started = started_wall(child.pid)
+    finally:
+        child.communicate(b"")
+    assert started is not None and before - 0.02 <= started <= after + 0.02
+    assert started_wall(child.pid) is None  # reaped: gone
