@@ -13,8 +13,8 @@ from rich.table import Table
 from rich.text import Text
 
 from runner.analysis.noise import Spread
-from runner.analysis.track_record import Record
 from runner.analysis.ranking import Ranking, Standing
+from runner.analysis.track_record import Record
 from runner.service.plan import Candidate, Progress, Setup
 from tui.render.report import fmt_bytes
 
