@@ -80,6 +80,6 @@ def host_track_record(store: Store, host: str | None = None) -> dict[str, Record
 
 
 UNKNOWN_CELL = "-"
-FOOTNOTE = ("error this host: the largest |estimated - measured| / measured peak of this planner over this "
+FOOTNOTE = ("host error: the largest |estimated - measured| / measured peak of this planner over this "
             "host's completed runs of the same family and strategy in the store (count in brackets); - = no "
-            "such run yet. Kept apart from \"error here\", the held-out grid's")
+            "such run yet; apart from \"error here\", the held-out grid's")

@@ -74,4 +74,4 @@ def test_estimate_prints_this_hosts_record_apart_from_the_grids_band(tmp_path: P
     text = run_in_process(capsys, "estimate", "recipes/quickstart.toml", "--db", store.url).stdout
     line = next(line for line in text.splitlines() if line.startswith("single"))
     assert line.rstrip().endswith("≤25.0% (2)")  # the last column: this host's, beside the grid's "error here"
-    assert "error this host" in " ".join(text.split())
+    assert "host error: the largest" in " ".join(text.split())

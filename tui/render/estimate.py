@@ -59,7 +59,7 @@ def estimate_table(report: dict[str, Any], parts_order: tuple[str, ...], title: 
         ("fits", ["yes" if entry["fits"] else "no" for _, entry in rows]),
         ("GPUs\nneeded", ["-" if entry["gpus_needed"] is None else str(entry["gpus_needed"]) for _, entry in rows]),
         ("error\nhere", [error_cell(entry.get("error_band")) for _, entry in rows]),
-        ("error\nthis host", [record_cell(entry.get("track_record")) for _, entry in rows]),
+        ("host\nerror", [record_cell(entry.get("track_record")) for _, entry in rows]),
     ]
 
     def part_width(p: str) -> int:
