@@ -101,6 +101,8 @@ class Candidate:
     band: float | None = None
     """The estimate's error band the fit was judged with, as a fraction."""
     band_source: str = ""
+    band_key: str = ""
+    """The family and strategy its estimate's error is kept under (:func:`runner.planner.error_band.band_key`)."""
     budget: int | None = None
     fit: Fit | None = None
     """None: no estimate (the model's shape could not be had offline): raced, as nothing says it does not fit."""
@@ -127,6 +129,8 @@ class Need:
     band: float
     """The estimate's error, as a fraction (:func:`runner.planner.recommend.fit_band`)."""
     band_source: str
+    key: str = ""
+    """The family and strategy of the estimate (:func:`runner.planner.error_band.band_key`)."""
 
 
 Estimator = Callable[[Recipe], Need | None]
@@ -152,8 +156,8 @@ def _variant(base: Candidate, loader: Loader, estimator: Estimator, memory: Memo
     budget = memory.per_rank(made.nproc)
     if need is None:
         return replace(made, budget=budget)
-    return replace(made, estimated=need.bytes, band=need.band, band_source=need.band_source, budget=budget,
-                   fit=fit_verdict(need.bytes, budget, need.band))
+    return replace(made, estimated=need.bytes, band=need.band, band_source=need.band_source, band_key=need.key,
+                   budget=budget, fit=fit_verdict(need.bytes, budget, need.band))
 
 
 def _engine_candidates(strategy: str, nproc: int, base: Recipe, loader: Loader, estimator: Estimator,
@@ -412,7 +416,7 @@ def estimated_need(recipe: Recipe) -> Need | None:
         return None
     measured = found.get("error_band")
     band, source = fit_band(str(found.get("band_key")), Band(**measured) if measured else None)
-    return Need(int(total), band, source)
+    return Need(int(total), band, source, str(found.get("band_key") or ""))
 
 
 @dataclass(frozen=True)

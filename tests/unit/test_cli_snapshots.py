@@ -93,10 +93,11 @@ def test_show_recipe_prints_the_resolved_recipe(store: Store, capsys, monkeypatc
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("what", [["recipes/quickstart.toml"], ["--params", "34e9", "--method", "lora", "--gpus", "4"]],
                          ids=["quickstart", "34b"])
-def test_estimate(capsys, monkeypatch, snapshot, size, what: list[str]) -> None:  # type: ignore[no-untyped-def]
+def test_estimate(store: Store, capsys, monkeypatch, snapshot, size, what: list[str]) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.chdir(ROOT)
-    out = cli(capsys, monkeypatch, size, "estimate", *what, "--gpu-mem", "48GiB")
-    assert "total" in out and "fsdp" in out and "zero3" in out
+    # The fixed store: its run stored no estimate key, so "error this host" is "-" (never the user's own store)
+    out = cli(capsys, monkeypatch, size, "estimate", *what, "--gpu-mem", "48GiB", "--db", store.url)
+    assert "total" in out and "fsdp" in out and "zero3" in out and "host error" in " ".join(out.split())
     assert out == snapshot
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from runner.analysis.compare import build_comparison
 from runner.analysis.ranking import rank
+from runner.analysis.track_record import track_record
 from runner.planner.error_band import band_for, widest_band
 from runner.planner.recommend import fit_band, fit_verdict
 from runner.service import plan
@@ -278,8 +279,14 @@ def test_the_report_lists_every_candidate_and_prints_labels_as_text() -> None:
     runs = [_row(1, "single", 1, 1000.0), _row(2, "zero1", 2, 1500.0, grid="launch.engine=torch")]
     progress = plan.Progress(runs={single.key(): [runs[0]], torch_zero.key(): [runs[1]]},
                              over_budget=[plan.Trial(c, 1) for c in cands if c.label == "zero1 x2"])
+    cands = [dataclasses.replace(c, band_key="llama/zero1@torch") if c is torch_zero else c for c in cands]
     setup = plan.Setup(base, "plan-test", cands, ROOMY, 8, 1)
-    report = plan_report(setup, progress, rank(build_comparison(runs, {}).rows, None, {1: 4.0, 2: 6.5}))
+    # this host's record of the planner: one earlier zero1@torch run estimated 10% over its measured peak
+    earlier = run_info(9, "zero1", 2, 900.0, estimate={"band_key": "llama/zero1@torch",
+                                                       "per_device_bytes": {"total": 110 * MIB}},
+                       ranks=[{"peak_tensor_bytes": 100 * MIB}, {"peak_tensor_bytes": 90 * MIB}])
+    report = plan_report(setup, progress, rank(build_comparison(runs, {}).rows, None, {1: 4.0, 2: 6.5}),
+                         track_record([earlier], "h"))
     entries = {e["label"]: e for e in report["candidates"]}
     assert [e["label"] for e in report["candidates"]][:2] == ["zero1 x2 [launch.engine=torch]", "single"]
     assert (entries["zero1 x2"]["status"], entries["zero1 x2"]["reason"]) == ("not raced", "over the --budget")
@@ -289,8 +296,12 @@ def test_the_report_lists_every_candidate_and_prints_labels_as_text() -> None:
     assert raced["time_to_first_step_s"]["median"] == 6.5 and raced["peak_memory"]["estimated_bytes"] == 50 * MIB
     assert raced["peak_memory"]["error_band_pct"] == 12.0 and raced["micro_batch"] == 2 and raced["run_ids"] == [2]
     assert report["decision"]["kind"] == "unknown" and report["decision"]["winner_run_id"] is None
+    mine = raced["peak_memory"]["error_this_host"]
+    assert (mine["runs"], mine["worst_pct"], mine["run_ids"]) == (1, 10.0, [9])
+    assert entries["single"]["peak_memory"]["error_this_host"] is None  # no run of its key here yet
     console = Console(width=200, record=True)
     console.print(plan_table(report))
     text = console.export_text()
     assert "zero1 x2 [launch.engine=torch]" in text and "over the --budget" in text  # brackets kept: not markup
     assert "| zero1 x2 [launch.engine=torch] | cannot tell | 1,500 |" in plan_markdown(report)
+    assert "estimate error this host, llama/zero1@torch: +10.0% median, +10.0% worst over 1 run(s) (runs 9" in text

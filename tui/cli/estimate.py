@@ -17,7 +17,9 @@ from rich.table import Table
 from rich.text import Text
 
 from runner import planner as E
+from runner.analysis.track_record import host_track_record
 from runner.hardware import NvmlBackend
+from runner.planner.error_band import band_key
 from runner.planner.memory import DEFAULT_RESERVE
 from runner.service.batch import BatchTrial, find_batch_size
 from runner.spec import strategies
@@ -26,7 +28,7 @@ from runner.spec.units import parse_bytes
 from runner.watch.host import runs_on_cpu
 from runner.watch.preflight import preflight
 from tui.cli.common import open_store
-from tui.cli.exits import fail
+from tui.cli.exits import UsageError, fail
 from tui.cli.parser import SHAPE_FLAGS
 from tui.render.estimate import estimate_table
 from tui.render.report import fmt_bytes
@@ -95,11 +97,25 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     n_gpus = args.gpus or len(nvml) or (recipe.launch.nproc if recipe is not None else 1)
     chosen = args.strategy or strategies.names()
     report = E.estimate_report(inp, gpu_mem, n_gpus, chosen)
+    _add_track_record(args, report, inp)
     if args.format == "json":
         print(json.dumps(report, indent=2))
         return 0
     _print_text(report, inp, gpu_mem, n_gpus, notes)
     return 0
+
+
+def _add_track_record(args: argparse.Namespace, report: dict[str, Any], inp: E.EstimateInput) -> None:
+    """Each strategy's ``track_record``: this host's own estimate error over its runs in the store
+    (:mod:`runner.analysis.track_record`), None where no run of that family and strategy measured a peak here;
+    every record None when there is no store to read."""
+    try:
+        records = host_track_record(open_store(args, create=False))
+    except UsageError:  # a --db or $FTUI_DB that does not exist: no runs, so no record
+        records = {}
+    for name, entry in report["strategies"].items():
+        record = records.get(band_key(inp.shape.family, name, inp.engine))
+        entry["track_record"] = None if record is None else record.json()
 
 
 def _model_input(args: argparse.Namespace, notes: list[str]) -> tuple[E.EstimateInput, Recipe | None]:

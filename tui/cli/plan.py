@@ -9,6 +9,7 @@ import json
 from rich.console import Console
 from rich.text import Text
 
+from runner.analysis.track_record import host_track_record
 from runner.service import plan
 from runner.service.sweep import SweepItem, SweepResult
 from runner.spec.recipe import RecipeError
@@ -83,7 +84,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         live.end()
         restore()
     found = plan.standings(store, setup.pid)
-    report = plan_report(setup, progress, found[1] if found else None)
+    report = plan_report(setup, progress, found[1] if found else None, host_track_record(store))
     if args.format == "json":
         print(json.dumps(report, indent=2))
     elif args.format == "md":

@@ -10,6 +10,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from runner.analysis import track_record as record
 from runner.planner.error_band import FOOTNOTE, UNKNOWN_CELL, Band
 from tui.render.report import fmt_bytes
 
@@ -21,6 +22,11 @@ HEADERS = {"activations": "activ-\nations", "grad_buckets": "grad\nbuckets", "re
 def error_cell(band: dict[str, Any] | None) -> str:
     """The "error here" cell of a strategy's :class:`runner.planner.error_band.Band` (as JSON)."""
     return UNKNOWN_CELL if band is None else Band(**band).cell()
+
+
+def record_cell(track: dict[str, Any] | None) -> str:
+    """The "error this host" cell of a strategy's :class:`runner.analysis.track_record.Record` (as JSON)."""
+    return record.UNKNOWN_CELL if track is None else f"≤{abs(track['worst_pct']):.1f}% ({track['runs']})"
 
 
 def _header(part: str) -> str:
@@ -53,6 +59,7 @@ def estimate_table(report: dict[str, Any], parts_order: tuple[str, ...], title: 
         ("fits", ["yes" if entry["fits"] else "no" for _, entry in rows]),
         ("GPUs\nneeded", ["-" if entry["gpus_needed"] is None else str(entry["gpus_needed"]) for _, entry in rows]),
         ("error\nhere", [error_cell(entry.get("error_band")) for _, entry in rows]),
+        ("host\nerror", [record_cell(entry.get("track_record")) for _, entry in rows]),
     ]
 
     def part_width(p: str) -> int:
@@ -91,9 +98,10 @@ def estimate_table(report: dict[str, Any], parts_order: tuple[str, ...], title: 
             Text(fixed[2][1][i], style="green" if entry["fits"] else "red"),
             fixed[3][1][i],
             Text(fixed[4][1][i], style="dim" if fixed[4][1][i] == UNKNOWN_CELL else ""),
+            Text(fixed[5][1][i], style="dim" if fixed[5][1][i] == record.UNKNOWN_CELL else ""),
         )
     notes = ["every figure is estimated (runner.planner; docs/memory-model.md): the parts alive at the "
-             "step's peak add up to the total; * marks the recommended strategy", FOOTNOTE]
+             "step's peak add up to the total; * marks the recommended strategy", FOOTNOTE, record.FOOTNOTE]
     if other:
         notes.append(f"other = {' + '.join(other)} (a wider terminal shows each)")
     if zero:

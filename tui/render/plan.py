@@ -4,6 +4,7 @@ the table holds them as ``Text``, never markup."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rich import box
@@ -13,6 +14,7 @@ from rich.text import Text
 
 from runner.analysis.noise import Spread
 from runner.analysis.ranking import Ranking, Standing
+from runner.analysis.track_record import Record
 from runner.service.plan import Candidate, Progress, Setup
 from runner.spec import first_step as fs
 from tui.render.report import fmt_bytes
@@ -33,8 +35,10 @@ def _status(c: Candidate, standing: Standing | None, left: int) -> tuple[str, st
     return standing.status, standing.reason
 
 
-def candidate_entry(c: Candidate, standing: Standing | None, left: int) -> dict[str, Any]:
-    """One candidate of the JSON report."""
+def candidate_entry(c: Candidate, standing: Standing | None, left: int,
+                    records: Mapping[str, Record] | None = None) -> dict[str, Any]:
+    """One candidate of the JSON report (``records``: this host's track record of the planner, by key)."""
+    record = (records or {}).get(c.band_key)
     status, reason = _status(c, standing, left)
     return {
         "label": c.label, "strategy": c.strategy, "nproc": c.nproc, "engine": c.engine,
@@ -50,6 +54,7 @@ def candidate_entry(c: Candidate, standing: Standing | None, left: int) -> dict[
             "estimated_source": "runner.planner (runner/watch/estimate.py), per device",
             "error_band_pct": None if c.band is None else round(c.band * 100, 2),
             "error_band_source": c.band_source or None,
+            "error_this_host": None if record is None else record.json(),
             "budget_bytes": c.budget,
             "measured_bytes": standing.mem_measured if standing else None,
             "measured_source": standing.mem_source if standing else None,
@@ -61,9 +66,11 @@ def candidate_entry(c: Candidate, standing: Standing | None, left: int) -> dict[
     }
 
 
-def plan_report(plan: Setup, progress: Progress, ranking: Ranking | None) -> dict[str, Any]:
+def plan_report(plan: Setup, progress: Progress, ranking: Ranking | None,
+                records: Mapping[str, Record] | None = None) -> dict[str, Any]:
     """The whole plan as JSON: its id, settings, the memory it judged against, the decision, every candidate
-    (raced or not) in ranking order, then those not raced."""
+    (raced or not) in ranking order, then those not raced; ``records``: this host's track record of the
+    planner (:func:`runner.analysis.track_record.host_track_record`), shown beside each estimate."""
     by_run = {rid: s for s in (ranking.standings if ranking else []) for rid in s.run_ids}
     left: dict[str, int] = {}
     for t in progress.over_budget:
@@ -73,7 +80,7 @@ def plan_report(plan: Setup, progress: Progress, ranking: Ranking | None) -> dic
     for c in plan.candidates:  # raced ones in ranking order (fastest first), then those not raced
         ids = [r.id for r in progress.runs.get(c.key(), [])]
         standing = next((by_run[i] for i in ids if i in by_run), None)
-        entry = candidate_entry(c, standing, left.get(c.label, 0))
+        entry = candidate_entry(c, standing, left.get(c.label, 0), records)
         place = order.get(standing.label, len(order)) if standing else len(order)
         ranked.append(((entry["status"] == "not raced", place), entry))
     entries = [e for _, e in sorted(ranked, key=lambda x: x[0])]
@@ -121,6 +128,18 @@ def _notes(e: dict[str, Any]) -> str:
     return f"{e['label']}: {e['reason'] or e['batch']}" + (f"; to first step (s): {split}" if split else "")
 
 
+def track_lines(report: dict[str, Any]) -> list[str]:
+    """The planner's error on this host's own runs, one line per family and strategy among the candidates
+    (none when no run here measured one), apart from the held-out grid's band the fit was judged with."""
+    seen: dict[str, dict[str, Any]] = {}
+    for e in report["candidates"]:
+        if (record := e["peak_memory"]["error_this_host"]) is not None:
+            seen.setdefault(record["key"], record)
+    return [f"estimate error this host, {r['key']}: {r['median_pct']:+.1f}% median, {r['worst_pct']:+.1f}% worst "
+            f"over {r['runs']} run(s) (runs {', '.join(map(str, r['run_ids']))}; estimate at prepare time vs "
+            "the busiest rank's measured peak)" for r in seen.values()]
+
+
 def plan_table(report: dict[str, Any]) -> RenderableType:
     """The candidates as a table, each one's reason or batch split under it, then the decision."""
     table = Table(title=f"plan {report['plan_id']} · {report['steps']} steps per trial", box=box.SIMPLE_HEAD)
@@ -130,6 +149,7 @@ def plan_table(report: dict[str, Any]) -> RenderableType:
         table.add_row(*(Text(c) for c in _cells(e)))
     mem = report["memory"]
     return Group(table, *(Text(_notes(e), style="dim") for e in report["candidates"]),
+                 *(Text(line, style="dim") for line in track_lines(report)),
                  Text(f"memory judged against: {fmt_bytes(mem['bytes'])} ({mem['source']})", style="dim"),
                  Text(report["decision"]["text"], style="bold"),
                  Text(f"reopen with: {report['reopen']}", style="dim"))
@@ -142,6 +162,7 @@ def plan_markdown(report: dict[str, Any]) -> str:
     for e in report["candidates"]:
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in _cells(e)) + " |")
     lines += ["", *(f"- {_notes(e)}" for e in report["candidates"])]
+    lines += [f"- {line}" for line in track_lines(report)]
     lines += ["", f"Memory per device judged against: {fmt_bytes(report['memory']['bytes'])} "
                   f"({report['memory']['source']}). Reopen with `{report['reopen']}`."]
     return "\n".join(lines) + "\n"
