@@ -28,6 +28,7 @@ from pydantic import (
 
 from runner.spec import layout, strategies, zero
 from runner.spec.builtin import BUILTIN_PREFIX, PYDOC_CORPUS, TINY_LLAMA
+from runner.spec.rendezvous import NodesError, split_endpoint
 from runner.spec.units import parse_bytes
 
 
@@ -285,6 +286,16 @@ class LaunchSection(_Section):
     def _check_mem_cap(cls, value: str | None) -> str | None:
         if value is not None:
             parse_bytes(value)  # ValueError: reported as launch.mem_cap
+        return value
+
+    @field_validator("rdzv_endpoint")
+    @classmethod
+    def _check_rdzv_endpoint(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                split_endpoint(value)
+            except NodesError:  # its words name the flag; the recipe's field is named by the caller
+                raise ValueError(f"expected HOST:PORT (a port 1-65535), got {value!r}") from None
         return value
 
 
