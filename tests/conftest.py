@@ -34,9 +34,8 @@ GROUPS = {"matrix": "matrix", "script_runs": "matrix", "slurm_cluster": "slurm"}
 the your-own-script runs, which one of its tests compares with it, with it), and the one SLURM cluster of
 the machine (its daemons, munge) on one worker."""
 MAX_WORKERS = 4
-"""``-n auto``: a worker per core and one more, at most this many (each two-rank training uses two cores).
-The extra worker fills the time the others spend waiting on their subprocesses and screens: on the 2-core
-machine the cores were busy 1.73 of 2 on average with a worker per core (docs/testing.md)."""
+"""``-n auto``: a worker per core, at most this many (each two-rank training uses two cores). A third
+worker on the 2-core machine did not make the suite faster (docs/testing.md)."""
 
 # OpenMP threads that wait yield their core instead of spinning. The workers train at once on the same cores,
 # and a spinning thread takes the core another worker's rank needs: five quickstart steps on a loaded 2-core
@@ -96,7 +95,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    return max(1, min(MAX_WORKERS, (os.cpu_count() or 1) + 1))
+    return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
 
 
 @pytest.hookimpl(hookwrapper=True)
