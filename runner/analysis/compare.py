@@ -28,6 +28,7 @@ from runner.analysis.run_peak import (
     stored_flops_per_token,
     unknown_device_note,
 )
+from runner.analysis.shard_verdict import shard_verdict
 from runner.spec import strategies
 from runner.spec.flops import flops_per_token
 from store import MetricPoint, NamedMetricPoint, RunInfo, SampleInfo, Store
@@ -101,6 +102,11 @@ class RunRow:
     """Host CPU % (all cores) used by other work during the run (:func:`runner.analysis.noise.host_other_util`)."""
     training: Training = field(default_factory=Training)
     """What the run trains (model, data, global batch, ...): runs are compared only when these match."""
+    sharding: str = "not measured"
+    """Whether the sharding its strategy promises is in effect, in short (``as promised``, ``NOT: params``:
+    :meth:`runner.analysis.shard_verdict.ShardVerdict.short`)."""
+    sharding_line: str = ""
+    """The verdict of every kind of state (:meth:`runner.analysis.shard_verdict.ShardVerdict.line`)."""
 
 
 @dataclass(frozen=True)
@@ -293,6 +299,7 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
     mem, mem_source = mem_measured(run)
     est, est_source = estimated_memory(run, recipe, dims)
     reason = (run.summary.ended or run.error) if run.status != "completed" else None  # a stop: its checkpoint
+    sharding = shard_verdict(run.strategy, run.summary.ranks, run.summary.parallel)
     data = recipe.get("data", {})
     training = Training(model=run.model or None, data=_text(data.get("source")), global_batch=global_batch,
                         seq_len=data.get("context_length"), precision=_text(train.get("precision")),
@@ -314,6 +321,7 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
         mfu_note=over_note or (None if mfu is not None else _mfu_note(run, peak, peak_note, dims)),
         mfu_rejected=rejected, script=bool(recipe.get("launch", {}).get("script")),
         host_other_util=host_other_util(run.summary.telemetry), training=training,
+        sharding=sharding.short(), sharding_line=sharding.line(),
     )
 
 

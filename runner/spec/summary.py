@@ -35,6 +35,21 @@ class RankFigures(TypedDict, total=False):
     optimizer_bytes: int
     master_bytes: int
     """DeepSpeed's fp32 master partition of the rank (0 where the optimizer updates the weights themselves)."""
+    param_gathered_bytes: int
+    """DeepSpeed ZeRO-3: the whole parameters the rank holds gathered beside its partitions (those under
+    the persistence threshold), counted in ``param_bytes``; 0 elsewhere."""
+    param_whole_bytes: int
+    """The whole model's parameters as the rank counts them: each at its global size (a DTensor's
+    ``numel()``, ZeRO-3's ``ds_numel``, FSDP1's flat parameter's count) times the bytes of its element.
+    The ``*_whole_bytes`` are what each local figure is a share of (:mod:`runner.analysis.shard_verdict`);
+    a run recorded without them has its sharding "not measured"."""
+    grad_whole_bytes: int
+    """The trainable parameters' elements times the bytes of the rank's gradient element."""
+    optimizer_whole_bytes: int
+    """The trainable parameters' elements times the optimizer-state bytes per element the rank measured
+    (absent where the rank holds no state)."""
+    master_whole_bytes: int
+    """The trainable parameters' elements times the bytes of the rank's master element (0: no master)."""
     activation_bytes: int
     """Bytes autograd saved for backward during one forward (saved-tensor hooks), deduplicated. The quantity
     the activation formula was first fitted to: a detail, not the peak."""

@@ -57,6 +57,7 @@ def _status(r: RunRow) -> str:
 
 PEAK = "MFU peak/device"
 MEM_MEASURED = "mem/device measured"
+SHARDING = "sharding"
 
 # (header, full cell) for the row-per-run formats; the sources are listed under the table.
 COLUMNS: list[Column] = [
@@ -75,6 +76,7 @@ COLUMNS: list[Column] = [
     (PEAK, lambda r: r.peak_label),
     (MEM_MEASURED, lambda r: fmt_bytes(r.mem_measured)),
     ("mem/device estimated", lambda r: fmt_bytes(r.mem_estimated)),
+    (SHARDING, lambda r: r.sharding),
     ("final loss", lambda r: _num(r.final_loss, ".4f")),
     ("best loss", lambda r: _num(r.best_loss, ".4f")),
     ("speed-up", lambda r: _num(r.speedup, ".2f", "x")),
@@ -122,6 +124,8 @@ def _gist(header: str, r: RunRow, text: str) -> tuple[str, str | None]:
     """A cell's short text and, when something was left out of it, the footnote that holds it."""
     if header == PEAK and r.peak_flops is not None:
         return f"{flops_text(r.peak_flops)} {r.peak_dtype or ''}".rstrip(), peak_brief(r)
+    if header == SHARDING and text.startswith("NOT"):  # what is not as promised, kind by kind
+        return text if len(text) <= CELL_MAX else "NOT as promised", f"run {r.run_id} sharding: {r.sharding_line}"
     if len(text) <= CELL_MAX:
         return text, None
     if header == "status":
@@ -189,6 +193,9 @@ def figure_sources(cmp: Comparison) -> list[str]:
     est = sorted({r.mem_estimated_source for r in cmp.rows if r.mem_estimated is not None})
     if est:
         out.append("mem estimated: " + "; ".join(est))
+    if any(r.sharding_line for r in cmp.rows):
+        out.append("sharding: each rank's bytes of optimizer state, gradients and parameters, measured, against "
+                   "the whole model's, counted by the rank, and the share its strategy promises (docs/strategies.md)")
     base = cmp.row(cmp.baseline_id)
     if base and base.tokens_per_s:
         out.append(f"speed-up: tokens/s over the baseline's, run {base.run_id} ({cmp.label(base)})")

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from runner.analysis.mfu import Peak
 from runner.analysis.run_peak import stored_mfu
+from runner.analysis.shard_verdict import shard_verdict
 from runner.hardware.records import SOURCE_LABELS
 from runner.planner.error_band import Band
 from runner.spec.events import RECIPE_FILE
@@ -177,6 +178,8 @@ def run_summary_table(run: RunInfo | None) -> Table:
             table.add_row(f"rank {rank['rank']} peak RSS", fmt_bytes(rss), "getrusage: whole process, not training memory")
             if baseline:
                 table.add_row(f"rank {rank['rank']} RSS before the model", fmt_bytes(baseline), "psutil (the runtime)")
+    for row in sharding_rows(run):
+        table.add_row(*text_row(*row))
     approximate = (run.summary.estimate or {}).get("approximate")
     if approximate:
         table.add_row(*text_row("estimate", "approximate", str(approximate)))
@@ -230,6 +233,26 @@ def run_summary_table(run: RunInfo | None) -> Table:
         table.add_row(*text_row("stacks", stacks["summary"],
                                 f"faulthandler at the {stacks['cause']}; full dumps: {stacks['folder']}"))
     return table
+
+
+def sharding_rows(run: RunInfo) -> list[tuple[str, str, str]]:
+    """Whether the sharding the run's strategy promises is in effect (:mod:`runner.analysis.shard_verdict`):
+    the verdict of every kind in one line, then, over several ranks, each kind's bytes per rank against the
+    whole. Nothing for a run whose ranks reported nothing (a script, a run that never stepped)."""
+    ranks = run.summary.ranks
+    if not ranks:
+        return []
+    verdict = shard_verdict(run.strategy, ranks, run.summary.parallel)
+    rows = [("sharding", verdict.short(), verdict.line())]
+    if len(ranks) > 1:
+        for check in verdict.checks:
+            held = " / ".join(fmt_bytes(h) for h in check.held)
+            if check.gathered:  # ZeRO-3's small parameters, whole beside the partitions
+                held += f" (+ {fmt_bytes(check.gathered)} gathered whole)"
+            whole = "the whole not measured" if check.whole is None else f"of {fmt_bytes(check.whole)}"
+            rows.append((f"{check.kind} per rank", f"{held} {whole}",
+                         "measured: tensor bytes, rank 0 first, against the whole the ranks counted"))
+    return rows
 
 
 def zero_rows(summary: RunSummary) -> list[tuple[str, str, str]]:
