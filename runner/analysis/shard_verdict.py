@@ -116,7 +116,7 @@ def shard_verdict(strategy: str, ranks: Sequence[Mapping[str, Any]],
     if not ranks:
         return ShardVerdict(strategy, (), "no rank reported its memory")
     if any(r.get("param_whole_bytes") is None for r in ranks):
-        return ShardVerdict(strategy, (), "the ranks did not measure the whole model: a run recorded before ftui did")
+        return ShardVerdict(strategy, (), "recorded before the whole was measured")
     checks = []
     for kind, local_key, whole_key, shard in KINDS:
         promise, n = _promise(row, shard, len(ranks), parallel or {})

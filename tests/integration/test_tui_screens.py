@@ -178,8 +178,12 @@ async def test_monitor_of_a_finished_cpu_run(store: Store, tmp_path: Path) -> No
     """A finished run on CPU whose last rank sample read RSS 0 (its rank had exited) and whose log is
     empty: the rank table shows the last real RSS, marked as the last sample; the memory history is
     green at 3% of the host; the step axis has whole ticks; the rank table sits right under the device
-    table (no band of empty rows at 120x40); l says there is no log line yet, and where it looked."""
-    run_id = add_run(store, "finished", 1e-3, steps=30)
+    table (no band of empty rows at 120x40); l says there is no log line yet, and where it looked. Its two
+    ranks held the whole parameters under FSDP: the sharding verdict says so, in red."""
+    run_id = add_run(store, "finished", 1e-3, steps=30, strategy="fsdp", nproc=2)
+    held = {"param_bytes": 40 * 2**20, "param_whole_bytes": 40 * 2**20, "grad_bytes": 2**20,
+            "grad_whole_bytes": 2 * 2**20, "optimizer_bytes": 2 * 2**20, "optimizer_whole_bytes": 4 * 2**20}
+    store.update_run(run_id, summary={"ranks": [{"rank": i, **held} for i in range(2)]})
     run_dir = tmp_path / "run-finished"
     (run_dir / "logs").mkdir(parents=True)
     (run_dir / "logs" / "rank0.log").write_text("")
@@ -204,6 +208,11 @@ async def test_monitor_of_a_finished_cpu_run(store: Store, tmp_path: Path) -> No
         history = devices.get_row("rank:0")[list(devices.columns).index("mem history")]  # type: ignore[arg-type]
         assert isinstance(history, Text) and history.style == "green", history
         assert ranks.region.y == devices.region.bottom, (devices.region, ranks.region)
+        verdict = screen.progress_text(screen.snapshot)
+        shown = verdict.plain.splitlines()[-1]
+        assert shown == ("sharding: optimizer sharded 1/2: yes; grads sharded 1/2: yes; params: NOT sharded (fsdp "
+                         "promises 1/2; each rank holds 100%)"), shown
+        assert verdict.spans[-1].style == "red"
         assert devices.region.height == devices.row_count + 1, devices.region  # its header and rows, no more
         plot = screen.query_one("#loss").render().plain.splitlines()
         axis = plot[next(i for i, line in enumerate(plot) if "└" in line) + 1].split()

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from runner.analysis.compare import build_comparison
 from runner.analysis.shard_verdict import ABS_SLACK, REL_TOLERANCE, shard_verdict
+from tests.support import run_info
+from tui.render.compare_cells import columns, footnotes
+from tui.render.report import sharding_rows
 
 MIB = 1 << 20
 WHOLE = {"param": 48 * MIB, "grad": 2 * MIB, "optimizer": 4 * MIB, "master": 0}
@@ -132,7 +136,7 @@ def test_a_run_recorded_before_the_whole_was_measured_is_not_measured_never_gues
     old = [{"rank": i, "param_bytes": 10, "grad_bytes": 1, "optimizer_bytes": 2, "master_bytes": 0} for i in range(2)]
     v = shard_verdict("fsdp", old)
     assert v.ok is None and v.checks == () and v.short() == "not measured"
-    assert v.line() == "not measured (the ranks did not measure the whole model: a run recorded before ftui did)"
+    assert v.line() == "not measured (recorded before the whole was measured)"
     assert shard_verdict("fsdp", []).line() == "not measured (no rank reported its memory)"
     assert shard_verdict("hsdp-of-the-future", [rank(0, 1.0)]).ok is None
 
@@ -144,3 +148,25 @@ def test_a_kind_no_rank_could_measure_the_whole_of_is_not_measured_alone() -> No
     v = shard_verdict("fsdp", ranks)
     assert v.checks[0].ok is None and v.checks[0].text == "optimizer: not measured"
     assert v.ok is True  # what was measured is as promised
+
+
+def test_show_prints_the_verdict_and_each_kinds_bytes_per_rank_against_the_whole() -> None:
+    run = run_info(1, "fsdp", 2, 100.0, ranks=[rank(i, {"optimizer": 0.5, "grad": 0.5, "param": 1.0}) for i in range(2)])
+    rows = {figure: (value, source) for figure, value, source in sharding_rows(run)}
+    assert rows["sharding"] == ("NOT: params", "optimizer sharded 1/2: yes; grads sharded 1/2: yes; params: NOT "
+                                               "sharded (fsdp promises 1/2; each rank holds 100%)")
+    assert rows["params per rank"][0] == "48.0 MiB / 48.0 MiB of 48.0 MiB"
+    assert rows["optimizer per rank"][0] == "2.0 MiB / 2.0 MiB of 4.0 MiB"
+    assert sharding_rows(run_info(2, "single", 1, 100.0, ranks=[rank(0, 1.0)])) == []  # nothing divided
+
+
+def test_compare_has_a_sharding_row_whose_failures_are_spelled_out_in_a_footnote() -> None:
+    good = run_info(1, "ddp", 2, 100.0, ranks=[rank(i, 1.0) for i in range(2)])
+    bad = run_info(2, "zero3", 2, 100.0, ranks=[rank(i, 1.0) for i in range(2)])
+    old = run_info(3, "fsdp", 2, 100.0, ranks=[{"rank": i, "param_bytes": 10} for i in range(2)])
+    cmp = build_comparison([good, bad, old], {})
+    cells = {r.run_id: cell(r) for header, cell in columns(cmp) if header == "sharding" for r in cmp.rows}
+    assert cells == {1: "as promised", 2: "NOT as promised [1]", 3: "not measured"}
+    assert footnotes(cmp)[0] == ("[1] run 2 sharding: optimizer: NOT sharded (zero3 promises 1/2; each rank holds "
+                                 "100%); grads: NOT sharded (zero3 promises 1/2; each rank holds 100%); params: NOT "
+                                 "sharded (zero3 promises 1/2; each rank holds 100%)")

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from runner.analysis.compare import Comparison, RunRow
 from runner.analysis.mfu import flops_text
 from runner.analysis.run_peak import differing_peaks
+from runner.analysis.shard_verdict import NOT_MEASURED
 from tui.render.report import fmt_bytes, fmt_seconds
 
 CELL_MAX = 24
@@ -193,9 +194,9 @@ def figure_sources(cmp: Comparison) -> list[str]:
     est = sorted({r.mem_estimated_source for r in cmp.rows if r.mem_estimated is not None})
     if est:
         out.append("mem estimated: " + "; ".join(est))
-    if any(r.sharding_line for r in cmp.rows):
-        out.append("sharding: each rank's bytes of optimizer state, gradients and parameters, measured, against "
-                   "the whole model's, counted by the rank, and the share its strategy promises (docs/strategies.md)")
+    if any(r.sharding != NOT_MEASURED for r in cmp.rows):
+        out.append("sharding: each rank's measured bytes of each kind of state against the whole and the share its "
+                   "strategy promises (docs/strategies.md)")
     base = cmp.row(cmp.baseline_id)
     if base and base.tokens_per_s:
         out.append(f"speed-up: tokens/s over the baseline's, run {base.run_id} ({cmp.label(base)})")

@@ -237,21 +237,21 @@ def run_summary_table(run: RunInfo | None) -> Table:
 
 def sharding_rows(run: RunInfo) -> list[tuple[str, str, str]]:
     """Whether the sharding the run's strategy promises is in effect (:mod:`runner.analysis.shard_verdict`):
-    the verdict of every kind in one line, then, over several ranks, each kind's bytes per rank against the
-    whole. Nothing for a run whose ranks reported nothing (a script, a run that never stepped)."""
+    the verdict of every kind in one line, then each kind's bytes per rank against the whole. Nothing for a
+    run of one process (nothing is divided) or whose ranks reported nothing (a script, a run that never
+    stepped)."""
     ranks = run.summary.ranks
-    if not ranks:
+    if len(ranks) < 2:
         return []
     verdict = shard_verdict(run.strategy, ranks, run.summary.parallel)
-    rows = [("sharding", verdict.short(), verdict.line())]
-    if len(ranks) > 1:
-        for check in verdict.checks:
-            held = " / ".join(fmt_bytes(h) for h in check.held)
-            if check.gathered:  # ZeRO-3's small parameters, whole beside the partitions
-                held += f" (+ {fmt_bytes(check.gathered)} gathered whole)"
-            whole = "the whole not measured" if check.whole is None else f"of {fmt_bytes(check.whole)}"
-            rows.append((f"{check.kind} per rank", f"{held} {whole}",
-                         "measured: tensor bytes, rank 0 first, against the whole the ranks counted"))
+    rows = [("sharding", verdict.short(), verdict.why_not or verdict.line())]
+    for check in verdict.checks:
+        held = " / ".join(fmt_bytes(h) for h in check.held)
+        if check.gathered:  # ZeRO-3's small parameters, whole beside the partitions
+            held += f" (+ {fmt_bytes(check.gathered)} gathered whole)"
+        whole = "the whole not measured" if check.whole is None else f"of {fmt_bytes(check.whole)}"
+        rows.append((f"{check.kind} per rank", f"{held} {whole}",
+                     "measured: tensor bytes, rank 0 first, against the whole the ranks counted"))
     return rows
 
 

@@ -237,7 +237,7 @@ class MonitorScreen(Screen[None]):
                 f"  lr {'-' if snap.lr is None else format(snap.lr, '.2e')}"
                 f"  grad norm {'-' if snap.grad_norm is None else format(snap.grad_norm, '.3g')}")
             line.append("  (trainer)" if self.narrow else "  (measured by the trainer)", style="dim")
-        if run.summary.ranks:  # the end event's per-rank bytes: whether the promised sharding is in effect
+        if len(run.summary.ranks) > 1:  # the end event's bytes per rank: is the promised sharding in effect
             verdict = shard_verdict(run.strategy, run.summary.ranks, run.summary.parallel)
             style = "dim" if verdict.ok is None else "green" if verdict.ok else "red"
             line.append(f"\nsharding: {verdict.line()}", style=style)
