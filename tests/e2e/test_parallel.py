@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from runner.analysis.shard_verdict import shard_verdict
 from runner.planner import estimate, inputs_from_recipe, resolve_model_shape
 from runner.service.sweep import plan
 from runner.spec import strategies
@@ -162,6 +163,12 @@ def test_each_layout_trains_and_matches_ddp(matrix: Matrix, name: str) -> None:
         assert (parallel["microbatches"], parallel["schedule"]) == expected
         # Each stage holds its own layers: the two ranks' parameters add up to the model.
         assert sum(r["param_bytes"] for r in summary["ranks"]) == pytest.approx(summary["params"] * 4, rel=0.01)
+    # The sharding verdict (runner/analysis/shard_verdict.py): what each rank holds against the whole it measured.
+    verdict = shard_verdict(run["strategy"], summary["ranks"], parallel)
+    assert verdict.ok is True and verdict.short() == "as promised", verdict.line()
+    assert {c.kind: c.promise for c in verdict.checks} == dict.fromkeys(
+        ("optimizer", "grads", "params"), "slices" if name.startswith("tp") else "layers")
+    assert all(c.n == 2 for c in verdict.checks)  # tp-dp: slices over its groups of 2, not over its 4 ranks
 
 
 def test_the_saved_adapter_is_whole(matrix: Matrix) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from safetensors import safe_open
 
+from runner.analysis.shard_verdict import shard_verdict
 from tests.support import QUICKSTART, ROOT, Ftui
 from tests.support.matrix import COMMON, DATA_PARALLEL, STEPS, TOKENS_PER_STEP, Matrix
 
@@ -133,6 +134,14 @@ def test_fsdp1_trains_and_saves_a_loadable_adapter(ftui: Ftui, matrix: Matrix) -
     assert [m["loss"] for m in run["metrics"]] == pytest.approx(matrix["single"].losses, abs=LOSS_TOLERANCE)
     # ftui run prints the run's summary when it ends, each rank's utilisation in it.
     assert f"run {run['id']} summary" in proc.stdout and "util mean/peak" in proc.stdout
+    # FSDP1 cuts each layer's flat parameter in halves by position: the attention projections, with every
+    # adapter, come first, so rank 0 holds all of the adapters' gradients and optimizer state. The verdict
+    # names it (FSDP2, the matrix's fsdp, splits each tensor: tests/e2e/test_zero.py).
+    verdict = shard_verdict("fsdp", run["summary"]["ranks"])
+    assert verdict.short() == "NOT: optimizer, grads", verdict.line()
+    assert verdict.checks[0].text == "optimizer sharded 1/2: NO, unevenly (rank 0 holds 100%, rank 1 0%)"
+    assert verdict.checks[-1].text == "params sharded 1/2: yes"
+    assert "sharding" in proc.stdout and "NO, unevenly" in proc.stdout
     from peft import PeftModel
     from transformers import LlamaForCausalLM
 
