@@ -6,8 +6,8 @@ sweep column), and its record, as ``ftui plan`` writes it. Nothing is trained.""
 from __future__ import annotations
 
 import socket
-from datetime import UTC, datetime, timedelta
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from runner.service import plan, plan_record

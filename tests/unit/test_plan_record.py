@@ -96,3 +96,26 @@ def test_composes_plan_leaves_what_each_candidate_sets_to_the_plan() -> None:
     assert command == PlanCommand(str(Path("recipes/quickstart.toml").absolute()), ("train.lr=0.01",), nproc=4)
     assert command_of("recipes/quickstart.toml", [], load_recipe(QUICKSTART)).nproc is None  # 1 process: the default
     assert Process.of(os.getpid()).alive()
+
+
+def test_the_plan_views_state_lines(store: Store) -> None:
+    """Where a plan stands, in the view's words, from its record and running runs."""
+    from tui.app.plans import PlanView
+    from tui.app.screens.plan import commit_line, race_line
+
+    setup, command = fixed_setup(strategies=("single",))
+    record(setup, command, ended=False)
+    found = plan_record.read(setup.pid)
+    assert found is not None
+    assert race_line(PlanView(setup.pid, None, None, found, False)).startswith("its process ended before the race did")
+    assert race_line(PlanView(setup.pid, None, None, None, False)).startswith("no record of this plan on this host")
+    plan_record.end(setup.pid, plan.Progress(stopped=True))
+    plan_record.committed(setup.pid, run_id=7)
+    found = plan_record.read(setup.pid)
+    assert found is not None
+    assert race_line(PlanView(setup.pid, None, None, found, False)).startswith("ended: a trial was stopped")
+    run = run_info(7, "single", 1, None, status="running")
+    view = PlanView(setup.pid, None, None, found, True, [run], run)
+    assert race_line(view) == "committing (process 1): run 7 (single x 1) running"
+    assert commit_line(view) == "committed: run 7 (running; in Runs)"
+    assert commit_line(PlanView(setup.pid, None, None, None, False)) == ""

@@ -189,6 +189,8 @@ class PlansLoaded(Message, bubble=False):
     """The plans the store and this host know (``runner.service.plan_record.list_plans``), or why none."""
 
     plans: list[Listing]
+    states: list[str]
+    """Each plan's state in words (``tui.app.screens.plan.plan_state``)."""
     error: str = ""
 
 

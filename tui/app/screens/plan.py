@@ -23,13 +23,15 @@ from runner.service.plan_record import Listing, Process
 from tui.app.messages import LaunchFailed, OpenPlan, OpenRun, PlanCommitStarted, PlanLoaded, PlansLoaded
 from tui.app.plans import PlanFeed, PlanView, command_line, start_commit
 from tui.render.plan import HEADERS, cells, note_line, track_lines
-from tui.render.report import STATUS_STYLE, fmt_bytes
+from tui.render.report import fmt_bytes
 
 if TYPE_CHECKING:
     from tui.app.app import FtuiApp
 
 RESULT_STYLE = {"leader": "bold green", "failed": "red", "waiting": "dim", "not raced": "dim", "running": "yellow"}
 """The result column's colours (the rest plain)."""
+STATE_STYLE = {"racing": "yellow", "ended": "green", "not finished": "red"}
+"""The Plans list's state column's colours."""
 
 
 def race_line(view: PlanView) -> str:
@@ -38,7 +40,8 @@ def race_line(view: PlanView) -> str:
     if view.racing:
         trials = ", ".join(f"run {r.id} ({r.strategy} x {r.nproc}) {r.status}" for r in view.running)
         who = f"process {record.process.pid}" if record and record.process else "starting its process"
-        return f"racing ({who}): " + (trials or "between trials")
+        doing = "committing" if record and any(r.id == record.commit_run for r in view.running) else "racing"
+        return f"{doing} ({who}): " + (trials or "between trials")
     if record is None:
         return "no record of this plan on this host: its stored trials only"
     if record.ended is None:
@@ -103,10 +106,13 @@ class PlanScreen(Screen[None]):
     def poll_plan(self) -> None:
         worker = get_current_worker()
         feed = PlanFeed(self.ftui.store, self.pid, self.started)
+        first = True
         while not worker.is_cancelled:
             try:
-                if (view := feed.poll()) is not None:
+                # Under another screen (a trial's Monitor) the plan is not shown: it is read again on return.
+                if (first or self.app.screen is self) and (view := feed.poll()) is not None:
                     self.post_message(PlanLoaded(view))
+                first = False
             except Exception as exc:  # noqa: BLE001 (a locked or vanished database: say so, keep polling)
                 self.post_message(LaunchFailed(f"plan {self.pid}: {exc}"))
             for _ in range(10):
@@ -189,6 +195,17 @@ class PlanScreen(Screen[None]):
         self.render_view()
 
 
+def plan_state(listing: Listing) -> str:
+    """A plan in the list: ``racing`` (its process runs), ``ended``, ``not finished`` (its process ended
+    before its race did), or ``no record here``. Blocking (asks for the process): from a worker."""
+    record = listing.record
+    if record is None:
+        return "no record here"
+    if record.process is not None and record.process.alive():
+        return "racing"
+    return "ended" if record.ended else "not finished"
+
+
 class PlansScreen(Screen[None]):
     """Every plan the store holds trials of, and those this host started with none yet; enter opens one."""
 
@@ -226,20 +243,18 @@ class PlansScreen(Screen[None]):
     @work(thread=True, exclusive=True, group="plans")
     def load(self) -> None:
         try:
-            self.post_message(PlansLoaded(plan_record.list_plans(self.ftui.store)))
+            found = plan_record.list_plans(self.ftui.store)
+            self.post_message(PlansLoaded(found, [plan_state(p) for p in found]))
         except Exception as exc:  # noqa: BLE001 (a busy database: one line instead of a crash)
-            self.post_message(PlansLoaded([], f"store: {exc}"))
+            self.post_message(PlansLoaded([], [], f"store: {exc}"))
 
     def on_plans_loaded(self, message: PlansLoaded) -> None:
         self.plans = message.plans
         table = self.query_one(DataTable)
         table.clear()
-        for p in message.plans:
-            record = p.record
-            state = ("racing" if record.process and record.process.alive() else
-                     "ended" if record.ended else "not finished") if record else "no record here"
-            name = record.setup.base.name if record else ""
-            table.add_row(Text(p.pid), Text(name), str(p.trials), Text(state, style=STATUS_STYLE.get(state, "")),
+        for p, state in zip(message.plans, message.states, strict=True):
+            name = p.record.setup.base.name if p.record else ""
+            table.add_row(Text(p.pid), Text(name), str(p.trials), Text(state, style=STATE_STYLE.get(state, "")),
                           key=p.pid)
         status = message.error or (f"{len(message.plans)} plan(s) · enter opens one · ftui plan RECIPE starts one "
                                    "(or ctrl+r on Compose)" if message.plans else
