@@ -6,8 +6,8 @@ are marked with ``record_function`` (``ftui.step``, ``ftui.data``), so every int
 (:func:`split`, pure):
 
 * **data**: the batch preparation marks;
-* **compute**: on CPU, the ops the step's own thread ran (less data); on a GPU, the device's kernels other
-  than NCCL's;
+* **compute**: on CPU, the ops the step's own thread ran (less data, and less the collectives it waited in
+  inside them); on a GPU, the device's kernels other than NCCL's;
 * **communication or waiting**: the collectives' intervals (gloo's and c10d's ops on any thread, NCCL's
   kernels on a GPU) that nothing above overlaps. A collective's interval includes waiting for the slowest
   rank to join it, and a pipeline's receive includes waiting for the stage before it, so this is the time the
@@ -87,12 +87,14 @@ def length(intervals: Iterable[Interval]) -> float:
 
 
 def split(window: Interval, compute: Iterable[Interval], comm: Iterable[Interval], data: Iterable[Interval],
-          source: str, scale: float = 1.0) -> StepSplit:
-    """The step's time by kind, each interval counted once: data first, then compute, then the collectives'
-    time outside both; ``scale`` turns the intervals' unit into seconds."""
+          source: str, scale: float = 1.0, blocking: Iterable[Interval] = ()) -> StepSplit:
+    """The step's time by kind, each interval counted once: data first, then the collectives the step's own
+    thread waited in (``blocking``: inside an op, a blocking receive is waiting, not compute), then compute,
+    then the other collectives' time outside all of them; ``scale`` turns the intervals' unit into seconds."""
     data_u = union(clip(data, window))
-    compute_u = subtract(union(clip(compute, window)), data_u)
-    comm_u = subtract(subtract(union(clip(comm, window)), data_u), compute_u)
+    blocking_u = subtract(union(clip(blocking, window)), data_u)
+    compute_u = subtract(subtract(union(clip(compute, window)), data_u), blocking_u)
+    comm_u = subtract(subtract(union([*clip(comm, window), *blocking_u]), data_u), compute_u)
     wall = window[1] - window[0]
     parts = [length(compute_u), length(comm_u), length(data_u)]
     other = max(0.0, wall - sum(parts))
@@ -117,9 +119,11 @@ def split_of_events(events: Sequence[Any], on_gpu: bool) -> StepSplit | None:
         compute = [(e.time_range.start, e.time_range.end) for e in kernels if not is_comm(e.name)]
         source = "torch profiler, one step: CUDA kernels (compute) and NCCL kernels (communication)"
     else:
-        compute = [(e.time_range.start, e.time_range.end) for e in events
-                   if e.thread == step.thread and not e.name.startswith("ftui.") and not is_comm(e.name)]
+        mine = [e for e in events if e.thread == step.thread and not e.name.startswith("ftui.")]
+        compute = [(e.time_range.start, e.time_range.end) for e in mine if not is_comm(e.name)]
+        blocking = [(e.time_range.start, e.time_range.end) for e in mine if is_comm(e.name)]
         source = "torch profiler, one step: the step thread's ops (compute) and gloo/c10d ops (communication)"
+        return split(window, compute, comm, data, source, scale=1e-6, blocking=blocking)
     return split(window, compute, comm, data, source, scale=1e-6)
 
 

@@ -56,6 +56,11 @@ def test_the_profilers_events_split_by_thread_and_name() -> None:
     assert got.data_s == pytest.approx(4e-6) and got.compute_s == pytest.approx(54e-6)
     assert got.comm_s == pytest.approx(30e-6) and got.other_s == pytest.approx(12e-6)
     assert split_of_events([Event("aten::mm", 0, 1)], on_gpu=False) is None
+    # A receive the step's own thread waits in, inside an autograd op (a pipeline stage's backward): waiting.
+    stage = [Event("ftui.step", 0, 100), Event("autograd::engine::evaluate_function: RecvBackward", 0, 100),
+             Event("c10d::recv_", 10, 70), Event("gloo:recv", 12, 70, thread=5)]
+    got = split_of_events(stage, on_gpu=False)
+    assert got is not None and (got.compute_s, got.comm_s) == (pytest.approx(40e-6), pytest.approx(60e-6))
 
 
 def test_on_a_gpu_the_kernels_decide_and_nccls_are_communication() -> None:
