@@ -380,6 +380,12 @@ def rank_peak(rank: Mapping[str, Any]) -> tuple[int | None, str]:
     return None, "not measured"
 
 
+def error_pct(estimated: float, measured: float | None) -> float | None:
+    """An estimate's error in percent of what was measured (positive: the estimate is over); None without a
+    measured figure."""
+    return (estimated - measured) / measured * 100 if measured else None
+
+
 def rank_rss(rank: Mapping[str, Any]) -> tuple[int | None, int | None]:
     """A rank's peak resident set (getrusage) and its runtime baseline (RSS before the model was built)."""
     peak, base = rank.get("peak_rss_bytes"), rank.get("rss_baseline_bytes")
