@@ -28,8 +28,9 @@ Every event carries ``seq`` (0, 1, 2, ... within the run: its stable id), ``type
   progress for the watcher's hang rule.
 
 - ``start``: world size, distributed type in effect, params, total steps, ... and ``start_step`` (0, or
-  the checkpoint's step when resumed) with ``resumed_from`` (the checkpoint folder or null) and
-  ``resume_seconds`` (wall time of restoring it, or null).
+  the checkpoint's step when resumed) with ``resumed_from`` (the checkpoint folder or null),
+  ``resume_seconds`` (wall time of restoring it, or null) and ``process_started`` (rank 0's process
+  create time: :mod:`runner.spec.first_step`).
 - ``step``: ``step`` (global, 1-based; a resumed run goes on at N+1), ``epoch``, ``loss``, ``lr``,
   ``grad_norm``, ``tokens`` (cumulative, from the checkpoint's count when resumed), ``step_time``,
   ``tokens_per_s``, and ``skipped: true`` on a step whose update was dropped (``train.on_nan = "skip"``).
@@ -164,6 +165,8 @@ class StartEvent(TypedDict):
     model and optimizer of rank 0 (a mismatch with the strategy asked for fails the run before this)."""
     data: NotRequired[dict[str, Any]]
     """The data step (:meth:`runner.data.prepare.DataSet.info`): format, cache key, cached, seconds, eval rows."""
+    process_started: NotRequired[float | None]
+    """Rank 0's process create time (unix seconds): where its imports start (:mod:`runner.spec.first_step`)."""
     parallel: NotRequired[dict[str, Any]]
     """Pipeline or tensor-parallel runs (runner/rank/pipeline.py): ``kind``, stages or tp size, micro-batches,
     schedule, which layers each process holds."""

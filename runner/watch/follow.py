@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runner.hardware import Probe
+from runner.hardware.processes import started_wall
 from runner.spec import events as ev
 from runner.spec import watching
 from runner.spec.run_record import from_epoch
@@ -228,6 +229,10 @@ class _Watch:
         self.on_event = on_event
         self.request = stop if isinstance(stop, procs.StopRequest) else procs.StopRequest(stop)
         self.stream = RunStream(store, prepared, on_event)
+        # Spawn is timed from the launcher's start (runner.spec.first_step); a re-attached watcher's leader
+        # may be gone or another process by now: unknown then.
+        owned = procs.owns_group(launcher.group, prepared.run_dir)
+        self.stream.launched = started_wall(launcher.group.pgid) if owned else None
         self.telemetry: RunTelemetry | None = None
         self.ranks = RankWatch(prepared.run_dir, clock=options.clock)
         self.stopper = Stopper(prepared.run_dir, launcher.group, self.request)

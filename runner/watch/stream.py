@@ -17,6 +17,7 @@ from typing import Any
 from runner.hardware.disks import is_no_space, write_problem
 from runner.spec import events as ev
 from runner.spec import strategies
+from runner.spec.first_step import PHASE_ENDS, breakdown
 from runner.spec.flops import run_flops_per_token
 from runner.watch.journal import OrchestratorJournal
 from runner.watch.prepare import Prepared
@@ -73,6 +74,10 @@ class RunStream:
         self.unsaved_updates: list[dict[str, Any]] = []
         """Run-row updates the store did not take yet, in order (written again before the next batch)."""
         self.loss_scale_drops = 0
+        self.launched: float | None = None
+        """The launcher's start (its create time), set by the watcher that spawned it; None when recovered."""
+        self.marks: dict[str, float] = {}
+        """The moments before step 1 (:func:`runner.spec.first_step.breakdown`), as the journal gives them."""
 
     def poll(self) -> None:
         """Read what the journal has new, note it, pass it on and write it when a batch is due."""
@@ -93,10 +98,18 @@ class RunStream:
             return
         if isinstance(raw.get("time"), int | float):
             self.last_event_time = max(float(raw["time"]), self.last_event_time or 0.0)
-        if event["type"] == "start":
+        if event["type"] == "phase" and event.get("phase") in PHASE_ENDS and self.start is None:
+            self.marks.setdefault(str(event["phase"]), float(raw["time"]))
+        elif event["type"] == "start":
             self.start = event
+            self.marks["start"] = float(raw["time"])
+            started = event.get("process_started")
+            if isinstance(started, int | float):
+                self.marks["process_started"] = float(started)
             self._on_start(event)
         elif event["type"] == "step":
+            if self.first_step_time is None:
+                self._on_first_step(float(raw["time"]))
             self.first_step_time = self.first_step_time or float(raw["time"]) - (event.get("step_time") or 0.0)
             self.last_step_time = float(raw["time"])
             self.last_step = event.get("step")
@@ -139,6 +152,11 @@ class RunStream:
 
     def _update_summary(self, summary: dict[str, Any]) -> None:
         self.update_run(summary=summary)
+
+    def _on_first_step(self, end: float) -> None:
+        """Store the time to first step, broken down (:mod:`runner.spec.first_step`)."""
+        launched = {"launched": self.launched} if self.launched is not None else {}
+        self._update_summary({"time_to_first_step": breakdown({**launched, **self.marks, "first_step_end": end})})
 
     def _on_start(self, event: ev.StartEvent) -> None:
         launch = self.prepared.recipe.launch

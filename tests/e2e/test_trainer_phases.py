@@ -1,9 +1,12 @@
 """Before step 1 the trainer journals what it is doing: tokenizing, loading the model, preparing the
-strategy (phase events), under every strategy (the shared matrix's sweep of quickstart)."""
+strategy (phase events), under every strategy (the shared matrix's sweep of quickstart); the watcher
+stores the time to first step split at those moments (runner.spec.first_step)."""
 
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from runner.spec import events as ev
 from tests.support.matrix import CORE, Matrix
@@ -17,3 +20,8 @@ def test_every_run_journals_its_phases_before_the_start_event(matrix: Matrix) ->
         assert kinds[:start] == [("phase", "tokenizing"), ("phase", "loading_model"), ("phase", "preparing")], name
         assert json.loads(lines[1])["detail"] == "builtin:tiny-llama, lora", lines[1]  # words, not a repr
         assert ev.typed(json.loads(lines[0])) is not None  # a typed trainer event, stored like the rest
+        ttfs = matrix[name].summary["time_to_first_step"]
+        seconds = ttfs["seconds"]
+        ran = [seconds[s] for s in ("spawn", "imports", "data", "model_load", "prepare", "first_step")]
+        assert all(v is not None and v >= 0 for v in ran) and seconds["resume"] is None, (name, ttfs)
+        assert ttfs["total"] == pytest.approx(sum(ran), abs=0.05), (name, ttfs)  # the stages tile it (to the 10 ms tick)
