@@ -74,13 +74,14 @@ def _standing(label: str, rows: Sequence[RunRow], first_step: Mapping[int, float
 
 
 def _median_stages(records: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
-    """Each stage's median over the stored breakdowns that know it; empty without any."""
+    """Each stage's median over the stored breakdowns that know it (every stage any of them has); empty
+    without any."""
     if not records:
         return {}
     per = [fs.stage_seconds(r) for r in records]
     out: dict[str, float | None] = {}
-    for stage in fs.STAGES:
-        known = [v for p in per if (v := p[stage]) is not None]
+    for stage in fs.median_order(records):
+        known = [v for p in per if (v := p.get(stage)) is not None]
         out[stage] = statistics.median(known) if known else None
     return out
 

@@ -178,11 +178,14 @@ def execute(store: Store, prepared: Prepared, options: WatchOptions | None = Non
     # start_new_session: the launcher leads its own group (the ranks may not: procs). Not waited for
     # yet, so its pid is still its own: the start time read now is the launcher's.
     group = procs.Group(proc.pid, procs.started_at(proc.pid))
+    # Where the time to first step starts, on the clock the journals' times use (runner.spec.first_step);
+    # journaled, so that a re-attached watcher and a rebuild of the store compute the same figures.
+    launcher_started = started_wall(proc.pid)
     launched = (options or WatchOptions()).clock()
     watcher = watcher_identity()["summary"]
     record = recorder.emit("launch", argv=prepared.spec.argv, pgid=group.pgid, pgid_started=group.started,
-                           watcher_pid=os.getpid(), watcher_started=watcher["orchestrator_create_time"],
-                           watcher_host=watcher["orchestrator_host"])
+                           launcher_started=launcher_started, watcher_pid=os.getpid(),
+                           watcher_started=watcher["orchestrator_create_time"], watcher_host=watcher["orchestrator_host"])
     record_watcher(store, run_id, status="running", started_at=from_epoch(record["time"]), pgid=group.pgid,
                    pgid_started=group.started)
     return follow(store, prepared, Launcher(group, prepared.run_dir, proc), recorder, lock, options,
@@ -229,10 +232,6 @@ class _Watch:
         self.on_event = on_event
         self.request = stop if isinstance(stop, procs.StopRequest) else procs.StopRequest(stop)
         self.stream = RunStream(store, prepared, on_event)
-        # Spawn is timed from the launcher's start (runner.spec.first_step); a re-attached watcher's leader
-        # may be gone or another process by now: unknown then.
-        owned = procs.owns_group(launcher.group, prepared.run_dir)
-        self.stream.launched = started_wall(launcher.group.pgid) if owned else None
         self.telemetry: RunTelemetry | None = None
         self.ranks = RankWatch(prepared.run_dir, clock=options.clock)
         self.stopper = Stopper(prepared.run_dir, launcher.group, self.request)

@@ -134,7 +134,7 @@ def _gist(header: str, r: RunRow, text: str) -> tuple[str, str | None]:
     if len(text) <= CELL_MAX:
         return text, None
     if header == FIRST_STEP:
-        return text.split(":")[0], f"run {r.run_id} {header}: {text}"
+        return fmt_seconds(first_step.total_seconds(r.first_step)), f"run {r.run_id} {header}: {text}"
     if header == "status":
         return r.status, f"run {r.run_id} {text}"
     if header == "MFU":
