@@ -21,8 +21,8 @@ from runner.hardware.processes import started_wall
 from runner.spec import events as ev
 from runner.spec.first_step import STAGES, Moments, breakdown, words
 from runner.spec.recipe import load_recipe
-from runner.watch.prepare import prepare
 from runner.watch.journal import ORCHESTRATOR_FILE
+from runner.watch.prepare import prepare
 from runner.watch.stream import RunStream
 from store import Store
 from tests.support import QUICKSTART, run_info
