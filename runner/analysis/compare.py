@@ -99,6 +99,8 @@ class RunRow:
     """A script run (``launch.script``): a figure it did not report is "not reported", not unknown."""
     host_other_util: float | None = None
     """Host CPU % (all cores) used by other work during the run (:func:`runner.analysis.noise.host_other_util`)."""
+    first_step: dict[str, Any] | None = None
+    """Time to first step, broken down (:func:`runner.spec.first_step.breakdown`, stored by the watcher)."""
     training: Training = field(default_factory=Training)
     """What the run trains (model, data, global batch, ...): runs are compared only when these match."""
 
@@ -313,7 +315,8 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
         note=run.summary.sweep_note, grid=grid or (run.summary.sweep_grid or ""),
         mfu_note=over_note or (None if mfu is not None else _mfu_note(run, peak, peak_note, dims)),
         mfu_rejected=rejected, script=bool(recipe.get("launch", {}).get("script")),
-        host_other_util=host_other_util(run.summary.telemetry), training=training,
+        host_other_util=host_other_util(run.summary.telemetry), first_step=run.summary.time_to_first_step,
+        training=training,
     )
 
 
