@@ -10,8 +10,8 @@ processes one machine takes, whatever the layout (:func:`host_nproc_problem`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from runner.spec import strategies
@@ -142,21 +142,20 @@ def mesh_text(sizes: Mesh) -> str:
     return f"{sizes[0]}x{sizes[1]}"
 
 
-def stored_mesh(strategy: str, launch: Mapping[str, Any], in_effect: Mapping[str, Any] | None) -> Mesh | None:
-    """The mesh of a stored run: what its rank found in effect (``sharding.mesh``), else its recipe's
-    (``launch`` as stored: the defaults of :func:`hsdp_mesh`); None for another strategy."""
+def stored_mesh(strategy: str, nproc: int, launch: Mapping[str, Any], in_effect: Mapping[str, Any] | None) -> Mesh | None:
+    """The mesh of a stored run of ``nproc`` processes per machine: what its rank found in effect
+    (``sharding.mesh``), else its recipe's (``launch`` as stored, with the defaults of :func:`hsdp_mesh`); None
+    for another strategy."""
     row = strategies.STRATEGIES.get(strategy)
     if row is None or not row.hybrid:
         return None
     seen = (in_effect or {}).get("mesh")
     if isinstance(seen, Mapping) and isinstance(seen.get("replicate"), int) and isinstance(seen.get("shard"), int):
         return seen["replicate"], seen["shard"]
-    nproc, nnodes = launch.get("nproc"), launch.get("nnodes")
+    nnodes = launch.get("nnodes")
     nnodes = nnodes if isinstance(nnodes, int) and nnodes > 0 else 1
-    if not isinstance(nproc, int) or nproc < 1:
-        return None
     given = [v if isinstance(v, int) and v > 0 else None for v in (launch.get("replicate"), launch.get("shard"))]
-    return hsdp_mesh(nproc * nnodes, nnodes, *given)
+    return hsdp_mesh(max(1, nproc) * nnodes, nnodes, *given)
 
 
 def mesh_mismatch(recipe: Recipe, seen: Mapping[str, Any]) -> str | None:
