@@ -305,6 +305,8 @@ class RunSummary:
     refused: bool | None = None
     sweep_note: str | None = None
     sweep_grid: str | None = None
+    committed_by_plan: str | None = None
+    """The plan (``ftui plan --commit``) whose winner this run is."""
     find_batch: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     """Keys this version does not declare (a newer version's, a user's own), kept as stored."""

@@ -54,6 +54,12 @@ def test_a_plan_cut_by_its_budget_continues_where_it_stopped(tmp_path: Path) -> 
     assert {r.summary.sweep_note for r in trials} == {"micro-batch 4 x 1 process",
                                                       "micro-batch 4/2 = 2 x 2 processes (global batch 4 kept)"}
 
+    # The plan is whole: the same command with --commit races nothing and, without a winner, launches nothing.
+    commit = ftui.run(*PLAN, "--commit")
+    assert commit.returncode == 1, commit.stdout + commit.stderr
+    assert "--commit: the plan names no winner, so nothing is launched (" in " ".join(commit.stdout.split())
+    assert len(store.list_runs()) == 2
+
     short = ftui.run(*PLAN, "--repeat", "2", "--budget", "0.05")
     assert short.returncode == 2 and short.stdout == ""
     assert short.stderr.startswith("ftui: --budget: 0.05 minutes is less than one trial (")

@@ -265,6 +265,38 @@ def test_one_trial_each_and_no_measured_spread_cannot_tell() -> None:
     assert {s.standing for s in ranking.standings} == {"cannot tell"}
 
 
+# ---------------------------------------------------------------------- commit
+
+
+def _setup(found: Sequence[plan.Candidate]) -> plan.Setup:
+    return plan.Setup(_loader()([]), "plan-x", list(found), ROOMY, 8, 2)
+
+
+def test_commit_runs_the_winner_with_its_own_values_to_the_recipes_steps() -> None:
+    found = _space(lambda r: need(50), ["single", "ddp", "zero2"])
+    runs = [_row(1, "single", 1, 1000.0), _row(2, "ddp", 2, 2000.0), _row(3, "zero2", 2, 1050.0),
+            _row(4, "single", 1, 1010.0), _row(5, "ddp", 2, 2100.0), _row(6, "zero2", 2, 990.0)]
+    ranking = rank(build_comparison(runs, {}).rows, None)
+    assert plan.winner(found, ranking) is _by_label(found)["ddp x2"]
+    item = plan.commit_item(_setup(found), ranking, ["data.context_length=64"])
+    assert (item.strategy, item.nproc, item.note) == ("ddp", 2, "the winner of plan plan-x")
+    recipe = _loader()(item.overrides)
+    assert (recipe.launch.strategy, recipe.launch.nproc, recipe.train.batch_size) == ("ddp", 2, 2)
+    assert recipe.train.max_steps == _loader()([]).train.max_steps  # the recipe's own, not a trial's
+    assert recipe.train.save and not any(s in item.overrides for s in plan.TRIAL_SETS)
+
+
+def test_commit_without_a_winner_launches_nothing_and_says_why() -> None:
+    found = _space(lambda r: need(50), ["single", "ddp"])
+    tie = rank(build_comparison([_row(1, "single", 1, 100.0), _row(2, "ddp", 2, 500.0)], {}).rows, None)
+    assert plan.winner(found, tie) is None
+    with pytest.raises(plan.PlanError, match=r"^--commit: the plan names no winner, so nothing is launched \(") as err:
+        plan.commit_item(_setup(found), tie, [])
+    assert "\n" not in str(err.value)
+    with pytest.raises(plan.PlanError, match="no trial completed"):
+        plan.commit_item(_setup(found), None, [])
+
+
 # ---------------------------------------------------------------------- the report
 
 

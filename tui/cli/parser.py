@@ -430,6 +430,9 @@ def _plan(sub: Any) -> None:
                    help="comma-separated strategies to consider (default: every launchable one)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a recipe field for every trial (repeatable)")
+    p.add_argument("--commit", action="store_true",
+                   help="then run the winner for real, to the recipe's train.max_steps (only when the plan "
+                        "names one: a tie launches nothing)")
     p.add_argument("--format", choices=["text", "json", "md"], default="text")
     db_option(p)
     p.set_defaults(handler="tui.cli.plan:cmd_plan")
