@@ -204,9 +204,9 @@ def rows_per_step(recipe: Recipe) -> int:
     data parallel replicas of the strategy (:meth:`runner.spec.strategies.Strategy.global_batch`; the
     processes of one pipeline or tensor-parallel group are one replica). The rank's loop and the pre-flight
     both take it from here."""
-    launch, train = recipe.launch, recipe.train
-    world = launch.nproc * (launch.nnodes or 1)
-    return strategies.get(launch.strategy).global_batch(train.batch_size, train.grad_accum, world, tp_size(recipe))
+    train = recipe.train
+    return strategies.get(recipe.launch.strategy).global_batch(train.batch_size, train.grad_accum, world_size(recipe),
+                                                               tp_size(recipe))
 
 
 @dataclass(frozen=True)
@@ -273,7 +273,7 @@ def replicas(recipe: Recipe) -> int:
     ``tp_size`` (1 for other layouts; :func:`rows_per_step` counts the same)."""
     if not strategies.get(recipe.launch.strategy).tensor_parallel:
         return 1
-    return max(1, recipe.launch.nproc * (recipe.launch.nnodes or 1) // tp_size(recipe))
+    return max(1, world_size(recipe) // tp_size(recipe))
 
 
 CPU_RANKS_PER_CORE = 2
