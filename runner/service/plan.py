@@ -34,6 +34,7 @@ from typing import Any
 
 import psutil
 
+from runner.analysis import time_split
 from runner.analysis.compare import Comparison, load_comparison
 from runner.analysis.ranking import Ranking, rank
 from runner.hardware import NvmlBackend
@@ -491,7 +492,8 @@ def standings(store: Store, pid: str) -> tuple[Comparison, Ranking] | None:
         return None
     cmp = load_comparison(store, [r.id for r in runs], sweep_id=pid)
     first = {r.id: s for r in runs if (s := first_step_seconds(r)) is not None}
-    return cmp, rank(cmp.rows, cmp.floor, first)
+    splits = {r.id: split for r in runs if (split := time_split.of_run(r.summary)) is not None}
+    return cmp, rank(cmp.rows, cmp.floor, first, splits)
 
 
 def winner(candidates: Sequence[Candidate], ranking: Ranking) -> Candidate | None:

@@ -61,6 +61,8 @@ def candidate_entry(c: Candidate, standing: Standing | None, left: int,
         "utilisation": {"mean_pct": standing.util if standing else None,
                         "source": standing.util_source if standing else None},
         "time_to_first_step_s": _spread(standing.first_step_s) if standing else None,
+        "time_split": standing.time_split.json() if standing and standing.time_split else None,
+        "time_split_text": standing.time_split.sentence() if standing and standing.time_split else None,
     }
 
 
@@ -119,8 +121,10 @@ the busiest rank's measured peak; 1st step: seconds from launch to the first ste
 
 
 def _notes(e: dict[str, Any]) -> str:
-    """A candidate's line under the table: why it was not raced or did not complete, else its batch split."""
-    return f"{e['label']}: {e['reason'] or e['batch']}"
+    """A candidate's line under the table: why it was not raced or did not complete, else its batch split and
+    where a step's time went."""
+    line = f"{e['label']}: {e['reason'] or e['batch']}"
+    return line + (f"; a step: {e['time_split_text']}" if e.get("time_split_text") else "")
 
 
 def track_lines(report: dict[str, Any]) -> list[str]:

@@ -22,7 +22,7 @@ from runner.hardware.records import SOURCE_LABELS
 from runner.planner.error_band import Band
 from runner.spec.events import RECIPE_FILE
 from runner.spec.strategies import STRATEGIES, recipe_global_batch
-from runner.spec.summary import RunSummary, model_state_bytes, rank_peak, rank_rss
+from runner.spec.summary import RunSummary, busiest_peak, error_pct, model_state_bytes, rank_peak, rank_rss
 from store import MetricPoint, NamedMetricPoint, RunInfo
 from tui.render.plain import row as text_row
 from tui.render.words import distributed_words, strategy_words
@@ -299,16 +299,16 @@ def estimate_vs_measured(summary: RunSummary) -> list[tuple[str, int, float | No
         # of the same kind is added (a ZeRO offload; on a CPU-only machine both are host memory).
         host = {"params": "params", "grads": "grads", "optimizer state": "optimizer", "fp32 master": "master"}
         est = int(est) + int((per_device.get("offloaded") or {}).get(host.get(kind, ""), 0))
+        measured: float | None
         if key_meas == "peak":
-            values = [v for r in ranks if (v := rank_peak(r)[0]) is not None]
+            measured = busiest_peak(ranks)[0]
         else:
             values = [v for r in ranks if (v := _dig(r, key_meas)) is not None]
-        if how == "max":
-            measured: float | None = max(values) if values else None
-        else:
-            measured = sum(values) / len(values) if values else None
-        err = (est - measured) / measured * 100 if measured else None
-        out.append((kind, est, measured, err))
+            if how == "max":
+                measured = max(values) if values else None
+            else:
+                measured = sum(values) / len(values) if values else None
+        out.append((kind, est, measured, error_pct(est, measured)))
     return out
 
 
