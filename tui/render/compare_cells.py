@@ -62,7 +62,7 @@ MEM_MEASURED = "mem/device measured"
 # (header, full cell) for the row-per-run formats; the sources are listed under the table.
 COLUMNS: list[Column] = [
     ("run", lambda r: str(r.run_id)),
-    ("strategy", lambda r: r.strategy + (f" [{r.grid}]" if r.grid else "")),
+    ("strategy", lambda r: r.strategy_label + (f" [{r.grid}]" if r.grid else "")),
     ("method", lambda r: r.method),
     ("devices", lambda r: str(r.devices)),
     ("micro-batch x GA", _batch),
@@ -206,7 +206,7 @@ def figure_sources(cmp: Comparison) -> list[str]:
     base = cmp.row(cmp.baseline_id)
     if base and base.tokens_per_s:
         out.append(f"speed-up: tokens/s over the baseline's, run {base.run_id} ({cmp.label(base)})")
-    notes = sorted({f"{r.strategy}: {r.note}" for r in cmp.rows if r.note})
+    notes = sorted({f"{r.strategy_label}: {r.note}" for r in cmp.rows if r.note})
     out += [f"batch: {n}" for n in notes]
     return out
 
