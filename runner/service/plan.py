@@ -34,6 +34,7 @@ from typing import Any
 
 import psutil
 
+from runner.analysis import time_split
 from runner.analysis.compare import Comparison, load_comparison
 from runner.analysis.ranking import Ranking, rank
 from runner.hardware import NvmlBackend
@@ -118,11 +119,14 @@ class Candidate:
     """Why it is not raced (not launchable here, does not fit, over the budget); None: raced."""
     note: str = ""
     """What the output says beside it (the batch split, a "might not fit" raced anyway)."""
+    mesh: str = ""
+    """An ``hsdp`` candidate's mesh, replicate x shard (``2x2``); empty for other strategies."""
 
     @property
     def label(self) -> str:
-        """``ddp x2 [launch.engine=torch]``: as :func:`runner.analysis.verdict.label` names its runs."""
-        base = self.strategy + (f" x{self.nproc}" if self.nproc > 1 else "")
+        """``ddp x2 [launch.engine=torch]`` or ``hsdp 2x2``: as :func:`runner.analysis.verdict.label` names its
+        runs."""
+        base = f"{self.strategy} {self.mesh}" if self.mesh else self.strategy + (f" x{self.nproc}" if self.nproc > 1 else "")
         return f"{base} [{self.grid}]" if self.grid else base
 
     def key(self) -> tuple[str, int, str]:
@@ -158,8 +162,9 @@ def _variant(base: Candidate, loader: Loader, estimator: Estimator, memory: Memo
     except RecipeError as exc:
         return replace(made, skip=f"refused: {exc}")
     launch = recipe.launch
+    sizes = layout.mesh(recipe)
     made = replace(made, engine=launch.engine, checkpointing=recipe.train.gradient_checkpointing,
-                   offload=launch.offload)
+                   offload=launch.offload, mesh=layout.mesh_text(sizes) if sizes is not None else "")
     need = estimator(recipe)
     budget = memory.per_rank(made.nproc)
     if need is None:
@@ -494,7 +499,8 @@ def standings(store: Store, pid: str) -> tuple[Comparison, Ranking] | None:
         return None
     cmp = load_comparison(store, [r.id for r in runs], sweep_id=pid)
     first = {r.id: s for r in runs if (s := first_step_seconds(r)) is not None}
-    return cmp, rank(cmp.rows, cmp.floor, first)
+    splits = {r.id: split for r in runs if (split := time_split.of_run(r.summary)) is not None}
+    return cmp, rank(cmp.rows, cmp.floor, first, splits)
 
 
 def winner(candidates: Sequence[Candidate], ranking: Ranking) -> Candidate | None:

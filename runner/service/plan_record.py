@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.service import plan
+from runner.spec import layout
 from runner.spec.layout import BatchSplit
 from runner.spec.paths import make_private_dir, plans_dir
 from runner.spec.recipe import RecipeError, parse_recipe
@@ -215,6 +216,15 @@ def _read_file(file: Path) -> PlanRecord | None:
         return None
 
 
+def _mesh(run: RunInfo) -> str:
+    """An ``hsdp`` trial's mesh in words (its label names it), from its recipe; empty for other strategies."""
+    try:
+        sizes = layout.mesh(parse_recipe(run.recipe_text, source=f"run {run.id}"))
+    except (RecipeError, ValueError):
+        return ""
+    return layout.mesh_text(sizes) if sizes is not None else ""
+
+
 def setup_from_trials(pid: str, runs: Sequence[RunInfo]) -> plan.Setup | None:
     """A plan with no record here, from its stored trials (oldest first): one candidate per strategy,
     processes and grid raced, with the batch split and estimate each trial stored; what was not raced, and
@@ -229,10 +239,11 @@ def setup_from_trials(pid: str, runs: Sequence[RunInfo]) -> plan.Setup | None:
     counts: dict[tuple[str, int, str], int] = {}
     for r in runs:
         key = (r.strategy, r.nproc, r.summary.sweep_grid or "")
-        estimate = (r.summary.estimate or {}).get("per_device_bytes", {}).get("total")
-        found.setdefault(key, plan.Candidate(r.strategy, r.nproc, grid=key[2], note=r.summary.sweep_note or "",
-                                             estimated=int(estimate) if estimate is not None else None))
         counts[key] = counts.get(key, 0) + 1
+        if key not in found:
+            estimate = (r.summary.estimate or {}).get("per_device_bytes", {}).get("total")
+            found[key] = plan.Candidate(r.strategy, r.nproc, grid=key[2], note=r.summary.sweep_note or "",
+                                        estimated=int(estimate) if estimate is not None else None, mesh=_mesh(r))
     memory = plan.Memory(0, False, "not known here: this host has no record of the plan")
     return plan.Setup(base, pid, list(found.values()), memory, max(r.total_steps or 0 for r in runs), max(counts.values()))
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from runner.analysis import time_split
 from runner.analysis.compare import build_comparison
 from runner.analysis.ranking import rank
 from runner.analysis.track_record import track_record
@@ -110,9 +111,11 @@ def _by_label(found: Sequence[plan.Candidate]) -> dict[str, plan.Candidate]:
 
 def test_every_launchable_strategy_and_engine_races_at_the_recipes_global_batch_when_all_fit() -> None:
     found = _by_label(_space(lambda r: need(50)))
-    assert sorted(found) == sorted(["single", "mp x2", "pp x2", "ddp x2", "fsdp x2", "tp x2", "zero1 x2",
+    assert sorted(found) == sorted(["single", "mp x2", "pp x2", "ddp x2", "fsdp x2", "hsdp 2x2", "tp x2", "zero1 x2",
                                     "zero1 x2 [launch.engine=torch]", "zero2 x2", "zero2 x2 [launch.engine=torch]",
                                     "zero3 x2", "zero3 x2 [launch.engine=torch]"])
+    # hybrid sharding needs two replicas of two shards: its candidate runs 4 processes, 1 row each
+    assert found["hsdp 2x2"].nproc == 4 and "launch.nproc=4" in found["hsdp 2x2"].overrides
     assert all(c.skip is None and c.fit == "fits" and not c.checkpointing and c.offload == "none"
                for c in found.values())
     for c in found.values():  # every candidate trains quickstart's 4 rows per step
@@ -317,7 +320,11 @@ def test_the_report_lists_every_candidate_and_prints_labels_as_text() -> None:
     earlier = run_info(9, "zero1", 2, 900.0, estimate={"band_key": "llama/zero1@torch",
                                                        "per_device_bytes": {"total": 110 * MIB}},
                        ranks=[{"peak_tensor_bytes": 100 * MIB}, {"peak_tensor_bytes": 90 * MIB}])
-    report = plan_report(setup, progress, rank(build_comparison(runs, {}).rows, None, {1: 4.0, 2: 6.5}),
+    split = time_split.of_run(run_info(2, "zero1", 2, 1.0, ranks=[
+        {"rank": r, "step_split": {"wall_s": 1.0, "compute_s": 0.5, "comm_s": c, "data_s": 0.0, "other_s": 0.5 - c,
+                                   "source": "torch profiler"}} for r, c in ((0, 0.2), (1, 0.4))]).summary)
+    assert split is not None
+    report = plan_report(setup, progress, rank(build_comparison(runs, {}).rows, None, {1: 4.0, 2: 6.5}, {2: split}),
                          track_record([earlier], "h"))
     entries = {e["label"]: e for e in report["candidates"]}
     assert [e["label"] for e in report["candidates"]][:2] == ["zero1 x2 [launch.engine=torch]", "single"]
@@ -337,3 +344,8 @@ def test_the_report_lists_every_candidate_and_prints_labels_as_text() -> None:
     assert "zero1 x2 [launch.engine=torch]" in text and "over the --budget" in text  # brackets kept: not markup
     assert "| zero1 x2 [launch.engine=torch] | cannot tell | 1,500 |" in plan_markdown(report)
     assert "estimate error this host, llama/zero1@torch: +10.0% median, +10.0% worst over 1 run(s) (runs 9" in text
+    # where a step went: in the JSON, and under the table for the candidate that measured it
+    assert raced["time_split"]["comm_share"] == pytest.approx(0.3) and raced["time_split"]["worst_rank"] == 1
+    assert entries["single"]["time_split"] is None
+    assert ("a step: compute 50%, communication or waiting on another rank 30% (rank 1: 40%), preparing the batch "
+            "0%, other (Python between ops, launches) 20%") in " ".join(text.split())
