@@ -23,6 +23,7 @@ from runner.spec import strategies as table
 from runner.spec.recipe import Recipe, RecipeError, parse_recipe
 from store import RunInfo, Store
 
+
 @dataclass(frozen=True)
 class PlanKey:
     """What a plan's decision depends on, besides the processes it raced."""
