@@ -211,13 +211,13 @@ class FtuiApp(App[int]):
 
     def show_plans(self) -> None:
         """The palette's Plans: every plan the store or this host knows."""
-        from tui.app.screens.plan import PlansScreen  # deferred: the plan service (pydantic, the comparison)
+        from tui.app.screens.plan import PlansScreen  # deferred: pydantic (the plan service)
 
         if not isinstance(self.screen, PlansScreen):
             self.push_screen(PlansScreen())
 
     def on_open_plan(self, message: OpenPlan) -> None:
-        from tui.app.screens.plan import PlanScreen  # deferred: the plan service (pydantic, the comparison)
+        from tui.app.screens.plan import PlanScreen  # deferred: pydantic (the plan service)
 
         self.push_screen(PlanScreen(message.pid, message.started))
 
