@@ -115,7 +115,9 @@ def test_the_plan_views_state_lines(store: Store) -> None:
     assert found is not None
     assert race_line(PlanView(setup.pid, None, None, found, False)).startswith("ended: a trial was stopped")
     run = run_info(7, "single", 1, None, status="running")
-    view = PlanView(setup.pid, None, None, found, True, [run], run)
+    view = PlanView(setup.pid, None, None, found, True, GONE, [run], run)
     assert race_line(view) == "committing (process 1): run 7 (single x 1) running"
+    started = Process(2, 5.0, GONE.host)  # a new process of the plan, before it writes the record
+    assert race_line(dataclasses.replace(view, process=started)).startswith("starting (process 2): it checks")
     assert commit_line(view) == "committed: run 7 (running; in Runs)"
     assert commit_line(PlanView(setup.pid, None, None, None, False)) == ""

@@ -43,6 +43,8 @@ class PlanView:
     record: PlanRecord | None
     racing: bool
     """A process of this plan runs now (the one the record names, or the one the dashboard just started)."""
+    process: Process | None = None
+    """That process (None when none runs)."""
     running: list[RunInfo] = field(default_factory=list)
     """Its trials (or committed run) running now."""
     committed: RunInfo | None = None
@@ -84,10 +86,12 @@ class PlanFeed:
         """The plan now; None when nothing shown changed since the last poll. Blocking: from a worker."""
         runs = self.store.list_runs(sweep_id=self.pid)
         record = self.record()
-        racing = any(p is not None and p.alive() for p in (record.process if record else None, self.started))
+        process = next((p for p in (record.process if record else None, self.started) if p is not None and p.alive()),
+                       None)
+        racing = process is not None
         committed = self.store.get_run(record.commit_run) if record and record.commit_run else None
         log = tail_lines(plan_record.log_path(self.pid), LOG_LINES)
-        seen = (tuple((r.id, r.status) for r in runs), self._record[0], racing, committed and committed.status, log)
+        seen = (tuple((r.id, r.status) for r in runs), self._record[0], process, committed and committed.status, log)
         if seen == self._seen:
             return None
         changed = self._view is None or seen[:3] != self._seen[:3]
@@ -95,7 +99,7 @@ class PlanFeed:
         report, ranking = self._figures(runs, record, racing) if changed else (
             (self._view.report, self._view.ranking) if self._view else (None, None))
         live = [r for r in [*runs, *([committed] if committed else [])] if r.status in LIVE]
-        self._view = PlanView(self.pid, report, ranking, record, racing, live, committed, log)
+        self._view = PlanView(self.pid, report, ranking, record, racing, process, live, committed, log)
         return self._view
 
     def _figures(self, runs: list[RunInfo], record: PlanRecord | None,

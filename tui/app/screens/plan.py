@@ -37,11 +37,12 @@ STATE_STYLE = {"racing": "yellow", "ended": "green", "not finished": "red"}
 def race_line(view: PlanView) -> str:
     """Where the plan stands: racing (which trial), or how its race ended, and its committed run."""
     record = view.record
-    if view.racing:
+    if view.racing and view.process is not None:
+        if record is None or record.process != view.process:
+            return f"starting (process {view.process.pid}): it checks the recipe, its data and the candidates"
         trials = ", ".join(f"run {r.id} ({r.strategy} x {r.nproc}) {r.status}" for r in view.running)
-        who = f"process {record.process.pid}" if record and record.process else "starting its process"
-        doing = "committing" if record and any(r.id == record.commit_run for r in view.running) else "racing"
-        return f"{doing} ({who}): " + (trials or "between trials")
+        doing = "committing" if any(r.id == record.commit_run for r in view.running) else "racing"
+        return f"{doing} (process {view.process.pid}): " + (trials or "between trials")
     if record is None:
         return "no record of this plan on this host: its stored trials only"
     if record.ended is None:
