@@ -28,8 +28,8 @@ from runner.analysis.run_peak import (
     stored_flops_per_token,
     unknown_device_note,
 )
-from runner.analysis.shard_verdict import shard_verdict
-from runner.spec import strategies
+from runner.analysis.shard_verdict import run_verdict
+from runner.spec import layout, strategies
 from runner.spec.flops import flops_per_token
 from store import MetricPoint, NamedMetricPoint, RunInfo, SampleInfo, Store
 from store.rollup import downsample_points
@@ -100,13 +100,21 @@ class RunRow:
     """A script run (``launch.script``): a figure it did not report is "not reported", not unknown."""
     host_other_util: float | None = None
     """Host CPU % (all cores) used by other work during the run (:func:`runner.analysis.noise.host_other_util`)."""
+    first_step: dict[str, Any] | None = None
+    """Time to first step, broken down (:func:`runner.spec.first_step.breakdown`, stored by the watcher)."""
     training: Training = field(default_factory=Training)
     """What the run trains (model, data, global batch, ...): runs are compared only when these match."""
     sharding: str = "not measured"
-    """Whether the sharding its strategy promises is in effect, in short (``as promised``, ``NOT: params``:
-    :meth:`runner.analysis.shard_verdict.ShardVerdict.short`)."""
     sharding_line: str = ""
-    """The verdict of every kind of state (:meth:`runner.analysis.shard_verdict.ShardVerdict.line`)."""
+    """Is its strategy's promised sharding in effect: in short, and kind by kind (``runner.analysis.shard_verdict``)."""
+    mesh: str = ""
+    """An ``hsdp`` run's mesh, replicate x shard (``2x2``: what its rank found in effect, else its recipe's);
+    empty for other strategies."""
+
+    @property
+    def strategy_label(self) -> str:
+        """``hsdp 2x2``: the strategy with its mesh (the name alone for other strategies)."""
+        return f"{self.strategy} {self.mesh}" if self.mesh else self.strategy
 
 
 @dataclass(frozen=True)
@@ -299,7 +307,6 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
     mem, mem_source = mem_measured(run)
     est, est_source = estimated_memory(run, recipe, dims)
     reason = (run.summary.ended or run.error) if run.status != "completed" else None  # a stop: its checkpoint
-    sharding = shard_verdict(run.strategy, run.summary.ranks, run.summary.parallel)
     data = recipe.get("data", {})
     training = Training(model=run.model or None, data=_text(data.get("source")), global_batch=global_batch,
                         seq_len=data.get("context_length"), precision=_text(train.get("precision")),
@@ -320,9 +327,16 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
         note=run.summary.sweep_note, grid=grid or (run.summary.sweep_grid or ""),
         mfu_note=over_note or (None if mfu is not None else _mfu_note(run, peak, peak_note, dims)),
         mfu_rejected=rejected, script=bool(recipe.get("launch", {}).get("script")),
-        host_other_util=host_other_util(run.summary.telemetry), training=training,
-        sharding=sharding.short(), sharding_line=sharding.line(),
+        host_other_util=host_other_util(run.summary.telemetry), first_step=run.summary.time_to_first_step,
+        training=training, mesh=_mesh(run, recipe),
+        sharding=(shards := run_verdict(run.strategy, run.summary)).short(), sharding_line=shards.line(),
     )
+
+
+def _mesh(run: RunInfo, recipe: Mapping[str, Any]) -> str:
+    """``2x2`` for an hsdp run (:func:`runner.spec.layout.stored_mesh`), else empty."""
+    sizes = layout.stored_mesh(run.strategy, run.nproc, recipe.get("launch") or {}, run.summary.sharding)
+    return layout.mesh_text(sizes) if sizes is not None else ""
 
 
 def _text(value: Any) -> str | None:

@@ -8,7 +8,7 @@ Both figures come from the ranks (:func:`runner.rank.sharding.state_bytes`: ``pa
 
 The rule of each promise, with ``tol(x) = REL_TOLERANCE * x + ABS_SLACK``:
 
-- **sharded 1/N** (N ranks): every rank holds at most ``whole / N + tol(whole / N)``, and the ranks together
+- **sharded 1/N** (N ranks; hsdp: the N processes of its group, the groups replicas): every rank holds at most ``whole / N + tol(whole / N)``, and the ranks together
   at least ``whole - tol(whole)``. DeepSpeed ZeRO-3's parameters under its persistence threshold, held whole
   beside their partitions (``param_gathered_bytes``), are left out of the share and said beside it.
 - **replicated** (nothing of the kind divided): every rank holds at least ``whole - tol(whole)``. A rank
@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from runner.spec.strategies import STRATEGIES, Strategy
+from runner.spec.summary import RunSummary
 
 REL_TOLERANCE = 0.02
 """A share may exceed its promise by 2% of it: the alignment padding of flat partitions (DeepSpeed,
@@ -106,10 +107,16 @@ class ShardVerdict:
         return "NOT: " + ", ".join(c.kind for c in self.checks if c.ok is False)
 
 
-def shard_verdict(strategy: str, ranks: Sequence[Mapping[str, Any]],
-                  parallel: Mapping[str, Any] | None = None) -> ShardVerdict:
+def run_verdict(strategy: str, summary: RunSummary) -> ShardVerdict:
+    """:func:`shard_verdict` of a stored run."""
+    return shard_verdict(strategy, summary.ranks, summary.parallel, summary.sharding)
+
+
+def shard_verdict(strategy: str, ranks: Sequence[Mapping[str, Any]], parallel: Mapping[str, Any] | None = None,
+                  in_effect: Mapping[str, Any] | None = None) -> ShardVerdict:
     """The verdict of a run of ``strategy`` whose ranks measured ``ranks`` (the summary's ``ranks``;
-    ``parallel``: the summary's pipeline or tensor-parallel layout, for the stages and ``tp_size``)."""
+    ``parallel``: its pipeline or tensor-parallel layout, for the stages and ``tp_size``; ``in_effect``: its
+    ``sharding``, for a hybrid strategy's mesh: each group of ``shard`` processes divides the whole)."""
     row = STRATEGIES.get(strategy)
     if row is None:
         return ShardVerdict(strategy, (), f"unknown strategy {strategy!r}")
@@ -117,9 +124,13 @@ def shard_verdict(strategy: str, ranks: Sequence[Mapping[str, Any]],
         return ShardVerdict(strategy, (), "no rank reported its memory")
     if any(r.get("param_whole_bytes") is None for r in ranks):
         return ShardVerdict(strategy, (), "recorded before the whole was measured")
+    mesh = (in_effect or {}).get("mesh") or {}
+    if row.hybrid and not isinstance(mesh.get("shard"), int):
+        return ShardVerdict(strategy, (), "the rank recorded no mesh")
+    layout = {**(parallel or {}), **({"shard": mesh["shard"]} if row.hybrid else {})}
     checks = []
     for kind, local_key, whole_key, shard in KINDS:
-        promise, n = _promise(row, shard, len(ranks), parallel or {})
+        promise, n = _promise(row, shard, len(ranks), layout)
         gathered = [int(r.get("param_gathered_bytes") or 0) if kind == "params" else 0 for r in ranks]
         held = tuple(int(r.get(local_key) or 0) - g for r, g in zip(ranks, gathered, strict=True))
         wholes = [int(w) for r in ranks if (w := r.get(whole_key)) is not None]
@@ -142,7 +153,7 @@ def _promise(row: Strategy, shard: str, nranks: int, parallel: Mapping[str, Any]
         return "replicated", nranks
     if row.tensor_parallel:
         return "slices", int(parallel.get("tp_size") or nranks)
-    return "sharded", nranks
+    return "sharded", int(parallel.get("shard") or nranks)  # hybrid: over its group, the groups replicas
 
 
 def tol(x: float) -> float:

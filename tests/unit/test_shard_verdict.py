@@ -170,3 +170,13 @@ def test_compare_has_a_sharding_row_whose_failures_are_spelled_out_in_a_footnote
     assert footnotes(cmp)[0] == ("[1] run 2 sharding: optimizer: NOT sharded (zero3 promises 1/2; each rank holds "
                                  "100%); grads: NOT sharded (zero3 promises 1/2; each rank holds 100%); params: NOT "
                                  "sharded (zero3 promises 1/2; each rank holds 100%)")
+
+
+def test_hybrid_sharding_divides_over_each_group_of_its_mesh_not_over_every_rank() -> None:
+    """hsdp 2x2: each group of 2 shards the whole; the 2 groups are replicas, so every rank holds half."""
+    mesh = {"mesh": {"replicate": 2, "shard": 2}}
+    v = shard_verdict("hsdp", [rank(i, 0.5) for i in range(4)], None, mesh)
+    assert v.ok is True and {c.n for c in v.checks} == {2}
+    assert v.line() == "optimizer sharded 1/2: yes; grads sharded 1/2: yes; params sharded 1/2: yes"
+    assert shard_verdict("hsdp", [rank(i, 1.0) for i in range(4)], None, mesh).short() == "NOT: optimizer, grads, params"
+    assert shard_verdict("hsdp", [rank(i, 0.5) for i in range(4)]).line() == "not measured (the rank recorded no mesh)"
