@@ -82,6 +82,9 @@ RECIPE_FILE = "recipe.toml"
 ACCELERATE_FILE = "accelerate.yaml"
 LAUNCH_FILE = "launch.json"
 LAUNCHER_LOG = "launcher.log"
+ENERGY_COUNTER = "energy_counter"
+"""The watcher's event with the CPU's RAPL counters (:func:`runner.hardware.rapl.read_counters`), ``at``
+the launch (``start``) and at the exit (``end``): the ledger's CPU energy."""
 OUTPUT_DIR = "output"
 
 EXIT_NO_SPACE = 28

@@ -16,6 +16,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from runner.analysis import ledger
 from runner.analysis.mfu import Peak
 from runner.analysis.run_peak import stored_mfu
 from runner.hardware.records import SOURCE_LABELS
@@ -25,6 +26,7 @@ from runner.spec.events import RECIPE_FILE
 from runner.spec.strategies import STRATEGIES, recipe_global_batch
 from runner.spec.summary import RunSummary, busiest_peak, error_pct, model_state_bytes, rank_peak, rank_rss
 from store import MetricPoint, NamedMetricPoint, RunInfo
+from tui.render.ledger import ledger_rows
 from tui.render.plain import row as text_row
 from tui.render.words import distributed_words, strategy_words
 
@@ -228,6 +230,9 @@ def run_summary_table(run: RunInfo | None) -> Table:
             source = stored.source.split(", ")[0]  # a probe's source says it was beside the run
             table.add_row(*text_row("MFU peak/device", stored.figure(),
                                     source if stored.kind == "probe" else f"{stored.provenance()}: {source}"))
+    if run.summary.ledger is not None:  # device-hours, energy, cost (runner.analysis.ledger)
+        for row in ledger_rows(ledger.figures(run.summary)):
+            table.add_row(*text_row(*row))
     if run.error:
         table.add_row("error", Text(run.error, style="red"), "")
     stacks = run.summary.stacks
