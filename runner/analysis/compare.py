@@ -17,6 +17,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from runner.analysis import verdict
+from runner.analysis.ledger import Figures
+from runner.analysis.ledger import figures as ledger_figures
 from runner.analysis.mfu import Peak, compute_mfu, trustworthy
 from runner.analysis.noise import NoiseFloor, Training, host_other_util, measured_floor
 from runner.analysis.run_figures import estimated_memory, mem_measured, model_dims, utilisation
@@ -106,6 +108,8 @@ class RunRow:
     mesh: str = ""
     """An ``hsdp`` run's mesh, replicate x shard (``2x2``: what its rank found in effect, else its recipe's);
     empty for other strategies."""
+    ledger: Figures | None = None
+    """Device-hours, energy, cost and tokens per joule and per unit of cost (:mod:`runner.analysis.ledger`)."""
 
     @property
     def strategy_label(self) -> str:
@@ -324,7 +328,7 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
         mfu_note=over_note or (None if mfu is not None else _mfu_note(run, peak, peak_note, dims)),
         mfu_rejected=rejected, script=bool(recipe.get("launch", {}).get("script")),
         host_other_util=host_other_util(run.summary.telemetry), first_step=run.summary.time_to_first_step,
-        training=training, mesh=_mesh(run, recipe),
+        training=training, mesh=_mesh(run, recipe), ledger=ledger_figures(run.summary),
     )
 
 

@@ -85,6 +85,7 @@ def account(samples: Sequence[DeviceSample], wall_s: float | None,
         ranks: The run's processes (the recipe's), the devices of a run without telemetry.
     """
     overall = (telemetry or {}).get("whole") or {}
+    devices: int | None
     if overall.get("kind") and overall.get("devices"):
         devices, kind = int(overall["devices"]), str(overall["kind"])
         devices_source = "GPUs sampled (NVML)" if kind == "gpu" else "ranks sampled (psutil)"
@@ -118,6 +119,8 @@ class Figures:
     tokens_per_joule_source: str
     tokens_per_cost: float | None
     tokens_per_cost_source: str
+    recorded: bool = True
+    """False for a run without a stored ledger (older than it, or not ended)."""
 
 
 def figures(summary: RunSummary, price: Price | None = None, read_price: bool = True) -> Figures:
@@ -127,7 +130,7 @@ def figures(summary: RunSummary, price: Price | None = None, read_price: bool = 
     price = price if price is not None or not read_price else configured_price()
     if ledger is None:
         why = "not recorded (a run older than the ledger, or one that has not ended)"
-        return Figures(None, why, None, why, None, None, why, None, why, None, why)
+        return Figures(None, why, None, why, None, None, why, None, why, None, why, recorded=False)
     hours = ledger["device_hours"]
     hours_source = (f"{ledger['devices']} {ledger['devices_source']} x {ledger['wall_s']:.1f} s, {ledger['window']}"
                     if hours is not None else "wall time or devices unknown")

@@ -13,6 +13,7 @@ from runner.analysis.compare import Comparison, RunRow
 from runner.analysis.mfu import flops_text
 from runner.analysis.run_peak import differing_peaks
 from runner.spec import first_step
+from tui.render.ledger import cost_text, energy_text, per_cost_text
 from tui.render.report import fmt_bytes, fmt_seconds
 
 CELL_MAX = 24
@@ -92,6 +93,13 @@ FIRST_STEP = "time to first step"
 FIRST_STEP_COLUMN: Column = (FIRST_STEP, lambda r: first_step.words(r.first_step))
 """Shown when a compared run has it stored (:mod:`runner.spec.first_step`): the total, its stages in a footnote."""
 
+LEDGER_COLUMNS: list[Column] = [
+    ("tokens/J", lambda r: _num(r.ledger.tokens_per_joule, ".3g") if r.ledger else "-"),
+    ("tokens per cost", lambda r: per_cost_text(r.ledger) if r.ledger else "-"),
+]
+"""Shown when a compared run has a stored ledger (:mod:`runner.analysis.ledger`); '-' with its reason in
+the sources."""
+
 NOT_REPORTED = "not reported"
 SCRIPT_REPORTS = frozenset({"micro-batch x GA", "train time", "tokens/s", "tokens/s/device", MEM_MEASURED,
                             "final loss", "best loss"})
@@ -115,9 +123,12 @@ def full_columns(cmp: Comparison) -> list[Column]:
     if any(r.first_step for r in cmp.rows):
         at = next(i for i, (h, _) in enumerate(cols) if h == "train time")
         cols.insert(at, FIRST_STEP_COLUMN)
+    if any(r.ledger is not None and r.ledger.recorded for r in cmp.rows):
+        at = next(i for i, (h, _) in enumerate(cols) if h == "speed-up")
+        cols[at:at] = LEDGER_COLUMNS
     if not cmp.eval_curves:
         return cols
-    at = next(i for i, (h, _) in enumerate(cols) if h == "speed-up")
+    at = next(i for i, (h, _) in enumerate(cols) if h == "tokens/J" or h == "speed-up")
     return [*cols[:at], *EVAL_COLUMNS, *cols[at:]]
 
 
@@ -203,11 +214,26 @@ def figure_sources(cmp: Comparison) -> list[str]:
     est = sorted({r.mem_estimated_source for r in cmp.rows if r.mem_estimated is not None})
     if est:
         out.append("mem estimated: " + "; ".join(est))
+    out += ledger_sources(cmp)
     base = cmp.row(cmp.baseline_id)
     if base and base.tokens_per_s:
         out.append(f"speed-up: tokens/s over the baseline's, run {base.run_id} ({cmp.label(base)})")
     notes = sorted({f"{r.strategy_label}: {r.note}" for r in cmp.rows if r.note})
     out += [f"batch: {n}" for n in notes]
+    return out
+
+
+def ledger_sources(cmp: Comparison) -> list[str]:
+    """Where each run's tokens per joule and per unit of cost come from, or why they are '-'."""
+    out = []
+    for r in cmp.rows:
+        if r.ledger is None or not r.ledger.recorded:
+            continue
+        f = r.ledger
+        out.append(f"run {r.run_id} energy {energy_text(f.energy_j)}: {f.energy_source}; tokens/J "
+                   f"{_num(f.tokens_per_joule, '.3g')}: {f.tokens_per_joule_source}")
+        out.append(f"run {r.run_id} device-hours {_num(f.device_hours, '.4g')}: {f.device_hours_source}; cost "
+                   f"{cost_text(f)}: {f.cost_source}; tokens per cost {per_cost_text(f)}: {f.tokens_per_cost_source}")
     return out
 
 
