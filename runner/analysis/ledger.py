@@ -88,9 +88,9 @@ def account(samples: Sequence[DeviceSample], wall_s: float | None,
     devices: int | None
     if overall.get("kind") and overall.get("devices"):
         devices, kind = int(overall["devices"]), str(overall["kind"])
-        devices_source = "GPUs sampled (NVML)" if kind == "gpu" else "ranks sampled (psutil)"
+        devices_source = "sampled by NVML" if kind == "gpu" else "sampled by psutil"
     else:
-        devices, kind, devices_source = ranks, "rank", "ranks of the recipe (no telemetry)"
+        devices, kind, devices_source = ranks, "rank", "the recipe's launch.nproc, no telemetry"
     wall_s = max(0.0, wall_s) if wall_s is not None else None
     window = (telemetry or {}).get("window")
     active_s = max(0.0, float(window[1]) - float(window[0])) if window else None
@@ -132,7 +132,7 @@ def figures(summary: RunSummary, price: Price | None = None, read_price: bool = 
         why = "not recorded (a run older than the ledger, or one that has not ended)"
         return Figures(None, why, None, why, None, None, why, None, why, None, why, recorded=False)
     hours = ledger["device_hours"]
-    hours_source = (f"{ledger['devices']} {ledger['devices_source']} x {ledger['wall_s']:.1f} s, {ledger['window']}"
+    hours_source = (f"{_devices(ledger)} x {ledger['wall_s']:.1f} s, {ledger['window']}"
                     if hours is not None else "wall time or devices unknown")
     energy, energy_source = _energy(ledger)
     cost = hours * price.amount if hours is not None and price is not None else None
@@ -151,6 +151,13 @@ def figures(summary: RunSummary, price: Price | None = None, read_price: bool = 
         tokens_per_cost=per_cost,
         tokens_per_cost_source=("tokens trained / cost" if per_cost is not None
                                 else no_tokens if cost is not None else cost_source))
+
+
+def _devices(ledger: LedgerSummary) -> str:
+    """``2 GPUs (sampled by NVML)``, ``1 rank (the recipe's launch.nproc, no telemetry)``."""
+    n = ledger["devices"] or 0
+    noun = "GPU" if ledger["devices_kind"] == "gpu" else "rank"
+    return f"{n} {noun}{'s' if n != 1 else ''} ({ledger['devices_source']})"
 
 
 def _energy(ledger: LedgerSummary) -> tuple[float | None, str]:
