@@ -81,7 +81,7 @@ def entries(store: Store, host: str | None = None, statuses: Sequence[str] | Non
                 query = query.where(QueueEntry.host == host)
             if statuses is not None:
                 query = query.where(QueueEntry.status.in_(list(statuses)))
-            return [_info(row, status) for row, status in s.execute(query).tuples()]
+            return [_info(row, status) for row, status in s.execute(query)]
 
     return store._retrying_call(read)
 
@@ -92,7 +92,7 @@ def get_entry(store: Store, entry_id: int) -> QueueEntryInfo | None:
     def read() -> QueueEntryInfo | None:
         with store._begin() as s:
             found = s.execute(select(QueueEntry, Run.status).outerjoin(Run, Run.id == QueueEntry.run_id)
-                              .where(QueueEntry.id == entry_id)).tuples().first()
+                              .where(QueueEntry.id == entry_id)).first()
             return None if found is None else _info(*found)
 
     return store._retrying_call(read)
@@ -108,7 +108,7 @@ def remove_entry(store: Store, entry_id: int) -> tuple[QueueEntryInfo | None, bo
     def write() -> tuple[QueueEntryInfo | None, bool]:
         with store._write() as s:
             found = s.execute(select(QueueEntry, Run.status).outerjoin(Run, Run.id == QueueEntry.run_id)
-                              .where(QueueEntry.id == entry_id)).tuples().first()
+                              .where(QueueEntry.id == entry_id)).first()
             if found is None:
                 return None, False
             gone = s.execute(delete(QueueEntry).where(QueueEntry.id == entry_id, QueueEntry.status != STARTED))
