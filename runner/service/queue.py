@@ -16,6 +16,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -37,6 +38,9 @@ from store.queue import QueueEntryInfo
 RUNNER_MODULE = "runner.service.queue_runner"
 """``python -m`` of the queue runner."""
 CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"
+RUNNER_WAIT_S = 10.0
+"""How long starting a queue runner waits for it to hold the queue lock (its imports take about a second on
+the 2-core dev machine), so that a ``ftui queue`` right after ``queue add`` finds it alive."""
 
 
 class QueueRefused(Exception):
@@ -203,14 +207,18 @@ def runner_pid(db_url: str) -> int | None:
 
 def ensure_runner(db_url: str) -> int | None:
     """Start this host's queue runner of the store at ``db_url`` when none is alive: a process in a session
-    of its own (it outlives the terminal and the dashboard); its pid, or None when one was alive. Two
-    callers at once may both start one: the second finds the lock taken and exits."""
+    of its own (it outlives the terminal and the dashboard); its pid, or None when one was alive. Waits
+    (briefly) until it holds the queue lock. Two callers at once may both start one: the second finds the
+    lock taken and exits."""
     lock = runner_lock(db_url)
     if lock.held_elsewhere():
         return None
     url = canonical_url(db_url)
     argv = [sys.executable, "-m", RUNNER_MODULE, "--db", url]
     child: subprocess.Popen[bytes] = procs.spawn(argv, {}, lock.path.parent, lock.path.with_suffix(".log"))
+    deadline = time.monotonic() + RUNNER_WAIT_S
+    while child.poll() is None and not lock.held_elsewhere() and time.monotonic() < deadline:
+        time.sleep(0.05)
     return child.pid
 
 
