@@ -52,6 +52,8 @@ def runner_line(store: Store, waiting_here: int) -> str:
 
 def cmd_queue_add(args: argparse.Namespace) -> int:
     """``ftui queue add RECIPE [flags of ftui run]``: checked now, recorded, started by the runner in turn."""
+    if args.recipe is None and args.script is None:
+        raise UsageError("queue add: give a recipe file, or --script FILE (your own training script)")
     recipe = load_run_recipe(args)
     source = str(args.recipe) if args.recipe is not None else str(recipe.launch.script)
     options = queue.QueueOptions(fake_gpus=args.fake_gpus, force=args.force, allow_data_change=args.allow_data_change,
