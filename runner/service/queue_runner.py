@@ -38,6 +38,9 @@ from store import queue as entries_store
 from store.queue import QueueEntryInfo
 
 MODULE = "runner.service.queue_runner"
+FAILED_ROUNDS = 30
+"""Rounds in a row that may fail (the store unreachable: each store call already retries a locked database
+for up to its lock timeout) before the runner gives up and exits."""
 POLL_ENV = "FTUI_QUEUE_POLL_S"
 """Sets :data:`runner.spec.watching.QUEUE_POLL_S` (tests set it small)."""
 
@@ -129,9 +132,11 @@ class QueueRunner:
                 assert prepared.run_id is not None
                 entries_store.attach_run(self.store, entry.id, prepared.run_id)
                 self.watchers.append(start_detached(self.store.url, prepared, options.fake_gpus, options.watch()))
-        except (RecipeError, StoreError, OSError) as exc:
-            entries_store.finish(self.store, entry.id, NOT_STARTED, one_line(str(exc)))
-            self.say(f"entry {entry.id}: {entry.name}: not started: {one_line(str(exc))}")
+        except Exception as exc:  # noqa: BLE001 (a claimed entry that does not start must end, never stay running)
+            why = one_line(str(exc)) if isinstance(exc, (RecipeError, StoreError, OSError)) else \
+                one_line(f"{type(exc).__name__}: {exc}")
+            entries_store.finish(self.store, entry.id, NOT_STARTED, why)
+            self.say(f"entry {entry.id}: {entry.name}: not started: {why}")
             return
         for warning in warnings:
             self.say(f"entry {entry.id}: warning: {warning}")
@@ -153,8 +158,19 @@ def serve(runner: QueueRunner, lock: ProcessLock) -> None:
     """Go round until nothing of this host is waiting or running. Before leaving, the lock is given up and
     the queue read once more: an entry added meanwhile (whose ``queue add`` found this runner alive) is
     served after all, by this runner or by the one that ``queue add`` started once the lock was free."""
+    failed = 0
     while True:
-        if runner.round():
+        try:
+            busy = runner.round()
+            failed = 0
+        except Exception as exc:  # noqa: BLE001 (a database gone away for a while: say so, look again)
+            failed += 1
+            runner.say(f"round failed ({failed} in a row): {one_line(f'{type(exc).__name__}: {exc}')}")
+            if failed >= FAILED_ROUNDS:
+                runner.say("giving up: ftui recover starts the queue runner again")
+                return
+            busy = True
+        if busy:
             runner.wait()
             continue
         lock.release()

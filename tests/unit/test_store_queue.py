@@ -1,15 +1,17 @@
 """The run queue in the store and the rules of its runner, in-process: entries in line per host with their
 run's status, a claim that takes a waiting entry once, a removal that never takes the running one, the end
-of an entry recorded from its run, what ``enqueue`` records and refuses, which entries start when (devices
-held by live runs, entries ahead keeping theirs), and the words ``ftui queue`` shows.
+of an entry recorded from its run, what ``enqueue`` records and refuses, the runner's round over an entry that
+no longer starts (no process is started), which entries start when (devices held by live runs, entries ahead
+keeping theirs), and the words ``ftui queue`` shows.
 
 Every test that takes ``db_url`` runs on SQLite here and on PostgreSQL in
-tests/system/test_store_on_postgresql.py. No process is started: the runner itself runs in
+tests/system/test_store_on_postgresql.py. The runner's process and the runs it starts:
 tests/integration/test_queue.py."""
 
 from __future__ import annotations
 
 import os
+import socket
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from typing import Any
 import pytest
 
 from runner.service import queue
-from runner.service.queue_runner import entry_environment, to_start
+from runner.service.queue_runner import QueueRunner, entry_environment, serve, to_start
 from runner.spec.devices import devices_taken, visible_ids
 from runner.spec.recipe import RecipeError
 from runner.spec.status import DONE, NOT_STARTED, QUEUED, STARTED
@@ -131,6 +133,28 @@ def test_enqueue_records_the_checked_recipe_and_refuses_bad_input_recording_noth
                                       "launch.main_addr=10.0.0.1", "launch.node_rank=0"],
                       store=store, start_runner=False)
     assert [e.name for e in entries_store.entries(store)] == ["mine", "next"]
+
+
+def test_the_runner_ends_an_entry_that_no_longer_starts_and_leaves_with_the_queue_empty(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The script of a queued run is deleted before its turn: the pre-flight refuses it then, the entry is
+    ``failed to start`` with the line that says why, no run is recorded, and the runner gives its lock up."""
+    monkeypatch.setenv("FTUI_HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "train.py"
+    script.write_text("print('trains nothing')\n")
+    store = Store(db_url)
+    added = queue.enqueue(f'[launch]\nscript = "{script}"\n', ["name=vanishing"], store=store, start_runner=False)
+    script.unlink()
+    lock = queue.runner_lock(db_url)
+    assert lock.acquire() and queue.runner_pid(db_url) == os.getpid()
+    said: list[str] = []
+    serve(QueueRunner(store, socket.gethostname(), poll_s=0.01, say=said.append), lock)
+    entry = entries_store.get_entry(store, added.entry_id)
+    assert entry is not None and entry.status == NOT_STARTED and entry.run_id is None and store.list_runs() == []
+    assert entry.error is not None and entry.error.startswith("launch.script:") and str(script) in entry.error
+    assert said == [f"entry {entry.id}: vanishing: not started: {entry.error}"]
+    assert lock.fileno() is None and queue.runner_pid(db_url) is None, "the lock given up"
 
 
 def _waiting(entry_id: int, *devices: str) -> QueueEntryInfo:
