@@ -19,13 +19,15 @@ from __future__ import annotations
 import math
 import os
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from runner.rank import evaluate, memtrack, peak_probe
+from runner.hardware.processes import started_wall
+from runner.rank import evaluate, memtrack, peak_probe, step_split
 from runner.rank.checkpointing import check_resume
 from runner.rank.context import DataShape, Setup
 from runner.rank.engine import Engine, MicroBatch
@@ -68,6 +70,11 @@ class _Progress:
     steady_steps: int = 0
     probe: peak_probe.Probe | None = None
     """The CPU matmul probes through the steady steps (:mod:`runner.rank.peak_probe`)."""
+    profiling: bool = False
+    """This step is the one whose time is split (:mod:`runner.rank.step_split`)."""
+    profiled: Window | None = None
+    """The profiled step's start and the tokens before it: where the steady state ends."""
+    split: step_split.StepSplit | None = None
 
 
 @dataclass(frozen=True)
@@ -158,6 +165,7 @@ def _start_event(setup: Setup, engine: Engine, shape: DataShape, dims: Any, star
         start_step=start_step,
         resumed_from=recipe.train.resume_from,
         resume_seconds=resume_seconds,
+        process_started=started_wall(),  # the imports' start (runner.spec.first_step)
     )
     engine.describe(start)
     start["data"] = setup.dataset.info()
@@ -174,6 +182,7 @@ def _run_steps(setup: Setup, engine: Engine, shape: DataShape, scheduler: Any, p
     p.probe = peak_probe.Probe(setup.on_cpu, run_dtype(recipe.train.precision))
     p.scale = engine.loss_scale()
     p.step = p.start_step - 1
+    profiled = step_split.profiled_step(p.start_step, shape.total_steps, memtrack.MEASURED_STEPS)
     engine.model.train()
     for step in range(p.start_step, shape.total_steps):
         p.step = step
@@ -184,15 +193,21 @@ def _run_steps(setup: Setup, engine: Engine, shape: DataShape, scheduler: Any, p
         if step == p.start_step:
             p.first_step_start = t0
         metered = step - p.start_step < memtrack.MEASURED_STEPS
-        if not metered:
+        p.profiling = step == profiled
+        if p.profiling:
+            p.profiled = Window(start=t0, tokens_before=p.tokens_done)
+        elif not metered:
             if p.steady is None:
                 p.steady = Window(start=t0, tokens_before=p.tokens_done)
             p.steady_steps += 1
         # The first steps measure peak memory per phase (runner/rank/memtrack.py); later steps pay nothing.
         peaks: memtrack.Meter = meter if metered else memtrack.NoMeter()
-        loss_sum, my_tokens = _micro_steps(setup, engine, shape, p, peaks)
-        reduced = _reduce(setup, engine, loss_sum, my_tokens, engine.reduce_grads())
-        grad_norm, bad = _optimizer_step(engine, train.max_grad_norm, reduced, peaks)
+        with _profile(setup, p) as prof, step_split.mark(step_split.STEP_MARK, p.profiling):
+            loss_sum, my_tokens = _micro_steps(setup, engine, shape, p, peaks)
+            reduced = _reduce(setup, engine, loss_sum, my_tokens, engine.reduce_grads())
+            grad_norm, bad = _optimizer_step(engine, train.max_grad_norm, reduced, peaks)
+        if prof is not None:
+            p.split = prof.result
         _after_step(setup, engine, p, bad)
         lr = scheduler.get_last_lr()[0]
         scheduler.step()  # the lr follows the step count, skipped steps included
@@ -224,6 +239,11 @@ def _run_steps(setup: Setup, engine: Engine, shape: DataShape, scheduler: Any, p
     return _finish(setup, engine, p, meter)
 
 
+def _profile(setup: Setup, p: _Progress) -> AbstractContextManager[step_split.StepProfile | None]:
+    """torch's profiler over the step whose time is split; nothing on every other step."""
+    return step_split.StepProfile(not setup.on_cpu) if p.profiling else nullcontext()
+
+
 def _micro_steps(setup: Setup, engine: Engine, shape: DataShape, p: _Progress,
                  peaks: memtrack.Meter) -> tuple[Any, int]:
     """Forward and backward of the step's micro-batches; (summed loss, tokens of this process's rows)."""
@@ -236,22 +256,23 @@ def _micro_steps(setup: Setup, engine: Engine, shape: DataShape, p: _Progress,
     loss_sum = engine.zero_loss()
     my_tokens = 0
     for micro in range(GA):
-        start = base + (micro * engine.replicas + engine.replica) * B
-        rows = p.order[start : start + B]
-        batch = blocks[rows]
-        # Labels differ from the ids where tokens are not learned (data.train_on = "completions").
-        targets = batch if labels_all is None else labels_all[rows]
-        if mask is None:
-            batch_mask, labels = None, targets
-            my_tokens += int(batch.numel())
-        else:
-            batch_mask = mask[rows]
-            my_tokens += int(batch_mask.sum())
-            labels = targets.masked_fill(batch_mask == 0, -100)
-        micro_batch = MicroBatch(
-            input_ids=batch, attention_mask=batch_mask, labels=labels, index=micro, accumulation=GA,
-            learned=_learned_tokens(labels_all, mask, rows) if learned else 0, step_learned=learned,
-            first=p.step == p.start_step and micro == 0)
+        with step_split.mark(step_split.DATA_MARK, p.profiling):
+            start = base + (micro * engine.replicas + engine.replica) * B
+            rows = p.order[start : start + B]
+            batch = blocks[rows]
+            # Labels differ from the ids where tokens are not learned (data.train_on = "completions").
+            targets = batch if labels_all is None else labels_all[rows]
+            if mask is None:
+                batch_mask, labels = None, targets
+                my_tokens += int(batch.numel())
+            else:
+                batch_mask = mask[rows]
+                my_tokens += int(batch_mask.sum())
+                labels = targets.masked_fill(batch_mask == 0, -100)
+            micro_batch = MicroBatch(
+                input_ids=batch, attention_mask=batch_mask, labels=labels, index=micro, accumulation=GA,
+                learned=_learned_tokens(labels_all, mask, rows) if learned else 0, step_learned=learned,
+                first=p.step == p.start_step and micro == 0)
         loss_sum += engine.forward_backward(micro_batch, peaks)
     return loss_sum, my_tokens
 
@@ -331,7 +352,7 @@ def _finish(setup: Setup, engine: Engine, p: _Progress, meter: Any) -> Status:
     # Evaluations between steps are not training time; the metered steps are not the steady state.
     probes = p.probe.spans if p.probe is not None else []
     rate = throughput(Window(p.first_step_start, p.tokens_at_start), p.steady, p.steady_steps, p.last_step_end,
-                      p.tokens_done, [*p.eval_spans, *probes])
+                      p.tokens_done, [*p.eval_spans, *probes], steady_until=p.profiled)
     # Only a completed run with steady steps has an MFU; every rank agrees on both (the step's collective).
     probed = p.probe.record(setup) if p.probe is not None and p.status == "completed" and p.steady_steps else None
     saved = None
@@ -341,6 +362,8 @@ def _finish(setup: Setup, engine: Engine, p: _Progress, meter: Any) -> Status:
     measured: dict[str, Any] = {}
     if steps_done > p.start_step:
         measured = {**meter.result(), "measured_steps": min(steps_done - p.start_step, memtrack.MEASURED_STEPS)}
+    if p.split is not None:
+        measured["step_split"] = p.split.json()
     ranks = setup.memory.summary({**p.memory, **measured})
     end = ev.EndEvent(
         type="end",

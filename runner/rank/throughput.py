@@ -56,15 +56,17 @@ def _rate(tokens: int, seconds: float) -> float | None:
 
 
 def throughput(whole: Window, steady: Window | None, steady_steps: int, end: float, tokens_done: int,
-               evals: Sequence[tuple[float, float]] = ()) -> Throughput:
+               evals: Sequence[tuple[float, float]] = (), steady_until: Window | None = None) -> Throughput:
     """Steady-state and whole-window tokens/s of a run whose last step ended at ``end`` with
     ``tokens_done`` tokens trained; ``steady`` is the window of the first unmetered step (None: no such
     step ran); ``evals`` the (start, end) of what ran between steps and is not training (evaluations, the
-    CPU peak's probes: runner/rank/peak_probe.py)."""
+    CPU peak's probes: runner/rank/peak_probe.py); ``steady_until`` the start of a step after the steady ones
+    that the steady state leaves out (the profiled step, runner/rank/step_split.py), with the tokens before it."""
     seconds = _seconds(whole, end, evals)
     window_rate = _rate(tokens_done - whole.tokens_before, seconds)
     steady_rate = None
     if steady is not None and steady_steps > 0:
-        steady_rate = _rate(tokens_done - steady.tokens_before, _seconds(steady, end, evals))
+        stop, tokens = (steady_until.start, steady_until.tokens_before) if steady_until else (end, tokens_done)
+        steady_rate = _rate(tokens - steady.tokens_before, _seconds(steady, stop, evals))
     return Throughput(tokens_per_s=steady_rate, window_tokens_per_s=window_rate,
                       steady_steps=steady_steps if steady_rate is not None else 0, train_seconds=seconds)

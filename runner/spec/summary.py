@@ -24,6 +24,17 @@ class PhasePeaks(TypedDict, total=False):
     optimizer: int
 
 
+class StepSplitFigures(TypedDict):
+    """One profiled step's seconds by kind (:class:`runner.rank.step_split.StepSplit`)."""
+
+    wall_s: float
+    compute_s: float
+    comm_s: float
+    data_s: float
+    other_s: float
+    source: str
+
+
 class RankFigures(TypedDict, total=False):
     """What one rank measured about itself (the trainer's ``end`` event, one entry per rank)."""
 
@@ -57,6 +68,8 @@ class RankFigures(TypedDict, total=False):
     """The process's RSS before the model was built (the runtime: Python, torch, libraries)."""
     peak_allocated_bytes: int
     """``torch.cuda.max_memory_allocated`` over the run (GPU only)."""
+    step_split: StepSplitFigures
+    """Where the rank's profiled step went (runner/rank/step_split.py)."""
     peak_reserved_bytes: int
     source: str
 
@@ -294,6 +307,8 @@ class RunSummary:
     checkpoint: str | None = None
     """The newest complete checkpoint the run wrote (``runner.spec.checkpoint``), or None."""
     first_step_time: float | None = None
+    time_to_first_step: dict[str, Any] | None = None
+    """:func:`runner.spec.first_step.breakdown`: launch to the end of step 1, per stage (the watcher's, at step 1)."""
     last_step_time: float | None = None
     telemetry: TelemetrySummary | None = None
     mfu_peak: dict[str, Any] | None = None
@@ -308,6 +323,8 @@ class RunSummary:
     refused: bool | None = None
     sweep_note: str | None = None
     sweep_grid: str | None = None
+    committed_by_plan: str | None = None
+    """The plan (``ftui plan --commit``) whose winner this run is."""
     find_batch: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     """Keys this version does not declare (a newer version's, a user's own), kept as stored."""
@@ -366,6 +383,12 @@ def rank_peak(rank: Mapping[str, Any]) -> tuple[int | None, str]:
     if rank.get("peak_tensor_bytes"):
         return int(rank["peak_tensor_bytes"]), MEASURED_LIVE
     return None, "not measured"
+
+
+def error_pct(estimated: float, measured: float | None) -> float | None:
+    """An estimate's error in percent of what was measured (positive: the estimate is over); None without a
+    measured figure."""
+    return (estimated - measured) / measured * 100 if measured else None
 
 
 def rank_rss(rank: Mapping[str, Any]) -> tuple[int | None, int | None]:

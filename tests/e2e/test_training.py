@@ -36,8 +36,15 @@ def test_each_strategy_completes_and_stores_its_metrics(matrix: Matrix, strategy
     assert sum(losses[-3:]) / 3 < losses[0] - 0.05, f"loss did not go down: {losses}"
     summary = run.summary
     assert summary["train_seconds"] > 0 and summary["tokens_per_s"] > 0
-    # tokens/s is the steady state of the steps after the memory-metered first two; the whole window beside it.
-    assert summary["steady_steps"] == STEPS - 2 and summary["window_tokens_per_s"] > 0
+    # tokens/s is the steady state of the steps after the memory-metered first two, less the last (profiled);
+    # the whole window beside it.
+    assert summary["steady_steps"] == STEPS - 3 and summary["window_tokens_per_s"] > 0
+    # Every rank split its profiled step; only the multi-process strategies communicate.
+    for rank in summary["ranks"]:
+        split = rank["step_split"]
+        parts = [split[k] for k in ("compute_s", "comm_s", "data_s", "other_s")]
+        assert sum(parts) == pytest.approx(split["wall_s"]) and split["compute_s"] > 0
+        assert (split["comm_s"] > 0) == (strategy != "single"), split
     assert summary["final_loss"] == pytest.approx(losses[-1])
     # Every step, under every strategy, saw the global batch: 2 micro-steps of gradient accumulation.
     assert summary["tokens_per_step"] == TOKENS_PER_STEP

@@ -260,6 +260,10 @@ def _recipe_options(parser: argparse.ArgumentParser) -> None:
                         help="override launch.engine: what implements a ZeRO stage (deepspeed or torch)")
     parser.add_argument("--offload", choices=strategies.OFFLOADS,
                         help="override launch.offload: ZeRO state kept in host memory")
+    parser.add_argument("--replicate", type=int, metavar="R",
+                        help="override launch.replicate: hsdp's groups of processes that are replicas of each other")
+    parser.add_argument("--shard", type=int, metavar="S",
+                        help="override launch.shard: processes each hsdp group shards the model states over")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="override any recipe field, e.g. --set train.max_steps=50 (repeatable)")
     parser.add_argument("--name", help="override the recipe's name")
@@ -471,6 +475,9 @@ def _plan(sub: Any) -> None:
                    help="comma-separated strategies to consider (default: every launchable one)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a recipe field for every trial (repeatable)")
+    p.add_argument("--commit", action="store_true",
+                   help="then run the winner for real, to the recipe's train.max_steps (only when the plan "
+                        "names one: a tie launches nothing)")
     p.add_argument("--format", choices=["text", "json", "md"], default="text")
     db_option(p)
     p.set_defaults(handler="tui.cli.plan:cmd_plan")

@@ -9,11 +9,14 @@ import json
 from rich.console import Console
 from rich.text import Text
 
+from runner.analysis.ranking import Ranking
 from runner.analysis.track_record import host_track_record
 from runner.service import plan
 from runner.service.sweep import SweepItem, SweepResult
 from runner.spec.recipe import RecipeError
+from runner.spec.status import ENDED_BY_USER
 from runner.watch.procs import StopRequest
+from store import Store
 from tui.cli.common import open_store, settle_abandoned
 from tui.cli.exits import ExitCode, UsageError
 from tui.cli.progress import SweepProgress
@@ -94,4 +97,34 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if progress.stopped or stop.is_set():
         console.print(f"plan stopped: run the same command again to continue {setup.pid}", markup=False)
         return ExitCode.INTERRUPTED
-    return ExitCode.OK if any(e["status"] == "completed" for e in report["candidates"]) else ExitCode.FAILED
+    if not any(e["status"] == "completed" for e in report["candidates"]):
+        return ExitCode.FAILED
+    return _commit(args, store, setup, found[1] if found else None, console) if args.commit else ExitCode.OK
+
+
+def _commit(args: argparse.Namespace, store: Store, setup: plan.Setup, ranking: Ranking | None,
+            console: Console) -> int:
+    """``--commit``: the winner run for real, followed like ``ftui run``; a plan without a winner launches
+    nothing and says why (exit 1: the plan itself is stored and complete)."""
+    live = SweepProgress(console)
+
+    def on_start(item: SweepItem, run_id: int) -> None:
+        console.print(f"commit: run {run_id} · {item.strategy} x {item.nproc} · {item.note}", markup=False)
+        live.begin(f"run {run_id} {item.strategy}")
+
+    stop = StopRequest()
+    restore = stop.install()
+    try:
+        result = plan.commit(store, args.recipe, setup, ranking, args.overrides, on_start=on_start,
+                             on_event=live.on_event, stop=stop)
+    except plan.PlanError as exc:
+        console.print(str(exc), markup=False)
+        return ExitCode.FAILED
+    finally:
+        live.end()
+        restore()
+    console.print(f"run {result.run_id}: {result.status}" + (f": {result.reason}" if result.reason else ""),
+                  markup=False)
+    if result.status == "completed":
+        return ExitCode.OK
+    return ExitCode.INTERRUPTED if result.status in ENDED_BY_USER else ExitCode.FAILED

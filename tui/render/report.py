@@ -20,9 +20,10 @@ from runner.analysis.mfu import Peak
 from runner.analysis.run_peak import stored_mfu
 from runner.hardware.records import SOURCE_LABELS
 from runner.planner.error_band import Band
+from runner.spec import first_step
 from runner.spec.events import RECIPE_FILE
 from runner.spec.strategies import STRATEGIES, recipe_global_batch
-from runner.spec.summary import RunSummary, model_state_bytes, rank_peak, rank_rss
+from runner.spec.summary import RunSummary, busiest_peak, error_pct, model_state_bytes, rank_peak, rank_rss
 from store import MetricPoint, NamedMetricPoint, RunInfo
 from tui.render.plain import row as text_row
 from tui.render.words import distributed_words, strategy_words
@@ -153,6 +154,10 @@ def run_summary_table(run: RunInfo | None) -> Table:
     if batch:  # what tokens/s means: a --nproc 2 DDP run trains twice the rows of a single one per step
         table.add_row("global batch", batch[0], batch[1])
     table.add_row("training time", fmt_seconds(run.train_seconds), "measured (first to last step)")
+    if run.summary.time_to_first_step:  # launch to the end of step 1, and where it went (runner.spec.first_step)
+        ttfs = run.summary.time_to_first_step
+        table.add_row("time to first step", fmt_seconds(first_step.total_seconds(ttfs)),
+                      f"measured (launch to step 1's end): {first_step.stages_words(ttfs) or '-'}")
     for row in tokens_per_s_rows(run):
         table.add_row(*row)
     table.add_row("final loss", _num(run.final_loss, ".4f"), "measured (mean over ranks)")
@@ -299,16 +304,16 @@ def estimate_vs_measured(summary: RunSummary) -> list[tuple[str, int, float | No
         # of the same kind is added (a ZeRO offload; on a CPU-only machine both are host memory).
         host = {"params": "params", "grads": "grads", "optimizer state": "optimizer", "fp32 master": "master"}
         est = int(est) + int((per_device.get("offloaded") or {}).get(host.get(kind, ""), 0))
+        measured: float | None
         if key_meas == "peak":
-            values = [v for r in ranks if (v := rank_peak(r)[0]) is not None]
+            measured = busiest_peak(ranks)[0]
         else:
             values = [v for r in ranks if (v := _dig(r, key_meas)) is not None]
-        if how == "max":
-            measured: float | None = max(values) if values else None
-        else:
-            measured = sum(values) / len(values) if values else None
-        err = (est - measured) / measured * 100 if measured else None
-        out.append((kind, est, measured, err))
+            if how == "max":
+                measured = max(values) if values else None
+            else:
+                measured = sum(values) / len(values) if values else None
+        out.append((kind, est, measured, error_pct(est, measured)))
     return out
 
 

@@ -23,13 +23,14 @@ from textual.widgets import Button, Checkbox, Footer, Header, Input, Label, Sele
 from textual.worker import get_current_worker
 
 from runner import planner as E
-from runner.service import launch
+from runner.service import decisions, launch
 from runner.spec import strategies
 from runner.spec.launch import build_launch
 from runner.spec.recipe import Recipe, RecipeError, parse_recipe
 from runner.spec.recipe_edit import changed_fields, edited_text, moved_paths
-from runner.watch.host import nproc_over_host
+from runner.watch.host import nproc_over_host, runs_on_cpu
 from runner.watch.preflight import check_files
+from store import Store
 from tui.app.messages import EstimateReady, LaunchFailed, PreviewReady, RunLaunched
 from tui.app.screens.modals import ConfirmScreen, PickFileScreen, PromptScreen
 from tui.render.report import fmt_bytes
@@ -111,10 +112,11 @@ def override(field: Field, text: str) -> str | None:
     return f"{field.path}={json.dumps(text)}"
 
 
-def estimate_text(recipe: Recipe, probe: Any) -> Text:
+def estimate_text(recipe: Recipe, probe: Any, store: Store | None = None) -> Text:
     """Memory per device under each strategy and the recommended one, as ``ftui estimate`` computes
-    them (``runner.planner``; the model's shape from its config, never from the network). Blocking
-    (config files, NVML): call from a worker."""
+    them (``runner.planner``; the model's shape from its config, never from the network), and what
+    ``ftui plan`` measured for the recipe on this host (``store``'s plans). Blocking (config files, NVML,
+    the store): call from a worker."""
     try:
         source = E.resolve_model_shape(recipe.model.name, allow_network=False)
         inp = E.inputs_from_recipe(recipe, shape=source.shape)
@@ -138,6 +140,9 @@ def estimate_text(recipe: Recipe, probe: Any) -> Text:
         out.append(f"  {mark} {name:<6} {fmt_bytes(entry['per_device_bytes']['total']):>10}{star}{mine}\n",
                    style="bold" if star else "")
     out.append(f"★ recommended: {rec['strategy'] or 'none'}: {rec['reason']}")
+    if store is not None:
+        for past in decisions.for_recipe(store, recipe, source.shape, runs_on_cpu(recipe)):
+            out.append(f"\n{past.line()}", style="bold")
     return out
 
 
@@ -388,7 +393,7 @@ class ComposeScreen(Screen[None]):
         time.sleep(ESTIMATE_DEBOUNCE_S)
         if worker.is_cancelled:
             return
-        text = estimate_text(recipe, self.ftui.probe)
+        text = estimate_text(recipe, self.ftui.probe, self.ftui.store)
         if not worker.is_cancelled:
             self.post_message(EstimateReady(text))
 
