@@ -16,7 +16,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -27,7 +26,6 @@ from runner.spec import watching
 from runner.spec.paths import home, make_private_dir, slug
 from runner.spec.recipe import Recipe, RecipeError, parse_recipe
 from runner.spec.status import DONE, NOT_STARTED, PENDING, QUEUED, STARTED, entry_state
-from runner.watch import procs
 from runner.watch.follow import WatchOptions
 from runner.watch.host import run_devices
 from runner.watch.journal import ProcessLock
@@ -38,9 +36,6 @@ from store.queue import QueueEntryInfo
 RUNNER_MODULE = "runner.service.queue_runner"
 """``python -m`` of the queue runner."""
 CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"
-RUNNER_WAIT_S = 10.0
-"""How long starting a queue runner waits for it to hold the queue lock (its imports take about a second on
-the 2-core dev machine), so that a ``ftui queue`` right after ``queue add`` finds it alive."""
 
 
 class QueueRefused(Exception):
@@ -207,18 +202,23 @@ def runner_pid(db_url: str) -> int | None:
 
 def ensure_runner(db_url: str) -> int | None:
     """Start this host's queue runner of the store at ``db_url`` when none is alive: a process in a session
-    of its own (it outlives the terminal and the dashboard); its pid, or None when one was alive. Waits
-    (briefly) until it holds the queue lock. Two callers at once may both start one: the second finds the
-    lock taken and exits."""
+    of its own (it outlives the terminal and the dashboard); its pid, or None when one was alive. This
+    process takes the queue lock and hands it to the runner (``--lock-fd``), so there is no moment in which
+    a second caller finds neither holding it and starts a second runner."""
     lock = runner_lock(db_url)
-    if lock.held_elsewhere():
+    if not lock.acquire():
         return None
-    url = canonical_url(db_url)
-    argv = [sys.executable, "-m", RUNNER_MODULE, "--db", url]
-    child: subprocess.Popen[bytes] = procs.spawn(argv, {}, lock.path.parent, lock.path.with_suffix(".log"))
-    deadline = time.monotonic() + RUNNER_WAIT_S
-    while child.poll() is None and not lock.held_elsewhere() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    fd = lock.fileno()
+    assert fd is not None
+    argv = [sys.executable, "-m", RUNNER_MODULE, "--db", canonical_url(db_url), "--lock-fd", str(fd)]
+    log = open(lock.path.with_suffix(".log"), "ab")  # noqa: SIM115 (the runner keeps its own descriptor)
+    try:
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 cwd=lock.path.parent, start_new_session=True, pass_fds=(fd,))
+        lock.name_holder(child.pid)
+    finally:
+        log.close()
+        lock.release()  # the runner holds the same open file, and with it the lock
     return child.pid
 
 

@@ -188,13 +188,16 @@ def poll_seconds() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m runner.service.queue_runner --db URL``: serve this host's queue until it is empty; exit at
-    once when another runner of this host and store is alive."""
+    """``python -m runner.service.queue_runner --db URL [--lock-fd FD]``: serve this host's queue until it is
+    empty; exit at once when another runner of this host and store is alive."""
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}")
     parser.add_argument("--db", required=True)
+    parser.add_argument("--lock-fd", type=int, help="the queue lock, taken and handed over by the starting process")
     args = parser.parse_args(argv)
     lock = runner_lock(args.db)
-    if not lock.acquire():
+    if args.lock_fd is not None:
+        lock.take_over(args.lock_fd)
+    elif not lock.acquire():
         return 0
     try:
         store = Store(args.db)

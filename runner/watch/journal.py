@@ -179,11 +179,24 @@ class ProcessLock:
         except OSError:
             os.close(fd)
             return False
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, f"{os.getpid()} {os.uname().nodename}\n".encode())
         self._fd = fd
+        self.name_holder(os.getpid())
         return True
+
+    def name_holder(self, pid: int) -> None:
+        """Write ``pid`` (and this host) into the file as the holder's: this process, or the child it hands
+        the lock to."""
+        assert self._fd is not None, "the lock is not held"
+        os.ftruncate(self._fd, 0)
+        os.lseek(self._fd, 0, os.SEEK_SET)
+        os.write(self._fd, f"{pid} {os.uname().nodename}\n".encode())
+
+    def take_over(self, fd: int) -> None:
+        """Hold the lock through ``fd``, inherited from the process that took it (a ``flock`` belongs to the
+        open file, so the hand-over leaves no moment without a holder); the file then names this process."""
+        os.set_inheritable(fd, False)
+        self._fd = fd
+        self.name_holder(os.getpid())
 
     def fileno(self) -> int | None:
         """The descriptor holding the lock (to hand it to a child with ``pass_fds``)."""
@@ -228,9 +241,5 @@ class WatcherLock(ProcessLock):
         """The lock held through ``fd``, inherited from the process that handed the run over (a
         ``flock`` belongs to the open file, so the hand-over leaves no moment without a holder)."""
         lock = cls(run_dir)
-        os.set_inheritable(fd, False)
-        lock._fd = fd
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, f"{os.getpid()} {os.uname().nodename}\n".encode())
+        lock.take_over(fd)
         return lock
