@@ -111,8 +111,9 @@ class QueueRunner:
         """One look: settle, record the ends, start what can start. Whether anything is left to do."""
         recover_all(self.store)  # a run whose watcher died holds its devices no longer than it lives
         for entry in entries_store.entries(self.store, self.host, (STARTED,)):
-            if settle(self.store, entry) != STARTED:
-                self.say(f"entry {entry.id}: {entry.name}: ended (run {entry.run_id})")
+            state = settle(self.store, entry)
+            if state != STARTED:
+                self.say(f"entry {entry.id}: {entry.name}: {state} (run {entry.run_id}, {entry.run_status})")
         waiting = entries_store.entries(self.store, self.host, (QUEUED,))
         for entry in to_start(waiting, self.held()):
             self.start(entry)
