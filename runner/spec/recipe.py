@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from runner.spec import layout, strategies, zero
-from runner.spec.builtin import BUILTIN_PREFIX, PYDOC_CORPUS, TINY_LLAMA
+from runner.spec.builtin import BUILTIN_PREFIX, PYDOC_CORPUS, TINY_LLAMA, known_model_problem
 from runner.spec.rendezvous import NodesError, split_endpoint
 from runner.spec.units import parse_bytes
 
@@ -314,8 +314,9 @@ class Recipe(_Section):
     @model_validator(mode="after")
     def _check_consistency(self) -> Recipe:
         launch = self.launch
-        if self.model.name.startswith(BUILTIN_PREFIX) and self.model.name != TINY_LLAMA:
-            raise ValueError(f"model.name: unknown builtin model {self.model.name!r} (have {TINY_LLAMA})")
+        builtin_problem = known_model_problem(self.model.name) if self.model.name.startswith(BUILTIN_PREFIX) else None
+        if builtin_problem:
+            raise ValueError(f"model.name: {builtin_problem}")
         strategy = strategies.get(launch.strategy)
         problem = strategy.nproc_problem(launch.nproc * (launch.nnodes or 1))  # the world, over every machine
         if problem:
