@@ -27,12 +27,12 @@ from typing import Any, Literal
 import torch
 
 from runner.rank import evaluate, memtrack, peak_probe, step_split
-from runner.rank.router_load import RouterLoad, experts_of, load_summary
 from runner.rank.checkpointing import check_resume
 from runner.rank.context import DataShape, Setup
 from runner.rank.engine import Engine, MicroBatch
 from runner.rank.measure import gather_list
 from runner.rank.model_load import load_model
+from runner.rank.router_load import RouterLoad, experts_of, load_summary
 from runner.rank.throughput import Window, throughput
 from runner.spec import events as ev
 from runner.spec import layout, zero

@@ -39,7 +39,7 @@ def routed_indices(output: Any, top_k: int) -> torch.Tensor:
     """The experts each token went to: a router's ``indices`` (its third output), else the top-k of its
     logits (the first, or the only, output)."""
     if isinstance(output, tuple) and len(output) >= 3:
-        return output[2]
+        return torch.as_tensor(output[2])
     logits = output[0] if isinstance(output, tuple) else output
     return torch.topk(logits, top_k, dim=-1).indices
 

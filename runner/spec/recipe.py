@@ -102,7 +102,7 @@ PathText = Annotated[str, AfterValidator(_path_text)]
 
 class ModelSection(_Section):
     name: PathText = TINY_LLAMA
-    """``builtin:tiny-llama``, a local folder, or a Hugging Face hub id."""
+    """``builtin:tiny-llama``, ``builtin:tiny-mixtral`` (a mixture of experts), a local folder, or a hub id."""
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """Dtype the weights are loaded in; ``auto`` follows train.precision for LoRA, fp32 for full."""
     trust_remote_code: bool = False
@@ -270,6 +270,9 @@ class LaunchSection(_Section):
     """``tp``: processes each weight matrix is split over; None: ``nproc``. Smaller (it must divide
     ``nproc``): ``nproc / tp_size`` tensor-parallel groups train as data parallel replicas, each on its
     own ``batch_size`` rows (a 2-D device mesh, gradients averaged over the replicas)."""
+    ep_size: PositiveInt | None = None
+    """Expert parallelism (processes a mixture of experts' experts are spread over): only 1 (None) is taken,
+    :func:`runner.spec.layout.expert_parallel_problem` says why."""
 
     @field_validator("strategy")
     @classmethod
@@ -314,9 +317,8 @@ class Recipe(_Section):
     @model_validator(mode="after")
     def _check_consistency(self) -> Recipe:
         launch = self.launch
-        builtin_problem = known_model_problem(self.model.name) if self.model.name.startswith(BUILTIN_PREFIX) else None
-        if builtin_problem:
-            raise ValueError(f"model.name: {builtin_problem}")
+        if self.model.name.startswith(BUILTIN_PREFIX) and (unknown := known_model_problem(self.model.name)):
+            raise ValueError(f"model.name: {unknown}")
         strategy = strategies.get(launch.strategy)
         problem = strategy.nproc_problem(launch.nproc * (launch.nnodes or 1))  # the world, over every machine
         if problem:
