@@ -115,11 +115,14 @@ class Candidate:
     """Why it is not raced (not launchable here, does not fit, over the budget); None: raced."""
     note: str = ""
     """What the output says beside it (the batch split, a "might not fit" raced anyway)."""
+    mesh: str = ""
+    """An ``hsdp`` candidate's mesh, replicate x shard (``2x2``); empty for other strategies."""
 
     @property
     def label(self) -> str:
-        """``ddp x2 [launch.engine=torch]``: as :func:`runner.analysis.verdict.label` names its runs."""
-        base = self.strategy + (f" x{self.nproc}" if self.nproc > 1 else "")
+        """``ddp x2 [launch.engine=torch]`` or ``hsdp 2x2``: as :func:`runner.analysis.verdict.label` names its
+        runs."""
+        base = f"{self.strategy} {self.mesh}" if self.mesh else self.strategy + (f" x{self.nproc}" if self.nproc > 1 else "")
         return f"{base} [{self.grid}]" if self.grid else base
 
     def key(self) -> tuple[str, int, str]:
@@ -155,8 +158,9 @@ def _variant(base: Candidate, loader: Loader, estimator: Estimator, memory: Memo
     except RecipeError as exc:
         return replace(made, skip=f"refused: {exc}")
     launch = recipe.launch
+    sizes = layout.mesh(recipe)
     made = replace(made, engine=launch.engine, checkpointing=recipe.train.gradient_checkpointing,
-                   offload=launch.offload)
+                   offload=launch.offload, mesh=layout.mesh_text(sizes) if sizes is not None else "")
     need = estimator(recipe)
     budget = memory.per_rank(made.nproc)
     if need is None:

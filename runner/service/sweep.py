@@ -23,8 +23,9 @@ from typing import Any
 from runner.service.launch import default_nproc
 from runner.spec import layout
 from runner.spec import strategies as table
-from runner.spec.recipe import Recipe, RecipeError, dump_toml, load_recipe
+from runner.spec.recipe import Recipe, RecipeError, load_recipe
 from runner.spec.status import ENDED_BY_USER
+from runner.spec.toml_text import dump_toml
 from runner.watch.follow import Stop, WatchOptions, execute
 from runner.watch.preflight import check_host_nproc, check_inputs, preflight
 from runner.watch.prepare import prepare, record_summary
@@ -42,6 +43,13 @@ class SweepItem:
     """``train.batch_size=2`` for a grid point, empty without a grid."""
     note: str
     """How the batch was kept fair, for the output."""
+    mesh: str = ""
+    """An ``hsdp`` run's mesh, replicate x shard (``2x2``); empty for other strategies."""
+
+    @property
+    def label(self) -> str:
+        """``ddp x 4``, or ``hsdp 2x2`` (its mesh says its processes)."""
+        return f"{self.strategy} {self.mesh}" if self.mesh else f"{self.strategy} x {self.nproc}"
 
 
 @dataclass(frozen=True)
@@ -89,9 +97,12 @@ def plan(recipe_path: Path, strategies: Sequence[str], nproc: int | None, sets: 
             split = layout.keep_global_batch(strategy, n, micro, base.train.grad_accum)
             overrides += split.overrides(micro, base.train.grad_accum)
             note = split.note
+            mesh = ""
+            if table.get(strategy).hybrid:  # the sweep's runs are on this machine: no nnodes
+                mesh = layout.mesh_text(layout.hsdp_mesh(n, 1, base.launch.replicate, base.launch.shard))
             for k in range(repeat):
                 again = f"; repeat {k + 1}/{repeat}" if repeat > 1 else ""
-                items.append(SweepItem(strategy, n, overrides, " ".join(point), note + again))
+                items.append(SweepItem(strategy, n, overrides, " ".join(point), note + again, mesh))
     return items
 
 

@@ -29,6 +29,7 @@ from pydantic import (
 from runner.spec import layout, strategies, zero
 from runner.spec.builtin import BUILTIN_PREFIX, PYDOC_CORPUS, TINY_LLAMA, known_model_problem
 from runner.spec.rendezvous import NodesError, split_endpoint
+from runner.spec.toml_text import dump_toml
 from runner.spec.units import parse_bytes
 
 
@@ -270,6 +271,13 @@ class LaunchSection(_Section):
     """``tp``: processes each weight matrix is split over; None: ``nproc``. Smaller (it must divide
     ``nproc``): ``nproc / tp_size`` tensor-parallel groups train as data parallel replicas, each on its
     own ``batch_size`` rows (a 2-D device mesh, gradients averaged over the replicas)."""
+    replicate: PositiveInt | None = None
+    """``hsdp``: groups of processes that are replicas of each other (``--replicate``); ``replicate`` x
+    ``shard`` = every process over every machine. None: ``nnodes`` on several machines, else 2, or what
+    ``shard`` leaves. Other strategies ignore it (:func:`runner.spec.layout.hsdp_mesh`)."""
+    shard: PositiveInt | None = None
+    """``hsdp``: processes each group shards the parameters, gradients and optimizer state over
+    (``--shard``); None: what ``replicate`` leaves (on several machines: ``nproc``, one group per machine)."""
     ep_size: PositiveInt | None = None
     """Expert parallelism (processes a mixture of experts' experts are spread over): only 1 (None) is taken,
     :func:`runner.spec.layout.expert_parallel_problem` says why."""
@@ -563,38 +571,3 @@ def _find_line(text: str, path: str) -> int | None:
         if full == path or (current == want and match.group(1) == key):
             return number
     return None
-
-
-# --------------------------------------------------------------------------- writing
-
-
-def dump_toml(data: dict[str, Any]) -> str:
-    """Write nested dicts of TOML scalars/lists as TOML text (scalars first, then sections)."""
-    lines: list[str] = []
-    _dump_table(data, [], lines)
-    return "\n".join(lines).strip() + "\n"
-
-
-def _dump_table(table: dict[str, Any], prefix: list[str], lines: list[str]) -> None:
-    scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
-    tables = {k: v for k, v in table.items() if isinstance(v, dict)}
-    if prefix and scalars:
-        lines.append(f"\n[{'.'.join(prefix)}]")
-    for key, value in scalars.items():
-        if value is None:
-            continue  # TOML has no null: an absent key means the default (None)
-        lines.append(f"{key} = {_toml_value(value)}")
-    for key, value in tables.items():
-        _dump_table(value, [*prefix, key], lines)
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {type(value).__name__} as TOML")

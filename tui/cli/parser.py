@@ -224,6 +224,10 @@ def _run(sub: Any) -> None:
                      help="override launch.engine: what implements a ZeRO stage (deepspeed or torch)")
     run.add_argument("--offload", choices=strategies.OFFLOADS,
                      help="override launch.offload: ZeRO state kept in host memory")
+    run.add_argument("--replicate", type=int, metavar="R",
+                     help="override launch.replicate: hsdp's groups of processes that are replicas of each other")
+    run.add_argument("--shard", type=int, metavar="S",
+                     help="override launch.shard: processes each hsdp group shards the model states over")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                      help="override any recipe field, e.g. --set train.max_steps=50 (repeatable)")
     run.add_argument("--name", help="override the recipe's name")

@@ -16,6 +16,7 @@ from runner.analysis.noise import Spread
 from runner.analysis.ranking import Ranking, Standing
 from runner.analysis.track_record import Record
 from runner.service.plan import Candidate, Progress, Setup
+from runner.spec import first_step as fs
 from tui.render.report import fmt_bytes
 
 
@@ -61,6 +62,7 @@ def candidate_entry(c: Candidate, standing: Standing | None, left: int,
         "utilisation": {"mean_pct": standing.util if standing else None,
                         "source": standing.util_source if standing else None},
         "time_to_first_step_s": _spread(standing.first_step_s) if standing else None,
+        "time_to_first_step_split": standing.first_step_split if standing else {},
         "time_split": standing.time_split.json() if standing and standing.time_split else None,
         "time_split_text": standing.time_split.sentence() if standing and standing.time_split else None,
     }
@@ -117,13 +119,15 @@ def _cells(e: dict[str, Any]) -> list[str]:
 
 HEADERS = ("candidate", "result", "tokens/s", "est. mem", "meas. mem", "util", "1st step", "runs")
 """tokens/s: steady-state median (min-max over the repeats); est. mem: the planner's per device; meas. mem:
-the busiest rank's measured peak; 1st step: seconds from launch to the first step."""
+the busiest rank's measured peak; 1st step: seconds from launch to the end of step 1 (median; its stages on
+the candidate's line under the table: :mod:`runner.spec.first_step`)."""
 
 
 def _notes(e: dict[str, Any]) -> str:
-    """A candidate's line under the table: why it was not raced or did not complete, else its batch split and
-    where a step's time went."""
-    line = f"{e['label']}: {e['reason'] or e['batch']}"
+    """A candidate's line under the table: why it was not raced or did not complete, else its batch split;
+    then where its time to first step went, and where a step's time went."""
+    split = fs.stages_words({"seconds": e["time_to_first_step_split"]})
+    line = f"{e['label']}: {e['reason'] or e['batch']}" + (f"; to first step (s): {split}" if split else "")
     return line + (f"; a step: {e['time_split_text']}" if e.get("time_split_text") else "")
 
 
