@@ -103,7 +103,8 @@ PathText = Annotated[str, AfterValidator(_path_text)]
 
 class ModelSection(_Section):
     name: PathText = TINY_LLAMA
-    """``builtin:tiny-llama``, ``builtin:tiny-mixtral`` (a mixture of experts), a local folder, or a hub id."""
+    """``builtin:tiny-llama``, ``builtin:tiny-mixtral`` or ``builtin:tiny-qwen2-moe`` (mixtures of experts), a
+    local folder, or a hub id."""
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """Dtype the weights are loaded in; ``auto`` follows train.precision for LoRA, fp32 for full."""
     trust_remote_code: bool = False

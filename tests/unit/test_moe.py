@@ -137,3 +137,19 @@ def test_an_unknown_builtin_model_names_the_builtin_ones() -> None:
 
     with pytest.raises(ValueError, match="builtin:tiny-llama, builtin:tiny-mixtral"):
         parse_recipe('[model]\nname = "builtin:tiny-moe"\n', source="t")
+
+
+def test_the_builtin_qwen2_moe_is_counted_and_its_router_load_read() -> None:
+    """Qwen2-MoE's routed experts beside a shared expert: every parameter counted; its activations are estimated
+    with the Llama layer and labelled so; its router (``Qwen2MoeTopKRouter``) is found and counted like Mixtral's."""
+    config = builtin.model_config(builtin.TINY_QWEN2_MOE, VOCAB)
+    model = _model(config)
+    shape = shape_from_config(config)
+    assert shape.total_params == sum(p.numel() for p in model.parameters())
+    assert shape.approximate is not None and "'qwen2_moe' is not modelled" in shape.approximate
+    load = RouterLoad(model, config.num_hidden_layers, config.num_experts)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    with torch.no_grad():
+        model(input_ids=ids)
+    counts = load.take().view(config.num_hidden_layers, config.num_experts)
+    assert counts.sum(dim=1).tolist() == [BATCH * SEQ * config.num_experts_per_tok] * config.num_hidden_layers
