@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from transformers import LlamaConfig, MixtralConfig, PretrainedConfig, PreTrainedTokenizerFast, Qwen2MoeConfig
+    from transformers import LlamaConfig, MixtralConfig, PretrainedConfig, PreTrainedTokenizerFast
 
 BUILTIN_PREFIX = "builtin:"
 TINY_LLAMA = "builtin:tiny-llama"
