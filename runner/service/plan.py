@@ -69,6 +69,10 @@ TRIAL_SETS = ("train.save=false", "train.save_every=0", "train.eval_every=0")
 none and refuse ``save_every``) and no evaluation between steps."""
 
 
+PLAN_PREFIX = "plan-"
+"""How every plan's id begins (the sweep column of its trials): what tells a plan from a sweep."""
+
+
 class PlanError(ValueError):
     """Bad input to a plan (one line naming the flag or field)."""
 
@@ -264,7 +268,7 @@ def plan_id(base: Recipe, strategies: Sequence[str], nproc: int, steps: int, hos
     """The plan's id: a digest of what it measures (the recipe with its ``--set`` values, the strategies,
     processes, steps and host), so that the same command finds its trials again."""
     what = json.dumps([base.digest(), sorted(strategies), nproc, steps, host])
-    return f"plan-{base.name[:24]}-{hashlib.sha256(what.encode()).hexdigest()[:12]}"
+    return f"{PLAN_PREFIX}{base.name[:24]}-{hashlib.sha256(what.encode()).hexdigest()[:12]}"
 
 
 @dataclass(frozen=True)
@@ -441,8 +445,10 @@ class Setup:
 
 
 def setup(recipe_path: Path, sets: Sequence[str], strategies: Sequence[str] | None, nproc: int | None,
-          steps: int | None = None, repeat: int = 1) -> Setup:
-    """The plan of ``ftui plan`` on this host, checked before anything is recorded.
+          steps: int | None = None, repeat: int = 1, inputs: bool = True) -> Setup:
+    """The plan of ``ftui plan`` on this host, checked before anything is recorded. ``inputs``: check the
+    recipe's data and model as the pre-flight does (which tokenizes data not cached yet: the dashboard leaves
+    that to the plan's own process, and imports neither transformers nor torch).
 
     Raises:
         RecipeError: the recipe or its inputs are unusable (one line naming the field).
@@ -459,7 +465,8 @@ def setup(recipe_path: Path, sets: Sequence[str], strategies: Sequence[str] | No
     if unknown:
         raise PlanError(f"--strategies: unknown {', '.join(unknown)} (choose from {', '.join(table.names())})")
     base = load_recipe(recipe_path, sets)
-    check_inputs(base)
+    if inputs:
+        check_inputs(base)
     n = nproc if nproc is not None else default_nproc()
     on_cpu = runs_on_cpu(base)
     memory = host_memory(on_cpu)

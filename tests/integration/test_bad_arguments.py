@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from store import Store
+from store.queue import entries
 from tests.support import ROOT
 from tests.support.in_process import command_names
 
@@ -33,6 +34,7 @@ CASES = [
     ["plan", QUICK, "--steps", "1"],
     ["db", "nope"],
     ["slurm", QUICK, "--nodes", "0"],
+    ["queue", "add", QUICK, "--set", "data.source=\"nope.jsonl\""],
 ]
 
 
@@ -45,6 +47,7 @@ def test_bad_arguments_in_a_real_process(tmp_path: Path, argv: list[str]) -> Non
     assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("ftui: "), proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "ftui.db").exists() or Store(env["FTUI_DB"]).list_runs() == []
+    assert not (tmp_path / "ftui.db").exists() or entries(Store(env["FTUI_DB"])) == [], "nothing queued"
 
 
 def test_every_command_has_a_real_process_case() -> None:
