@@ -17,8 +17,8 @@ Shard = str
 ``grads``, ``params`` (tensor parallel: a slice of each sharded matrix, with its gradient and
 optimizer state); or ``layers`` (model and pipeline parallel: each device holds a slice of the layers)."""
 
-OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+params")
-"""``launch.offload`` values: what lives in host memory instead of the device."""
+OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+params", "nvme")
+"""``launch.offload`` values: what lives in host memory (``nvme``: on an NVMe folder) instead of the device."""
 
 
 @dataclass(frozen=True)
