@@ -70,6 +70,15 @@ class EstimateInput:
     pp_schedule: str = "gpipe"
     tp_size: int | None = None
     """``tp``: processes each weight matrix is split over (``launch.tp_size``); None: every device."""
+    cp_size: int = 1
+    """Context parallelism: processes each sequence is split over (``launch.cp_size``)."""
+    fp8: bool = False
+    """torchao float8 training of the decoder's Linear layers (``train.precision = "fp8"``; ``precision`` is
+    then the bf16 of everything else)."""
+    activation_offload: bool = False
+    """Saved activations in pinned host memory (``train.activation_offload``)."""
+    nvme_offload: bool = False
+    """What offload moves goes to an NVMe folder (``launch.offload = "nvme"``), not host memory."""
 
 
 

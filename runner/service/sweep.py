@@ -24,8 +24,8 @@ from runner.service.launch import default_nproc
 from runner.spec import layout
 from runner.spec import strategies as table
 from runner.spec.recipe import Recipe, RecipeError, load_recipe
-from runner.spec.toml_text import dump_toml
 from runner.spec.status import ENDED_BY_USER
+from runner.spec.toml_text import dump_toml
 from runner.watch.follow import Stop, WatchOptions, execute
 from runner.watch.preflight import check_host_nproc, check_inputs, preflight
 from runner.watch.prepare import prepare, record_summary
