@@ -87,6 +87,10 @@ def _offload_problem(recipe: Recipe) -> str | None:
     launch = recipe.launch
     if recipe.train.activation_offload and launch.device == "cpu":
         return f"train.activation_offload: {OFFLOAD_ON_CPU} (launch.device is 'cpu')"
+    row = strategies.resolve(launch.strategy, launch.engine)
+    if recipe.train.activation_offload and (row.layer_split or row.tensor_parallel):
+        return (f"train.activation_offload: the {row.name} engine runs its own forward; activation offload "
+                "runs on the accelerate and DeepSpeed engines")
     if launch.offload == "nvme" and not launch.nvme_path:
         return "launch.nvme_path: launch.offload = 'nvme' needs the NVMe folder DeepSpeed swaps into"
     if launch.nvme_path and launch.offload != "nvme":
