@@ -223,7 +223,10 @@ def _run(sub: Any) -> None:
     run.add_argument("--engine", choices=strategies.engine_names(),
                      help="override launch.engine: what implements a ZeRO stage (deepspeed or torch)")
     run.add_argument("--offload", choices=strategies.OFFLOADS,
-                     help="override launch.offload: ZeRO state kept in host memory")
+                     help="override launch.offload: ZeRO state kept in host memory (nvme: on --nvme-path)")
+    run.add_argument("--nvme-path", metavar="DIR", help="override launch.nvme_path: the NVMe folder of offload nvme")
+    run.add_argument("--cp-size", type=int, metavar="N",
+                     help="override launch.cp_size: processes each sequence is split over (context parallel, GPUs)")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                      help="override any recipe field, e.g. --set train.max_steps=50 (repeatable)")
     run.add_argument("--name", help="override the recipe's name")

@@ -53,7 +53,7 @@ def load_run_recipe(args: argparse.Namespace) -> Recipe:
                     nproc = launch.default_nproc()
         if nproc is not None:
             overrides.append(f"launch.nproc={nproc}")
-        for field in ("engine", "offload"):
+        for field in ("engine", "offload", "cp_size", "nvme_path"):
             if getattr(args, field, None):
                 overrides.append(f"launch.{field}={json.dumps(getattr(args, field))}")
         return _load(args, overrides)
