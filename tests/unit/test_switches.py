@@ -5,6 +5,7 @@ real GPU paths are the ``gpu``-marked tests in tests/system/test_gpu_switches.py
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import replace
 
 import pytest
@@ -17,9 +18,11 @@ from runner.planner.activations import activation_bytes
 from runner.planner.memory import breakdown_json
 from runner.planner.switches import ring_buffer_bytes
 from runner.rank import gpu_switches
-from runner.spec import switches
+from runner.service import sweep
+from runner.spec import layout, strategies, switches
 from runner.spec.deepspeed_config import deepspeed_config
-from runner.spec.recipe import RecipeError, parse_recipe
+from runner.spec.recipe import RecipeError, load_recipe, parse_recipe
+from tests.support import QUICKSTART
 from tui.render.report import switch_text
 
 LLAMA = shape_from_config(LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=4,
@@ -198,3 +201,18 @@ def test_the_report_row_says_which_switches_were_live() -> None:
     assert switch_text({"cp_size": 2, "fp8_linears": 28, "activation_offload": True}) == (
         "context parallel over 2 · fp8 in 28 Linear layers · activations saved to host")
     assert switch_text({"cp_size": 1, "fp8_linears": 0, "activation_offload": False}) is None
+
+
+def test_the_processes_one_sequence_is_split_over_are_one_data_replica() -> None:
+    recipe = parse_recipe("", overrides=[*FSDP2, "launch.cp_size=2", "train.batch_size=3", "train.grad_accum=2"])
+    assert layout.rows_per_step(recipe) == 3 * 2 * 2  # 4 processes, 2 sequences at a time
+    stored = tomllib.loads(recipe.to_toml())
+    assert strategies.recipe_global_batch("fsdp", stored, 4) == 12
+
+
+def test_a_sweep_takes_a_switch_as_a_grid_axis() -> None:
+    items = sweep.plan(QUICKSTART, ["fsdp"], 4, FSDP2, ["launch.cp_size=1,2", "train.activation_offload=false,true"])
+    recipes = [load_recipe(QUICKSTART, item.overrides) for item in items]
+    assert [(r.launch.cp_size, r.train.activation_offload) for r in recipes] == [
+        (1, False), (1, True), (2, False), (2, True)]
+    assert items[3].grid == "launch.cp_size=2 train.activation_offload=true"
