@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
+from runner.analysis import mfu
 from runner.analysis.compare import recipe_diff
 from runner.planner import EstimateInput, estimate, estimate_report, shape_from_config
 from runner.planner.activations import activation_bytes
@@ -21,6 +22,7 @@ from runner.rank import gpu_switches
 from runner.service import sweep
 from runner.spec import layout, strategies, switches
 from runner.spec.deepspeed_config import deepspeed_config
+from runner.spec.flops import run_dtype
 from runner.spec.recipe import RecipeError, load_recipe, parse_recipe
 from tests.support import QUICKSTART
 from tui.render.report import switch_text
@@ -216,3 +218,9 @@ def test_a_sweep_takes_a_switch_as_a_grid_axis() -> None:
     assert [(r.launch.cp_size, r.train.activation_offload) for r in recipes] == [
         (1, False), (1, True), (2, False), (2, True)]
     assert items[3].grid == "launch.cp_size=2 train.activation_offload=true"
+
+
+def test_an_fp8_run_takes_the_gpus_float8_datasheet_peak_where_it_has_one() -> None:
+    assert run_dtype("fp8") == "fp8"
+    assert mfu.gpu_peak("NVIDIA H100 80GB HBM3", "fp8").flops == 1978.9e12  # type: ignore[union-attr]
+    assert mfu.gpu_peak("NVIDIA A100-SXM4-80GB", "fp8") is None  # no float8 tensor cores: no MFU, not a wrong one
