@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,7 +25,7 @@ from runner.spec import layout, strategies, switches
 from runner.spec.deepspeed_config import deepspeed_config
 from runner.spec.flops import run_dtype
 from runner.spec.recipe import RecipeError, load_recipe, parse_recipe
-from tests.support import QUICKSTART
+from tests.support import QUICKSTART, run_in_process
 from tui.render.report import switch_text
 
 LLAMA = shape_from_config(LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=4,
@@ -224,3 +225,14 @@ def test_an_fp8_run_takes_the_gpus_float8_datasheet_peak_where_it_has_one() -> N
     assert run_dtype("fp8") == "fp8"
     assert mfu.gpu_peak("NVIDIA H100 80GB HBM3", "fp8").flops == 1978.9e12  # type: ignore[union-attr]
     assert mfu.gpu_peak("NVIDIA A100-SXM4-80GB", "fp8") is None  # no float8 tensor cores: no MFU, not a wrong one
+
+
+def test_ftui_estimate_prints_a_line_per_switch(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    recipe = tmp_path / "switches.toml"
+    recipe.write_text('[launch]\nstrategy = "fsdp"\nnproc = 2\ndevice = "cuda"\ncp_size = 2\n'
+                      '[train]\nprecision = "fp8"\nactivation_offload = true\n')
+    result = run_in_process(capsys, "estimate", str(recipe), "--gpu-mem", "80GiB")
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    for start in ("context parallel: 2 processes per sequence", "fp8: decoder Linear layers", "activation offload:"):
+        assert start in text, text
