@@ -287,6 +287,17 @@ class Store:
             return [_run_info(r) for r in s.scalars(query)]
 
     @_retrying
+    def sweeps(self, prefix: str = "") -> list[tuple[str, int, int]]:
+        """The sweep ids that start with ``prefix``, each with how many runs it holds and the id of its newest
+        run, the most recently added to first (one grouped query: no run is read)."""
+        with self._begin() as s:
+            newest = func.max(Run.id)
+            query = (select(Run.sweep_id, func.count(Run.id), newest)
+                     .where(Run.sweep_id.startswith(prefix, autoescape=True))
+                     .group_by(Run.sweep_id).order_by(newest.desc()))
+            return [(str(sweep), int(n), int(last)) for sweep, n, last in s.execute(query)]
+
+    @_retrying
     def count_runs(self, status: str | None = None) -> int:
         """How many runs there are (with ``status`` when given), without reading them."""
         with self._begin() as s:

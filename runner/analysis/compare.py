@@ -28,7 +28,7 @@ from runner.analysis.run_peak import (
     stored_flops_per_token,
     unknown_device_note,
 )
-from runner.spec import strategies
+from runner.spec import layout, strategies
 from runner.spec.flops import flops_per_token
 from store import MetricPoint, NamedMetricPoint, RunInfo, SampleInfo, Store
 from store.rollup import downsample_points
@@ -99,8 +99,18 @@ class RunRow:
     """A script run (``launch.script``): a figure it did not report is "not reported", not unknown."""
     host_other_util: float | None = None
     """Host CPU % (all cores) used by other work during the run (:func:`runner.analysis.noise.host_other_util`)."""
+    first_step: dict[str, Any] | None = None
+    """Time to first step, broken down (:func:`runner.spec.first_step.breakdown`, stored by the watcher)."""
     training: Training = field(default_factory=Training)
     """What the run trains (model, data, global batch, ...): runs are compared only when these match."""
+    mesh: str = ""
+    """An ``hsdp`` run's mesh, replicate x shard (``2x2``: what its rank found in effect, else its recipe's);
+    empty for other strategies."""
+
+    @property
+    def strategy_label(self) -> str:
+        """``hsdp 2x2``: the strategy with its mesh (the name alone for other strategies)."""
+        return f"{self.strategy} {self.mesh}" if self.mesh else self.strategy
 
 
 @dataclass(frozen=True)
@@ -313,8 +323,15 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
         note=run.summary.sweep_note, grid=grid or (run.summary.sweep_grid or ""),
         mfu_note=over_note or (None if mfu is not None else _mfu_note(run, peak, peak_note, dims)),
         mfu_rejected=rejected, script=bool(recipe.get("launch", {}).get("script")),
-        host_other_util=host_other_util(run.summary.telemetry), training=training,
+        host_other_util=host_other_util(run.summary.telemetry), first_step=run.summary.time_to_first_step,
+        training=training, mesh=_mesh(run, recipe),
     )
+
+
+def _mesh(run: RunInfo, recipe: Mapping[str, Any]) -> str:
+    """``2x2`` for an hsdp run (:func:`runner.spec.layout.stored_mesh`), else empty."""
+    sizes = layout.stored_mesh(run.strategy, run.nproc, recipe.get("launch") or {}, run.summary.sharding)
+    return layout.mesh_text(sizes) if sizes is not None else ""
 
 
 def _text(value: Any) -> str | None:

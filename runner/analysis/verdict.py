@@ -26,8 +26,9 @@ REPEAT_HINT = "ftui sweep --repeat 3"
 
 
 def label(row: RunRow) -> str:
-    """``ddp x2`` (plus the grid values), unique enough to name a run in a sentence."""
-    base = row.strategy + (f" x{row.devices}" if row.devices > 1 else "")
+    """``ddp x2`` or ``hsdp 2x2`` (its mesh says its devices), plus the grid values: unique enough to name a
+    run in a sentence."""
+    base = row.strategy_label if row.mesh else row.strategy + (f" x{row.devices}" if row.devices > 1 else "")
     return f"{base} [{row.grid}]" if row.grid else base
 
 

@@ -70,6 +70,7 @@ def inputs_from_recipe(
         microbatches=layout.microbatches(recipe),
         pp_schedule=launch.pp_schedule,
         tp_size=layout.tp_size(recipe),
+        shard=sizes[1] if (sizes := layout.mesh(recipe)) is not None else None,
         # "auto" is decided at launch (runner.watch.host.runs_on_cpu corrects it for a run's stored estimate).
         device="cpu" if launch.device == "cpu" else "cuda",
     )

@@ -37,7 +37,7 @@ from runner.planner.pipeline import (
 )
 from runner.planner.shapes import lora_targeted, lora_trainable_params
 from runner.planner.switches import fp8_copy_share, ring_buffer_bytes, tokens_per_device
-from runner.spec import strategies
+from runner.spec import layout, strategies
 from runner.spec.deepspeed_config import ZERO3_PERSISTENCE_THRESHOLD
 
 ADAM_BYTES = 8  # two fp32 moments per trainable parameter
@@ -360,9 +360,17 @@ def _sharded(inp: EstimateInput, run: _Run) -> frozenset[str]:
     return run.row.shards
 
 
+def _shard_group(inp: EstimateInput, run: _Run) -> int:
+    """Devices ZeRO/FSDP divide the model states over: every one, or an ``hsdp`` run's shard group
+    (``launch.shard``; its replicas hold the same shards, so more replicas divide nothing further)."""
+    if not run.row.hybrid:
+        return run.n
+    return min(run.n, layout.hsdp_mesh(run.n, shard=inp.shard)[1])
+
+
 def _shard_states(inp: EstimateInput, run: _Run, s: _States, shards: frozenset[str]) -> _States:
-    """ZeRO/FSDP: each device's partition of what ``shards`` names."""
-    sh, n = inp.shape, run.n
+    """ZeRO/FSDP: each device's partition of what ``shards`` names (over :func:`_shard_group`)."""
+    sh, n = inp.shape, _shard_group(inp, run)
     optimizer, master, opt_transient = s.optimizer, s.master, s.opt_transient
     if "optimizer" in shards:
         optimizer, master, opt_transient = optimizer / n, master / n, opt_transient / n

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 import torch
 
+from runner.hardware.processes import started_wall
 from runner.rank import evaluate, memtrack, peak_probe, step_split
 from runner.rank.checkpointing import check_resume
 from runner.rank.context import DataShape, Setup
@@ -164,6 +165,7 @@ def _start_event(setup: Setup, engine: Engine, shape: DataShape, dims: Any, star
         start_step=start_step,
         resumed_from=recipe.train.resume_from,
         resume_seconds=resume_seconds,
+        process_started=started_wall(),  # the imports' start (runner.spec.first_step)
     )
     engine.describe(start)
     start["data"] = setup.dataset.info()

@@ -145,11 +145,35 @@ def in_effect(model: Any, optimizer: Any, accelerator: Any) -> dict[str, Any]:
         offloaded = any(type(g.offload_policy).__name__ == "CPUOffloadPolicy" for g in fsdp2)
         stage = 3 if reshard else 2
         how = "FSDP2 fully_shard" + ("" if reshard else "(reshard_after_forward=False)")
+        mesh = mesh_in_effect(model)
+        if mesh is not None and mesh["replicate"] > 1:
+            how += f" on a 2-D mesh: replicate {mesh['replicate']} x shard {mesh['shard']}"
         return {"engine": "torch", "stage": stage, "offload": "optimizer+params" if offloaded else "none",
-                "how": how, "optimizer": type(inner_optimizer(optimizer)).__name__}
+                "how": how, "optimizer": type(inner_optimizer(optimizer)).__name__, "mesh": mesh}
     return {"engine": "accelerate", "stage": None, "offload": "none",
             "how": f"{accelerator.distributed_type.value} ({type(model).__name__})",
             "optimizer": type(inner_optimizer(optimizer)).__name__}
+
+
+def mesh_in_effect(model: Any) -> dict[str, Any] | None:
+    """The device mesh FSDP2 placed the weights on, read from the first DTensor parameter: its dimensions'
+    names and sizes, and how many processes hold a replica (``Replicate()`` dimensions) and how many share
+    one copy in shards (``Shard`` dimensions); None when no parameter is a DTensor."""
+    for p in model.parameters():
+        device_mesh, placements = getattr(p, "device_mesh", None), getattr(p, "placements", None)
+        if device_mesh is None or placements is None:
+            continue
+        sizes = [int(s) for s in device_mesh.shape]
+        replicate = shard = 1
+        for size, placement in zip(sizes, placements, strict=True):
+            if placement.is_replicate():
+                replicate *= size
+            elif placement.is_shard():
+                shard *= size
+        return {"replicate": replicate, "shard": shard, "dims": list(device_mesh.mesh_dim_names or ()),
+                "sizes": sizes, "placements": [str(x) for x in placements],
+                "source": "measured: the DTensor placements and device mesh of the rank's first sharded weight"}
+    return None
 
 
 def _fsdp2_groups(model: Any) -> list[Any]:

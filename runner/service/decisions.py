@@ -18,13 +18,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from runner.planner.shapes import ModelShape, resolve_model_shape
-from runner.service.plan import standings
+from runner.service.plan import PLAN_PREFIX, standings
 from runner.spec import strategies as table
 from runner.spec.recipe import Recipe, RecipeError, parse_recipe
 from store import RunInfo, Store
-
-PLAN_PREFIX = "plan-"
-"""How a plan's id begins (:func:`runner.service.plan.plan_id`)."""
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,10 @@ TRIAL_SETS = ("train.save=false", "train.save_every=0", "train.eval_every=0")
 none and refuse ``save_every``) and no evaluation between steps."""
 
 
+PLAN_PREFIX = "plan-"
+"""How every plan's id begins (the sweep column of its trials): what tells a plan from a sweep."""
+
+
 class PlanError(ValueError):
     """Bad input to a plan (one line naming the flag or field)."""
 
@@ -115,11 +119,14 @@ class Candidate:
     """Why it is not raced (not launchable here, does not fit, over the budget); None: raced."""
     note: str = ""
     """What the output says beside it (the batch split, a "might not fit" raced anyway)."""
+    mesh: str = ""
+    """An ``hsdp`` candidate's mesh, replicate x shard (``2x2``); empty for other strategies."""
 
     @property
     def label(self) -> str:
-        """``ddp x2 [launch.engine=torch]``: as :func:`runner.analysis.verdict.label` names its runs."""
-        base = self.strategy + (f" x{self.nproc}" if self.nproc > 1 else "")
+        """``ddp x2 [launch.engine=torch]`` or ``hsdp 2x2``: as :func:`runner.analysis.verdict.label` names its
+        runs."""
+        base = f"{self.strategy} {self.mesh}" if self.mesh else self.strategy + (f" x{self.nproc}" if self.nproc > 1 else "")
         return f"{base} [{self.grid}]" if self.grid else base
 
     def key(self) -> tuple[str, int, str]:
@@ -155,8 +162,9 @@ def _variant(base: Candidate, loader: Loader, estimator: Estimator, memory: Memo
     except RecipeError as exc:
         return replace(made, skip=f"refused: {exc}")
     launch = recipe.launch
+    sizes = layout.mesh(recipe)
     made = replace(made, engine=launch.engine, checkpointing=recipe.train.gradient_checkpointing,
-                   offload=launch.offload)
+                   offload=launch.offload, mesh=layout.mesh_text(sizes) if sizes is not None else "")
     need = estimator(recipe)
     budget = memory.per_rank(made.nproc)
     if need is None:
@@ -260,7 +268,7 @@ def plan_id(base: Recipe, strategies: Sequence[str], nproc: int, steps: int, hos
     """The plan's id: a digest of what it measures (the recipe with its ``--set`` values, the strategies,
     processes, steps and host), so that the same command finds its trials again."""
     what = json.dumps([base.digest(), sorted(strategies), nproc, steps, host])
-    return f"plan-{base.name[:24]}-{hashlib.sha256(what.encode()).hexdigest()[:12]}"
+    return f"{PLAN_PREFIX}{base.name[:24]}-{hashlib.sha256(what.encode()).hexdigest()[:12]}"
 
 
 @dataclass(frozen=True)
@@ -437,8 +445,10 @@ class Setup:
 
 
 def setup(recipe_path: Path, sets: Sequence[str], strategies: Sequence[str] | None, nproc: int | None,
-          steps: int | None = None, repeat: int = 1) -> Setup:
-    """The plan of ``ftui plan`` on this host, checked before anything is recorded.
+          steps: int | None = None, repeat: int = 1, inputs: bool = True) -> Setup:
+    """The plan of ``ftui plan`` on this host, checked before anything is recorded. ``inputs``: check the
+    recipe's data and model as the pre-flight does (which tokenizes data not cached yet: the dashboard leaves
+    that to the plan's own process, and imports neither transformers nor torch).
 
     Raises:
         RecipeError: the recipe or its inputs are unusable (one line naming the field).
@@ -455,7 +465,8 @@ def setup(recipe_path: Path, sets: Sequence[str], strategies: Sequence[str] | No
     if unknown:
         raise PlanError(f"--strategies: unknown {', '.join(unknown)} (choose from {', '.join(table.names())})")
     base = load_recipe(recipe_path, sets)
-    check_inputs(base)
+    if inputs:
+        check_inputs(base)
     n = nproc if nproc is not None else default_nproc()
     on_cpu = runs_on_cpu(base)
     memory = host_memory(on_cpu)

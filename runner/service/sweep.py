@@ -43,6 +43,13 @@ class SweepItem:
     """``train.batch_size=2`` for a grid point, empty without a grid."""
     note: str
     """How the batch was kept fair, for the output."""
+    mesh: str = ""
+    """An ``hsdp`` run's mesh, replicate x shard (``2x2``); empty for other strategies."""
+
+    @property
+    def label(self) -> str:
+        """``ddp x 4``, or ``hsdp 2x2`` (its mesh says its processes)."""
+        return f"{self.strategy} {self.mesh}" if self.mesh else f"{self.strategy} x {self.nproc}"
 
 
 @dataclass(frozen=True)
@@ -90,9 +97,12 @@ def plan(recipe_path: Path, strategies: Sequence[str], nproc: int | None, sets: 
             split = layout.keep_global_batch(strategy, n, micro, base.train.grad_accum)
             overrides += split.overrides(micro, base.train.grad_accum)
             note = split.note
+            mesh = ""
+            if table.get(strategy).hybrid:  # the sweep's runs are on this machine: no nnodes
+                mesh = layout.mesh_text(layout.hsdp_mesh(n, 1, base.launch.replicate, base.launch.shard))
             for k in range(repeat):
                 again = f"; repeat {k + 1}/{repeat}" if repeat > 1 else ""
-                items.append(SweepItem(strategy, n, overrides, " ".join(point), note + again))
+                items.append(SweepItem(strategy, n, overrides, " ".join(point), note + again, mesh))
     return items
 
 

@@ -282,6 +282,13 @@ class LaunchSection(_Section):
     """``tp``: processes each weight matrix is split over; None: ``nproc``. Smaller (it must divide
     ``nproc``): ``nproc / tp_size`` tensor-parallel groups train as data parallel replicas, each on its
     own ``batch_size`` rows (a 2-D device mesh, gradients averaged over the replicas)."""
+    replicate: PositiveInt | None = None
+    """``hsdp``: groups of processes that are replicas of each other (``--replicate``); ``replicate`` x
+    ``shard`` = every process over every machine. None: ``nnodes`` on several machines, else 2, or what
+    ``shard`` leaves. Other strategies ignore it (:func:`runner.spec.layout.hsdp_mesh`)."""
+    shard: PositiveInt | None = None
+    """``hsdp``: processes each group shards the parameters, gradients and optimizer state over
+    (``--shard``); None: what ``replicate`` leaves (on several machines: ``nproc``, one group per machine)."""
 
     @field_validator("strategy")
     @classmethod

@@ -89,6 +89,11 @@ class Strategy:
     stage works at a time); None: ``launch.microbatches``."""
     tensor_parallel: bool = False
     """Each process holds a slice of every sharded weight matrix (:mod:`runner.rank.tensor_parallel`)."""
+    hybrid: bool = False
+    """Hybrid sharding: FSDP2 over a 2-D mesh of ``launch.replicate`` groups of ``launch.shard`` processes;
+    each group shards what :attr:`shards` names over its own processes only, and the groups are replicas
+    (gradients reduce-scattered within a group, then all-reduced across the groups). The mesh:
+    :func:`runner.spec.layout.hsdp_mesh`."""
     loads_over_devices: bool = False
     """The model loads spread over the visible GPUs (``device_map="auto"``), its inputs on the first one."""
     takes_fsdp_version: bool = False
@@ -291,6 +296,23 @@ STRATEGIES: dict[str, Strategy] = {
             max_procs=None,
             min_procs_cpu=2,
             takes_fsdp_version=True,
+        ),
+        Strategy(
+            name="hsdp",
+            title="Hybrid sharded data parallel",
+            description="FSDP2 on a 2-D mesh: parameters, gradients and optimizer state sharded within each "
+            "group of launch.shard processes, the launch.replicate groups replicas of each other (gradients "
+            "all-reduced across them); several machines: a group per machine",
+            engine="accelerate",
+            accelerate_type="FSDP",
+            expect=frozenset({"FSDP"}),
+            shards=frozenset({"optimizer", "grads", "params"}),
+            data_parallel=True,
+            # Two replicas of two shards: one fewer is FSDP (one group) or DDP (groups of one).
+            min_procs=4,
+            max_procs=None,
+            min_procs_cpu=4,
+            hybrid=True,
         ),
         Strategy(
             name="tp",

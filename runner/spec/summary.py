@@ -304,6 +304,8 @@ class RunSummary:
     checkpoint: str | None = None
     """The newest complete checkpoint the run wrote (``runner.spec.checkpoint``), or None."""
     first_step_time: float | None = None
+    time_to_first_step: dict[str, Any] | None = None
+    """:func:`runner.spec.first_step.breakdown`: launch to the end of step 1, per stage (the watcher's, at step 1)."""
     last_step_time: float | None = None
     telemetry: TelemetrySummary | None = None
     mfu_peak: dict[str, Any] | None = None

@@ -53,7 +53,8 @@ def _cp_problem(recipe: Recipe) -> str | None:
     if launch.device == "cpu":
         return f"launch.cp_size: context parallelism needs CUDA GPUs: {CP_NOT_ON_CPU}; launch.device is 'cpu'"
     row = strategies.resolve(launch.strategy, launch.engine)
-    fsdp2 = row.accelerate_type == "FSDP" and (not row.takes_fsdp_version or launch.fsdp_version == 2)
+    fsdp2 = row.accelerate_type == "FSDP" and (not row.takes_fsdp_version or launch.fsdp_version == 2) \
+        and not row.hybrid  # hsdp's mesh is dp_replicate x dp_shard; the cp mesh is dp_shard x cp
     if not fsdp2:
         return (f"launch.cp_size: context parallelism runs under FSDP2 (accelerate's ParallelismConfig), not "
                 f"{row.name} on the {row.engine} engine; use strategy 'fsdp' with fsdp_version = 2")

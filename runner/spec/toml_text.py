@@ -1,4 +1,5 @@
-"""Recipe data written back as TOML text (``tomllib`` reads it; the standard library writes none)."""
+"""Recipes written back as TOML text (``Recipe.to_toml``, a sweep's stored recipe): nested dicts of TOML
+scalars and lists, no library (tomllib only reads)."""
 
 from __future__ import annotations
 

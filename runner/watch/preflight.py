@@ -250,9 +250,13 @@ def _script_preflight(recipe: Recipe) -> list[str]:
     on_cpu = runs_on_cpu(recipe)
     if recipe.train.precision == "fp16" and on_cpu:
         raise PreflightError("train.precision: fp16 needs a GPU; use bf16 or fp32 on CPU")
-    problem = strategies.get(recipe.launch.strategy).nproc_problem(recipe.launch.nproc, on_cpu=on_cpu)
+    row = strategies.get(recipe.launch.strategy)
+    problem = row.nproc_problem(recipe.launch.nproc, on_cpu=on_cpu)
     if problem:
         raise PreflightError(f"launch.nproc: {problem}")
+    if row.hybrid and on_cpu:  # accelerate's own check, refused here before anything starts
+        raise PreflightError("launch.strategy: hsdp in your own script needs GPUs: accelerate's ParallelismConfig "
+                             "refuses CPU processes (ftui's own trainer builds its mesh on CPU)")
     return []
 
 

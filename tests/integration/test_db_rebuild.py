@@ -54,6 +54,11 @@ def _rows(db: str, run_id: int) -> tuple[list[tuple[Any, ...]], int, int]:
 def test_a_deleted_database_is_rebuilt_from_the_run_folders_field_for_field(home: Ftui, ftui: Any) -> None:
     before = _everything(ftui)
     assert [r["status"] for r in before] == ["completed", "failed"]
+    # The time to first step, from the launch the watcher journaled (a script run journals no phases:
+    # its stages before the start are unknown, its first step known): rebuilt below to the same figures.
+    ttfs = before[0]["summary"]["time_to_first_step"]
+    assert ttfs["total"] > 0 and ttfs["seconds"]["spawn"] is None, ttfs
+    assert ttfs["seconds"]["first_step"] is not None and ttfs["total"] >= ttfs["seconds"]["first_step"], ttfs
     rows_before = [_rows(home.db, r["id"]) for r in before]
     db_file = Path(home.db.removeprefix("sqlite:///"))
     for path in db_file.parent.glob(db_file.name + "*"):  # the database and its WAL files

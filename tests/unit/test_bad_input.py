@@ -31,7 +31,7 @@ SECTIONS = {
     "train": ["batch_size", "grad_accum", "lr", "schedule", "warmup_steps", "max_steps", "epochs", "precision",
               "seed", "log_every", "save", "max_grad_norm", "weight_decay"],
     "launch": ["strategy", "nproc", "gpus", "device", "fsdp_version", "accelerate_config", "peak_tflops",
-               "mem_cap"],
+               "mem_cap", "replicate", "shard"],
 }
 toml_scalars = st.one_of(
     st.integers(min_value=-(2**63), max_value=2**63 - 1), st.floats(allow_nan=True), st.booleans(),

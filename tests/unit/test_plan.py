@@ -111,9 +111,11 @@ def _by_label(found: Sequence[plan.Candidate]) -> dict[str, plan.Candidate]:
 
 def test_every_launchable_strategy_and_engine_races_at_the_recipes_global_batch_when_all_fit() -> None:
     found = _by_label(_space(lambda r: need(50)))
-    assert sorted(found) == sorted(["single", "mp x2", "pp x2", "ddp x2", "fsdp x2", "tp x2", "zero1 x2",
+    assert sorted(found) == sorted(["single", "mp x2", "pp x2", "ddp x2", "fsdp x2", "hsdp 2x2", "tp x2", "zero1 x2",
                                     "zero1 x2 [launch.engine=torch]", "zero2 x2", "zero2 x2 [launch.engine=torch]",
                                     "zero3 x2", "zero3 x2 [launch.engine=torch]"])
+    # hybrid sharding needs two replicas of two shards: its candidate runs 4 processes, 1 row each
+    assert found["hsdp 2x2"].nproc == 4 and "launch.nproc=4" in found["hsdp 2x2"].overrides
     assert all(c.skip is None and c.fit == "fits" and not c.checkpointing and c.offload == "none"
                for c in found.values())
     for c in found.values():  # every candidate trains quickstart's 4 rows per step

@@ -227,6 +227,10 @@ def _run(sub: Any) -> None:
     run.add_argument("--nvme-path", metavar="DIR", help="override launch.nvme_path: the NVMe folder of offload nvme")
     run.add_argument("--cp-size", type=int, metavar="N",
                      help="override launch.cp_size: processes each sequence is split over (context parallel, GPUs)")
+    run.add_argument("--replicate", type=int, metavar="R",
+                     help="override launch.replicate: hsdp's groups of processes that are replicas of each other")
+    run.add_argument("--shard", type=int, metavar="S",
+                     help="override launch.shard: processes each hsdp group shards the model states over")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                      help="override any recipe field, e.g. --set train.max_steps=50 (repeatable)")
     run.add_argument("--name", help="override the recipe's name")

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from runner.analysis.compare import Comparison, RunRow
 from runner.analysis.mfu import flops_text
 from runner.analysis.run_peak import differing_peaks
+from runner.spec import first_step
 from tui.render.report import fmt_bytes, fmt_seconds
 
 CELL_MAX = 24
@@ -61,7 +62,7 @@ MEM_MEASURED = "mem/device measured"
 # (header, full cell) for the row-per-run formats; the sources are listed under the table.
 COLUMNS: list[Column] = [
     ("run", lambda r: str(r.run_id)),
-    ("strategy", lambda r: r.strategy + (f" [{r.grid}]" if r.grid else "")),
+    ("strategy", lambda r: r.strategy_label + (f" [{r.grid}]" if r.grid else "")),
     ("method", lambda r: r.method),
     ("devices", lambda r: str(r.devices)),
     ("micro-batch x GA", _batch),
@@ -87,6 +88,10 @@ EVAL_COLUMNS: list[Column] = [
 ]
 """Shown when a compared run was evaluated (``train.eval_every``, an eval set)."""
 
+FIRST_STEP = "time to first step"
+FIRST_STEP_COLUMN: Column = (FIRST_STEP, lambda r: first_step.words(r.first_step))
+"""Shown when a compared run has it stored (:mod:`runner.spec.first_step`): the total, its stages in a footnote."""
+
 NOT_REPORTED = "not reported"
 SCRIPT_REPORTS = frozenset({"micro-batch x GA", "train time", "tokens/s", "tokens/s/device", MEM_MEASURED,
                             "final loss", "best loss"})
@@ -106,10 +111,14 @@ COLUMNS = [(h, _reported(c) if h in SCRIPT_REPORTS else c) for h, c in COLUMNS]
 
 def full_columns(cmp: Comparison) -> list[Column]:
     """:data:`COLUMNS` with their full texts, with the eval figures before ``speed-up`` when any run has them."""
+    cols = list(COLUMNS)
+    if any(r.first_step for r in cmp.rows):
+        at = next(i for i, (h, _) in enumerate(cols) if h == "train time")
+        cols.insert(at, FIRST_STEP_COLUMN)
     if not cmp.eval_curves:
-        return list(COLUMNS)
-    at = next(i for i, (h, _) in enumerate(COLUMNS) if h == "speed-up")
-    return [*COLUMNS[:at], *EVAL_COLUMNS, *COLUMNS[at:]]
+        return cols
+    at = next(i for i, (h, _) in enumerate(cols) if h == "speed-up")
+    return [*cols[:at], *EVAL_COLUMNS, *cols[at:]]
 
 
 def peak_brief(r: RunRow) -> str:
@@ -124,6 +133,8 @@ def _gist(header: str, r: RunRow, text: str) -> tuple[str, str | None]:
         return f"{flops_text(r.peak_flops)} {r.peak_dtype or ''}".rstrip(), peak_brief(r)
     if len(text) <= CELL_MAX:
         return text, None
+    if header == FIRST_STEP:
+        return fmt_seconds(first_step.total_seconds(r.first_step)), f"run {r.run_id} {header}: {text}"
     if header == "status":
         return r.status, f"run {r.run_id} {text}"
     if header == "MFU":
@@ -174,6 +185,9 @@ def figure_sources(cmp: Comparison) -> list[str]:
     if util:
         out.append("utilisation: " + "; ".join(util))
     out.append("train time, tokens/s, loss: measured by the trainer (tokens/s over all devices; first to last step)")
+    if any(r.first_step for r in cmp.rows):
+        out.append("time to first step: the launcher's start to the end of step 1, timed by the watcher and the "
+                   "trainer's phase events on this host (docs/compare.md)")
     if cmp.eval_curves:
         out.append("eval loss: measured by the trainer over the whole held-out set (token-weighted mean over ranks)")
     if any(r.script for r in cmp.rows):
@@ -192,7 +206,7 @@ def figure_sources(cmp: Comparison) -> list[str]:
     base = cmp.row(cmp.baseline_id)
     if base and base.tokens_per_s:
         out.append(f"speed-up: tokens/s over the baseline's, run {base.run_id} ({cmp.label(base)})")
-    notes = sorted({f"{r.strategy}: {r.note}" for r in cmp.rows if r.note})
+    notes = sorted({f"{r.strategy_label}: {r.note}" for r in cmp.rows if r.note})
     out += [f"batch: {n}" for n in notes]
     return out
 

@@ -20,6 +20,7 @@ from runner.analysis.mfu import Peak
 from runner.analysis.run_peak import stored_mfu
 from runner.hardware.records import SOURCE_LABELS
 from runner.planner.error_band import Band
+from runner.spec import first_step
 from runner.spec.events import RECIPE_FILE
 from runner.spec.strategies import STRATEGIES, recipe_global_batch
 from runner.spec.summary import RunSummary, busiest_peak, error_pct, model_state_bytes, rank_peak, rank_rss
@@ -153,6 +154,10 @@ def run_summary_table(run: RunInfo | None) -> Table:
     if batch:  # what tokens/s means: a --nproc 2 DDP run trains twice the rows of a single one per step
         table.add_row("global batch", batch[0], batch[1])
     table.add_row("training time", fmt_seconds(run.train_seconds), "measured (first to last step)")
+    if run.summary.time_to_first_step:  # launch to the end of step 1, and where it went (runner.spec.first_step)
+        ttfs = run.summary.time_to_first_step
+        table.add_row("time to first step", fmt_seconds(first_step.total_seconds(ttfs)),
+                      f"measured (launch to step 1's end): {first_step.stages_words(ttfs) or '-'}")
     for row in tokens_per_s_rows(run):
         table.add_row(*row)
     table.add_row("final loss", _num(run.final_loss, ".4f"), "measured (mean over ranks)")

@@ -20,7 +20,7 @@ from runner.rank.engine import Engine, MicroBatch, StepResult
 from runner.rank.measure import SavedBytes, local_numel
 from runner.rank.model_load import device_map, input_device
 from runner.spec import events as ev
-from runner.spec import zero
+from runner.spec import layout, zero
 
 if TYPE_CHECKING:
     from runner.rank.context import DataShape, Setup
@@ -49,14 +49,41 @@ def make_accelerator(recipe: Recipe, strategy: Strategy, on_cpu: bool) -> Any:
         if cpu:
             sharding.skip_shm_comm_build()
         cpu = False
+    sizes = layout.mesh(recipe)  # hsdp: (replicate, shard)
+    if cpu and sizes is not None:
+        # accelerate refuses a ParallelismConfig on CPU processes (MULTI_CPU) before FSDP can be made real there:
+        # the Accelerator is made without the one `accelerate launch` exported, and given it once FSDP is.
+        os.environ.pop("ACCELERATE_USE_PARALLELISM_CONFIG", None)
+    given = _parallelism_config(sizes) if sizes is not None and not cpu else None
     # Context parallelism (launch.cp_size): accelerate's cp mesh over the whole world (runner/rank/gpu_switches.py).
-    parallel = gpu_switches.parallelism_config(recipe, launch.nproc * (launch.nnodes or 1))
-    accelerator = Accelerator(cpu=cpu, mixed_precision=mixed, kwargs_handlers=handlers,
-                              **({"parallelism_config": parallel} if parallel is not None else {}))
+    given = given or gpu_switches.parallelism_config(recipe, layout.world_size(recipe))
+    accelerator = Accelerator(cpu=cpu, mixed_precision=mixed, kwargs_handlers=handlers, parallelism_config=given)
     if cpu and strategy.accelerate_type == "FSDP":
         _force_fsdp_on_cpu(accelerator, launch.fsdp_version if strategy.takes_fsdp_version else 2, mixed)
         sharding.force_fsdp_offload_unpinned(getattr(accelerator.state, "fsdp_plugin", None))
+        if sizes is not None:
+            _install_mesh(accelerator, _parallelism_config(sizes))
     return accelerator
+
+
+def _parallelism_config(sizes: layout.Mesh) -> Any:
+    """accelerate's ParallelismConfig of an hsdp mesh: ``dp_replicate`` x ``dp_shard``. Its FSDP2 prepare
+    passes ``mesh["dp_replicate", "dp_shard_cp"]`` to every ``fully_shard`` (accelerate/utils/fsdp_utils.py
+    ``fsdp2_prepare_model``), so each parameter is a DTensor placed (Replicate(), Shard(0)) on that mesh."""
+    from accelerate.parallelism_config import ParallelismConfig
+
+    return ParallelismConfig(dp_replicate_size=sizes[0], dp_shard_size=sizes[1])
+
+
+def _install_mesh(accelerator: Any, config: Any) -> None:
+    """Give a CPU accelerator, once FSDP is in effect, the ParallelismConfig that its constructor would
+    have taken on a GPU, as the constructor does (accelerate/accelerator.py): the state keeps the config and
+    its device mesh (``init_device_mesh("cpu", ...)``, gloo), then the config checks the accelerator (its
+    sizes against the processes; a dimension to shard over)."""
+    state = accelerator.state
+    state.parallelism_config = config
+    state.device_mesh = config.get_device_mesh(accelerator.device.type)
+    config._validate_accelerator(accelerator)
 
 
 def _force_fsdp_on_cpu(accelerator: Any, version: int, mixed: str) -> None:
@@ -111,7 +138,8 @@ class AccelerateEngine(Engine):
         self.model, self.optimizer = model, optimizer = self.build(model, trainable)
         # What really runs, read from the prepared objects; a run that became something else stops here.
         self.sharding = sharding.in_effect(model, optimizer, setup.accelerator)
-        wrong = zero.mismatch(setup.strategy, setup.recipe.launch.offload, self.sharding)
+        wrong = (zero.mismatch(setup.strategy, setup.recipe.launch.offload, self.sharding)
+                 or layout.mesh_mismatch(setup.recipe, self.sharding))
         if wrong:
             raise RuntimeError(wrong)
         self.checkpointer = Checkpointer(setup, model, shape)

@@ -8,7 +8,7 @@ import json
 import re
 import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
@@ -23,7 +23,8 @@ from textual.widgets import Button, Checkbox, Footer, Header, Input, Label, Sele
 from textual.worker import get_current_worker
 
 from runner import planner as E
-from runner.service import decisions, launch
+from runner.service import decisions, launch, plan
+from runner.service.plan_record import PlanCommand
 from runner.spec import strategies
 from runner.spec.launch import build_launch
 from runner.spec.recipe import LaunchSection, Recipe, RecipeError, TrainSection, parse_recipe
@@ -31,7 +32,8 @@ from runner.spec.recipe_edit import changed_fields, edited_text, moved_paths
 from runner.watch.host import nproc_over_host, runs_on_cpu
 from runner.watch.preflight import check_files
 from store import Store
-from tui.app.messages import EstimateReady, LaunchFailed, PreviewReady, RunLaunched
+from tui.app import plans
+from tui.app.messages import EstimateReady, LaunchFailed, OpenPlan, PlanPrepared, PreviewReady, RunLaunched
 from tui.app.screens.modals import ConfirmScreen, PickFileScreen, PromptScreen
 from tui.render.report import fmt_bytes
 
@@ -203,6 +205,8 @@ class ComposeScreen(Screen[None]):
         Binding("ctrl+s", "save", "Save", priority=True, tooltip="save the recipe as TOML: the fields that "
                 "differ from the loaded file, its comments kept"),
         Binding("ctrl+o", "pick", "Open", priority=True, tooltip="open a recipe file (those under ./recipes)"),
+        Binding("ctrl+r", "plan", "Plan", priority=True, tooltip="race this recipe's strategies on this host "
+                "(ftui plan, in the background; asks first) and open its Plan view"),
     ]
     HELP_ROWS = [("enter (file name)", "load the file named in the top field")]
 
@@ -521,6 +525,57 @@ class ComposeScreen(Screen[None]):
             return
         self.notify(f"launching {recipe.name} ({recipe.launch.strategy} × {recipe.launch.nproc})…", markup=False)
         self.launch(recipe, self.recipe_path, self.force)
+
+    def plan_command(self, recipe: Recipe) -> PlanCommand:
+        """``ftui plan`` of the form: the loaded file with the fields changed on the form (:func:`plans.command_of`)."""
+        base = self.base_recipe
+        changed = [mine for f in FIELDS if (mine := override(f, self.field_text(f))) is not None
+                   and (base is None or mine != override(f, display(value_of(base, f.path), f.kind)))]
+        return plans.command_of(self.recipe_path, changed, recipe)
+
+    def action_plan(self) -> None:
+        """ctrl+r: the plan of the form's recipe, checked as ``ftui plan`` checks it; its view opens (after
+        asking how many trials per candidate, unless it is racing already)."""
+        recipe = self.validate()
+        if recipe is None:
+            self.notify("no plan: the recipe does not validate", severity="error")
+            return
+        self.notify(f"plan of {recipe.name}: checking its candidates…", markup=False)
+        self.prepare_plan(self.plan_command(recipe))
+
+    @work(thread=True, group="launch")
+    def prepare_plan(self, command: PlanCommand) -> None:
+        try:
+            self.post_message(plans.prepare(command))
+        except (RecipeError, plan.PlanError) as exc:
+            self.post_message(LaunchFailed(f"plan: {exc}"))
+
+    def on_plan_prepared(self, message: PlanPrepared) -> None:
+        if message.racing:
+            self.notify(f"plan {message.pid} is racing already: its view opens", markup=False)
+            self.post_message(OpenPlan(message.pid))
+            return
+
+        def chosen(answer: str | None) -> None:
+            if answer is None or not answer.strip():
+                return
+            repeat = int(answer) if answer.strip().isdigit() else 0
+            if repeat < 1:
+                self.notify(f"--repeat: a whole number, 1 or more; got {answer.strip()!r}", severity="error",
+                            markup=False)
+                return
+            self.start_plan(replace(message.command, repeat=repeat), message.pid)
+
+        self.app.push_screen(PromptScreen(plans.race_question(message), str(message.command.repeat)), chosen)
+
+    @work(thread=True, group="launch")
+    def start_plan(self, command: PlanCommand, pid: str) -> None:
+        try:
+            process = plans.start_plan(command, self.ftui.store.url, pid)
+        except OSError as exc:
+            self.post_message(LaunchFailed(f"plan: not started: {exc}"))
+            return
+        self.post_message(OpenPlan(pid, process))
 
     @work(thread=True, group="launch")
     def launch(self, recipe: Recipe, source: str, force: bool) -> None:
