@@ -59,7 +59,13 @@ def load_model(setup: Setup) -> LoadedModel:
         if spread and not setup.on_cpu:
             model = _dispatch_over_gpus(model)
     elif model_cfg.name.startswith(builtin.BUILTIN_PREFIX):
-        raise ValueError(f"model.name: unknown builtin model {model_cfg.name!r} (have {builtin.TINY_LLAMA})")
+        from transformers import AutoModelForCausalLM  # deferred: transformers is slow to import
+
+        torch.manual_seed(recipe.train.seed)
+        config = builtin.model_config(model_cfg.name, len(setup.tokenizer))
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
+        if spread and not setup.on_cpu:
+            model = _dispatch_over_gpus(model)
     else:
         model = _from_pretrained(setup, dtype, spread)
     total = param_count(model.parameters())

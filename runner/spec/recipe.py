@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from runner.spec import layout, strategies, switches, zero
-from runner.spec.builtin import BUILTIN_PREFIX, PYDOC_CORPUS, TINY_LLAMA
+from runner.spec.builtin import BUILTIN_PREFIX, PYDOC_CORPUS, TINY_LLAMA, known_model_problem
 from runner.spec.rendezvous import NodesError, split_endpoint
 from runner.spec.toml_text import dump_toml
 from runner.spec.units import parse_bytes
@@ -103,7 +103,8 @@ PathText = Annotated[str, AfterValidator(_path_text)]
 
 class ModelSection(_Section):
     name: PathText = TINY_LLAMA
-    """``builtin:tiny-llama``, a local folder, or a Hugging Face hub id."""
+    """``builtin:tiny-llama``, ``builtin:tiny-mixtral`` or ``builtin:tiny-qwen2-moe`` (mixtures of experts), a
+    local folder, or a hub id."""
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """Dtype the weights are loaded in; ``auto`` follows train.precision for LoRA, fp32 for full."""
     trust_remote_code: bool = False
@@ -289,6 +290,9 @@ class LaunchSection(_Section):
     shard: PositiveInt | None = None
     """``hsdp``: processes each group shards the parameters, gradients and optimizer state over
     (``--shard``); None: what ``replicate`` leaves (on several machines: ``nproc``, one group per machine)."""
+    ep_size: PositiveInt | None = None
+    """Expert parallelism (processes a mixture of experts' experts are spread over): only 1 (None) is taken,
+    :func:`runner.spec.layout.expert_parallel_problem` says why."""
 
     @field_validator("strategy")
     @classmethod
@@ -333,8 +337,8 @@ class Recipe(_Section):
     @model_validator(mode="after")
     def _check_consistency(self) -> Recipe:
         launch = self.launch
-        if self.model.name.startswith(BUILTIN_PREFIX) and self.model.name != TINY_LLAMA:
-            raise ValueError(f"model.name: unknown builtin model {self.model.name!r} (have {TINY_LLAMA})")
+        if self.model.name.startswith(BUILTIN_PREFIX) and (unknown := known_model_problem(self.model.name)):
+            raise ValueError(f"model.name: {unknown}")
         strategy = strategies.get(launch.strategy)
         problem = strategy.nproc_problem(launch.nproc * (launch.nnodes or 1))  # the world, over every machine
         if problem:

@@ -250,6 +250,9 @@ class RunSummary:
     # at prepare time
     uid: str | None = None
     estimate: EstimateSummary | None = None
+    devices: list[str] | None = None
+    """The devices of its host the run takes (``gpu:ID`` each, or ``cpu``: :mod:`runner.spec.devices`); the
+    queue starts no run on them while this one is live. None: recorded before runs kept it (every device)."""
     # from the trainer's start event
     params: int | None = None
     trainable_params: int | None = None

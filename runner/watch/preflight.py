@@ -23,7 +23,7 @@ from runner.hardware.disks import filesystem_of
 from runner.planner import DEFAULT_RESERVE, checkpoint_bytes, inputs_from_recipe, parse_bytes
 from runner.planner.hub import hub_model_problem
 from runner.spec import layout, strategies, switches, zero
-from runner.spec.builtin import BUILTIN_PREFIX, TINY_LLAMA_LINEAR
+from runner.spec.builtin import BUILTIN_PREFIX, MODELS
 from runner.spec.checkpoint import CheckpointError, check_resume
 from runner.spec.paths import FolderError, check_runs_dir, runs_dir
 from runner.spec.recipe import Recipe, RecipeError
@@ -208,10 +208,11 @@ def _check_model(recipe: Recipe) -> None:
     if recipe.model.revision is not None and (local or name.startswith(BUILTIN_PREFIX)):
         raise PreflightError(f"model.revision: {name[:200]} is not a hub model; a revision pins a hub id only")
     if name.startswith(BUILTIN_PREFIX):
-        unknown = sorted(set(recipe.method.lora.target_modules) - set(TINY_LLAMA_LINEAR))
+        linear = MODELS.get(name, ())
+        unknown = sorted(set(recipe.method.lora.target_modules) - set(linear))
         if recipe.method.type != "full" and unknown:
             raise PreflightError(f"method.lora.target_modules: {name} has no module {unknown[0]!r} "
-                                 f"(its linear layers: {', '.join(TINY_LLAMA_LINEAR)})")
+                                 f"(its linear layers: {', '.join(linear)})")
         return
     if local:
         return  # check_files found its config.json

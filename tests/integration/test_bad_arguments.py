@@ -14,6 +14,7 @@ import pytest
 
 from runner.watch.host import cuda_device_count
 from store import Store
+from store.queue import entries
 from tests.support import ROOT
 from tests.support.in_process import command_names
 
@@ -34,6 +35,7 @@ CASES = [
     ["plan", QUICK, "--steps", "1"],
     ["db", "nope"],
     ["slurm", QUICK, "--nodes", "0"],
+    ["queue", "add", QUICK, "--set", "data.source=\"nope.jsonl\""],
 ]
 # The GPU-only switches on a host without CUDA: the pre-flight's line names the field and what is missing.
 SWITCHES = [
@@ -54,6 +56,7 @@ def test_bad_arguments_in_a_real_process(tmp_path: Path, argv: list[str]) -> Non
     assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("ftui: "), proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "ftui.db").exists() or Store(env["FTUI_DB"]).list_runs() == []
+    assert not (tmp_path / "ftui.db").exists() or entries(Store(env["FTUI_DB"])) == [], "nothing queued"
 
 
 @pytest.mark.skipif(cuda_device_count() > 0, reason="the switches' refusals are of a host without CUDA")

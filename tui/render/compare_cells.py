@@ -109,16 +109,32 @@ def _reported(cell: Callable[[RunRow], str]) -> Callable[[RunRow], str]:
 COLUMNS = [(h, _reported(c) if h in SCRIPT_REPORTS else c) for h, c in COLUMNS]
 
 
+ROUTER_PREFIX = "moe/"
+"""A mixture of experts' router load (runner/rank/router_load.py): shown when a compared run reported it."""
+
+
+def _router_columns(cmp: Comparison) -> list[Column]:
+    """One column per ``moe/*`` name any compared run reported: its last value."""
+    names = sorted({n for values in cmp.named.values() for n in values if n.startswith(ROUTER_PREFIX)})
+
+    def last(name: str) -> Callable[[RunRow], str]:
+        return lambda r: _num(cmp.named.get(r.run_id, {}).get(name), ".3g")
+
+    return [(f"{name} (last)", last(name)) for name in names]
+
+
 def full_columns(cmp: Comparison) -> list[Column]:
-    """:data:`COLUMNS` with their full texts, with the eval figures before ``speed-up`` when any run has them."""
+    """:data:`COLUMNS` with their full texts, with the eval figures and the router's load before ``speed-up``
+    when any run has them."""
     cols = list(COLUMNS)
     if any(r.first_step for r in cmp.rows):
         at = next(i for i, (h, _) in enumerate(cols) if h == "train time")
         cols.insert(at, FIRST_STEP_COLUMN)
-    if not cmp.eval_curves:
+    extra = [*(EVAL_COLUMNS if cmp.eval_curves else []), *_router_columns(cmp)]
+    if not extra:
         return cols
     at = next(i for i, (h, _) in enumerate(cols) if h == "speed-up")
-    return [*cols[:at], *EVAL_COLUMNS, *cols[at:]]
+    return [*cols[:at], *extra, *cols[at:]]
 
 
 def peak_brief(r: RunRow) -> str:
@@ -190,6 +206,9 @@ def figure_sources(cmp: Comparison) -> list[str]:
                    "trainer's phase events on this host (docs/compare.md)")
     if cmp.eval_curves:
         out.append("eval loss: measured by the trainer over the whole held-out set (token-weighted mean over ranks)")
+    if _router_columns(cmp):
+        out.append("moe/*: the router's top-k choice per token, counted by the trainer per expert and layer over "
+                   "every rank, at the last logged step (docs/metrics.md)")
     if any(r.script for r in cmp.rows):
         out.append("script runs: what the script reported through runner.track or FtuiCallback (train time from "
                    "its start to its last step); 'not reported' where it did not")

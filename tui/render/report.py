@@ -395,10 +395,23 @@ def run_report(run: RunInfo) -> Group:
     return Group(run_summary_table(run), *([memory] if memory is not None else []))
 
 
-def run_detail(run: RunInfo, metrics: list[MetricPoint], with_recipe: bool = False) -> Group:
+def named_table(named: Mapping[str, tuple[int, float]]) -> Table:
+    """The last value of each named metric (``eval/*``, ``moe/*``, a script's own), by name."""
+    table = Table(title="named metrics (last value)")
+    for col, justify in (("name", "left"), ("step", "right"), ("value", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for name in sorted(named):
+        step, value = named[name]
+        table.add_row(Text(name), str(step), f"{value:.4g}")  # a script's own name: text, never markup
+    return table
+
+
+def run_detail(run: RunInfo, metrics: list[MetricPoint], with_recipe: bool = False,
+               named: Mapping[str, tuple[int, float]] | None = None) -> Group:
     """``ftui show``: the summary, the memory table, the metrics (the first and last steps of a long run,
-    with a line saying how many were left out), and where the recipe the run was launched with is; the
-    whole resolved recipe only ``with_recipe`` (``--recipe``: some 60 lines, which buried the metrics)."""
+    with a line saying how many were left out), the named metrics' last values, and where the recipe the run
+    was launched with is; the whole resolved recipe only ``with_recipe`` (``--recipe``: some 60 lines, which
+    buried the metrics)."""
     parts: list[Any] = [run_report(run)]
     if with_recipe and run.recipe_text:
         parts.append(Text("recipe", style="bold"))
@@ -418,6 +431,8 @@ def run_detail(run: RunInfo, metrics: list[MetricPoint], with_recipe: bool = Fal
             for m in tail:
                 table.add_row(*_metric_cells(m))
         parts.append(table)
+    if named:
+        parts.append(named_table(named))
     parts.append(Text(f"run folder: {run.run_dir}", style="dim"))
     if run.recipe_text and not with_recipe:
         where = f", or {Path(run.run_dir) / RECIPE_FILE}" if run.run_dir else ""
