@@ -137,6 +137,7 @@ def load_dtype(dtype: str, method: str, precision: str) -> Any:
     table = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     if dtype != "auto":
         return table[dtype]
+    precision = "bf16" if precision == "fp8" else precision  # torchao's float8 layers: bf16 around them
     # Full fine-tuning keeps fp32 master weights (accelerate autocasts the compute); LoRA's frozen
     # base can live in the compute dtype, which halves its memory.
     if method in ("lora", "qlora") and precision != "fp32":

@@ -318,6 +318,9 @@ class PrecisionEvent(TypedDict):
     master: str | None
     """fp32 master copy's dtype (DeepSpeed), None when the optimizer updates the weights themselves."""
     source: str
+    switches: NotRequired[dict[str, Any]]
+    """:func:`runner.rank.gpu_switches.in_effect`: the cp mesh's size, ``Float8Linear`` modules
+    (``fp8_linears``), whether the forward's saved tensors went to the host (``activation_offload``)."""
 
 
 class LossScaleEvent(TypedDict):

@@ -220,10 +220,10 @@ def in_flight(schedule: str, stage: int, stages: int, microbatches: int) -> int:
 def rows_per_step(recipe: Recipe) -> int:
     """Rows of one optimizer step over every process: ``train.batch_size`` x ``train.grad_accum`` x the
     data parallel replicas of the strategy (:meth:`runner.spec.strategies.Strategy.global_batch`; the
-    processes of one pipeline or tensor-parallel group are one replica). The rank's loop and the pre-flight
-    both take it from here."""
-    train = recipe.train
-    return strategies.get(recipe.launch.strategy).global_batch(train.batch_size, train.grad_accum, world_size(recipe),
+    processes of one pipeline or tensor-parallel group are one replica, and so are those one sequence is split
+    over by context parallelism). The rank's loop and the pre-flight both take it from here."""
+    train, world = recipe.train, world_size(recipe) // recipe.launch.cp_size
+    return strategies.get(recipe.launch.strategy).global_batch(train.batch_size, train.grad_accum, world,
                                                                tp_size(recipe))
 
 

@@ -259,7 +259,11 @@ def _recipe_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=strategies.engine_names(),
                         help="override launch.engine: what implements a ZeRO stage (deepspeed or torch)")
     parser.add_argument("--offload", choices=strategies.OFFLOADS,
-                        help="override launch.offload: ZeRO state kept in host memory")
+                        help="override launch.offload: ZeRO state kept in host memory (nvme: on --nvme-path)")
+    parser.add_argument("--nvme-path", metavar="DIR",
+                        help="override launch.nvme_path: the NVMe folder of offload nvme")
+    parser.add_argument("--cp-size", type=int, metavar="N",
+                        help="override launch.cp_size: processes each sequence is split over (context parallel, GPUs)")
     parser.add_argument("--replicate", type=int, metavar="R",
                         help="override launch.replicate: hsdp's groups of processes that are replicas of each other")
     parser.add_argument("--shard", type=int, metavar="S",

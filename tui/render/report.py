@@ -259,12 +259,33 @@ def zero_rows(summary: RunSummary) -> list[tuple[str, str, str]]:
         value = " · ".join(f"{label} {precision.get(key) or 'none'}" for label, key in parts
                            if key != "frozen_params" or precision.get(key))
         rows.append(("precision", value, "measured (dtypes of rank 0's live tensors)"))
+    switched = switch_text((precision or {}).get("switches"))
+    if switched:
+        rows.append(("efficiency switches", switched, "measured (rank 0's cp mesh, Float8Linear modules, saved-tensor "
+                                                      "hooks)"))
     if summary.loss_scale_drops:
         rows.append(("fp16 loss-scale drops", str(summary.loss_scale_drops), "trainer (loss_scale events)"))
-    host = ((summary.estimate or {}).get("per_device_bytes") or {}).get("host_bytes")
-    if host:
-        rows.append(("offloaded to host", fmt_bytes(host), "estimated (per rank: host memory, not the device's)"))
+    per_device = (summary.estimate or {}).get("per_device_bytes") or {}
+    if per_device.get("host_bytes"):
+        rows.append(("offloaded to host", fmt_bytes(per_device["host_bytes"]),
+                     "estimated (per rank: host memory, not the device's)"))
+    if per_device.get("nvme_bytes"):
+        rows.append(("offloaded to NVMe", fmt_bytes(per_device["nvme_bytes"]), "estimated (per rank: ZeRO-Infinity)"))
     return rows
+
+
+def switch_text(switches: dict[str, Any] | None) -> str | None:
+    """The efficiency switches found live (the precision event's ``switches``), or None when none is on."""
+    if not switches:
+        return None
+    parts = []
+    if int(switches.get("cp_size") or 1) > 1:
+        parts.append(f"context parallel over {switches['cp_size']}")
+    if switches.get("fp8_linears"):
+        parts.append(f"fp8 in {switches['fp8_linears']} Linear layers")
+    if switches.get("activation_offload"):
+        parts.append("activations saved to host")
+    return " · ".join(parts) or None
 
 
 # (row, estimate key in per_device_bytes, measured key in a rank's figures, how the ranks combine, source note)
