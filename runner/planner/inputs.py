@@ -73,6 +73,15 @@ class EstimateInput:
     shard: int | None = None
     """``hsdp``: processes each group shards the model states over (``launch.shard``, as
     :func:`runner.spec.layout.hsdp_mesh` completes it); None: that function's default for ``n_devices``."""
+    cp_size: int = 1
+    """Context parallelism: processes each sequence is split over (``launch.cp_size``)."""
+    fp8: bool = False
+    """torchao float8 training of the decoder's Linear layers (``train.precision = "fp8"``; ``precision`` is
+    then the bf16 of everything else)."""
+    activation_offload: bool = False
+    """Saved activations in pinned host memory (``train.activation_offload``)."""
+    nvme_offload: bool = False
+    """What offload moves goes to an NVMe folder (``launch.offload = "nvme"``), not host memory."""
 
 
 

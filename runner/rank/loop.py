@@ -33,6 +33,7 @@ from runner.rank.context import DataShape, Setup
 from runner.rank.engine import Engine, MicroBatch
 from runner.rank.measure import gather_list
 from runner.rank.model_load import load_model
+from runner.rank.router_load import RouterLoad, experts_of, load_summary
 from runner.rank.throughput import Window, throughput
 from runner.spec import events as ev
 from runner.spec import layout, zero
@@ -75,6 +76,8 @@ class _Progress:
     profiled: Window | None = None
     """The profiled step's start and the tokens before it: where the steady state ends."""
     split: step_split.StepSplit | None = None
+    router: RouterLoad | None = None
+    """A mixture of experts' tokens per expert per layer (:mod:`runner.rank.router_load`); None: dense."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,8 @@ class _Reduced:
     tokens: int
     grad_sq: float
     memory_slots: list[float]
+    router_counts: list[float] = field(default_factory=list)
+    """Tokens per expert per layer of the step, summed over ranks (a mixture of experts only)."""
 
 
 def train(setup: Setup, engine: Engine) -> Status:
@@ -110,6 +115,7 @@ def train(setup: Setup, engine: Engine) -> Status:
     engine.register_scheduler(scheduler)
 
     progress = _Progress(start_step=0, tokens_done=0, tokens_at_start=0)  # real tokens: padding (data.pack = false) is not counted
+    progress.router = _router_load(loaded.model.config, engine)
     resume_seconds = None
     if resume is not None:
         assert engine.checkpointer is not None, "the recipe validator refuses resume_from for this layout"
@@ -118,9 +124,16 @@ def train(setup: Setup, engine: Engine) -> Status:
         engine.checkpointer.load(Path(str(recipe.train.resume_from)))
         resume_seconds = time.perf_counter() - t_load
         tokens = int(resume["tokens_done"])
-        progress = _Progress(start_step=int(resume["step"]), tokens_done=tokens, tokens_at_start=tokens)
+        progress = _Progress(start_step=int(resume["step"]), tokens_done=tokens, tokens_at_start=tokens,
+                             router=progress.router)
     setup.emit(_start_event(setup, engine, shape, dims, progress.start_step, resume_seconds))
     return _run_steps(setup, engine, shape, scheduler, progress)
+
+
+def _router_load(config: Any, engine: Engine) -> RouterLoad | None:
+    """Router hooks on a mixture of experts (its layers and experts from the config, the same on every rank)."""
+    experts = experts_of(config)
+    return RouterLoad(engine.model, int(getattr(config, "num_hidden_layers", 0) or 0), experts) if experts else None
 
 
 def _data_shape(setup: Setup, engine: Engine, rows: int) -> DataShape:
@@ -202,9 +215,12 @@ def _run_steps(setup: Setup, engine: Engine, shape: DataShape, scheduler: Any, p
             p.steady_steps += 1
         # The first steps measure peak memory per phase (runner/rank/memtrack.py); later steps pay nothing.
         peaks: memtrack.Meter = meter if metered else memtrack.NoMeter()
+        if p.router is not None:
+            p.router.take()  # an evaluation's forwards since the last step are not training's routing
         with _profile(setup, p) as prof, step_split.mark(step_split.STEP_MARK, p.profiling):
             loss_sum, my_tokens = _micro_steps(setup, engine, shape, p, peaks)
-            reduced = _reduce(setup, engine, loss_sum, my_tokens, engine.reduce_grads())
+            routed = p.router.take() if p.router is not None else None
+            reduced = _reduce(setup, engine, loss_sum, my_tokens, engine.reduce_grads(), routed)
             grad_norm, bad = _optimizer_step(engine, train.max_grad_norm, reduced, peaks)
         if prof is not None:
             p.split = prof.result
@@ -223,6 +239,7 @@ def _run_steps(setup: Setup, engine: Engine, shape: DataShape, scheduler: Any, p
             if bad is not None:
                 step_event["skipped"] = True
             setup.emit(step_event)
+            _emit_router_load(setup, p, reduced, step + 1)
         if step == p.start_step or notable or t1 - p.last_memory_event >= MEMORY_EVERY_S:
             p.last_memory_event = t1
             setup.emit(ev.MemoryEvent(type="memory", step=step + 1, ranks=setup.memory.ranks(reduced.memory_slots)))
@@ -277,24 +294,38 @@ def _micro_steps(setup: Setup, engine: Engine, shape: DataShape, p: _Progress,
     return loss_sum, my_tokens
 
 
-def _reduce(setup: Setup, engine: Engine, loss_sum: Any, my_tokens: int, grad_sq: float) -> _Reduced:
-    """One collective per step carries the loss, the stop request, the token count, the squared gradient norm
-    and each rank's memory figures (its own slots, zeros elsewhere), so every rank leaves the loop after the
-    same step and takes the same decision on a non-finite loss. It comes before the optimizer step for that
-    decision. float64: byte counts exceed float32's 24 bits."""
+def _emit_router_load(setup: Setup, p: _Progress, reduced: _Reduced, step: int) -> None:
+    """The step's router load as named metrics (``moe/*``), from every rank's tokens per expert per layer."""
+    if p.router is None or not reduced.router_counts:
+        return
+    layers, experts = p.router.counts.shape
+    values = load_summary(torch.tensor(reduced.router_counts, dtype=torch.float64).view(layers, experts))
+    if values:
+        setup.emit(ev.metrics_event(step, values))
+
+
+def _reduce(setup: Setup, engine: Engine, loss_sum: Any, my_tokens: int, grad_sq: float,
+            routed: Any = None) -> _Reduced:
+    """One collective per step carries the loss, the stop request, the token count, the squared gradient norm,
+    each rank's memory figures (its own slots, zeros elsewhere) and, for a mixture of experts, its tokens per
+    expert per layer (``routed``), so every rank leaves the loop after the same step and takes the same
+    decision on a non-finite loss. It comes before the optimizer step for that decision. float64: byte counts
+    exceed float32's 24 bits."""
     acc = setup.accelerator
     world = acc.num_processes
     mem_slots = torch.zeros(3 * world, dtype=torch.float64)
     mem_slots[3 * acc.process_index : 3 * acc.process_index + 3] = torch.tensor(setup.memory.now(), dtype=torch.float64)
     owns = engine.owns_loss
     mine = [float(loss_sum) if owns else 0.0, float(setup.stop.requested), float(my_tokens) if owns else 0.0, grad_sq]
-    stats = torch.cat([torch.tensor(mine, dtype=torch.float64), mem_slots]).to(acc.device)
+    router = routed.to(torch.float64) if routed is not None else torch.zeros(0, dtype=torch.float64)
+    stats = torch.cat([torch.tensor(mine, dtype=torch.float64), mem_slots, router]).to(acc.device)
     if world > 1:
         stats = acc.reduce(stats, reduction="sum")
     stats = stats.cpu()
     # Each replica's loss is the mean over its rows.
     return _Reduced(mean_loss=float(stats[0]) / engine.replicas, stop_requested=float(stats[1]) > 0,
-                    tokens=int(stats[2]), grad_sq=float(stats[3]), memory_slots=stats[4:].tolist())
+                    tokens=int(stats[2]), grad_sq=float(stats[3]), memory_slots=stats[4 : 4 + 3 * world].tolist(),
+                    router_counts=stats[4 + 3 * world :].tolist())
 
 
 def _optimizer_step(engine: Engine, max_grad_norm: float, reduced: _Reduced,

@@ -59,7 +59,13 @@ def load_model(setup: Setup) -> LoadedModel:
         if spread and not setup.on_cpu:
             model = _dispatch_over_gpus(model)
     elif model_cfg.name.startswith(builtin.BUILTIN_PREFIX):
-        raise ValueError(f"model.name: unknown builtin model {model_cfg.name!r} (have {builtin.TINY_LLAMA})")
+        from transformers import AutoModelForCausalLM  # deferred: transformers is slow to import
+
+        torch.manual_seed(recipe.train.seed)
+        config = builtin.model_config(model_cfg.name, len(setup.tokenizer))
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
+        if spread and not setup.on_cpu:
+            model = _dispatch_over_gpus(model)
     else:
         model = _from_pretrained(setup, dtype, spread)
     total = param_count(model.parameters())
@@ -131,6 +137,7 @@ def load_dtype(dtype: str, method: str, precision: str) -> Any:
     table = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     if dtype != "auto":
         return table[dtype]
+    precision = "bf16" if precision == "fp8" else precision  # torchao's float8 layers: bf16 around them
     # Full fine-tuning keeps fp32 master weights (accelerate autocasts the compute); LoRA's frozen
     # base can live in the compute dtype, which halves its memory.
     if method in ("lora", "qlora") and precision != "fp32":

@@ -222,6 +222,12 @@ def _trainable_itemsize(model: Any) -> int | None:
     return int(local_param(p).element_size()) if p is not None else None
 
 
+def _offload_device(config: Any) -> str:
+    """The device of a DeepSpeed offload config (``cpu``, ``nvme``; its ``OffloadDeviceEnum`` as text)."""
+    device = getattr(config, "device", None)
+    return str(getattr(device, "value", device))
+
+
 def in_effect(model: Any, optimizer: Any, accelerator: Any) -> dict[str, Any]:
     """What the prepared model and optimizer of this rank are: engine, ZeRO stage, offload, in the engine's
     own terms (read from the objects, never from the recipe)."""
@@ -233,6 +239,9 @@ def in_effect(model: Any, optimizer: Any, accelerator: Any) -> dict[str, Any]:
             offload = "optimizer"
         if stage == 3 and callable(getattr(model, "zero_offload_param", None)) and model.zero_offload_param():
             offload = "optimizer+params" if offload == "optimizer" else "params"
+        if offload == "optimizer+params" and _offload_device(model.zero_offload_optimizer()) == "nvme" \
+                and _offload_device(model.zero_offload_param()) == "nvme":
+            offload = "nvme"  # ZeRO-Infinity: both swapped to the NVMe folder
         return {"engine": "deepspeed", "stage": stage, "offload": offload, "how": f"DeepSpeed ZeRO stage {stage}",
                 "optimizer": type(model.optimizer).__name__}
     if type(opt).__name__ == "ZeroRedundancyOptimizer":

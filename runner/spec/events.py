@@ -82,6 +82,9 @@ RECIPE_FILE = "recipe.toml"
 ACCELERATE_FILE = "accelerate.yaml"
 LAUNCH_FILE = "launch.json"
 LAUNCHER_LOG = "launcher.log"
+ENERGY_COUNTER = "energy_counter"
+"""The watcher's event with the CPU's RAPL counters (:func:`runner.hardware.rapl.read_counters`), ``at``
+the launch (``start``) and at the exit (``end``): the ledger's CPU energy."""
 OUTPUT_DIR = "output"
 
 EXIT_NO_SPACE = 28
@@ -315,6 +318,9 @@ class PrecisionEvent(TypedDict):
     master: str | None
     """fp32 master copy's dtype (DeepSpeed), None when the optimizer updates the weights themselves."""
     source: str
+    switches: NotRequired[dict[str, Any]]
+    """:func:`runner.rank.gpu_switches.in_effect`: the cp mesh's size, ``Float8Linear`` modules
+    (``fp8_linears``), whether the forward's saved tensors went to the host (``activation_offload``)."""
 
 
 class LossScaleEvent(TypedDict):

@@ -42,10 +42,28 @@ def layout_name(recipe: Recipe) -> str:
     return f"{name} over {recipe.launch.nproc} processes" if name == "mp" else name
 
 
+EXPERT_PARALLEL_MISSING = (
+    "expert parallelism is not available: transformers' mixture-of-experts models (Mixtral, Qwen2-MoE, OLMoE) "
+    "keep a layer's experts in one module of stacked weights, which ftui's engines replicate (ddp) or shard as "
+    "a whole (fsdp, ZeRO), never by expert; DeepSpeed-MoE's expert parallelism needs a model built of its own "
+    "deepspeed.moe MoE layers, and ftui does not switch on DeepSpeed's AutoEP module replacement; "
+    "set launch.ep_size = 1 (fsdp or zero3 shard the experts' weights instead)")
+"""Why ``launch.ep_size`` above 1 is refused (docs/strategies.md, "Mixture of experts")."""
+
+
+def expert_parallel_problem(recipe: Recipe) -> str | None:
+    """One line refusing ``launch.ep_size`` above 1 (None: no expert parallelism asked for)."""
+    size = recipe.launch.ep_size
+    return None if size is None or size == 1 else f"launch.ep_size: {size}: {EXPERT_PARALLEL_MISSING}"
+
+
 def recipe_problem(recipe: Recipe) -> str | None:
-    """One line naming the field that a pipelined, tensor-parallel or hybrid sharded recipe gets wrong (None:
-    fine)."""
+    """One line naming the field that a pipelined, tensor-parallel, hybrid sharded or expert-parallel recipe gets
+    wrong (None: fine)."""
     launch, train = recipe.launch, recipe.train
+    expert = expert_parallel_problem(recipe)
+    if expert:
+        return expert
     strategy = strategies.get(launch.strategy)
     if strategy.hybrid:
         return mesh_problem(recipe)
@@ -202,10 +220,10 @@ def in_flight(schedule: str, stage: int, stages: int, microbatches: int) -> int:
 def rows_per_step(recipe: Recipe) -> int:
     """Rows of one optimizer step over every process: ``train.batch_size`` x ``train.grad_accum`` x the
     data parallel replicas of the strategy (:meth:`runner.spec.strategies.Strategy.global_batch`; the
-    processes of one pipeline or tensor-parallel group are one replica). The rank's loop and the pre-flight
-    both take it from here."""
-    train = recipe.train
-    return strategies.get(recipe.launch.strategy).global_batch(train.batch_size, train.grad_accum, world_size(recipe),
+    processes of one pipeline or tensor-parallel group are one replica, and so are those one sequence is split
+    over by context parallelism). The rank's loop and the pre-flight both take it from here."""
+    train, world = recipe.train, world_size(recipe) // recipe.launch.cp_size
+    return strategies.get(recipe.launch.strategy).global_batch(train.batch_size, train.grad_accum, world,
                                                                tp_size(recipe))
 
 

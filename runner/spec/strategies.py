@@ -17,8 +17,8 @@ Shard = str
 ``grads``, ``params`` (tensor parallel: a slice of each sharded matrix, with its gradient and
 optimizer state); or ``layers`` (model and pipeline parallel: each device holds a slice of the layers)."""
 
-OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+params")
-"""``launch.offload`` values: what lives in host memory instead of the device."""
+OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+params", "nvme")
+"""``launch.offload`` values: what lives in host memory (``nvme``: on an NVMe folder) instead of the device."""
 
 
 @dataclass(frozen=True)
@@ -372,12 +372,14 @@ def choices_text(options: Iterable[str]) -> str:
 
 def recipe_global_batch(name: str, recipe: Mapping[str, Any], nproc: int) -> int | None:
     """:func:`global_batch` of a stored recipe (its TOML as a dict: ``train.batch_size``,
-    ``train.grad_accum``, ``launch.tp_size``); None when the recipe does not give the batch."""
+    ``train.grad_accum``, ``launch.tp_size``, ``launch.cp_size``: the processes one sequence is split over are
+    one replica); None when the recipe does not give the batch."""
     train, launch = recipe.get("train") or {}, recipe.get("launch") or {}
-    micro, ga, tp = train.get("batch_size"), train.get("grad_accum"), launch.get("tp_size")
+    micro, ga, tp, cp = train.get("batch_size"), train.get("grad_accum"), launch.get("tp_size"), launch.get("cp_size")
     if not isinstance(micro, int) or not isinstance(ga, int) or not micro or not ga:
         return None
-    return global_batch(name, micro, ga, nproc, tp if isinstance(tp, int) else None)
+    replicas = nproc // cp if isinstance(cp, int) and cp > 1 else nproc
+    return global_batch(name, micro, ga, replicas, tp if isinstance(tp, int) else None)
 
 
 def global_batch(name: str, micro_batch: int, grad_accum: int, nproc: int, tp_size: int | None = None) -> int:

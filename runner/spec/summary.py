@@ -181,6 +181,27 @@ class StacksReport(TypedDict):
     """The run's ``stacks`` folder: the full dumps, one file per rank."""
 
 
+class LedgerSummary(TypedDict):
+    """A run's device-hours and energy (:func:`runner.analysis.ledger.account`), as stored in its summary."""
+
+    devices: int | None
+    devices_kind: str | None
+    """``gpu`` or ``rank``: what a device is for this run (its GPUs, else its ranks)."""
+    devices_source: str
+    wall_s: float | None
+    """Seconds from the watcher's launch event to its exit event."""
+    window: str
+    """The span ``device_hours`` counts, in words."""
+    device_hours: float | None
+    active_device_hours: float | None
+    """The same devices over the telemetry's active window (first step to last)."""
+    gpu_energy_j: float | None
+    gpu_energy_source: str
+    """Where ``gpu_energy_j`` comes from, or why it is None."""
+    cpu_energy_j: float | None
+    cpu_energy_source: str
+
+
 GPU_UTIL_UNIT = "GPU busy % (NVML: time a kernel ran, not FLOPs)"
 CPU_CORE_UNIT = "CPU % of one core (psutil)"
 
@@ -265,6 +286,9 @@ class RunSummary:
     # at prepare time
     uid: str | None = None
     estimate: EstimateSummary | None = None
+    devices: list[str] | None = None
+    """The devices of its host the run takes (``gpu:ID`` each, or ``cpu``: :mod:`runner.spec.devices`); the
+    queue starts no run on them while this one is live. None: recorded before runs kept it (every device)."""
     # from the trainer's start event
     params: int | None = None
     trainable_params: int | None = None
@@ -323,6 +347,8 @@ class RunSummary:
     """:func:`runner.spec.first_step.breakdown`: launch to the end of step 1, per stage (the watcher's, at step 1)."""
     last_step_time: float | None = None
     telemetry: TelemetrySummary | None = None
+    ledger: LedgerSummary | None = None
+    """Device-hours and energy, written at the end (:func:`runner.analysis.ledger.account`)."""
     mfu_peak: dict[str, Any] | None = None
     """The peak FLOP/s of one device that the run's MFU is measured against
     (:meth:`runner.analysis.mfu.Peak.to_json`): on GPU the datasheet's, on CPU the matmul rate probed in
@@ -372,7 +398,7 @@ def _default(f: Any) -> Any:
 def _json_types(annotation: str) -> tuple[type, ...]:
     """The JSON value types an attribute's annotation (a string: postponed evaluation) admits."""
     head = annotation.split("|")[0].split("[")[0].strip()
-    if head in ("dict", "EstimateSummary", "TelemetrySummary", "StacksReport"):
+    if head in ("dict", "EstimateSummary", "TelemetrySummary", "StacksReport", "LedgerSummary"):
         return (dict,)
     return {"list": (list,), "int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}[head]
 

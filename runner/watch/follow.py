@@ -20,6 +20,7 @@ from pathlib import Path
 
 from runner.hardware import Probe
 from runner.hardware.processes import started_wall
+from runner.hardware.rapl import read_counters
 from runner.spec import events as ev
 from runner.spec import watching
 from runner.spec.run_record import from_epoch
@@ -188,6 +189,7 @@ def execute(store: Store, prepared: Prepared, options: WatchOptions | None = Non
                            watcher_started=watcher["orchestrator_create_time"], watcher_host=watcher["orchestrator_host"])
     record_watcher(store, run_id, status="running", started_at=from_epoch(record["time"]), pgid=group.pgid,
                    pgid_started=group.started)
+    quietly(recorder.emit, ev.ENERGY_COUNTER, at="start", **read_counters())  # the ledger's CPU energy
     return follow(store, prepared, Launcher(group, prepared.run_dir, proc), recorder, lock, options,
                   on_event=on_event, stop=stop, launched=launched)
 
@@ -331,6 +333,7 @@ class _Watch:
                     gpu=report.gpu_note, processes={str(k): v for k, v in report.seen.items()})
         if self.prepared.node is not None:
             self.prepared.node.fault_at = self.ranks.first_vanished_at or self.options.clock()
+        quietly(self.recorder.emit, ev.ENERGY_COUNTER, at="end", **read_counters())
         stacks = quietly(self.stacks.finish)
         if stacks and self.forced_error is not None and self.forced_error.startswith("hang:"):
             self.forced_error = f"{self.forced_error}; {stacks}"  # where each rank was, in the run's reason

@@ -143,7 +143,7 @@ def test_compare_has_one_row_its_stages_in_a_footnote_and_the_json() -> None:
 
 
 def test_plan_gives_each_candidate_the_median_of_its_trials_stages() -> None:
-    from tui.render.plan import _notes, candidate_entry  # deferred: the plan's service is heavy to import
+    from tui.render.plan import candidate_entry, note_line  # deferred: the plan's service is heavy to import
 
     trials = [run_info(1, "ddp", 2, 100.0, time_to_first_step=_record(spawn=2.0, imports=6.0, first_step=3.0)),
               run_info(2, "ddp", 2, 110.0, time_to_first_step=_record(spawn=4.0, imports=8.0, first_step=5.0)),
@@ -160,7 +160,7 @@ def test_plan_gives_each_candidate_the_median_of_its_trials_stages() -> None:
 
     entry = candidate_entry(Candidate(strategy="ddp", nproc=2, note="micro-batch 2 x GA 1"), standing, 0)
     assert entry["time_to_first_step_split"]["spawn"] == pytest.approx(3.0)
-    assert _notes(entry).endswith("to first step (s): spawn 3.0, imports 7.0, compile 1.0, first step 3.0")
+    assert note_line(entry).endswith("to first step (s): spawn 3.0, imports 7.0, compile 1.0, first step 3.0")
 
 
 def test_a_process_start_is_on_the_clock_the_journal_uses() -> None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from textual.message import Message
 
 from store import MetricPoint, RunInfo
+from store.queue import QueueEntryInfo
 
 if TYPE_CHECKING:  # the comparison and the plans are imported with their screens, not at start
     from runner.analysis.compare import Comparison
@@ -28,6 +29,8 @@ class RunsLoaded(Message, bubble=False):
     """The latest logged step of each running run (its live step, loss and tokens/s)."""
     total: int | None = None
     """How many runs the store holds, when ``runs`` is only the newest of them."""
+    queue: list[QueueEntryInfo] = field(default_factory=list)
+    """The queue's entries still to see to (waiting, running, not started), in line order."""
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, RunsLoaded)

@@ -193,6 +193,8 @@ def _print_text(report: dict[str, Any], inp: E.EstimateInput, gpu_mem: int, n_gp
         reason = row["per_device_bytes"].get("approximate")
         if reason and reason != inp.shape.approximate:
             con.print(Text(f"{name}: {reason}", style="bold yellow"))
+    for line in report.get("switches", []):  # context parallel, fp8, activation and NVMe offload: one line each
+        con.print(Text(line))
     con.print(Text.assemble(("recommendation (estimated):", "bold"), f" {report['recommendation']['reason']}"))
     for past in report.get("measured_here", []):  # ftui plan's decisions for this recipe on this host
         con.print(Text(past["line"], style="bold"))

@@ -53,7 +53,7 @@ def load_run_recipe(args: argparse.Namespace) -> Recipe:
                     nproc = strategies.get(args.strategy).procs(None, launch.default_nproc())
         if nproc is not None:
             overrides.append(f"launch.nproc={nproc}")
-        for field in ("engine", "offload", "replicate", "shard"):
+        for field in ("engine", "offload", "replicate", "shard", "cp_size", "nvme_path"):
             if getattr(args, field, None) is not None:
                 overrides.append(f"launch.{field}={json.dumps(getattr(args, field))}")
         return _load(args, overrides)

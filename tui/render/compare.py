@@ -109,9 +109,11 @@ def markdown(cmp: Comparison) -> str:
 
 
 def _flat(r: RunRow) -> dict[str, Any]:
-    """A row's fields, what it trains as ``training_*`` columns."""
+    """A row's fields, what it trains as ``training_*`` columns, its ledger as ``ledger_*``."""
     data = asdict(r)
-    return {**data, **{f"training_{k}": v for k, v in data.pop("training").items()}}
+    ledger = data.pop("ledger") or {}
+    return {**data, **{f"training_{k}": v for k, v in data.pop("training").items()},
+            **{f"ledger_{k}": v for k, v in ledger.items()}}
 
 
 def to_csv(cmp: Comparison) -> str:

@@ -14,6 +14,7 @@ from runner.analysis.mfu import flops_text
 from runner.analysis.run_peak import differing_peaks
 from runner.analysis.shard_verdict import NOT_MEASURED
 from runner.spec import first_step
+from tui.render.ledger import cost_text, energy_text, per_cost_text
 from tui.render.report import fmt_bytes, fmt_seconds
 
 CELL_MAX = 24
@@ -95,6 +96,13 @@ FIRST_STEP = "time to first step"
 FIRST_STEP_COLUMN: Column = (FIRST_STEP, lambda r: first_step.words(r.first_step))
 """Shown when a compared run has it stored (:mod:`runner.spec.first_step`): the total, its stages in a footnote."""
 
+LEDGER_COLUMNS: list[Column] = [
+    ("tokens/J", lambda r: _num(r.ledger.tokens_per_joule, ".3g") if r.ledger else "-"),
+    ("tokens per cost", lambda r: per_cost_text(r.ledger) if r.ledger else "-"),
+]
+"""Shown when a compared run has a stored ledger (:mod:`runner.analysis.ledger`); '-' with its reason in
+the sources."""
+
 NOT_REPORTED = "not reported"
 SCRIPT_REPORTS = frozenset({"micro-batch x GA", "train time", "tokens/s", "tokens/s/device", MEM_MEASURED,
                             "final loss", "best loss"})
@@ -112,16 +120,33 @@ def _reported(cell: Callable[[RunRow], str]) -> Callable[[RunRow], str]:
 COLUMNS = [(h, _reported(c) if h in SCRIPT_REPORTS else c) for h, c in COLUMNS]
 
 
+ROUTER_PREFIX = "moe/"
+"""A mixture of experts' router load (runner/rank/router_load.py): shown when a compared run reported it."""
+
+
+def _router_columns(cmp: Comparison) -> list[Column]:
+    """One column per ``moe/*`` name any compared run reported: its last value."""
+    names = sorted({n for values in cmp.named.values() for n in values if n.startswith(ROUTER_PREFIX)})
+
+    def last(name: str) -> Callable[[RunRow], str]:
+        return lambda r: _num(cmp.named.get(r.run_id, {}).get(name), ".3g")
+
+    return [(f"{name} (last)", last(name)) for name in names]
+
+
 def full_columns(cmp: Comparison) -> list[Column]:
-    """:data:`COLUMNS` with their full texts, with the eval figures before ``speed-up`` when any run has them."""
+    """:data:`COLUMNS` with their full texts, with the eval figures and the router's load before ``speed-up``
+    when any run has them."""
     cols = list(COLUMNS)
     if any(r.first_step for r in cmp.rows):
         at = next(i for i, (h, _) in enumerate(cols) if h == "train time")
         cols.insert(at, FIRST_STEP_COLUMN)
-    if not cmp.eval_curves:
+    ledger = LEDGER_COLUMNS if any(r.ledger is not None and r.ledger.recorded for r in cmp.rows) else []
+    extra = [*(EVAL_COLUMNS if cmp.eval_curves else []), *_router_columns(cmp), *ledger]
+    if not extra:
         return cols
     at = next(i for i, (h, _) in enumerate(cols) if h == "speed-up")
-    return [*cols[:at], *EVAL_COLUMNS, *cols[at:]]
+    return [*cols[:at], *extra, *cols[at:]]
 
 
 def peak_brief(r: RunRow) -> str:
@@ -195,6 +220,9 @@ def figure_sources(cmp: Comparison) -> list[str]:
                    "trainer's phase events on this host (docs/compare.md)")
     if cmp.eval_curves:
         out.append("eval loss: measured by the trainer over the whole held-out set (token-weighted mean over ranks)")
+    if _router_columns(cmp):
+        out.append("moe/*: the router's top-k choice per token, counted by the trainer per expert and layer over "
+                   "every rank, at the last logged step (docs/metrics.md)")
     if any(r.script for r in cmp.rows):
         out.append("script runs: what the script reported through runner.track or FtuiCallback (train time from "
                    "its start to its last step); 'not reported' where it did not")
@@ -211,11 +239,26 @@ def figure_sources(cmp: Comparison) -> list[str]:
     if any(r.sharding != NOT_MEASURED for r in cmp.rows):
         out.append("sharding: each rank's measured bytes of each kind of state against the whole and the share its "
                    "strategy promises (docs/strategies.md)")
+    out += ledger_sources(cmp)
     base = cmp.row(cmp.baseline_id)
     if base and base.tokens_per_s:
         out.append(f"speed-up: tokens/s over the baseline's, run {base.run_id} ({cmp.label(base)})")
     notes = sorted({f"{r.strategy_label}: {r.note}" for r in cmp.rows if r.note})
     out += [f"batch: {n}" for n in notes]
+    return out
+
+
+def ledger_sources(cmp: Comparison) -> list[str]:
+    """Where each run's tokens per joule and per unit of cost come from, or why they are '-'."""
+    out = []
+    for r in cmp.rows:
+        if r.ledger is None or not r.ledger.recorded:
+            continue
+        f = r.ledger
+        out.append(f"run {r.run_id} energy {energy_text(f.energy_j)}: {f.energy_source}; tokens/J "
+                   f"{_num(f.tokens_per_joule, '.3g')}: {f.tokens_per_joule_source}")
+        out.append(f"run {r.run_id} device-hours {_num(f.device_hours, '.4g')}: {f.device_hours_source}; cost "
+                   f"{cost_text(f)}: {f.cost_source}; tokens per cost {per_cost_text(f)}: {f.tokens_per_cost_source}")
     return out
 
 

@@ -16,6 +16,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from runner.analysis import ledger
 from runner.analysis.mfu import Peak
 from runner.analysis.run_peak import stored_mfu
 from runner.analysis.shard_verdict import run_verdict
@@ -26,6 +27,7 @@ from runner.spec.events import RECIPE_FILE
 from runner.spec.strategies import STRATEGIES, recipe_global_batch
 from runner.spec.summary import RunSummary, busiest_peak, error_pct, model_state_bytes, rank_peak, rank_rss
 from store import MetricPoint, NamedMetricPoint, RunInfo
+from tui.render.ledger import ledger_rows
 from tui.render.plain import row as text_row
 from tui.render.words import distributed_words, strategy_words
 
@@ -231,6 +233,9 @@ def run_summary_table(run: RunInfo | None) -> Table:
             source = stored.source.split(", ")[0]  # a probe's source says it was beside the run
             table.add_row(*text_row("MFU peak/device", stored.figure(),
                                     source if stored.kind == "probe" else f"{stored.provenance()}: {source}"))
+    if run.summary.ledger is not None:  # device-hours, energy, cost (runner.analysis.ledger)
+        for row in ledger_rows(ledger.figures(run.summary)):
+            table.add_row(*text_row(*row))
     if run.error:
         table.add_row("error", Text(run.error, style="red"), "")
     stacks = run.summary.stacks
@@ -277,12 +282,33 @@ def zero_rows(summary: RunSummary) -> list[tuple[str, str, str]]:
         value = " · ".join(f"{label} {precision.get(key) or 'none'}" for label, key in parts
                            if key != "frozen_params" or precision.get(key))
         rows.append(("precision", value, "measured (dtypes of rank 0's live tensors)"))
+    switched = switch_text((precision or {}).get("switches"))
+    if switched:
+        rows.append(("efficiency switches", switched, "measured (rank 0's cp mesh, Float8Linear modules, saved-tensor "
+                                                      "hooks)"))
     if summary.loss_scale_drops:
         rows.append(("fp16 loss-scale drops", str(summary.loss_scale_drops), "trainer (loss_scale events)"))
-    host = ((summary.estimate or {}).get("per_device_bytes") or {}).get("host_bytes")
-    if host:
-        rows.append(("offloaded to host", fmt_bytes(host), "estimated (per rank: host memory, not the device's)"))
+    per_device = (summary.estimate or {}).get("per_device_bytes") or {}
+    if per_device.get("host_bytes"):
+        rows.append(("offloaded to host", fmt_bytes(per_device["host_bytes"]),
+                     "estimated (per rank: host memory, not the device's)"))
+    if per_device.get("nvme_bytes"):
+        rows.append(("offloaded to NVMe", fmt_bytes(per_device["nvme_bytes"]), "estimated (per rank: ZeRO-Infinity)"))
     return rows
+
+
+def switch_text(switches: dict[str, Any] | None) -> str | None:
+    """The efficiency switches found live (the precision event's ``switches``), or None when none is on."""
+    if not switches:
+        return None
+    parts = []
+    if int(switches.get("cp_size") or 1) > 1:
+        parts.append(f"context parallel over {switches['cp_size']}")
+    if switches.get("fp8_linears"):
+        parts.append(f"fp8 in {switches['fp8_linears']} Linear layers")
+    if switches.get("activation_offload"):
+        parts.append("activations saved to host")
+    return " · ".join(parts) or None
 
 
 # (row, estimate key in per_device_bytes, measured key in a rank's figures, how the ranks combine, source note)
@@ -397,10 +423,23 @@ def run_report(run: RunInfo) -> Group:
     return Group(run_summary_table(run), *([memory] if memory is not None else []))
 
 
-def run_detail(run: RunInfo, metrics: list[MetricPoint], with_recipe: bool = False) -> Group:
+def named_table(named: Mapping[str, tuple[int, float]]) -> Table:
+    """The last value of each named metric (``eval/*``, ``moe/*``, a script's own), by name."""
+    table = Table(title="named metrics (last value)")
+    for col, justify in (("name", "left"), ("step", "right"), ("value", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for name in sorted(named):
+        step, value = named[name]
+        table.add_row(Text(name), str(step), f"{value:.4g}")  # a script's own name: text, never markup
+    return table
+
+
+def run_detail(run: RunInfo, metrics: list[MetricPoint], with_recipe: bool = False,
+               named: Mapping[str, tuple[int, float]] | None = None) -> Group:
     """``ftui show``: the summary, the memory table, the metrics (the first and last steps of a long run,
-    with a line saying how many were left out), and where the recipe the run was launched with is; the
-    whole resolved recipe only ``with_recipe`` (``--recipe``: some 60 lines, which buried the metrics)."""
+    with a line saying how many were left out), the named metrics' last values, and where the recipe the run
+    was launched with is; the whole resolved recipe only ``with_recipe`` (``--recipe``: some 60 lines, which
+    buried the metrics)."""
     parts: list[Any] = [run_report(run)]
     if with_recipe and run.recipe_text:
         parts.append(Text("recipe", style="bold"))
@@ -420,6 +459,8 @@ def run_detail(run: RunInfo, metrics: list[MetricPoint], with_recipe: bool = Fal
             for m in tail:
                 table.add_row(*_metric_cells(m))
         parts.append(table)
+    if named:
+        parts.append(named_table(named))
     parts.append(Text(f"run folder: {run.run_dir}", style="dim"))
     if run.recipe_text and not with_recipe:
         where = f", or {Path(run.run_dir) / RECIPE_FILE}" if run.run_dir else ""

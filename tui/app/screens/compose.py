@@ -10,7 +10,7 @@ import shlex
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from rich.text import Text
 from textual import work
@@ -27,7 +27,7 @@ from runner.service import decisions, launch, plan
 from runner.service.plan_record import PlanCommand
 from runner.spec import strategies
 from runner.spec.launch import build_launch
-from runner.spec.recipe import Recipe, RecipeError, parse_recipe
+from runner.spec.recipe import LaunchSection, Recipe, RecipeError, TrainSection, parse_recipe
 from runner.spec.recipe_edit import changed_fields, edited_text, moved_paths
 from runner.watch.host import nproc_over_host, runs_on_cpu
 from runner.watch.preflight import check_files
@@ -49,8 +49,13 @@ ESTIMATE_DEBOUNCE_S = 0.25
 class Field:
     path: str
     label: str
-    kind: str  # str, num, list, ints, choice, bool
+    kind: str  # str, opt (text; empty leaves the recipe's value), num, list, ints, choice, bool
     choices: tuple[str, ...] = ()
+
+
+def choices(section: type[Any], name: str) -> tuple[str, ...]:
+    """A recipe field's allowed values, read from its ``Literal`` (the recipe decides them, not the form)."""
+    return tuple(str(v) for v in get_args(section.model_fields[name].annotation))
 
 
 FIELDS = (
@@ -67,12 +72,16 @@ FIELDS = (
     Field("train.grad_accum", "grad accum", "num"),
     Field("train.lr", "learning rate", "num"),
     Field("train.max_steps", "max steps", "num"),
-    Field("train.precision", "precision", "choice", ("fp32", "bf16", "fp16")),
+    Field("train.precision", "precision", "choice", choices(TrainSection, "precision")),
     Field("train.gradient_checkpointing", "grad checkpoint", "bool", ("false", "true")),
+    Field("train.activation_offload", "activation offload", "bool", ("false", "true")),
     Field("launch.strategy", "strategy", "choice", strategies.names(launchable=True)),
     Field("launch.nproc", "processes", "num"),
     Field("launch.gpus", "GPUs (e.g. 0,1)", "ints"),
     Field("launch.device", "device", "choice", ("auto", "cpu", "cuda")),
+    Field("launch.cp_size", "context parallel", "num"),
+    Field("launch.offload", "offload", "choice", choices(LaunchSection, "offload")),
+    Field("launch.nvme_path", "NVMe folder", "opt"),
 )
 
 
@@ -111,6 +120,8 @@ def override(field: Field, text: str) -> str | None:
         if not text:
             return None
         return f"{field.path}=[{', '.join(t.strip() for t in text.split(','))}]"
+    if field.kind == "opt" and not text:
+        return None
     return f"{field.path}={json.dumps(text)}"
 
 
