@@ -26,6 +26,8 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+from runner.spec.summary import StepSplitFigures
+
 Interval = tuple[float, float]
 
 STEP_MARK = "ftui.step"
@@ -46,9 +48,10 @@ class StepSplit:
     other_s: float
     source: str
 
-    def json(self) -> dict[str, Any]:
-        return {"wall_s": self.wall_s, "compute_s": self.compute_s, "comm_s": self.comm_s, "data_s": self.data_s,
-                "other_s": self.other_s, "source": self.source}
+    def json(self) -> StepSplitFigures:
+        """The rank's ``step_split`` record of the end event (runner/spec/summary.py)."""
+        return StepSplitFigures(wall_s=self.wall_s, compute_s=self.compute_s, comm_s=self.comm_s,
+                                data_s=self.data_s, other_s=self.other_s, source=self.source)
 
 
 def union(intervals: Iterable[Interval]) -> list[Interval]:
