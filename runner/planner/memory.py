@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from runner.planner.activations import ActivationBytes, activation_bytes
+from runner.planner.activations import ActivationBytes, activation_bytes, kernels_note
 from runner.planner.deepspeed import reduce_bucket_bytes, zero3_gathered_bytes
 from runner.planner.fsdp import Gathered, gathered_units
 from runner.planner.inputs import DTYPE_BYTES, EstimateInput, weight_bytes
@@ -528,7 +528,7 @@ def _estimate_part(inp: EstimateInput, run: _Run, states: _States, acts: _Activa
     states, offloaded = _offload(inp, run, _ddp_buckets(inp, run, states))
     b = _breakdown(inp, states, acts, _moments(inp, run, states, acts, gathered), offloaded)
     if b.approximate is None:
-        return replace(b, approximate=_bound(inp, run, b))
+        return replace(b, approximate=kernels_note(inp) or _bound(inp, run, b))
     return b
 
 

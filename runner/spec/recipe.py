@@ -26,9 +26,10 @@ from pydantic import (
     model_validator,
 )
 
-from runner.spec import layout, strategies, zero
+from runner.spec import kernels, layout, strategies, zero
 from runner.spec.builtin import BUILTIN_PREFIX, PYDOC_CORPUS, TINY_LLAMA
 from runner.spec.rendezvous import NodesError, split_endpoint
+from runner.spec.toml_text import dump_toml
 from runner.spec.units import parse_bytes
 
 
@@ -107,6 +108,11 @@ class ModelSection(_Section):
     """Dtype the weights are loaded in; ``auto`` follows train.precision for LoRA, fp32 for full."""
     trust_remote_code: bool = False
     revision: str | None = None
+    attn_implementation: kernels.Attention | None = None
+    """The attention kernel transformers runs: ``eager`` (matmul and softmax: keeps each layer's attention
+    probabilities for backward), ``sdpa`` (torch's fused kernels), ``flex_attention`` (a CUDA GPU) or
+    ``flash_attention_2`` (a CUDA GPU with the flash_attn package, fp16/bf16). None: transformers' choice,
+    ``sdpa`` where the model supports it. Sweepable: ``--grid model.attn_implementation=eager,sdpa``."""
 
 
 class DataSection(_Section):
@@ -197,6 +203,12 @@ class TrainSection(_Section):
     eval_every: NonNegInt = 0
     """Evaluate on the held-out set (``data.eval_fraction`` or ``data.eval_source``) every this many
     optimizer steps; with an eval set the run is always evaluated at its end too."""
+    compile: bool = False
+    """Compile each decoder layer with ``torch.compile`` (inductor; on CPU through its C++ back end). The first
+    step compiles (the ``compiling`` phase) and is left out of the steady-state tokens/s."""
+    compile_mode: kernels.CompileMode = "default"
+    """``torch.compile``'s ``mode`` with ``compile = true``: ``default``, ``reduce-overhead`` (CUDA graphs on
+    GPU) or ``max-autotune`` (autotuned kernels: a longer compile)."""
 
 
     @field_validator("lr")
@@ -329,7 +341,7 @@ class Recipe(_Section):
             raise ValueError(problem)
         if self.method.type == "qlora" and launch.device == "cpu":
             raise ValueError("method.type: qlora needs a CUDA GPU (bitsandbytes 4-bit); launch.device is 'cpu'")
-        problem = zero.recipe_problem(self)  # the ZeRO stages' engine and offload
+        problem = zero.recipe_problem(self) or kernels.recipe_problem(self)  # the ZeRO engines; compile, attention
         if problem:
             raise ValueError(problem)
         problem = self._eval_problem()
@@ -560,38 +572,3 @@ def _find_line(text: str, path: str) -> int | None:
         if full == path or (current == want and match.group(1) == key):
             return number
     return None
-
-
-# --------------------------------------------------------------------------- writing
-
-
-def dump_toml(data: dict[str, Any]) -> str:
-    """Write nested dicts of TOML scalars/lists as TOML text (scalars first, then sections)."""
-    lines: list[str] = []
-    _dump_table(data, [], lines)
-    return "\n".join(lines).strip() + "\n"
-
-
-def _dump_table(table: dict[str, Any], prefix: list[str], lines: list[str]) -> None:
-    scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
-    tables = {k: v for k, v in table.items() if isinstance(v, dict)}
-    if prefix and scalars:
-        lines.append(f"\n[{'.'.join(prefix)}]")
-    for key, value in scalars.items():
-        if value is None:
-            continue  # TOML has no null: an absent key means the default (None)
-        lines.append(f"{key} = {_toml_value(value)}")
-    for key, value in tables.items():
-        _dump_table(value, [*prefix, key], lines)
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {type(value).__name__} as TOML")

@@ -20,7 +20,7 @@ from runner.hardware import check_gpus_free, visible_mapping
 from runner.hardware.disks import filesystem_of
 from runner.planner import DEFAULT_RESERVE, checkpoint_bytes, inputs_from_recipe, parse_bytes
 from runner.planner.hub import hub_model_problem
-from runner.spec import layout, strategies, zero
+from runner.spec import kernels, layout, strategies, zero
 from runner.spec.builtin import BUILTIN_PREFIX, TINY_LLAMA_LINEAR
 from runner.spec.checkpoint import CheckpointError, check_resume
 from runner.spec.paths import FolderError, check_runs_dir, runs_dir
@@ -94,6 +94,7 @@ def preflight(recipe: Recipe, allow_data_change: bool = False, dry_run: bool = F
         raise PreflightError("method.type: qlora needs a CUDA GPU (bitsandbytes 4-bit); none is visible here")
     if recipe.train.precision == "fp16" and on_cpu:
         raise PreflightError("train.precision: fp16 needs a GPU; use bf16 or fp32 on CPU")
+    check_kernels(recipe)
     strategy = strategies.resolve(recipe.launch.strategy, recipe.launch.engine)
     missing = zero.engine_missing(strategy.engine)
     if missing:
@@ -139,6 +140,15 @@ def check_files(recipe: Recipe) -> None:
 def _is_local_model(name: str) -> bool:
     """A model folder rather than a hub id: a path-like name, or one that exists here."""
     return name.startswith(("/", ".", "~")) or os.sep in name and Path(name).exists()
+
+
+def check_kernels(recipe: Recipe) -> None:
+    """This host can run the recipe's attention implementation and compile (:func:`runner.spec.kernels.host_problem`:
+    a CUDA GPU, the flash_attn or triton package, a C++ compiler)."""
+    problem = kernels.host_problem(recipe, runs_on_cpu(recipe))
+    if problem:
+        field, _, what = problem.partition(": ")
+        raise PreflightError(problem, field=field, problem=what)
 
 
 FORCE_HINT = "lower it, or pass --force to start them anyway"
