@@ -19,7 +19,14 @@ from typing import Any
 from runner.analysis import verdict
 from runner.analysis.mfu import Peak, compute_mfu, trustworthy
 from runner.analysis.noise import NoiseFloor, Training, host_other_util, measured_floor
-from runner.analysis.run_figures import estimated_memory, mem_measured, model_dims, utilisation
+from runner.analysis.run_figures import (
+    Kernels,
+    estimated_memory,
+    kernels,
+    mem_measured,
+    model_dims,
+    utilisation,
+)
 from runner.analysis.run_peak import (
     default_peak,
     device_count,
@@ -101,6 +108,8 @@ class RunRow:
     """Host CPU % (all cores) used by other work during the run (:func:`runner.analysis.noise.host_other_util`)."""
     training: Training = field(default_factory=Training)
     """What the run trains (model, data, global batch, ...): runs are compared only when these match."""
+    kernels: Kernels | None = None
+    """The attention implementation and torch.compile in effect (None: the trainer did not record them)."""
 
 
 @dataclass(frozen=True)
@@ -313,7 +322,7 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
         note=run.summary.sweep_note, grid=grid or (run.summary.sweep_grid or ""),
         mfu_note=over_note or (None if mfu is not None else _mfu_note(run, peak, peak_note, dims)),
         mfu_rejected=rejected, script=bool(recipe.get("launch", {}).get("script")),
-        host_other_util=host_other_util(run.summary.telemetry), training=training,
+        host_other_util=host_other_util(run.summary.telemetry), training=training, kernels=kernels(run.summary.kernels),
     )
 
 

@@ -213,17 +213,18 @@ class _Saves:
         """What transformers' ``eager_attention_forward`` saves per token: ``matmul(q, k^T)`` keeps k (every
         head: ``repeat_kv`` copies the kv heads) where q needs a gradient and q where k does; the fp32 softmax
         keeps its output, and ``matmul(p, v)`` keeps v (every head) where p needs a gradient and p where v
-        does, in the compute dtype: the softmax output itself in fp32, a 16-bit copy under autocast. The mask
-        is added (nothing kept). Each operand is saved in the compute precision (autocast's copy)."""
+        does, in the compute dtype: the softmax output itself, or its 16-bit copy under autocast when the
+        softmax is fp32 (GPT-2 and Falcon take it in the scores' dtype). The mask is added (nothing kept).
+        Each operand is saved in the compute precision (autocast's copy)."""
         sh, e = self.sh, self.e
         qd, s = sh.heads * sh.head_dim, self.inp.seq_len
         q_grad, k_grad, v_grad = (input_grad or self.trains(name) for name in self.qkv_names())
         p_grad = q_grad or k_grad
-        probs = sh.heads * s
+        probs, soft_e = sh.heads * s, 4 if sh.eager_softmax_fp32 else e
         saved = (e * qd if q_grad else 0) + (e * qd if k_grad else 0)  # k^T: kept for q's gradient, q for k's
-        saved += 4 * probs if p_grad else 0
-        if v_grad and (e < 4 or not p_grad):  # p for v's gradient: a copy unless the fp32 softmax output is it
-            saved += e * probs if e < 4 else 4 * probs
+        saved += soft_e * probs if p_grad else 0
+        if v_grad and (soft_e != e or not p_grad):  # p for v's gradient: a copy unless the softmax output is it
+            saved += e * probs
         if p_grad:
             saved += e * qd  # v, for p's gradient
         if sh.attn_dropout > 0 and p_grad:  # dropout's mask and the dropped probabilities
@@ -373,7 +374,8 @@ def activation_bytes(inp: EstimateInput) -> ActivationBytes:
         embd += 8 * (2 if sh.positions_per_token else 1)
     logits = 4 * sh.vocab * tokens
     head = s.group(("lm_head",), h, w, False).saved
-    post = (s.norm(True, in_layer=False) + head + 8 + embd) * tokens + logits  # + int64 labels
+    # + the int64 labels per token, and nll_loss's fp32 total weight once
+    post = (s.norm(True, in_layer=False) + head + 8 + embd) * tokens + logits + 4
     rotary = 2 * inp.seq_len * round(sh.head_dim * sh.rotary_fraction) * w  # cos and sin, once
     per_layer = stack.largest * tokens
     head_w = sh.vocab * sh.hidden if "lm_head" in sh.linears else 0  # the head's matmul casts it, tied or not
@@ -386,7 +388,7 @@ def activation_bytes(inp: EstimateInput) -> ActivationBytes:
     # precision) beside the incoming hidden gradient.
     layer_backward = tokens * e * (2 * sh.intermediate * max(1, sh.experts_per_token) + 2 * h)
     if s.math_attention or s.eager:  # or the gradients of the scores: through the dropout and the softmax
-        score_e = 4 if s.eager else s.att_e  # eager's softmax computes in fp32
+        score_e = (4 if sh.eager_softmax_fp32 else e) if s.eager else s.att_e  # eager's softmax dtype
         layer_backward = max(layer_backward, tokens * (3 * score_e * sh.heads * inp.seq_len + 2 * e * h))
     router = sh.experts * h * sh.layers  # a mixture of experts' routers (F.linear: autocast casts them)
     all_copies = 2 * (sh.linear_params + router + (head_w if sh.tied_embeddings else 0)) if s.autocast else 0

@@ -54,7 +54,10 @@ def load_model(setup: Setup) -> LoadedModel:
         from transformers import LlamaForCausalLM  # deferred: transformers is slow to import
 
         torch.manual_seed(recipe.train.seed)  # the init is part of the recipe
-        model: Any = LlamaForCausalLM(builtin.tiny_llama_config(len(setup.tokenizer)))
+        config = builtin.tiny_llama_config(len(setup.tokenizer))
+        if model_cfg.attn_implementation is not None:  # None: transformers' choice (sdpa)
+            config._attn_implementation = model_cfg.attn_implementation
+        model: Any = LlamaForCausalLM(config)
         model = model.to(dtype)
         if spread and not setup.on_cpu:
             model = _dispatch_over_gpus(model)
@@ -88,6 +91,8 @@ def _from_pretrained(setup: Setup, dtype: Any, spread: bool) -> Any:
         "trust_remote_code": model_cfg.trust_remote_code,
         "revision": model_cfg.revision,
     }
+    if model_cfg.attn_implementation is not None:  # None: transformers' choice (sdpa where the model has it)
+        kwargs["attn_implementation"] = model_cfg.attn_implementation
     if recipe.method.type == "qlora":
         from transformers import BitsAndBytesConfig
 

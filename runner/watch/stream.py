@@ -104,8 +104,8 @@ class RunStream:
             self.end = event
         elif event["type"] == "error":
             self.error = event.get("message")
-        elif event["type"] == "precision":
-            self._update_summary({"precision": {k: v for k, v in event.items() if k != "type"}})
+        elif event["type"] in ("precision", "kernels"):  # what the trainer found in effect after its first step
+            self._update_summary({event["type"]: {k: v for k, v in event.items() if k != "type"}})
         elif event["type"] == "loss_scale":
             self.loss_scale_drops += 1
             self._update_summary({"loss_scale_drops": self.loss_scale_drops})

@@ -7,7 +7,7 @@ import csv
 import io
 import json
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from runner.analysis.compare import Comparison, RunRow
+from runner.analysis.run_figures import Kernels
 from tui.render.compare_cells import (
     COLUMNS,
     columns,
@@ -109,9 +110,12 @@ def markdown(cmp: Comparison) -> str:
 
 
 def _flat(r: RunRow) -> dict[str, Any]:
-    """A row's fields, what it trains as ``training_*`` columns."""
+    """A row's fields, what it trains as ``training_*`` columns and its kernels as ``kernels_*`` (empty when
+    the run did not record them)."""
     data = asdict(r)
-    return {**data, **{f"training_{k}": v for k, v in data.pop("training").items()}}
+    kernels = data.pop("kernels") or dict.fromkeys(f.name for f in fields(Kernels))
+    return {**data, **{f"training_{k}": v for k, v in data.pop("training").items()},
+            **{f"kernels_{k}": v for k, v in kernels.items()}}
 
 
 def to_csv(cmp: Comparison) -> str:

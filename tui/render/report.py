@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from runner.analysis.mfu import Peak
+from runner.analysis.run_figures import kernels
 from runner.analysis.run_peak import stored_mfu
 from runner.hardware.records import SOURCE_LABELS
 from runner.planner.error_band import Band
@@ -249,6 +250,11 @@ def zero_rows(summary: RunSummary) -> list[tuple[str, str, str]]:
         value = " · ".join(f"{label} {precision.get(key) or 'none'}" for label, key in parts
                            if key != "frozen_params" or precision.get(key))
         rows.append(("precision", value, "measured (dtypes of rank 0's live tensors)"))
+    found = kernels(summary.kernels)
+    if found is not None:
+        rows.append(("attention", found.attention or "-", "trainer (in effect: the live model's config)"))
+        rows.append(("compile", found.compile_cell(), "trainer (in effect: compiled layers, torch._dynamo's counters; "
+                                                      "seconds: the compiling phase, the first step)"))
     if summary.loss_scale_drops:
         rows.append(("fp16 loss-scale drops", str(summary.loss_scale_drops), "trainer (loss_scale events)"))
     host = ((summary.estimate or {}).get("per_device_bytes") or {}).get("host_bytes")
