@@ -112,13 +112,13 @@ def plan_checked(recipe_path: Path, strategies: Sequence[str], nproc: int | None
     if not force:  # the process counts are the sweep's own (--nproc, or its default), one check each
         for n in sorted({item.nproc for item in items}):
             check_host_nproc(base.model_copy(update={"launch": base.launch.model_copy(update={"nproc": n})}))
-    check_inputs(base)  # the same data and folders for every item
-    for overrides in {tuple(item.overrides) for item in items}:
+    for overrides in dict.fromkeys(tuple(item.overrides) for item in items):  # cheap: before the data is read
         try:
             recipe = load_recipe(recipe_path, overrides)
         except RecipeError:
             continue  # a strategy the recipe refuses: recorded as refused when the sweep reaches it
         check_kernels(recipe)
+    check_inputs(base)  # the same data and folders for every item
     return items
 
 

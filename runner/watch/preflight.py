@@ -77,6 +77,7 @@ def preflight(recipe: Recipe, allow_data_change: bool = False, dry_run: bool = F
     if recipe.launch.script is not None:  # a script run: the script owns its model and data
         return _script_preflight(recipe)
     warnings: list[str] = []
+    check_kernels(recipe)  # cheap: before the data is read
     check_files(recipe)
     try:
         _check_model(recipe)  # before the data step, which loads a model folder's tokenizer
@@ -94,7 +95,6 @@ def preflight(recipe: Recipe, allow_data_change: bool = False, dry_run: bool = F
         raise PreflightError("method.type: qlora needs a CUDA GPU (bitsandbytes 4-bit); none is visible here")
     if recipe.train.precision == "fp16" and on_cpu:
         raise PreflightError("train.precision: fp16 needs a GPU; use bf16 or fp32 on CPU")
-    check_kernels(recipe)
     strategy = strategies.resolve(recipe.launch.strategy, recipe.launch.engine)
     missing = zero.engine_missing(strategy.engine)
     if missing:
