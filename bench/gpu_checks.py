@@ -9,6 +9,9 @@ Checks:
                torch.cuda.max_memory_allocated per rank (issue 17: the goal is within 10%).
   stop         start a run, `ftui stop` it, then ask NVML whether any process of the run still holds GPU
                memory (issue 10: nothing may be left).
+  kernels      two sweeps of quickstart on cuda, bf16: model.attn_implementation over eager, sdpa,
+               flex_attention (and flash_attention_2 where flash_attn is installed), and train.compile off/on:
+               each run's kernels in effect, tokens/s, measured peak against its estimate, final loss.
 """
 
 from __future__ import annotations
@@ -131,14 +134,36 @@ def check_stop() -> dict[str, Any]:
             "stop_output": (stop.stdout + stop.stderr)[-500:], "rank_pids": pids, "gpu_memory_still_held": held, "other_gpu_processes": others}
 
 
+def sweep_rows(*grid: str) -> dict[str, Any]:
+    """One ``ftui sweep`` of quickstart on cuda in bf16 over ``grid`` (``FIELD=V1,V2``): its compare rows."""
+    flags = ["--set", "launch.device=cuda", "--set", "train.precision=bf16", "--set", "train.max_steps=30"]
+    proc = ftui("sweep", "recipes/quickstart.toml", "--strategies", "single", *flags, *[a for g in grid for a in ("--grid", g)],
+                "--format", "json")
+    if proc.returncode != 0:
+        return {"exit_code": proc.returncode, "stderr_tail": proc.stderr[-800:]}
+    runs = json.loads(proc.stdout)["runs"]
+    keep = ("run_id", "grid", "status", "reason", "tokens_per_s", "mem_measured", "mem_estimated", "final_loss", "kernels")
+    return {"runs": [{k: r.get(k) for k in keep} for r in runs]}
+
+
+def check_kernels() -> dict[str, Any]:
+    import importlib.util
+
+    attention = ["eager", "sdpa", "flex_attention"] + (["flash_attention_2"] if importlib.util.find_spec("flash_attn")
+                                                        else [])
+    return {"attention": sweep_rows(f"model.attn_implementation={','.join(attention)}"),
+            "compile": sweep_rows("train.compile=false,true")}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("gpu-results.json"))
-    parser.add_argument("--only", action="append", choices=["quickstart", "tinyllama", "stop"])
+    parser.add_argument("--only", action="append", choices=["quickstart", "tinyllama", "stop", "kernels"])
     args = parser.parse_args()
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
     results: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S")}
-    checks = {"quickstart": check_quickstart, "stop": check_stop, "tinyllama": lambda: check_tinyllama(tmp)}
+    checks = {"quickstart": check_quickstart, "stop": check_stop, "tinyllama": lambda: check_tinyllama(tmp),
+              "kernels": check_kernels}
     for name, check in checks.items():
         if args.only and name not in args.only:
             continue
