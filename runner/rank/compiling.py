@@ -17,11 +17,11 @@ from runner.spec import events as ev
 
 
 def decoder_layers(model: Any) -> list[Any]:
-    """The decoder layers of ``model`` (under PEFT's wrappers): the modules whose class the base model's
-    ``_no_split_modules`` names."""
+    """The decoder layers of ``model`` (under PEFT's wrappers): the modules of a class the base model's
+    ``_no_split_modules`` names, or of a subclass of one (FSDP2 makes ``FSDPLlamaDecoderLayer`` of each)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     names = set(getattr(base, "_no_split_modules", None) or ())
-    return [m for m in model.modules() if type(m).__name__ in names]
+    return [m for m in model.modules() if any(c.__name__ in names for c in type(m).__mro__)]
 
 
 def compile_layers(model: Any, mode: str) -> int:

@@ -131,3 +131,23 @@ def test_show_has_a_row_for_each() -> None:
     rows = {name: value for name, value, _ in zero_rows(summary)}
     assert rows["attention"] == "sdpa" and rows["compile"] == "default, 6 layers, 42s"
     assert kernels(summary.kernels) is not None and kernels(None) is None
+
+
+def test_the_decoder_layers_are_found_under_peft_and_fsdp2s_classes() -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    from runner.rank.compiling import compile_layers, compiled_modules, decoder_layers
+    from runner.spec.builtin import tiny_llama_config
+
+    config = tiny_llama_config(64)
+    config.num_hidden_layers = 2
+    model = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=2, target_modules=["q_proj"]))
+    assert compile_layers(model, "default") == 2
+    layers = decoder_layers(model)
+    # FSDP2's fully_shard gives each layer a class of its own, a subclass of the layer's (FSDPLlamaDecoderLayer).
+    for layer in layers:
+        layer.__class__ = type(f"FSDP{type(layer).__name__}", (type(layer),), {})
+    assert decoder_layers(model) == layers
+    inside = compiled_modules(model)
+    assert {id(m) for m in layers[0].modules()} <= inside and id(model.base_model.model.lm_head) not in inside
