@@ -94,7 +94,8 @@ def markdown(cmp: Comparison) -> str:
     lines = [f"## Comparison{f' of sweep {cmp.sweep_id}' if cmp.sweep_id else ''}", ""]
     cols = columns(cmp)
     lines.append("| " + " | ".join(h for h, _ in cols) + " |")
-    lines.append("|" + "|".join("---" if h in ("strategy", "method", "status") else "---:" for h, _ in cols) + "|")
+    text = ("strategy", "method", "attention", "compile", "status")  # left-aligned; the figures right
+    lines.append("|" + "|".join("---" if h in text else "---:" for h, _ in cols) + "|")
     for r in cmp.rows:
         lines.append("| " + " | ".join(_md_cell(cell(r)) for _, cell in cols) + " |")
     lines += ["", *[f"- {s}" for s in sources(cmp)], ""]
