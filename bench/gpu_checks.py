@@ -9,6 +9,10 @@ Checks:
                torch.cuda.max_memory_allocated per rank (issue 17: the goal is within 10%).
   stop         start a run, `ftui stop` it, then ask NVML whether any process of the run still holds GPU
                memory (issue 10: nothing may be left).
+  switches     the efficiency switches on quickstart (bf16 baseline, fp8, activation offload; with 2 GPUs
+               context parallel and NVMe offload): status, what was live (the precision event's switches),
+               tokens/s, measured peak against the estimate; a switch the host cannot run records the
+               pre-flight's one-line refusal (that line is the check's result: e.g. torchao missing).
   kernels      two sweeps of quickstart on cuda, bf16: model.attn_implementation over eager, sdpa,
                flex_attention (and flash_attention_2 where flash_attn is installed), and train.compile off/on:
                each run's kernels in effect, tokens/s, measured peak against its estimate, final loss.
@@ -134,6 +138,35 @@ def check_stop() -> dict[str, Any]:
             "stop_output": (stop.stdout + stop.stderr)[-500:], "rank_pids": pids, "gpu_memory_still_held": held, "other_gpu_processes": others}
 
 
+SWITCH_RUNS: dict[str, tuple[int, list[str]]] = {
+    "bf16": (1, []),
+    "fp8": (1, ["--set", "train.precision=fp8"]),
+    "activation_offload": (1, ["--set", "train.activation_offload=true"]),
+    "cp_size_2": (2, ["--strategy", "fsdp", "--nproc", "2", "--cp-size", "2"]),
+    "nvme": (2, ["--strategy", "zero3", "--nproc", "2", "--offload", "nvme", "--nvme-path", "/tmp/ftui-nvme"]),
+}
+"""Each switch's run: GPUs it needs, and its flags over quickstart on cuda in bf16."""
+
+
+def check_switches() -> dict[str, Any]:
+    from runner.hardware import NvmlBackend
+
+    gpus = NvmlBackend().device_count()
+    Path("/tmp/ftui-nvme").mkdir(exist_ok=True)
+    out: dict[str, Any] = {"gpus": gpus}
+    for name, (need, flags) in SWITCH_RUNS.items():
+        if gpus < need:
+            out[name] = {"skipped": f"needs {need} GPUs, NVML sees {gpus}"}
+            continue
+        proc = ftui("run", "recipes/quickstart.toml", "--set", "launch.device=cuda", "--set", "train.precision=bf16",
+                    "--set", "train.max_steps=30", *flags, "--name", f"gpu-switch-{name}")
+        if proc.returncode != 0:
+            out[name] = {"exit": proc.returncode, "refused": proc.stderr.strip()[-400:]}
+            continue
+        run = show(last_run_id())
+        out[name] = {**run_figures(run), "switches": ((run.get("summary") or {}).get("precision") or {}).get("switches"),
+                     "sharding": (run.get("summary") or {}).get("sharding")}
+    return out
 def sweep_rows(*grid: str) -> dict[str, Any]:
     """One ``ftui sweep`` of quickstart on cuda in bf16 over ``grid`` (``FIELD=V1,V2``): its compare rows."""
     flags = ["--set", "launch.device=cuda", "--set", "train.precision=bf16", "--set", "train.max_steps=30"]
@@ -158,12 +191,12 @@ def check_kernels() -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("gpu-results.json"))
-    parser.add_argument("--only", action="append", choices=["quickstart", "tinyllama", "stop", "kernels"])
+    parser.add_argument("--only", action="append", choices=["quickstart", "tinyllama", "stop", "switches", "kernels"])
     args = parser.parse_args()
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
     results: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S")}
     checks = {"quickstart": check_quickstart, "stop": check_stop, "tinyllama": lambda: check_tinyllama(tmp),
-              "kernels": check_kernels}
+              "switches": check_switches, "kernels": check_kernels}
     for name, check in checks.items():
         if args.only and name not in args.only:
             continue

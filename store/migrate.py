@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # Alembic is imported only to upgrade: it costs ~0.3 s, and m
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 VERSION_TABLE = "ftui_alembic_version"
 """Not Alembic's default ``alembic_version``: a shared PostgreSQL database may hold another program's."""
-REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008")
+REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009")
 """Every revision this code knows, oldest first (a test checks it against ``migrations/versions``)."""
 BASELINE = REVISIONS[0]
 HEAD = REVISIONS[-1]

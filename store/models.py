@@ -292,3 +292,38 @@ class StopRequestRow(Base):
     kill: Mapped[bool] = mapped_column(Boolean, default=False)
     by: Mapped[str] = mapped_column(String(255))
     """Who asked: ``ftui stop on HOST``, ``node 1 (HOST)``, ``the dashboard on HOST``."""
+
+
+class QueueEntry(Base):
+    """One run in the queue of its host (``ftui queue add``): the resolved recipe and how to start it,
+    waiting for the devices it takes, then the run the host's queue runner started (``run_id``), or why
+    it could not (``error``)."""
+
+    __tablename__ = "queue_entries"
+    __table_args__ = (Index("ix_queue_entries_host_status", "host", "status"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    recipe_text: Mapped[str] = mapped_column(Text)
+    """The recipe as checked when it was queued, its flags applied (what runs, whatever its file says later)."""
+    recipe_source: Mapped[str | None] = mapped_column(String(1000), default=None)
+    host: Mapped[str] = mapped_column(String(255))
+    """The host whose queue runner starts it (where it was queued)."""
+    workdir: Mapped[str] = mapped_column(String(1000))
+    """The folder it was queued from: a script's working folder, as ``ftui run`` there would give it."""
+    visible_devices: Mapped[str | None] = mapped_column(String(1000), default=None)
+    """``CUDA_VISIBLE_DEVICES`` where it was queued (None: unset); the run is started under it."""
+    devices: Mapped[list[str]] = mapped_column(JSON, default=list)
+    """The devices the run takes (:mod:`runner.spec.devices`)."""
+    options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    """How the run is started and watched, the flags of ``ftui run`` that are not recipe fields
+    (``runner.service.queue.QueueOptions``)."""
+    status: Mapped[str] = mapped_column(String(16))
+    """queued | running | done | failed (``runner.spec.status``)"""
+    run_id: Mapped[int | None] = mapped_column(
+        ForeignKey("runs.id", ondelete="SET NULL", name="fk_queue_entries_run"), default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    """Why it could not start (one line)."""
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)

@@ -271,17 +271,31 @@ class Store:
 
     @_retrying
     def list_runs(self, status: str | None = None, sweep_id: str | None = None,
-                  limit: int | None = None) -> list[RunInfo]:
-        """Every run, newest first (the newest ``limit`` of them when given)."""
+                  limit: int | None = None, sweep_prefix: str | None = None) -> list[RunInfo]:
+        """Every run, newest first (the newest ``limit`` of them when given); ``sweep_prefix``: only the runs
+        of the sweeps whose id starts with it (``plan-``: every plan's trials)."""
         with self._begin() as s:
             query = select(Run).order_by(Run.id.desc())
             if status:
                 query = query.where(Run.status == status)
             if sweep_id:
                 query = query.where(Run.sweep_id == sweep_id)
+            if sweep_prefix:
+                query = query.where(Run.sweep_id.startswith(sweep_prefix, autoescape=True))
             if limit is not None:
                 query = query.limit(limit)
             return [_run_info(r) for r in s.scalars(query)]
+
+    @_retrying
+    def sweeps(self, prefix: str = "") -> list[tuple[str, int, int]]:
+        """The sweep ids that start with ``prefix``, each with how many runs it holds and the id of its newest
+        run, the most recently added to first (one grouped query: no run is read)."""
+        with self._begin() as s:
+            newest = func.max(Run.id)
+            query = (select(Run.sweep_id, func.count(Run.id), newest)
+                     .where(Run.sweep_id.startswith(prefix, autoescape=True))
+                     .group_by(Run.sweep_id).order_by(newest.desc()))
+            return [(str(sweep), int(n), int(last)) for sweep, n, last in s.execute(query)]
 
     @_retrying
     def count_runs(self, status: str | None = None) -> int:

@@ -8,8 +8,6 @@ The figures of each run come from :mod:`runner.analysis.run_figures`; rendering 
 
 from __future__ import annotations
 
-import functools
-import json
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -17,8 +15,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from runner.analysis import verdict
+from runner.analysis.ledger import Figures
+from runner.analysis.ledger import figures as ledger_figures
 from runner.analysis.mfu import Peak, compute_mfu, trustworthy
 from runner.analysis.noise import NoiseFloor, Training, host_other_util, measured_floor
+from runner.analysis.recipe_diff import parsed_recipe, recipe_diff
 from runner.analysis.run_figures import (
     Kernels,
     estimated_memory,
@@ -35,7 +36,8 @@ from runner.analysis.run_peak import (
     stored_flops_per_token,
     unknown_device_note,
 )
-from runner.spec import strategies
+from runner.analysis.shard_verdict import run_verdict
+from runner.spec import layout, strategies
 from runner.spec.flops import flops_per_token
 from store import MetricPoint, NamedMetricPoint, RunInfo, SampleInfo, Store
 from store.rollup import downsample_points
@@ -106,10 +108,25 @@ class RunRow:
     """A script run (``launch.script``): a figure it did not report is "not reported", not unknown."""
     host_other_util: float | None = None
     """Host CPU % (all cores) used by other work during the run (:func:`runner.analysis.noise.host_other_util`)."""
+    first_step: dict[str, Any] | None = None
+    """Time to first step, broken down (:func:`runner.spec.first_step.breakdown`, stored by the watcher)."""
     training: Training = field(default_factory=Training)
     """What the run trains (model, data, global batch, ...): runs are compared only when these match."""
+    sharding: str = "not measured"
+    sharding_line: str = ""
+    """Is its strategy's promised sharding in effect: in short, and kind by kind (``runner.analysis.shard_verdict``)."""
+    mesh: str = ""
+    """An ``hsdp`` run's mesh, replicate x shard (``2x2``: what its rank found in effect, else its recipe's);
+    empty for other strategies."""
+    ledger: Figures | None = None
+    """Device-hours, energy, cost and tokens per joule and per unit of cost (:mod:`runner.analysis.ledger`)."""
     kernels: Kernels | None = None
     """The attention implementation and torch.compile in effect (None: the trainer did not record them)."""
+
+    @property
+    def strategy_label(self) -> str:
+        """``hsdp 2x2``: the strategy with its mesh (the name alone for other strategies)."""
+        return f"{self.strategy} {self.mesh}" if self.mesh else self.strategy
 
 
 @dataclass(frozen=True)
@@ -186,41 +203,6 @@ class Comparison:
         return self.decision().run_id
 
 
-# ---------------------------------------------------------------------- recipe diff
-
-
-def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested TOML tables as dotted keys: ``{"train": {"lr": 1}}`` -> ``{"train.lr": 1}``."""
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            out.update(flatten(value, dotted + "."))
-        else:
-            out[dotted] = value
-    return out
-
-
-def recipe_diff(recipe_texts: Sequence[str]) -> dict[str, list[str]]:
-    """The recipe fields whose values differ between runs, as dotted keys; ``-`` where a recipe lacks
-    the key. Keys in sorted order; values rendered as JSON-like text."""
-    flats = []
-    for text in recipe_texts:
-        try:
-            flats.append(flatten(_parsed(text)))
-        except tomllib.TOMLDecodeError:
-            flats.append({})
-    keys = sorted(set().union(*flats)) if flats else []
-    missing = object()
-    diff: dict[str, list[str]] = {}
-    for key in keys:
-        values = [f.get(key, missing) for f in flats]
-        rendered = ["-" if v is missing else (v if isinstance(v, str) else json.dumps(v)) for v in values]
-        if len(set(rendered)) > 1:
-            diff[key] = rendered
-    return diff
-
-
 # ---------------------------------------------------------------------- figures
 
 
@@ -235,15 +217,9 @@ def best_loss(metrics: Sequence[MetricPoint]) -> float | None:
     return min(losses) if losses else None
 
 
-@functools.lru_cache(maxsize=256)
-def _parsed(text: str) -> dict[str, Any]:
-    """A recipe's TOML, parsed once per comparison however many figures read it (callers only read it)."""
-    return tomllib.loads(text)
-
-
 def _recipe(run: RunInfo) -> dict[str, Any]:
     try:
-        return _parsed(run.recipe_text)
+        return parsed_recipe(run.recipe_text)
     except tomllib.TOMLDecodeError:
         return {}
 
@@ -322,8 +298,17 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
         note=run.summary.sweep_note, grid=grid or (run.summary.sweep_grid or ""),
         mfu_note=over_note or (None if mfu is not None else _mfu_note(run, peak, peak_note, dims)),
         mfu_rejected=rejected, script=bool(recipe.get("launch", {}).get("script")),
-        host_other_util=host_other_util(run.summary.telemetry), training=training, kernels=kernels(run.summary.kernels),
+        host_other_util=host_other_util(run.summary.telemetry), first_step=run.summary.time_to_first_step,
+        training=training, mesh=_mesh(run, recipe), ledger=ledger_figures(run.summary),
+        sharding=(shards := run_verdict(run.strategy, run.summary)).short(), sharding_line=shards.line(),
+        kernels=kernels(run.summary.kernels),
     )
+
+
+def _mesh(run: RunInfo, recipe: Mapping[str, Any]) -> str:
+    """``2x2`` for an hsdp run (:func:`runner.spec.layout.stored_mesh`), else empty."""
+    sizes = layout.stored_mesh(run.strategy, run.nproc, recipe.get("launch") or {}, run.summary.sharding)
+    return layout.mesh_text(sizes) if sizes is not None else ""
 
 
 def _text(value: Any) -> str | None:

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from runner.analysis import verdict
 from runner.analysis.compare import RunRow
 from runner.analysis.noise import NoiseFloor, Spread, spread
+from runner.analysis.time_split import TimeSplit, merge
+from runner.spec import first_step as fs
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,12 @@ class Standing:
     """Mean device utilisation (CPU % of the ranks' threads, or GPU busy %), median over the trials."""
     util_source: str
     first_step_s: Spread | None
-    """Seconds from the launch to the first optimizer step (median over the trials)."""
+    """Seconds from the launch to the end of step 1 (:mod:`runner.spec.first_step`; to its start for a trial
+    stored without the breakdown), over the trials."""
+    first_step_split: dict[str, float | None] = field(default_factory=dict)
+    """Median seconds of each stage to the first step over the trials that stored it (None: unknown)."""
+    time_split: TimeSplit | None = None
+    """Where a step's time went (:mod:`runner.analysis.time_split`), median over the completed trials."""
     standing: str = ""
     """``leader``, ``tie`` (within the spread of the leader), ``slower``, ``cannot tell``, or empty."""
 
@@ -52,7 +60,8 @@ class Ranking:
     """The decision in one line."""
 
 
-def _standing(label: str, rows: Sequence[RunRow], first_step: Mapping[int, float]) -> Standing:
+def _standing(label: str, rows: Sequence[RunRow], first_step: Mapping[int, float],
+              splits: Mapping[int, TimeSplit]) -> Standing:
     done = [r for r in rows if r.status == "completed" and r.tokens_per_s]
     last = rows[-1]
     utils = [u for r in done if (u := (r.gpu_busy if r.gpu_busy is not None else r.cpu_util)) is not None]
@@ -64,21 +73,38 @@ def _standing(label: str, rows: Sequence[RunRow], first_step: Mapping[int, float
                     mem_measured=max(measured) if measured else None,
                     mem_estimated=max(estimated) if estimated else None, mem_source=last.mem_measured_source,
                     util=statistics.median(utils) if utils else None, util_source=last.util_source,
-                    first_step_s=spread([first_step.get(r.run_id) for r in done]))
+                    first_step_s=spread([fs.total_seconds(r.first_step) or first_step.get(r.run_id) for r in done]),
+                    first_step_split=_median_stages([r.first_step for r in done if r.first_step]),
+                    time_split=merge(splits.get(r.run_id) for r in done))
 
 
-def rank(rows: Sequence[RunRow], floor: NoiseFloor | None, first_step: Mapping[int, float] | None = None) -> Ranking:
+def _median_stages(records: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """Each stage's median over the stored breakdowns that know it (every stage any of them has); empty
+    without any."""
+    if not records:
+        return {}
+    per = [fs.stage_seconds(r) for r in records]
+    out: dict[str, float | None] = {}
+    for stage in fs.median_order(records):
+        known = [v for p in per if (v := p.get(stage)) is not None]
+        out[stage] = statistics.median(known) if known else None
+    return out
+
+
+def rank(rows: Sequence[RunRow], floor: NoiseFloor | None, first_step: Mapping[int, float] | None = None,
+         splits: Mapping[int, TimeSplit] | None = None) -> Ranking:
     """The standings and the decision of a plan's trials (``rows``: one per trial, of every candidate).
 
     Args:
         rows: the trials as a comparison builds them (:func:`runner.analysis.compare.build_comparison`).
         floor: the run-to-run spread measured on the host from stored repeats (the comparison's).
         first_step: seconds from launch to first step by run id.
+        splits: where a step's time went, by run id.
     """
     by_label: dict[str, list[RunRow]] = {}
     for r in rows:
         by_label.setdefault(verdict.label(r), []).append(r)
-    standings = [_standing(k, v, first_step or {}) for k, v in by_label.items()]
+    standings = [_standing(k, v, first_step or {}, splits or {}) for k, v in by_label.items()]
     decision = verdict.decide(rows, floor)
     found = sorted(verdict.groups(rows), key=lambda g: -g.tokens.median)
     ties: list[str] = []

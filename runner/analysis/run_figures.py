@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from runner.planner import estimate, inputs_from_recipe, shape_from_config
-from runner.spec.builtin import tiny_llama_config
+from runner.spec.builtin import BUILTIN_PREFIX, model_config
 from runner.spec.flops import dims_from_config
 from runner.spec.recipe import parse_recipe
 from runner.spec.summary import CPU_CORE_UNIT, GPU_UTIL_UNIT, busiest_peak, cpu_threads_unit
@@ -31,8 +31,8 @@ def model_dims(recipe: Mapping[str, Any], run: RunInfo | None = None) -> dict[st
     model = recipe.get("model", {}).get("name", "")
     seq = int(recipe.get("data", {}).get("context_length", 0) or 0)
     try:
-        if model == "builtin:tiny-llama":
-            cfg: Any = tiny_llama_config()
+        if model.startswith(BUILTIN_PREFIX):
+            cfg: Any = model_config(model)
         else:
             # Deferred: a heavy library, needed only for a run stored without its dimensions.
             from transformers import AutoConfig

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from runner.spec.summary import RunSummary, rank_peak
+from runner.spec.summary import RunSummary, busiest_peak, error_pct
 from store import RunInfo, Store
 
 SOURCE = "this host's completed runs in the store: estimate at prepare time vs the busiest rank's measured peak"
@@ -29,10 +29,9 @@ def peak_error_pct(summary: RunSummary) -> float | None:
     approximate: the formulas do not model that architecture) or without a measured peak."""
     est: Mapping[str, Any] = summary.estimate or {}
     total = (est.get("per_device_bytes") or {}).get("total")
-    peaks = [p for r in summary.ranks if (p := rank_peak(r)[0]) is not None]
-    if not isinstance(total, (int, float)) or not peaks or est.get("approximate"):
+    if not isinstance(total, (int, float)) or est.get("approximate"):
         return None
-    return (float(total) - max(peaks)) / max(peaks) * 100
+    return error_pct(float(total), busiest_peak(summary.ranks)[0])
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ class FakeGpu:
             (``{"nvmlDeviceGetPowerUsage": pynvml.NVML_ERROR_NOT_SUPPORTED}``).
         lost_at_tick: From this tick on every call for this GPU raises ``NVMLError_GpuIsLost``.
         uuid: Defaults to a made-up ``GPU-`` UUID derived from the index.
+        compute_capability: CUDA compute capability (an H100's, 9.0, by default).
     """
 
     name: str = "NVIDIA H100 80GB HBM3"
@@ -62,6 +63,7 @@ class FakeGpu:
     faults: dict[str, int] = field(default_factory=dict)
     lost_at_tick: int | None = None
     uuid: str | None = None
+    compute_capability: tuple[int, int] = (9, 0)
 
 
 @dataclass(frozen=True)
@@ -224,6 +226,9 @@ class FakeNvml:
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: _FakeHandle) -> int:  # noqa: N802
         gpu, _ = self._gpu(handle, "nvmlDeviceGetEnforcedPowerLimit")
         return int(gpu.power_limit_w * 1000)
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: _FakeHandle) -> tuple[int, int]:  # noqa: N802
+        return self._gpu(handle, "nvmlDeviceGetCudaComputeCapability")[0].compute_capability
 
     def nvmlDeviceGetTemperature(self, handle: _FakeHandle, sensor: int) -> int:  # noqa: N802
         gpu, tick = self._gpu(handle, "nvmlDeviceGetTemperature")

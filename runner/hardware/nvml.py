@@ -164,6 +164,7 @@ class NvmlBackend:
             return GpuInfo(index, "N/A", None, None, None, self.source)
         mem = self._query("nvmlDeviceGetMemoryInfo", handle)
         limit_mw = self._query("nvmlDeviceGetEnforcedPowerLimit", handle)
+        capability = self._query("nvmlDeviceGetCudaComputeCapability", handle)
         return GpuInfo(
             index=index,
             name=_text(self._query("nvmlDeviceGetName", handle)) or "N/A",
@@ -171,6 +172,7 @@ class NvmlBackend:
             mem_total=None if mem is None else int(mem.total),
             power_limit_w=None if limit_mw is None else limit_mw / 1000.0,
             source=self.source,
+            compute_capability=None if capability is None else (int(capability[0]), int(capability[1])),
         )
 
     # -- public ----------------------------------------------------------------------------------

@@ -6,15 +6,35 @@ attributes NVML's per-process GPU memory to ranks."""
 from __future__ import annotations
 
 import math
+import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import psutil
 
 from runner.hardware.records import DeviceSample
+
+
+def started_wall(pid: int | None = None) -> float | None:
+    """When process ``pid`` (this one when None) started, on the clock ``time.time()`` reads: now less its
+    age (/proc: seconds since boot less its start in clock ticks, 10 ms resolution), so that it can be
+    subtracted from a journal event's ``time``. psutil's ``create_time`` adds the age to the boot time that
+    /proc/stat gives in whole seconds: up to a second off ``time.time()``, the size of a stage it times.
+    psutil's elsewhere; None when the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid or 'self'}/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime (the fields after comm start at 3)
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        try:
+            return float(psutil.Process(pid).create_time())
+        except psutil.Error:
+            return None
 
 # --------------------------------------------------------------------------------------------------
 # Process tree: which pid belongs to which rank

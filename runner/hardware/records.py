@@ -94,6 +94,7 @@ class GpuInfo:
         mem_total: Bytes of GPU memory.
         power_limit_w: Enforced power limit in watts.
         source: ``"nvml"`` or ``"fake-nvml"``.
+        compute_capability: CUDA compute capability ``(major, minor)`` (NVML), None when unreadable.
     """
 
     index: int
@@ -102,3 +103,4 @@ class GpuInfo:
     mem_total: int | None
     power_limit_w: float | None
     source: str
+    compute_capability: tuple[int, int] | None = None

@@ -15,6 +15,8 @@ from runner.spec import layout, strategies
 
 def recipe_param_dtype(model_dtype: str, method: str, precision: str) -> Precision:
     """The dtype the trainer stores the weights in (``runner.rank.model_load.load_dtype`` without torch)."""
+    if precision == "fp8":  # torchao's float8 layers keep their weights in the bf16 the rest computes in
+        precision = "bf16"
     if model_dtype != "auto":
         return model_dtype  # type: ignore[return-value]
     if method in ("lora", "qlora") and precision != "fp32":
@@ -43,11 +45,12 @@ def inputs_from_recipe(
     launch, train, method = recipe.launch, recipe.train, recipe.method
     if n_devices is None:
         n_devices = len(launch.gpus) if strategies.get(launch.strategy).layer_split and launch.gpus else launch.nproc
+    compute: Precision = "bf16" if train.precision == "fp8" else train.precision  # fp8: bf16 autocast around it
     return EstimateInput(
         shape=shape,
         method=method.type,
-        precision=train.precision,
-        param_dtype=recipe_param_dtype(recipe.model.dtype, method.type, train.precision),
+        precision=compute,
+        param_dtype=recipe_param_dtype(recipe.model.dtype, method.type, compute),
         strategy=launch.strategy,
         n_devices=max(1, n_devices),
         micro_batch=train.batch_size,
@@ -59,10 +62,15 @@ def inputs_from_recipe(
         fsdp_version=launch.fsdp_version,
         engine=launch.engine,
         offload_optimizer=launch.offload != "none",
-        offload_params=launch.offload == "optimizer+params",
+        offload_params=launch.offload in ("optimizer+params", "nvme"),
+        nvme_offload=launch.offload == "nvme",
+        cp_size=launch.cp_size,
+        fp8=train.precision == "fp8",
+        activation_offload=train.activation_offload,
         microbatches=layout.microbatches(recipe),
         pp_schedule=launch.pp_schedule,
         tp_size=layout.tp_size(recipe),
+        shard=sizes[1] if (sizes := layout.mesh(recipe)) is not None else None,
         attention=recipe.model.attn_implementation or "sdpa",  # None: transformers' default, SDPA
         compiled=recipe.train.compile,
         # "auto" is decided at launch (runner.watch.host.runs_on_cpu corrects it for a run's stored estimate).

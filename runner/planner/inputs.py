@@ -25,7 +25,7 @@ class EstimateInput:
         precision: Compute precision: ``fp32``, or mixed ``bf16``/``fp16``.
         param_dtype: Dtype the weights are stored in. ``None`` picks the usual: fp32 for full fine-tuning
             (accelerate keeps fp32 weights and autocasts), the compute precision for LoRA/QLoRA bases.
-        strategy: ``single``, ``mp``, ``ddp``, ``fsdp``, ``zero1``, ``zero2`` or ``zero3``.
+        strategy: A row of ``runner/spec/strategies.py``: ``single``, ``mp``, ``ddp``, ``fsdp``, ``hsdp``, ``zero1``...
         n_devices: GPUs the run spreads over.
         micro_batch: Sequences per device per step.
         seq_len: Tokens per sequence.
@@ -75,6 +75,18 @@ class EstimateInput:
     pp_schedule: str = "gpipe"
     tp_size: int | None = None
     """``tp``: processes each weight matrix is split over (``launch.tp_size``); None: every device."""
+    shard: int | None = None
+    """``hsdp``: processes each group shards the model states over (``launch.shard``, as
+    :func:`runner.spec.layout.hsdp_mesh` completes it); None: that function's default for ``n_devices``."""
+    cp_size: int = 1
+    """Context parallelism: processes each sequence is split over (``launch.cp_size``)."""
+    fp8: bool = False
+    """torchao float8 training of the decoder's Linear layers (``train.precision = "fp8"``; ``precision`` is
+    then the bf16 of everything else)."""
+    activation_offload: bool = False
+    """Saved activations in pinned host memory (``train.activation_offload``)."""
+    nvme_offload: bool = False
+    """What offload moves goes to an NVMe folder (``launch.offload = "nvme"``), not host memory."""
     attention: str = "sdpa"
     compiled: bool = False
 

@@ -36,7 +36,8 @@ from runner.planner.pipeline import (
     stages,
 )
 from runner.planner.shapes import lora_targeted, lora_trainable_params
-from runner.spec import strategies
+from runner.planner.switches import fp8_copy_share, ring_buffer_bytes, tokens_per_device
+from runner.spec import layout, strategies
 from runner.spec.deepspeed_config import ZERO3_PERSISTENCE_THRESHOLD
 
 ADAM_BYTES = 8  # two fp32 moments per trainable parameter
@@ -91,7 +92,8 @@ class MemoryBreakdown:
         grads_total: Not a part: every gradient (what the optimizer step holds).
         peak_phase: ``forward``, ``backward`` or ``optimizer``.
         phases: The total of each phase (without the reserve), to set beside the measured phase peaks.
-        offloaded: Bytes moved to host memory, by kind (``optimizer``, ``master``, ``params``).
+        offloaded: Bytes moved to host memory, by kind (``optimizer``, ``master``, ``params``, ``activations``).
+        nvme: Bytes moved to the NVMe folder by ZeRO-Infinity, by kind.
         approximate: Why this estimate is only approximate (None when the architecture is modelled).
     """
 
@@ -114,6 +116,7 @@ class MemoryBreakdown:
     peak_phase: str = "optimizer"
     phases: dict[str, int] = field(default_factory=dict, hash=False)
     offloaded: dict[str, int] = field(default_factory=dict, hash=False)
+    nvme: dict[str, int] = field(default_factory=dict, hash=False)
     approximate: str | None = None
 
     @property
@@ -291,8 +294,11 @@ def _activations(inp: EstimateInput, run: _Run, rows: int | None = None) -> _Act
     # FSDP's mixed precision gathers the weights in the compute dtype and casts the inputs: the forward
     # runs as over 16-bit weights (no autocast copies), whatever the stored dtype.
     fsdp_mixed = "params" in run.row.shards and not run.deepspeed and run.e < run.w
-    acts = activation_bytes(replace(inp, micro_batch=rows or inp.micro_batch,
+    # Context parallelism: each device holds its share of every sequence (runner/planner/switches.py).
+    acts = activation_bytes(replace(inp, micro_batch=rows or inp.micro_batch, seq_len=tokens_per_device(inp),
                                     param_dtype="bf16" if run.w == 2 or fsdp_mixed else inp.param_dtype))
+    kept = fp8_copy_share(inp)  # FP8's converted layers save the parameter itself, not a bf16 copy
+    acts = replace(acts, weight_copies=round(acts.weight_copies * kept), forward_copies=round(acts.forward_copies * kept))
     return _Activations(acts, float(acts.stored), float(acts.weight_copies), float(acts.forward_copies),
                         float(acts.recompute), float(acts.logits_forward), float(acts.logits_backward),
                         float(acts.logits), float(acts.dropout))
@@ -354,9 +360,17 @@ def _sharded(inp: EstimateInput, run: _Run) -> frozenset[str]:
     return run.row.shards
 
 
+def _shard_group(inp: EstimateInput, run: _Run) -> int:
+    """Devices ZeRO/FSDP divide the model states over: every one, or an ``hsdp`` run's shard group
+    (``launch.shard``; its replicas hold the same shards, so more replicas divide nothing further)."""
+    if not run.row.hybrid:
+        return run.n
+    return min(run.n, layout.hsdp_mesh(run.n, shard=inp.shard)[1])
+
+
 def _shard_states(inp: EstimateInput, run: _Run, s: _States, shards: frozenset[str]) -> _States:
-    """ZeRO/FSDP: each device's partition of what ``shards`` names."""
-    sh, n = inp.shape, run.n
+    """ZeRO/FSDP: each device's partition of what ``shards`` names (over :func:`_shard_group`)."""
+    sh, n = inp.shape, _shard_group(inp, run)
     optimizer, master, opt_transient = s.optimizer, s.master, s.opt_transient
     if "optimizer" in shards:
         optimizer, master, opt_transient = optimizer / n, master / n, opt_transient / n
@@ -445,7 +459,7 @@ def _moments(inp: EstimateInput, run: _Run, s: _States, a: _Activations, g: Gath
                      "grads": persistent_grads},
         # The end of backward: every gradient, the activations released; the embedding's input gradient
         # and its copy remain.
-        "backward_end": {"transient": 2.0 * run.e * inp.shape.hidden * inp.micro_batch * inp.seq_len,
+        "backward_end": {"transient": 2.0 * run.e * inp.shape.hidden * inp.micro_batch * tokens_per_device(inp),
                          "buffers": g.gathered, "grads": s.grads, "grad_buckets": g.flat_grads},
         "optimizer": {"grads": s.grads, "transient": s.opt_transient},
     }
@@ -464,12 +478,16 @@ def _moments(inp: EstimateInput, run: _Run, s: _States, a: _Activations, g: Gath
     if a.pipeline:
         for parts in moments.values():
             parts["buffers"] = parts.get("buffers", 0.0) + a.pipeline
+    ring = ring_buffer_bytes(inp, run.e)  # context parallelism's gathered keys and values, inside attention
+    for name in ("forward", "backward", "backward_root", "backward_recompute"):
+        if ring and name in moments:
+            moments[name]["transient"] += ring
     _deepspeed_parts(inp, run, s, moments)
     return moments
 
 
 def _breakdown(inp: EstimateInput, s: _States, a: _Activations, moments: Moments,
-               offloaded: dict[str, int]) -> MemoryBreakdown:
+               offloaded: dict[str, int], nvme: dict[str, int]) -> MemoryBreakdown:
     """The parts at the largest moment, with the total of each phase."""
     state = s.params + s.optimizer + s.master + s.persistent_grads + s.buckets
 
@@ -495,7 +513,8 @@ def _breakdown(inp: EstimateInput, s: _States, a: _Activations, moments: Moments
         transient=part["transient"], ds_reduce_bucket=part["ds_reduce_bucket"], ds_gathered=part["ds_gathered"],
         activations_stored=round(acts.stored * (a.stored / max(1, acts.stored)) + a.copies),
         grads_total=round(s.grads), peak_phase=peak_name.split("_")[0],
-        phases={k: round(v) for k, v in phases.items()}, offloaded=offloaded, approximate=inp.shape.approximate)
+        phases={k: round(v) for k, v in phases.items()}, offloaded=offloaded, nvme=nvme,
+        approximate=inp.shape.approximate)
 
 
 def estimate(inp: EstimateInput) -> MemoryBreakdown:
@@ -526,7 +545,11 @@ def _estimate_part(inp: EstimateInput, run: _Run, states: _States, acts: _Activa
     states = _shard_states(inp, run, states, shards)
     gathered = _gathered(inp, run, states, shards)
     states, offloaded = _offload(inp, run, _ddp_buckets(inp, run, states))
-    b = _breakdown(inp, states, acts, _moments(inp, run, states, acts, gathered), offloaded)
+    nvme, offloaded = (offloaded, {}) if inp.nvme_offload else ({}, offloaded)  # ZeRO-Infinity: on NVMe
+    if inp.activation_offload:  # save_on_cpu: what the forward saves lives in pinned host memory
+        offloaded["activations"] = round(acts.stored + acts.copies)
+        acts = replace(acts, stored=0.0, copies=0.0, fwd_copies=0.0, dropout=0.0, logits=0.0)
+    b = _breakdown(inp, states, acts, _moments(inp, run, states, acts, gathered), offloaded, nvme)
     if b.approximate is None:
         return replace(b, approximate=kernels_note(inp) or _bound(inp, run, b))
     return b
@@ -556,6 +579,7 @@ def breakdown_json(b: MemoryBreakdown) -> dict[str, int]:
     out = {part: int(getattr(b, part)) for part in PARTS}
     return {**out, "total": b.total, "model_states": b.model_states,
             "offloaded": dict(b.offloaded), "host_bytes": sum(b.offloaded.values()),  # type: ignore[dict-item]
+            "nvme": dict(b.nvme), "nvme_bytes": sum(b.nvme.values()),  # type: ignore[dict-item]
             "activations_stored": b.activations_stored, "grads_total": b.grads_total,
             "peak_phase": b.peak_phase, "phases": dict(b.phases),  # type: ignore[dict-item]
             **({"approximate": b.approximate} if b.approximate else {})}  # type: ignore[dict-item]

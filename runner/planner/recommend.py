@@ -9,6 +9,7 @@ from typing import Any, Literal
 from runner.planner.error_band import Band, band_for, widest_band
 from runner.planner.inputs import EstimateInput, Method, Strategy
 from runner.planner.memory import GIB, breakdown_json, estimate
+from runner.planner.switches import switch_lines
 from runner.spec import strategies as table
 
 Fit = Literal["fits", "might not fit", "does not fit"]
@@ -46,7 +47,13 @@ def _fits(inp: EstimateInput, gpu_mem_bytes: int) -> bool:
 def _at(inp: EstimateInput, strategy: Strategy, n_gpus: int) -> EstimateInput:
     row = table.get(strategy)
     one_device = row.max_procs == 1 and not row.layer_split
-    return replace(inp, strategy=strategy, n_devices=1 if one_device else n_gpus)
+    n = 1 if one_device else n_gpus
+    engine = row.with_engine(inp.engine if inp.engine in row.engine_names() else "auto")
+    # Context parallelism runs under FSDP2 only, over a divisor of the devices; ZeRO-Infinity under DeepSpeed's ZeRO-3.
+    cp = inp.cp_size if engine.accelerate_type == "FSDP" and n % inp.cp_size == 0 else 1
+    zero = engine.engine_row()
+    nvme = inp.nvme_offload and engine.accelerate_type == "DEEPSPEED" and zero is not None and zero.stage == 3
+    return replace(inp, strategy=strategy, n_devices=n, cp_size=cp, nvme_offload=nvme)
 
 
 def gpus_needed(inp: EstimateInput, gpu_mem_bytes: int, max_gpus: int = 1024) -> int | None:
@@ -179,4 +186,6 @@ def estimate_report(
             "error_band": None if band is None else asdict(band),
         }
     rec = recommend(base_inputs, gpu_mem_bytes, n_gpus)
-    return {"strategies": out, "recommendation": {"strategy": rec.strategy, "reason": rec.reason}}
+    own = estimate(base_inputs)  # the switches' effect on the run as given (its own strategy)
+    return {"strategies": out, "recommendation": {"strategy": rec.strategy, "reason": rec.reason},
+            "switches": switch_lines(base_inputs, own.offloaded, own.nvme)}

@@ -413,7 +413,7 @@ def resolve_model_shape(name: str, allow_network: bool = True) -> ModelSource:
         )
         return ModelSource(shape, f"{name} (builtin config)")
     if name.startswith(builtin.BUILTIN_PREFIX):
-        raise ValueError(f"model.name: unknown builtin model {name!r}")
+        return ModelSource(shape_from_config(builtin.model_config(name)), f"{name} (builtin config)")
     from pathlib import Path
 
     folder = Path(name).expanduser()

@@ -19,18 +19,21 @@ from __future__ import annotations
 import math
 import os
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from runner.rank import compiling, evaluate, memtrack, peak_probe
+from runner.hardware.processes import started_wall
+from runner.rank import compiling, evaluate, memtrack, peak_probe, step_split
 from runner.rank.checkpointing import check_resume
 from runner.rank.context import DataShape, Setup
 from runner.rank.engine import Engine, MicroBatch
 from runner.rank.measure import gather_list
 from runner.rank.model_load import load_model
+from runner.rank.router_load import RouterLoad, experts_of, load_summary
 from runner.rank.throughput import Steady, Window, throughput
 from runner.spec import events as ev
 from runner.spec import layout, zero
@@ -71,6 +74,11 @@ class _Progress:
     """Decoder layers given to torch.compile (``train.compile``), compiled by the first step."""
     probe: peak_probe.Probe | None = None
     """The CPU matmul probes through the steady steps (:mod:`runner.rank.peak_probe`)."""
+    profiling: bool = False
+    """This step is the one whose time is split (:mod:`runner.rank.step_split`)."""
+    split: step_split.StepSplit | None = None
+    router: RouterLoad | None = None
+    """A mixture of experts' tokens per expert per layer (:mod:`runner.rank.router_load`); None: dense."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,8 @@ class _Reduced:
     tokens: int
     grad_sq: float
     memory_slots: list[float]
+    router_counts: list[float] = field(default_factory=list)
+    """Tokens per expert per layer of the step, summed over ranks (a mixture of experts only)."""
 
 
 def train(setup: Setup, engine: Engine) -> Status:
@@ -108,6 +118,7 @@ def train(setup: Setup, engine: Engine) -> Status:
     engine.register_scheduler(scheduler)
 
     progress = _Progress(start_step=0, tokens_done=0, tokens_at_start=0)  # real tokens: padding (data.pack = false) is not counted
+    progress.router = _router_load(loaded.model.config, engine)
     resume_seconds = None
     if resume is not None:
         assert engine.checkpointer is not None, "the recipe validator refuses resume_from for this layout"
@@ -116,10 +127,17 @@ def train(setup: Setup, engine: Engine) -> Status:
         engine.checkpointer.load(Path(str(recipe.train.resume_from)))
         resume_seconds = time.perf_counter() - t_load
         tokens = int(resume["tokens_done"])
-        progress = _Progress(start_step=int(resume["step"]), tokens_done=tokens, tokens_at_start=tokens)
+        progress = _Progress(start_step=int(resume["step"]), tokens_done=tokens, tokens_at_start=tokens,
+                             router=progress.router)
     progress.live_model, progress.compiled_layers = loaded.model, layers
     setup.emit(_start_event(setup, engine, shape, dims, progress.start_step, resume_seconds))
     return _run_steps(setup, engine, shape, scheduler, progress)
+
+
+def _router_load(config: Any, engine: Engine) -> RouterLoad | None:
+    """Router hooks on a mixture of experts (its layers and experts from the config, the same on every rank)."""
+    experts = experts_of(config)
+    return RouterLoad(engine.model, int(getattr(config, "num_hidden_layers", 0) or 0), experts) if experts else None
 
 
 def _data_shape(setup: Setup, engine: Engine, rows: int) -> DataShape:
@@ -164,6 +182,7 @@ def _start_event(setup: Setup, engine: Engine, shape: DataShape, dims: Any, star
         start_step=start_step,
         resumed_from=recipe.train.resume_from,
         resume_seconds=resume_seconds,
+        process_started=started_wall(),  # the imports' start (runner.spec.first_step)
     )
     engine.describe(start)
     start["data"] = setup.dataset.info()
@@ -180,6 +199,7 @@ def _run_steps(setup: Setup, engine: Engine, shape: DataShape, scheduler: Any, p
     p.probe = peak_probe.Probe(setup.on_cpu, run_dtype(recipe.train.precision))
     p.scale = engine.loss_scale()
     p.step = p.start_step - 1
+    profiled = step_split.profiled_step(p.start_step, shape.total_steps, memtrack.MEASURED_STEPS)
     engine.model.train()
     for step in range(p.start_step, shape.total_steps):
         p.step = step
@@ -194,12 +214,19 @@ def _run_steps(setup: Setup, engine: Engine, shape: DataShape, scheduler: Any, p
         if step == p.start_step:
             p.first_step_start = t0
         metered = step - p.start_step < memtrack.MEASURED_STEPS
-        p.steady.begin(t0, p.tokens_done, metered)
+        p.profiling = step == profiled
+        p.steady.begin(t0, p.tokens_done, metered, profiled=p.profiling)
         # The first steps measure peak memory per phase (runner/rank/memtrack.py); later steps pay nothing.
         peaks: memtrack.Meter = meter if metered else memtrack.NoMeter()
-        loss_sum, my_tokens = _micro_steps(setup, engine, shape, p, peaks)
-        reduced = _reduce(setup, engine, loss_sum, my_tokens, engine.reduce_grads())
-        grad_norm, bad = _optimizer_step(engine, train.max_grad_norm, reduced, peaks)
+        if p.router is not None:
+            p.router.take()  # an evaluation's forwards since the last step are not training's routing
+        with _profile(setup, p) as prof, step_split.mark(step_split.STEP_MARK, p.profiling):
+            loss_sum, my_tokens = _micro_steps(setup, engine, shape, p, peaks)
+            routed = p.router.take() if p.router is not None else None
+            reduced = _reduce(setup, engine, loss_sum, my_tokens, engine.reduce_grads(), routed)
+            grad_norm, bad = _optimizer_step(engine, train.max_grad_norm, reduced, peaks)
+        if prof is not None:
+            p.split = prof.result
         _after_step(setup, engine, p, bad)
         lr = scheduler.get_last_lr()[0]
         scheduler.step()  # the lr follows the step count, skipped steps included
@@ -216,6 +243,7 @@ def _run_steps(setup: Setup, engine: Engine, shape: DataShape, scheduler: Any, p
             if bad is not None:
                 step_event["skipped"] = True
             setup.emit(step_event)
+            _emit_router_load(setup, p, reduced, step + 1)
         if step == p.start_step:  # what the step ran with: attention, compiled layers and the compile's time
             mode = recipe.train.compile_mode if p.compiled_layers else None
             setup.emit(compiling.kernels_event(p.live_model, step + 1, mode, t1 - t0 if mode else None))
@@ -235,6 +263,11 @@ def _run_steps(setup: Setup, engine: Engine, shape: DataShape, scheduler: Any, p
     return _finish(setup, engine, p, meter)
 
 
+def _profile(setup: Setup, p: _Progress) -> AbstractContextManager[step_split.StepProfile | None]:
+    """torch's profiler over the step whose time is split; nothing on every other step."""
+    return step_split.StepProfile(not setup.on_cpu) if p.profiling else nullcontext()
+
+
 def _micro_steps(setup: Setup, engine: Engine, shape: DataShape, p: _Progress,
                  peaks: memtrack.Meter) -> tuple[Any, int]:
     """Forward and backward of the step's micro-batches; (summed loss, tokens of this process's rows)."""
@@ -247,44 +280,59 @@ def _micro_steps(setup: Setup, engine: Engine, shape: DataShape, p: _Progress,
     loss_sum = engine.zero_loss()
     my_tokens = 0
     for micro in range(GA):
-        start = base + (micro * engine.replicas + engine.replica) * B
-        rows = p.order[start : start + B]
-        batch = blocks[rows]
-        # Labels differ from the ids where tokens are not learned (data.train_on = "completions").
-        targets = batch if labels_all is None else labels_all[rows]
-        if mask is None:
-            batch_mask, labels = None, targets
-            my_tokens += int(batch.numel())
-        else:
-            batch_mask = mask[rows]
-            my_tokens += int(batch_mask.sum())
-            labels = targets.masked_fill(batch_mask == 0, -100)
-        micro_batch = MicroBatch(
-            input_ids=batch, attention_mask=batch_mask, labels=labels, index=micro, accumulation=GA,
-            learned=_learned_tokens(labels_all, mask, rows) if learned else 0, step_learned=learned,
-            first=p.step == p.start_step and micro == 0)
+        with step_split.mark(step_split.DATA_MARK, p.profiling):
+            start = base + (micro * engine.replicas + engine.replica) * B
+            rows = p.order[start : start + B]
+            batch = blocks[rows]
+            # Labels differ from the ids where tokens are not learned (data.train_on = "completions").
+            targets = batch if labels_all is None else labels_all[rows]
+            if mask is None:
+                batch_mask, labels = None, targets
+                my_tokens += int(batch.numel())
+            else:
+                batch_mask = mask[rows]
+                my_tokens += int(batch_mask.sum())
+                labels = targets.masked_fill(batch_mask == 0, -100)
+            micro_batch = MicroBatch(
+                input_ids=batch, attention_mask=batch_mask, labels=labels, index=micro, accumulation=GA,
+                learned=_learned_tokens(labels_all, mask, rows) if learned else 0, step_learned=learned,
+                first=p.step == p.start_step and micro == 0)
         loss_sum += engine.forward_backward(micro_batch, peaks)
     return loss_sum, my_tokens
 
 
-def _reduce(setup: Setup, engine: Engine, loss_sum: Any, my_tokens: int, grad_sq: float) -> _Reduced:
-    """One collective per step carries the loss, the stop request, the token count, the squared gradient norm
-    and each rank's memory figures (its own slots, zeros elsewhere), so every rank leaves the loop after the
-    same step and takes the same decision on a non-finite loss. It comes before the optimizer step for that
-    decision. float64: byte counts exceed float32's 24 bits."""
+def _emit_router_load(setup: Setup, p: _Progress, reduced: _Reduced, step: int) -> None:
+    """The step's router load as named metrics (``moe/*``), from every rank's tokens per expert per layer."""
+    if p.router is None or not reduced.router_counts:
+        return
+    layers, experts = p.router.counts.shape
+    values = load_summary(torch.tensor(reduced.router_counts, dtype=torch.float64).view(layers, experts))
+    if values:
+        setup.emit(ev.metrics_event(step, values))
+
+
+def _reduce(setup: Setup, engine: Engine, loss_sum: Any, my_tokens: int, grad_sq: float,
+            routed: Any = None) -> _Reduced:
+    """One collective per step carries the loss, the stop request, the token count, the squared gradient norm,
+    each rank's memory figures (its own slots, zeros elsewhere) and, for a mixture of experts, its tokens per
+    expert per layer (``routed``), so every rank leaves the loop after the same step and takes the same
+    decision on a non-finite loss. It comes before the optimizer step for that decision. float64: byte counts
+    exceed float32's 24 bits."""
     acc = setup.accelerator
     world = acc.num_processes
     mem_slots = torch.zeros(3 * world, dtype=torch.float64)
     mem_slots[3 * acc.process_index : 3 * acc.process_index + 3] = torch.tensor(setup.memory.now(), dtype=torch.float64)
     owns = engine.owns_loss
     mine = [float(loss_sum) if owns else 0.0, float(setup.stop.requested), float(my_tokens) if owns else 0.0, grad_sq]
-    stats = torch.cat([torch.tensor(mine, dtype=torch.float64), mem_slots]).to(acc.device)
+    router = routed.to(torch.float64) if routed is not None else torch.zeros(0, dtype=torch.float64)
+    stats = torch.cat([torch.tensor(mine, dtype=torch.float64), mem_slots, router]).to(acc.device)
     if world > 1:
         stats = acc.reduce(stats, reduction="sum")
     stats = stats.cpu()
     # Each replica's loss is the mean over its rows.
     return _Reduced(mean_loss=float(stats[0]) / engine.replicas, stop_requested=float(stats[1]) > 0,
-                    tokens=int(stats[2]), grad_sq=float(stats[3]), memory_slots=stats[4:].tolist())
+                    tokens=int(stats[2]), grad_sq=float(stats[3]), memory_slots=stats[4 : 4 + 3 * world].tolist(),
+                    router_counts=stats[4 + 3 * world :].tolist())
 
 
 def _optimizer_step(engine: Engine, max_grad_norm: float, reduced: _Reduced,
@@ -342,7 +390,7 @@ def _finish(setup: Setup, engine: Engine, p: _Progress, meter: Any) -> Status:
     # Evaluations between steps are not training time; the metered steps are not the steady state.
     probes = p.probe.spans if p.probe is not None else []
     rate = throughput(Window(p.first_step_start, p.tokens_at_start), p.steady.window, p.steady.steps,
-                      p.last_step_end, p.tokens_done, [*p.eval_spans, *probes])
+                      p.last_step_end, p.tokens_done, [*p.eval_spans, *probes], steady_until=p.steady.until)
     # Only a completed run with steady steps has an MFU; every rank agrees on both (the step's collective).
     probed = p.probe.record(setup) if p.probe is not None and p.status == "completed" and p.steady.steps else None
     saved = None
@@ -352,6 +400,8 @@ def _finish(setup: Setup, engine: Engine, p: _Progress, meter: Any) -> Status:
     measured: dict[str, Any] = {}
     if steps_done > p.start_step:
         measured = {**meter.result(), "measured_steps": min(steps_done - p.start_step, memtrack.MEASURED_STEPS)}
+    if p.split is not None:
+        measured["step_split"] = p.split.json()
     ranks = setup.memory.summary({**p.memory, **measured})
     end = ev.EndEvent(
         type="end",

@@ -14,6 +14,7 @@ from runner.spec.paths import cache_dir
 
 if TYPE_CHECKING:
     from runner.rank.context import Setup
+    from runner.spec.recipe import ModelSection
 
 
 @dataclass
@@ -54,15 +55,18 @@ def load_model(setup: Setup) -> LoadedModel:
         from transformers import LlamaForCausalLM  # deferred: transformers is slow to import
 
         torch.manual_seed(recipe.train.seed)  # the init is part of the recipe
-        config = builtin.tiny_llama_config(len(setup.tokenizer))
-        if model_cfg.attn_implementation is not None:  # None: transformers' choice (sdpa)
-            config._attn_implementation = model_cfg.attn_implementation
-        model: Any = LlamaForCausalLM(config)
+        model: Any = LlamaForCausalLM(_attention(builtin.tiny_llama_config(len(setup.tokenizer)), model_cfg))
         model = model.to(dtype)
         if spread and not setup.on_cpu:
             model = _dispatch_over_gpus(model)
     elif model_cfg.name.startswith(builtin.BUILTIN_PREFIX):
-        raise ValueError(f"model.name: unknown builtin model {model_cfg.name!r} (have {builtin.TINY_LLAMA})")
+        from transformers import AutoModelForCausalLM  # deferred: transformers is slow to import
+
+        torch.manual_seed(recipe.train.seed)
+        config = _attention(builtin.model_config(model_cfg.name, len(setup.tokenizer)), model_cfg)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
+        if spread and not setup.on_cpu:
+            model = _dispatch_over_gpus(model)
     else:
         model = _from_pretrained(setup, dtype, spread)
     total = param_count(model.parameters())
@@ -73,6 +77,13 @@ def load_model(setup: Setup) -> LoadedModel:
         model = _with_lora(setup, model)
     trainable = param_count(p for p in model.parameters() if p.requires_grad)
     return LoadedModel(model=model, total_params=total, trainable_params=trainable)
+
+
+def _attention(config: Any, model_cfg: ModelSection) -> Any:
+    """``config`` with the recipe's ``model.attn_implementation`` (None leaves transformers' choice: sdpa)."""
+    if model_cfg.attn_implementation is not None:
+        config._attn_implementation = model_cfg.attn_implementation
+    return config
 
 
 def param_count(params: Iterable[Any]) -> int:
@@ -136,6 +147,7 @@ def load_dtype(dtype: str, method: str, precision: str) -> Any:
     table = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     if dtype != "auto":
         return table[dtype]
+    precision = "bf16" if precision == "fp8" else precision  # torchao's float8 layers: bf16 around them
     # Full fine-tuning keeps fp32 master weights (accelerate autocasts the compute); LoRA's frozen
     # base can live in the compute dtype, which halves its memory.
     if method in ("lora", "qlora") and precision != "fp32":

@@ -2,14 +2,16 @@
 
 The engines of :mod:`runner.rank.engines` ask :func:`in_effect` what the prepared objects really are
 (:func:`runner.spec.zero.mismatch` compares it with the strategy asked for), :func:`state_bytes` what this
-rank holds, and :func:`precision_in_effect` the dtypes of the live tensors (DeepSpeed keeps an fp32 master
-copy; torch follows the recipe). torch and deepspeed are imported where a function needs them: the rank
+rank holds and the whole model each of its parts is a share of (:func:`whole_model`; the verdict:
+:mod:`runner.analysis.shard_verdict`), and :func:`precision_in_effect` the dtypes of the live tensors
+(DeepSpeed keeps an fp32 master copy; torch follows the recipe). torch and deepspeed are imported where a function needs them: the rank
 imports them anyway, this module's readers need not.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 
 def is_deepspeed(model: Any) -> bool:
@@ -57,9 +59,17 @@ def local_param(p: Any) -> Any:
     return p.to_local() if hasattr(p, "to_local") else p
 
 
-def deepspeed_grad_bytes(model: Any) -> int | None:
-    """Bytes of the gradients DeepSpeed holds for this rank's partition at the end of the backward (it keeps
-    them outside ``.grad``, in ``averaged_gradients``, and frees them in its step); None if not DeepSpeed."""
+class HeldGrads(NamedTuple):
+    """Gradients a rank holds outside ``.grad``: their bytes and the bytes of one of their elements."""
+
+    bytes: int
+    itemsize: int | None
+    """None when the rank holds none."""
+
+
+def deepspeed_grad_bytes(model: Any) -> HeldGrads | None:
+    """The gradients DeepSpeed holds for this rank's partition at the end of the backward (it keeps them
+    outside ``.grad``, in ``averaged_gradients``, and frees them in its step); None if not DeepSpeed."""
     if not is_deepspeed(model):
         return None
     held = getattr(model.optimizer, "averaged_gradients", None) or {}
@@ -74,40 +84,148 @@ def deepspeed_grad_bytes(model: Any) -> int | None:
         if key not in seen:
             seen.add(key)
             total += int(t.numel() * t.element_size())
-    return total
+    return HeldGrads(total, int(tensors[0].element_size()) if tensors else None)
 
 
-def state_bytes(model: Any, optimizer: Any, grads_before_step: int | None = None) -> dict[str, int]:
-    """Exact bytes of this rank's parameters, gradients, optimizer state and fp32 master (local parts).
+def state_bytes(model: Any, optimizer: Any, held: HeldGrads | None = None,
+                whole: Whole | None = None) -> dict[str, int]:
+    """Exact bytes of this rank's parameters, gradients, optimizer state and fp32 master (local parts), and
+    of the whole model's (``*_whole_bytes``, :func:`whole_bytes`) that each is a share of.
 
     Gradients are those alive on the parameters (``.grad``), read after the optimizer step, before
-    ``zero_grad``; DeepSpeed's, which its step frees, are passed in as ``grads_before_step``
-    (:func:`deepspeed_grad_bytes`).
+    ``zero_grad``; DeepSpeed's, which its step frees, are passed in as ``held`` (:func:`deepspeed_grad_bytes`).
+    ``whole``: the whole model counted before this rank dropped what is not its own (a pipeline stage);
+    None: counted from ``model`` now.
     """
-    params = 0
-    grads = grads_before_step or 0
+    params = gathered = 0
+    grads = held.bytes if held is not None else 0
+    grad_itemsize = held.itemsize if held is not None else None
     for p in model.parameters():
         local = local_param(p)
         params += int(local.numel() * local.element_size())
         if local is not p and hasattr(p, "ds_tensor"):
             # ZeRO-3 keeps parameters under its persistence threshold gathered for good, beside the partition.
-            params += int(p.data.numel() * p.data.element_size())
+            gathered += int(p.data.numel() * p.data.element_size())
         if p.grad is not None:
             g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
             grads += int(g.numel() * g.element_size())
-    opt = 0
+            grad_itemsize = grad_itemsize or int(g.element_size())
+    opt, opt_elements = optimizer_state(optimizer)
+    masters = master_tensors(model)
+    master = sum(int(t.numel() * t.element_size()) for t in masters)
+    local_bytes = {"param_bytes": params + gathered, "grad_bytes": grads, "optimizer_bytes": opt,
+                   "master_bytes": master, "param_gathered_bytes": gathered}
+    itemsizes = Itemsizes(grad=grad_itemsize or _trainable_itemsize(model),
+                          optimizer=opt / opt_elements if opt_elements else None,
+                          master=int(masters[0].element_size()) if masters else None)
+    return {**local_bytes, **whole_bytes(whole or whole_model(model), itemsizes)}
+
+
+def optimizer_state(optimizer: Any) -> tuple[int, int]:
+    """Bytes of this rank's optimizer state (local parts, each storage once) and the elements it covers
+    (per parameter, its largest state tensor: AdamW's moments have the parameter's local shape)."""
+    total = elements = 0
     seen: set[int] = set()
     for state in inner_optimizer(optimizer).state.values():
+        largest = 0
         for value in state.values():
             if hasattr(value, "untyped_storage"):
                 t = value.to_local() if hasattr(value, "to_local") else value
+                largest = max(largest, int(t.numel()))
                 ptr = t.untyped_storage().data_ptr()
                 if ptr in seen and t.numel() > 1:
                     continue
                 seen.add(ptr)
-                opt += int(t.numel() * t.element_size())
-    master = sum(int(t.numel() * t.element_size()) for t in master_tensors(model))
-    return {"param_bytes": params, "grad_bytes": grads, "optimizer_bytes": opt, "master_bytes": master}
+                total += int(t.numel() * t.element_size())
+        elements += largest
+    return total, elements
+
+
+@dataclass(frozen=True)
+class Whole:
+    """The whole model as one rank counts it: every parameter at its global size, in this rank's dtype."""
+
+    param_bytes: int
+    trainable_numel: int
+    """Elements of the trainable parameters (what gradients, optimizer state and master cover)."""
+
+
+@dataclass(frozen=True)
+class Itemsizes:
+    """Bytes per element of what this rank measured: a gradient element, the optimizer state per trainable
+    element (None where the rank holds no state), an fp32 master element (None: no master)."""
+
+    grad: int | None
+    optimizer: float | None
+    master: int | None
+
+
+def whole_numel(p: Any, fsdp1: dict[int, int]) -> int:
+    """A parameter's global element count: DeepSpeed ZeRO-3's ``ds_numel``, FSDP1's from its flat parameter
+    (``fsdp1``: :func:`fsdp1_whole_numels`), else ``numel()`` (a DTensor's is global, its local shard's is
+    ``to_local().numel()``)."""
+    if hasattr(p, "ds_numel"):
+        return int(p.ds_numel)
+    if id(p) in fsdp1:
+        return fsdp1[id(p)]
+    return int(p.numel())
+
+
+def fsdp1_whole_numels(model: Any) -> dict[int, int]:
+    """FSDP1: ``id(parameter) -> whole elements``. With ``use_orig_params`` each original parameter is a
+    view of this rank's part of a flat shard (or empty), so its size is read from the flat parameter that
+    holds it (``_params`` and ``_numels``, padding left out); a flat parameter seen as such: its unsharded
+    size."""
+    out: dict[int, int] = {}
+    for module in model.modules():
+        flat = getattr(module, "_flat_param", None)  # FSDP1's FullyShardedDataParallel
+        if flat is None or not hasattr(flat, "_unpadded_unsharded_size"):
+            continue
+        out[id(flat)] = int(flat._unpadded_unsharded_size.numel())
+        for p, n in zip(flat._params or [], flat._numels, strict=False):
+            out[id(p)] = int(n)
+    return out
+
+
+def whole_model(model: Any) -> Whole:
+    """The whole model this rank's parameters are a share of (every parameter counted once, at its global
+    size, times the bytes of this rank's element of it)."""
+    fsdp1 = fsdp1_whole_numels(model)
+    params = trainable = 0
+    for p in model.parameters():
+        n = whole_numel(p, fsdp1)
+        params += n * int(local_param(p).element_size())
+        trainable += n if p.requires_grad else 0
+    return Whole(params, trainable)
+
+
+def whole_bytes(whole: Whole, itemsizes: Itemsizes) -> dict[str, int]:
+    """The bytes of the whole model's parameters, gradients, optimizer state and master: what each of a
+    rank's measured parts is a share of. Gradients and master: the trainable elements times the bytes of
+    the rank's own element. Optimizer state: the bytes per element this rank's state holds times the
+    trainable elements; exact for AdamW, which keeps the same state for every element (two moments in the
+    state dtype) and one step counter per tensor, a few bytes against a tensor's kilobytes. A figure the
+    rank cannot measure (no state on this rank) is left out."""
+    out = {"param_whole_bytes": whole.param_bytes,
+           "master_whole_bytes": whole.trainable_numel * itemsizes.master if itemsizes.master else 0}
+    if itemsizes.grad is not None:
+        out["grad_whole_bytes"] = whole.trainable_numel * itemsizes.grad
+    if itemsizes.optimizer is not None:
+        out["optimizer_whole_bytes"] = round(whole.trainable_numel * itemsizes.optimizer)
+    return out
+
+
+def _trainable_itemsize(model: Any) -> int | None:
+    """Bytes of one element of the first trainable parameter (its gradient's dtype) where no gradient is
+    held; None without trainable parameters."""
+    p = next((p for p in model.parameters() if p.requires_grad), None)
+    return int(local_param(p).element_size()) if p is not None else None
+
+
+def _offload_device(config: Any) -> str:
+    """The device of a DeepSpeed offload config (``cpu``, ``nvme``; its ``OffloadDeviceEnum`` as text)."""
+    device = getattr(config, "device", None)
+    return str(getattr(device, "value", device))
 
 
 def in_effect(model: Any, optimizer: Any, accelerator: Any) -> dict[str, Any]:
@@ -121,6 +239,9 @@ def in_effect(model: Any, optimizer: Any, accelerator: Any) -> dict[str, Any]:
             offload = "optimizer"
         if stage == 3 and callable(getattr(model, "zero_offload_param", None)) and model.zero_offload_param():
             offload = "optimizer+params" if offload == "optimizer" else "params"
+        if offload == "optimizer+params" and _offload_device(model.zero_offload_optimizer()) == "nvme" \
+                and _offload_device(model.zero_offload_param()) == "nvme":
+            offload = "nvme"  # ZeRO-Infinity: both swapped to the NVMe folder
         return {"engine": "deepspeed", "stage": stage, "offload": offload, "how": f"DeepSpeed ZeRO stage {stage}",
                 "optimizer": type(model.optimizer).__name__}
     if type(opt).__name__ == "ZeroRedundancyOptimizer":
@@ -136,11 +257,35 @@ def in_effect(model: Any, optimizer: Any, accelerator: Any) -> dict[str, Any]:
         offloaded = any(type(g.offload_policy).__name__ == "CPUOffloadPolicy" for g in fsdp2)
         stage = 3 if reshard else 2
         how = "FSDP2 fully_shard" + ("" if reshard else "(reshard_after_forward=False)")
+        mesh = mesh_in_effect(model)
+        if mesh is not None and mesh["replicate"] > 1:
+            how += f" on a 2-D mesh: replicate {mesh['replicate']} x shard {mesh['shard']}"
         return {"engine": "torch", "stage": stage, "offload": "optimizer+params" if offloaded else "none",
-                "how": how, "optimizer": type(inner_optimizer(optimizer)).__name__}
+                "how": how, "optimizer": type(inner_optimizer(optimizer)).__name__, "mesh": mesh}
     return {"engine": "accelerate", "stage": None, "offload": "none",
             "how": f"{accelerator.distributed_type.value} ({type(model).__name__})",
             "optimizer": type(inner_optimizer(optimizer)).__name__}
+
+
+def mesh_in_effect(model: Any) -> dict[str, Any] | None:
+    """The device mesh FSDP2 placed the weights on, read from the first DTensor parameter: its dimensions'
+    names and sizes, and how many processes hold a replica (``Replicate()`` dimensions) and how many share
+    one copy in shards (``Shard`` dimensions); None when no parameter is a DTensor."""
+    for p in model.parameters():
+        device_mesh, placements = getattr(p, "device_mesh", None), getattr(p, "placements", None)
+        if device_mesh is None or placements is None:
+            continue
+        sizes = [int(s) for s in device_mesh.shape]
+        replicate = shard = 1
+        for size, placement in zip(sizes, placements, strict=True):
+            if placement.is_replicate():
+                replicate *= size
+            elif placement.is_shard():
+                shard *= size
+        return {"replicate": replicate, "shard": shard, "dims": list(device_mesh.mesh_dim_names or ()),
+                "sizes": sizes, "placements": [str(x) for x in placements],
+                "source": "measured: the DTensor placements and device mesh of the rank's first sharded weight"}
+    return None
 
 
 def _fsdp2_groups(model: Any) -> list[Any]:

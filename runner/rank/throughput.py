@@ -32,28 +32,34 @@ class Window:
 @dataclass
 class Steady:
     """The steps the steady state is measured over: from the first step that is neither memory-metered nor
-    compiling, to the last. A step that compiles once the window is open (a recompilation) closes it, and
-    the next unmetered step opens it again, so no compiling step is ever counted.
+    compiling, to the profiled step (the run's last: runner/rank/step_split.py) or the end. A step that
+    compiles once the window is open (a recompilation) closes it, and the next unmetered step opens it again,
+    so no compiling step is ever counted.
 
     Attributes:
         window: The open window's first step (None: none open yet).
         steps: The steps in the open window.
+        until: The profiled step's start and the tokens before it: where the window ends (None: at the end).
     """
 
     window: Window | None = None
     steps: int = 0
+    until: Window | None = None
 
-    def begin(self, start: float, tokens_before: int, metered: bool) -> None:
-        """A step starts at ``start`` with ``tokens_before`` tokens trained; ``metered``: under the memory meter."""
-        if metered:
-            return
-        if self.window is None:
-            self.window = Window(start=start, tokens_before=tokens_before)
-        self.steps += 1
+    def begin(self, start: float, tokens_before: int, metered: bool, profiled: bool = False) -> None:
+        """A step starts at ``start`` with ``tokens_before`` tokens trained; ``metered``: under the memory meter;
+        ``profiled``: the step whose time is split, after the steady ones."""
+        if profiled:
+            self.until = Window(start=start, tokens_before=tokens_before)
+        elif not metered:
+            if self.window is None:
+                self.window = Window(start=start, tokens_before=tokens_before)
+            self.steps += 1
 
     def end(self, compiled: bool) -> None:
-        """The step ended; ``compiled``: torch.compile compiled during it."""
-        if compiled:
+        """The step ended; ``compiled``: torch.compile compiled during it (the profiled step ends the window
+        either way)."""
+        if compiled and self.until is None:
             self.window, self.steps = None, 0
 
 
@@ -85,15 +91,17 @@ def _rate(tokens: int, seconds: float) -> float | None:
 
 
 def throughput(whole: Window, steady: Window | None, steady_steps: int, end: float, tokens_done: int,
-               evals: Sequence[tuple[float, float]] = ()) -> Throughput:
+               evals: Sequence[tuple[float, float]] = (), steady_until: Window | None = None) -> Throughput:
     """Steady-state and whole-window tokens/s of a run whose last step ended at ``end`` with
     ``tokens_done`` tokens trained; ``steady`` is the window of the first unmetered step (None: no such
     step ran); ``evals`` the (start, end) of what ran between steps and is not training (evaluations, the
-    CPU peak's probes: runner/rank/peak_probe.py)."""
+    CPU peak's probes: runner/rank/peak_probe.py); ``steady_until`` the start of a step after the steady ones
+    that the steady state leaves out (the profiled step, runner/rank/step_split.py), with the tokens before it."""
     seconds = _seconds(whole, end, evals)
     window_rate = _rate(tokens_done - whole.tokens_before, seconds)
     steady_rate = None
     if steady is not None and steady_steps > 0:
-        steady_rate = _rate(tokens_done - steady.tokens_before, _seconds(steady, end, evals))
+        stop, tokens = (steady_until.start, steady_until.tokens_before) if steady_until else (end, tokens_done)
+        steady_rate = _rate(tokens - steady.tokens_before, _seconds(steady, stop, evals))
     return Throughput(tokens_per_s=steady_rate, window_tokens_per_s=window_rate,
                       steady_steps=steady_steps if steady_rate is not None else 0, train_seconds=seconds)

@@ -20,7 +20,7 @@ from runner.spec import builtin
 from runner.spec import events as ev
 from runner.spec.paths import cache_dir
 from runner.spec.recipe import parse_recipe
-from runner.spec.summary import busiest_peak
+from runner.spec.summary import busiest_peak, error_pct
 from runner.watch.follow import execute
 from runner.watch.prepare import prepare
 
@@ -228,7 +228,7 @@ def reestimate(rows: list[dict[str, Any]], models: Path) -> list[dict[str, Any]]
         point = point_from_label(row["config"])
         breakdown, _ = estimate_for(recipe_for(point, model_folder(point.arch, models)))
         est = int(breakdown.total - breakdown.reserve)
-        out.append({**row, "estimated": est, "error_pct": (est - row["measured"]) / row["measured"] * 100,
+        out.append({**row, "estimated": est, "error_pct": error_pct(est, row["measured"]),
                     "peak_phase": breakdown.peak_phase, "estimated_phases": dict(breakdown.phases)})
     return out
 
@@ -238,7 +238,7 @@ def compare(point: GridPoint, ranks: list[dict[str, Any]], breakdown: Any) -> di
 
     measured, source = busiest_peak(ranks)
     est = int(breakdown.total - breakdown.reserve)
-    err = (est - measured) / measured * 100 if measured else None
+    err = error_pct(est, measured)
     phases: dict[str, int] = {}
     for r in ranks:
         for k, v in (r.get("phase_peaks") or {}).items():

@@ -15,6 +15,10 @@ steps each, and ranked by measured steady-state tokens/s.
 * **Resuming**: the plan's id is a digest of what it measures (:func:`plan_id`), so the same command finds
   the trials already stored and races only what is missing.
 * **The ranking**: :mod:`runner.analysis.ranking`.
+* **Commit** (:func:`commit`): the winner, when the decision names one, run for real: the user's recipe and
+  values with the winner's strategy, processes and batch split, to the recipe's own ``train.max_steps``, as a
+  run of no sweep that records the plan it came from. It starts at step 0: a trial trains a schedule of its
+  own few steps (and saves nothing), so no trial's state is the real run's.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 
 import psutil
 
+from runner.analysis import time_split
 from runner.analysis.compare import Comparison, load_comparison
 from runner.analysis.ranking import Ranking, rank
 from runner.hardware import NvmlBackend
@@ -39,7 +44,7 @@ from runner.planner.memory import DEFAULT_RESERVE
 from runner.planner.recommend import Fit, fit_band, fit_verdict
 from runner.rank.memtrack import MEASURED_STEPS
 from runner.service.launch import default_nproc
-from runner.service.sweep import SweepItem, SweepResult, run_sweep
+from runner.service.sweep import SweepItem, SweepResult, run_item, run_sweep
 from runner.spec import layout
 from runner.spec import strategies as table
 from runner.spec.layout import BatchSplit
@@ -62,6 +67,10 @@ MIN_STEPS = MEASURED_STEPS + 1
 TRIAL_SETS = ("train.save=false", "train.save_every=0", "train.eval_every=0")
 """What every trial sets besides its steps: no checkpoint (a trial is a measurement; ``pp`` and ``tp`` write
 none and refuse ``save_every``) and no evaluation between steps."""
+
+
+PLAN_PREFIX = "plan-"
+"""How every plan's id begins (the sweep column of its trials): what tells a plan from a sweep."""
 
 
 class PlanError(ValueError):
@@ -110,11 +119,14 @@ class Candidate:
     """Why it is not raced (not launchable here, does not fit, over the budget); None: raced."""
     note: str = ""
     """What the output says beside it (the batch split, a "might not fit" raced anyway)."""
+    mesh: str = ""
+    """An ``hsdp`` candidate's mesh, replicate x shard (``2x2``); empty for other strategies."""
 
     @property
     def label(self) -> str:
-        """``ddp x2 [launch.engine=torch]``: as :func:`runner.analysis.verdict.label` names its runs."""
-        base = self.strategy + (f" x{self.nproc}" if self.nproc > 1 else "")
+        """``ddp x2 [launch.engine=torch]`` or ``hsdp 2x2``: as :func:`runner.analysis.verdict.label` names its
+        runs."""
+        base = f"{self.strategy} {self.mesh}" if self.mesh else self.strategy + (f" x{self.nproc}" if self.nproc > 1 else "")
         return f"{base} [{self.grid}]" if self.grid else base
 
     def key(self) -> tuple[str, int, str]:
@@ -150,8 +162,9 @@ def _variant(base: Candidate, loader: Loader, estimator: Estimator, memory: Memo
     except RecipeError as exc:
         return replace(made, skip=f"refused: {exc}")
     launch = recipe.launch
+    sizes = layout.mesh(recipe)
     made = replace(made, engine=launch.engine, checkpointing=recipe.train.gradient_checkpointing,
-                   offload=launch.offload)
+                   offload=launch.offload, mesh=layout.mesh_text(sizes) if sizes is not None else "")
     need = estimator(recipe)
     budget = memory.per_rank(made.nproc)
     if need is None:
@@ -255,7 +268,7 @@ def plan_id(base: Recipe, strategies: Sequence[str], nproc: int, steps: int, hos
     """The plan's id: a digest of what it measures (the recipe with its ``--set`` values, the strategies,
     processes, steps and host), so that the same command finds its trials again."""
     what = json.dumps([base.digest(), sorted(strategies), nproc, steps, host])
-    return f"plan-{base.name[:24]}-{hashlib.sha256(what.encode()).hexdigest()[:12]}"
+    return f"{PLAN_PREFIX}{base.name[:24]}-{hashlib.sha256(what.encode()).hexdigest()[:12]}"
 
 
 @dataclass(frozen=True)
@@ -432,8 +445,10 @@ class Setup:
 
 
 def setup(recipe_path: Path, sets: Sequence[str], strategies: Sequence[str] | None, nproc: int | None,
-          steps: int | None = None, repeat: int = 1) -> Setup:
-    """The plan of ``ftui plan`` on this host, checked before anything is recorded.
+          steps: int | None = None, repeat: int = 1, inputs: bool = True) -> Setup:
+    """The plan of ``ftui plan`` on this host, checked before anything is recorded. ``inputs``: check the
+    recipe's data and model as the pre-flight does (which tokenizes data not cached yet: the dashboard leaves
+    that to the plan's own process, and imports neither transformers nor torch).
 
     Raises:
         RecipeError: the recipe or its inputs are unusable (one line naming the field).
@@ -450,7 +465,8 @@ def setup(recipe_path: Path, sets: Sequence[str], strategies: Sequence[str] | No
     if unknown:
         raise PlanError(f"--strategies: unknown {', '.join(unknown)} (choose from {', '.join(table.names())})")
     base = load_recipe(recipe_path, sets)
-    check_inputs(base)
+    if inputs:
+        check_inputs(base)
     n = nproc if nproc is not None else default_nproc()
     on_cpu = runs_on_cpu(base)
     memory = host_memory(on_cpu)
@@ -483,4 +499,42 @@ def standings(store: Store, pid: str) -> tuple[Comparison, Ranking] | None:
         return None
     cmp = load_comparison(store, [r.id for r in runs], sweep_id=pid)
     first = {r.id: s for r in runs if (s := first_step_seconds(r)) is not None}
-    return cmp, rank(cmp.rows, cmp.floor, first)
+    splits = {r.id: split for r in runs if (split := time_split.of_run(r.summary)) is not None}
+    return cmp, rank(cmp.rows, cmp.floor, first, splits)
+
+
+def winner(candidates: Sequence[Candidate], ranking: Ranking) -> Candidate | None:
+    """The candidate the decision recommends; None when it names none (a tie, nothing comparable)."""
+    if ranking.decision.kind != "use" or ranking.decision.run_id is None:
+        return None
+    label = next((s.label for s in ranking.standings if ranking.decision.run_id in s.run_ids), None)
+    return next((c for c in candidates if c.label == label), None)
+
+
+def commit_item(setup: Setup, ranking: Ranking | None, sets: Sequence[str]) -> SweepItem:
+    """The run ``--commit`` starts: the user's values with the winner's own (strategy, processes, batch
+    split, engine), and the recipe's ``train.max_steps`` (none of a trial's settings).
+
+    Raises:
+        PlanError: the plan names no winner (the line says why: a tie, or no completed trial).
+    """
+    chosen = winner(setup.candidates, ranking) if ranking is not None else None
+    if chosen is None:
+        why = ranking.text if ranking is not None else "no trial completed"
+        raise PlanError(f"--commit: the plan names no winner, so nothing is launched ({why})")
+    return SweepItem(chosen.strategy, chosen.nproc, [*sets, *chosen.overrides], chosen.grid,
+                     f"the winner of plan {setup.pid}")
+
+
+def commit(store: Store, recipe_path: Path, setup: Setup, ranking: Ranking | None, sets: Sequence[str],
+           on_start: Callable[[SweepItem, int], None] | None = None,
+           on_event: Callable[[dict[str, Any]], None] | None = None,
+           options: WatchOptions | None = None, stop: Stop | None = None) -> SweepResult:
+    """Run the plan's winner for real (:func:`commit_item`), as a run of no sweep that records the plan.
+
+    Raises:
+        PlanError: the plan names no winner.
+    """
+    item = commit_item(setup, ranking, sets)
+    return run_item(store, recipe_path, item, None, on_start=on_start, on_event=on_event, options=options,
+                    stop=stop, summary={"committed_by_plan": setup.pid})

@@ -43,6 +43,13 @@ class SweepItem:
     """``train.batch_size=2`` for a grid point, empty without a grid."""
     note: str
     """How the batch was kept fair, for the output."""
+    mesh: str = ""
+    """An ``hsdp`` run's mesh, replicate x shard (``2x2``); empty for other strategies."""
+
+    @property
+    def label(self) -> str:
+        """``ddp x 4``, or ``hsdp 2x2`` (its mesh says its processes)."""
+        return f"{self.strategy} {self.mesh}" if self.mesh else f"{self.strategy} x {self.nproc}"
 
 
 @dataclass(frozen=True)
@@ -90,9 +97,12 @@ def plan(recipe_path: Path, strategies: Sequence[str], nproc: int | None, sets: 
             split = layout.keep_global_batch(strategy, n, micro, base.train.grad_accum)
             overrides += split.overrides(micro, base.train.grad_accum)
             note = split.note
+            mesh = ""
+            if table.get(strategy).hybrid:  # the sweep's runs are on this machine: no nnodes
+                mesh = layout.mesh_text(layout.hsdp_mesh(n, 1, base.launch.replicate, base.launch.shard))
             for k in range(repeat):
                 again = f"; repeat {k + 1}/{repeat}" if repeat > 1 else ""
-                items.append(SweepItem(strategy, n, overrides, " ".join(point), note + again))
+                items.append(SweepItem(strategy, n, overrides, " ".join(point), note + again, mesh))
     return items
 
 
@@ -149,38 +159,53 @@ def run_sweep(
     sweep_id = sweep_id or new_sweep_id()
     results: list[SweepResult] = []
     for item in items:
-        extra = {"sweep_note": item.note, "sweep_grid": item.grid}
-        row = table.get(item.strategy)
-        try:
-            if not row.launchable:  # the table's own sentence, not the validator's list of choices
-                raise RecipeError(row.not_launchable or f"ftui run cannot launch {item.strategy}")
-            recipe: Recipe = load_recipe(recipe_path, item.overrides)
-            warnings = preflight(recipe, force=force)
-        except RecipeError as exc:
-            run_id = _refused(store, recipe_path, item, sweep_id, f"refused before launch: {exc}")
-            result = SweepResult(run_id, "failed", f"refused before launch: {exc}")
-            results.append(result)
-            if on_done:
-                on_done(item, result)
-            continue
-        prepared = prepare(store, recipe, source=str(recipe_path), sweep_id=sweep_id)
-        assert prepared.run_id is not None
-        if warnings:  # e.g. "mp on a CPU-only machine: ... the single-process run"
-            extra["sweep_note"] = "; ".join([item.note, *warnings])
-        record_summary(store, prepared.run_id, prepared.run_dir, extra)  # the store and RUN/run.json
-        if on_start:
-            on_start(item, prepared.run_id)
-        outcome = execute(store, prepared, options, on_event=on_event, stop=stop)
-        result = SweepResult(outcome.run_id, outcome.status, outcome.error)
+        result = run_item(store, recipe_path, item, sweep_id, on_start=on_start, on_event=on_event,
+                          options=options, stop=stop, force=force)
         results.append(result)
         if on_done:
             on_done(item, result)
-        if outcome.status in ENDED_BY_USER or (stop is not None and stop.is_set()):
+        if result.status in ENDED_BY_USER or (stop is not None and stop.is_set()):
             break  # the user stopped the run (or killed it): the sweep ends with it
     return sweep_id, results
 
 
-def _refused(store: Store, recipe_path: Path, item: SweepItem, sweep_id: str, reason: str) -> int:
+def run_item(
+    store: Store,
+    recipe_path: Path,
+    item: SweepItem,
+    sweep_id: str | None,
+    on_start: Callable[[SweepItem, int], None] | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    options: WatchOptions | None = None,
+    stop: Stop | None = None,
+    force: bool = False,
+    summary: dict[str, Any] | None = None,
+) -> SweepResult:
+    """One item as a run of its own, under ``sweep_id`` (None: a run of no sweep), ``summary``'s keys added
+    to its summary; an item that cannot start is recorded as a failed run with the reason."""
+    extra = {"sweep_note": item.note, "sweep_grid": item.grid, **(summary or {})}
+    row = table.get(item.strategy)
+    try:
+        if not row.launchable:  # the table's own sentence, not the validator's list of choices
+            raise RecipeError(row.not_launchable or f"ftui run cannot launch {item.strategy}")
+        recipe: Recipe = load_recipe(recipe_path, item.overrides)
+        warnings = preflight(recipe, force=force)
+    except RecipeError as exc:
+        run_id = _refused(store, recipe_path, item, sweep_id, f"refused before launch: {exc}", summary)
+        return SweepResult(run_id, "failed", f"refused before launch: {exc}")
+    prepared = prepare(store, recipe, source=str(recipe_path), sweep_id=sweep_id)
+    assert prepared.run_id is not None
+    if warnings:  # e.g. "mp on a CPU-only machine: ... the single-process run"
+        extra["sweep_note"] = "; ".join([item.note, *warnings])
+    record_summary(store, prepared.run_id, prepared.run_dir, extra)  # the store and RUN/run.json
+    if on_start:
+        on_start(item, prepared.run_id)
+    outcome = execute(store, prepared, options, on_event=on_event, stop=stop)
+    return SweepResult(outcome.run_id, outcome.status, outcome.error)
+
+
+def _refused(store: Store, recipe_path: Path, item: SweepItem, sweep_id: str | None, reason: str,
+             summary: dict[str, Any] | None = None) -> int:
     """Record a strategy that could not start as a failed run with its reason (no run folder)."""
     base_overrides = [o for o in item.overrides if not o.startswith("launch.")]
     method: str
@@ -195,6 +220,6 @@ def _refused(store: Store, recipe_path: Path, item: SweepItem, sweep_id: str, re
     run_id = store.create_run(name=name, recipe_text=text, recipe_hash=digest, recipe_source=str(recipe_path),
                               strategy=item.strategy, nproc=item.nproc, method=method, model=model, run_dir="",
                               sweep_id=sweep_id, summary={"refused": True, "sweep_note": item.note,
-                                                          "sweep_grid": item.grid})
+                                                          "sweep_grid": item.grid, **(summary or {})})
     store.update_run(run_id, status="failed", error=reason)
     return run_id

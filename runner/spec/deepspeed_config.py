@@ -70,6 +70,9 @@ def deepspeed_config(recipe: Recipe, on_cpu: bool, trainable: int | None = None)
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": not on_cpu}
     if launch.offload == "optimizer+params":
         zero["offload_param"] = {"device": "cpu", "pin_memory": not on_cpu}
+    if launch.offload == "nvme":  # ZeRO-Infinity: optimizer state and weights swapped through async_io
+        for key in ("offload_optimizer", "offload_param"):
+            zero[key] = {"device": "nvme", "nvme_path": launch.nvme_path, "pin_memory": True}
     if row.stage == 3:
         zero["stage3_param_persistence_threshold"] = ZERO3_PERSISTENCE_THRESHOLD
         zero["stage3_max_live_parameters"] = ZERO3_MAX_LIVE_PARAMETERS

@@ -29,8 +29,9 @@ Every event carries ``seq`` (0, 1, 2, ... within the run: its stable id), ``type
   model, ended by ``end``). Each is a sign of progress for the watcher's hang rule.
 
 - ``start``: world size, distributed type in effect, params, total steps, ... and ``start_step`` (0, or
-  the checkpoint's step when resumed) with ``resumed_from`` (the checkpoint folder or null) and
-  ``resume_seconds`` (wall time of restoring it, or null).
+  the checkpoint's step when resumed) with ``resumed_from`` (the checkpoint folder or null),
+  ``resume_seconds`` (wall time of restoring it, or null) and ``process_started`` (rank 0's process
+  start on this clock: :mod:`runner.spec.first_step`).
 - ``step``: ``step`` (global, 1-based; a resumed run goes on at N+1), ``epoch``, ``loss``, ``lr``,
   ``grad_norm``, ``tokens`` (cumulative, from the checkpoint's count when resumed), ``step_time``,
   ``tokens_per_s``, and ``skipped: true`` on a step whose update was dropped (``train.on_nan = "skip"``).
@@ -64,7 +65,10 @@ infinity (and SQLite's json functions refuse them): the writer turns non-finite 
 
 The orchestrator journals its own events (``launch``, ``attach``, ``rank_exit``, ``hang``, ``stacks``,
 ``hang_stop``, ``stop_requested``, ``stop``, ``watcher_error``, ``exit``) in ``orchestrator.jsonl`` with their own ``seq``
-(:mod:`runner.watch.journal`).
+(:mod:`runner.watch.journal`). ``launch`` holds the argv, the process group (``pgid``, ``pgid_started``: the
+launcher's psutil create time, which proves the group the run's), ``launcher_started`` (the launcher's
+process start on the clock of the journals' times: where the time to first step starts,
+:mod:`runner.spec.first_step`) and the watcher (``watcher_pid``, ``watcher_started``, ``watcher_host``).
 """
 
 from __future__ import annotations
@@ -82,6 +86,9 @@ RECIPE_FILE = "recipe.toml"
 ACCELERATE_FILE = "accelerate.yaml"
 LAUNCH_FILE = "launch.json"
 LAUNCHER_LOG = "launcher.log"
+ENERGY_COUNTER = "energy_counter"
+"""The watcher's event with the CPU's RAPL counters (:func:`runner.hardware.rapl.read_counters`), ``at``
+the launch (``start``) and at the exit (``end``): the ledger's CPU energy."""
 OUTPUT_DIR = "output"
 
 EXIT_NO_SPACE = 28
@@ -168,6 +175,9 @@ class StartEvent(TypedDict):
     model and optimizer of rank 0 (a mismatch with the strategy asked for fails the run before this)."""
     data: NotRequired[dict[str, Any]]
     """The data step (:meth:`runner.data.prepare.DataSet.info`): format, cache key, cached, seconds, eval rows."""
+    process_started: NotRequired[float | None]
+    """Rank 0's process start (unix seconds, :func:`runner.hardware.processes.started_wall`): where its imports
+    start (:mod:`runner.spec.first_step`)."""
     parallel: NotRequired[dict[str, Any]]
     """Pipeline or tensor-parallel runs (runner/rank/pipeline.py): ``kind``, stages or tp size, micro-batches,
     schedule, which layers each process holds."""
@@ -313,6 +323,9 @@ class PrecisionEvent(TypedDict):
     master: str | None
     """fp32 master copy's dtype (DeepSpeed), None when the optimizer updates the weights themselves."""
     source: str
+    switches: NotRequired[dict[str, Any]]
+    """:func:`runner.rank.gpu_switches.in_effect`: the cp mesh's size, ``Float8Linear`` modules
+    (``fp8_linears``), whether the forward's saved tensors went to the host (``activation_offload``)."""
 
 
 class CompileInEffect(TypedDict):

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from typing import Any
 
-DTYPES = ("fp32", "bf16", "fp16")
+DTYPES = ("fp32", "bf16", "fp16", "fp8")
 """The dtypes a matmul peak is known for; a run's precision maps to one of them (:func:`run_dtype`)."""
 
 
 def run_dtype(precision: str | None) -> str:
-    """The dtype a run's matmuls ran in: ``train.precision`` (``fp32``, ``bf16``, ``fp16``)."""
+    """The dtype a run's matmuls ran in: ``train.precision`` (``fp32``, ``bf16``, ``fp16``, ``fp8``: torchao's
+    float8 Linear layers, the peak of a GPU that has one)."""
     return precision if precision in DTYPES else "fp32"
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner.spec import deepspeed_config, strategies
+from runner.spec import deepspeed_config, layout, strategies
 from runner.spec import events as ev
 from runner.spec.recipe import Recipe
 from runner.spec.rendezvous import NodeSpec, accelerate_fields
@@ -75,7 +75,8 @@ def accelerate_config(recipe: Recipe, port: int, nodes: NodeSpec | None = None,
         "tpu_use_sudo": False,
     }
     engine = strategy.engine_row()  # the ZeRO stages: which engine, which stage
-    fsdp_version = launch.fsdp_version if engine is None else 2  # torch's ZeRO-2/3 are FSDP2
+    # torch's ZeRO-2/3 and hsdp are FSDP2 always
+    fsdp_version = launch.fsdp_version if strategy.takes_fsdp_version else 2
     if strategy.accelerate_type == "DEEPSPEED":
         config["deepspeed_config"] = {"deepspeed_config_file": str(run_dir / deepspeed_config.DEEPSPEED_FILE),
                                       "zero3_init_flag": False}
@@ -102,6 +103,13 @@ def accelerate_config(recipe: Recipe, port: int, nodes: NodeSpec | None = None,
             # ZeRO-2 with PyTorch alone: keep the unsharded weights from forward to backward.
             fsdp["fsdp_reshard_after_forward"] = engine is None or engine.stage != 2
         config["fsdp_config"] = fsdp
+    sizes = layout.mesh(recipe)
+    if sizes is not None:
+        # hsdp: accelerate's ParallelismConfig builds the 2-D mesh and fully_shard takes it (``accelerate launch``
+        # exports it as PARALLELISM_CONFIG_*; a GPU rank's Accelerator reads it; on CPU ftui's trainer builds the
+        # same config itself: runner/rank/engines/accelerate.py).
+        config["parallelism_config"] = {"parallelism_config_dp_replicate_size": sizes[0],
+                                        "parallelism_config_dp_shard_size": sizes[1]}
     if nodes is not None:  # several machines: the rendezvous is the main node's (runner/spec/rendezvous.py)
         config |= accelerate_fields(nodes, launch.nproc)
     return config

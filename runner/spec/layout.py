@@ -1,15 +1,18 @@
-"""What a pipeline (``pp``, ``mp`` over processes) or tensor-parallel (``tp``) run needs from its recipe.
+"""What a pipeline (``pp``, ``mp`` over processes), tensor-parallel (``tp``) or hybrid sharded (``hsdp``) run
+needs from its recipe.
 
-Pure checks, no torch: the recipe validator calls :func:`recipe_problem`, and :func:`microbatches` says how
-many micro-batches a pipelined run cuts each batch into. The training loops are :mod:`runner.rank.pipeline`
-and :mod:`runner.rank.tensor_parallel`. Also how many processes one machine takes, whatever the layout
-(:func:`host_nproc_problem`).
+Pure checks, no torch: the recipe validator calls :func:`recipe_problem`, :func:`microbatches` says how
+many micro-batches a pipelined run cuts each batch into and :func:`hsdp_mesh` the 2-D mesh of a hybrid
+sharded run. The training loops are :mod:`runner.rank.pipeline` and :mod:`runner.rank.tensor_parallel`
+(``hsdp``: accelerate's FSDP2 on the mesh, :mod:`runner.rank.engines.accelerate`). Also how many
+processes one machine takes, whatever the layout (:func:`host_nproc_problem`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from runner.spec import strategies
 
@@ -39,10 +42,31 @@ def layout_name(recipe: Recipe) -> str:
     return f"{name} over {recipe.launch.nproc} processes" if name == "mp" else name
 
 
+EXPERT_PARALLEL_MISSING = (
+    "expert parallelism is not available: transformers' mixture-of-experts models (Mixtral, Qwen2-MoE, OLMoE) "
+    "keep a layer's experts in one module of stacked weights, which ftui's engines replicate (ddp) or shard as "
+    "a whole (fsdp, ZeRO), never by expert; DeepSpeed-MoE's expert parallelism needs a model built of its own "
+    "deepspeed.moe MoE layers, and ftui does not switch on DeepSpeed's AutoEP module replacement; "
+    "set launch.ep_size = 1 (fsdp or zero3 shard the experts' weights instead)")
+"""Why ``launch.ep_size`` above 1 is refused (docs/strategies.md, "Mixture of experts")."""
+
+
+def expert_parallel_problem(recipe: Recipe) -> str | None:
+    """One line refusing ``launch.ep_size`` above 1 (None: no expert parallelism asked for)."""
+    size = recipe.launch.ep_size
+    return None if size is None or size == 1 else f"launch.ep_size: {size}: {EXPERT_PARALLEL_MISSING}"
+
+
 def recipe_problem(recipe: Recipe) -> str | None:
-    """One line naming the field that a pipelined or tensor-parallel recipe gets wrong (None: fine)."""
+    """One line naming the field that a pipelined, tensor-parallel, hybrid sharded or expert-parallel recipe gets
+    wrong (None: fine)."""
     launch, train = recipe.launch, recipe.train
+    expert = expert_parallel_problem(recipe)
+    if expert:
+        return expert
     strategy = strategies.get(launch.strategy)
+    if strategy.hybrid:
+        return mesh_problem(recipe)
     pipelined = strategy.pipelined(launch.nproc)
     if not (pipelined or strategy.tensor_parallel):
         return None
@@ -71,6 +95,98 @@ def recipe_problem(recipe: Recipe) -> str | None:
         return (f"launch.tp_size: {size} must be at least 2 and divide nproc = {launch.nproc} (nproc / tp_size "
                 "groups of tp_size processes train as data parallel replicas)")
     return None
+
+
+Mesh = tuple[int, int]
+"""``(replicate, shard)``: an ``hsdp`` run's groups and the processes each group shards over."""
+
+
+def hsdp_mesh(world: int, nnodes: int = 1, replicate: int | None = None, shard: int | None = None) -> Mesh:
+    """The mesh of an ``hsdp`` run of ``world`` processes over ``nnodes`` machines: both sizes as given; one
+    given, the other what it leaves of the world; none, a group per machine on several machines (replicate
+    across machines, shard within one: the shard group's all-gathers and reduce-scatters, a layer at a
+    time, stay on the machine's own links; only the replicas' all-reduce crosses machines), else two groups
+    (the smallest hybrid). Not checked here (:func:`mesh_problem`)."""
+    if shard is not None and replicate is None:
+        return max(1, world // shard), shard
+    if replicate is None:
+        replicate = nnodes if nnodes > 1 else 2
+    return replicate, shard if shard is not None else max(1, world // replicate)
+
+
+def world_size(recipe: Recipe) -> int:
+    """Processes over every machine: ``launch.nproc`` x ``launch.nnodes``."""
+    return recipe.launch.nproc * (recipe.launch.nnodes or 1)
+
+
+def mesh(recipe: Recipe) -> Mesh | None:
+    """The recipe's ``hsdp`` mesh (:func:`hsdp_mesh` of ``launch.replicate`` and ``launch.shard``); None for
+    another strategy."""
+    launch = recipe.launch
+    if not strategies.get(launch.strategy).hybrid:
+        return None
+    return hsdp_mesh(world_size(recipe), launch.nnodes or 1, launch.replicate, launch.shard)
+
+
+def mesh_problem(recipe: Recipe) -> str | None:
+    """One line naming the field of an ``hsdp`` recipe whose mesh cannot be built (None: it can): replicate x
+    shard must be every process, both at least 2, and on several machines a shard group must be whole
+    machines or lie within one."""
+    launch = recipe.launch
+    world, nnodes = world_size(recipe), launch.nnodes or 1
+    replicate, shard = hsdp_mesh(world, nnodes, launch.replicate, launch.shard)
+    field = "launch.shard" if launch.shard is not None and launch.replicate is None else "launch.replicate"
+    every = f"nproc = {world}" if nnodes == 1 else f"nproc {launch.nproc} x nnodes {nnodes} = {world}"
+    if launch.fsdp_version != 2:
+        return f"launch.fsdp_version: hsdp is FSDP2 on a 2-D mesh (got {launch.fsdp_version}); set 2"
+    if replicate * shard != world:
+        given = "" if launch.replicate or launch.shard else " (the default; set launch.replicate or launch.shard)"
+        return (f"{field}: replicate {replicate} x shard {shard} = {replicate * shard} is not every process "
+                f"({every}){given}")
+    if replicate < 2 or shard < 2:
+        other = "fsdp" if replicate < 2 else "ddp"
+        bad = "launch.replicate" if replicate < 2 else "launch.shard"
+        named = field if (launch.replicate is None) != (launch.shard is None) else bad  # the one given
+        return (f"{named}: hsdp needs at least 2 replicas of at least 2 shards (got replicate {replicate} x shard "
+                f"{shard}; that is {other})")
+    if nnodes > 1 and launch.nproc % shard and shard % launch.nproc:
+        return (f"launch.shard: a shard group of {shard} processes would straddle machines of {launch.nproc}; "
+                f"use a divisor or a multiple of nproc")
+    return None
+
+
+def mesh_text(sizes: Mesh) -> str:
+    """``2x2``: replicate x shard, as the strategy column shows it beside the name."""
+    return f"{sizes[0]}x{sizes[1]}"
+
+
+def stored_mesh(strategy: str, nproc: int, launch: Mapping[str, Any], in_effect: Mapping[str, Any] | None) -> Mesh | None:
+    """The mesh of a stored run of ``nproc`` processes per machine: what its rank found in effect
+    (``sharding.mesh``), else its recipe's (``launch`` as stored, with the defaults of :func:`hsdp_mesh`); None
+    for another strategy."""
+    row = strategies.STRATEGIES.get(strategy)
+    if row is None or not row.hybrid:
+        return None
+    seen = (in_effect or {}).get("mesh")
+    if isinstance(seen, Mapping) and isinstance(seen.get("replicate"), int) and isinstance(seen.get("shard"), int):
+        return seen["replicate"], seen["shard"]
+    nnodes = launch.get("nnodes")
+    nnodes = nnodes if isinstance(nnodes, int) and nnodes > 0 else 1
+    given = [v if isinstance(v, int) and v > 0 else None for v in (launch.get("replicate"), launch.get("shard"))]
+    return hsdp_mesh(max(1, nproc) * nnodes, nnodes, *given)
+
+
+def mesh_mismatch(recipe: Recipe, seen: Mapping[str, Any]) -> str | None:
+    """Why the mesh the rank found in effect (``seen``: :func:`runner.rank.sharding.in_effect`) is not the
+    recipe's (one line), or None when it is (or the strategy has none)."""
+    wanted = mesh(recipe)
+    if wanted is None:
+        return None
+    got = seen.get("mesh") or {}
+    if (got.get("replicate"), got.get("shard")) == wanted:
+        return None
+    return (f"launch.strategy: asked for hsdp replicate {wanted[0]} x shard {wanted[1]} but the rank runs "
+            f"{seen.get('how')}; the run was stopped")
 
 
 def stage_bounds(layers: int, stages: int) -> list[tuple[int, int]]:
@@ -104,11 +220,11 @@ def in_flight(schedule: str, stage: int, stages: int, microbatches: int) -> int:
 def rows_per_step(recipe: Recipe) -> int:
     """Rows of one optimizer step over every process: ``train.batch_size`` x ``train.grad_accum`` x the
     data parallel replicas of the strategy (:meth:`runner.spec.strategies.Strategy.global_batch`; the
-    processes of one pipeline or tensor-parallel group are one replica). The rank's loop and the pre-flight
-    both take it from here."""
-    launch, train = recipe.launch, recipe.train
-    world = launch.nproc * (launch.nnodes or 1)
-    return strategies.get(launch.strategy).global_batch(train.batch_size, train.grad_accum, world, tp_size(recipe))
+    processes of one pipeline or tensor-parallel group are one replica, and so are those one sequence is split
+    over by context parallelism). The rank's loop and the pre-flight both take it from here."""
+    train, world = recipe.train, world_size(recipe) // recipe.launch.cp_size
+    return strategies.get(recipe.launch.strategy).global_batch(train.batch_size, train.grad_accum, world,
+                                                               tp_size(recipe))
 
 
 @dataclass(frozen=True)
@@ -175,7 +291,7 @@ def replicas(recipe: Recipe) -> int:
     ``tp_size`` (1 for other layouts; :func:`rows_per_step` counts the same)."""
     if not strategies.get(recipe.launch.strategy).tensor_parallel:
         return 1
-    return max(1, recipe.launch.nproc * (recipe.launch.nnodes or 1) // tp_size(recipe))
+    return max(1, world_size(recipe) // tp_size(recipe))
 
 
 CPU_RANKS_PER_CORE = 2

@@ -48,6 +48,12 @@ def runs_dir() -> Path:
     return home() / "runs"
 
 
+def plans_dir() -> Path:
+    """Where each plan of this host keeps its record and its background process's output
+    (:mod:`runner.service.plan_record`)."""
+    return home() / "plans"
+
+
 def default_db_url() -> str:
     """``FTUI_DB`` if set, else a SQLite file in :func:`home`."""
     env = os.environ.get("FTUI_DB")

@@ -26,8 +26,8 @@ from pydantic import (
     model_validator,
 )
 
-from runner.spec import kernels, layout, strategies, zero
-from runner.spec.builtin import BUILTIN_PREFIX, PYDOC_CORPUS, TINY_LLAMA
+from runner.spec import kernels, layout, strategies, switches, zero
+from runner.spec.builtin import BUILTIN_PREFIX, PYDOC_CORPUS, TINY_LLAMA, known_model_problem
 from runner.spec.rendezvous import NodesError, split_endpoint
 from runner.spec.toml_text import dump_toml
 from runner.spec.units import parse_bytes
@@ -103,7 +103,8 @@ PathText = Annotated[str, AfterValidator(_path_text)]
 
 class ModelSection(_Section):
     name: PathText = TINY_LLAMA
-    """``builtin:tiny-llama``, a local folder, or a Hugging Face hub id."""
+    """``builtin:tiny-llama``, ``builtin:tiny-mixtral`` or ``builtin:tiny-qwen2-moe`` (mixtures of experts), a
+    local folder, or a hub id."""
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """Dtype the weights are loaded in; ``auto`` follows train.precision for LoRA, fp32 for full."""
     trust_remote_code: bool = False
@@ -176,8 +177,13 @@ class TrainSection(_Section):
     max_steps: NonNegInt = 0
     """Optimizer steps; 0 means train for ``epochs``."""
     epochs: Annotated[float, Field(gt=0.0)] = 1.0
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    precision: Literal["fp32", "bf16", "fp16", "fp8"] = "fp32"
+    """``fp8``: torchao's float8 training (the decoder's Linear layers as ``Float8Linear``) inside bf16
+    autocast; CUDA GPUs of compute capability 8.9 or above only (docs/recipes.md)."""
     gradient_checkpointing: bool = False
+    activation_offload: bool = False
+    """GPU only: what the forward saves for backward goes to pinned host memory
+    (``torch.autograd.graph.save_on_cpu``) and comes back in the backward."""
     max_grad_norm: Annotated[float, Field(ge=0.0)] = 1.0
     """0 disables clipping."""
     weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
@@ -221,8 +227,9 @@ class TrainSection(_Section):
 
     @property
     def accelerate_mixed_precision(self) -> str:
-        """``precision`` in accelerate's words (``mixed_precision``: no, bf16, fp16)."""
-        return "no" if self.precision == "fp32" else self.precision
+        """``precision`` in accelerate's words (``mixed_precision``: no, bf16, fp16); fp8's layers run in
+        float8 by torchao's conversion, everything else under bf16 autocast."""
+        return {"fp32": "no", "fp8": "bf16"}.get(self.precision, self.precision)
 
 class EvalSection(_Section):
     prompts: list[str] = []
@@ -245,8 +252,13 @@ class LaunchSection(_Section):
     """What implements the strategy: ``auto`` (the strategy's default: ``deepspeed`` for the ZeRO stages),
     ``deepspeed`` or ``torch`` (PyTorch alone: ZeroRedundancyOptimizer or FSDP2; docs/zero.md). The table in
     ``runner/spec/strategies.py`` says which engines each strategy takes."""
-    offload: Literal["none", "optimizer", "optimizer+params"] = "none"
-    """ZeRO only: keep the optimizer state (and fp32 master), or also the weights, in host memory."""
+    offload: Literal["none", "optimizer", "optimizer+params", "nvme"] = "none"
+    """ZeRO only: keep the optimizer state (and fp32 master), or also the weights, in host memory; ``nvme``:
+    DeepSpeed ZeRO-3's ZeRO-Infinity, both on the NVMe folder ``nvme_path``."""
+    nvme_path: PathText | None = None
+    """``offload = "nvme"``: a folder on a fast local NVMe drive DeepSpeed swaps into."""
+    cp_size: PositiveInt = 1
+    """Context parallelism: processes each sequence is split over (ring attention, FSDP2; CUDA GPUs)."""
     accelerate_config: PathText | None = None
     """An accelerate config file to use as is, instead of the generated one."""
     peak_tflops: Annotated[float, Field(gt=0.0)] | None = None
@@ -282,6 +294,16 @@ class LaunchSection(_Section):
     """``tp``: processes each weight matrix is split over; None: ``nproc``. Smaller (it must divide
     ``nproc``): ``nproc / tp_size`` tensor-parallel groups train as data parallel replicas, each on its
     own ``batch_size`` rows (a 2-D device mesh, gradients averaged over the replicas)."""
+    replicate: PositiveInt | None = None
+    """``hsdp``: groups of processes that are replicas of each other (``--replicate``); ``replicate`` x
+    ``shard`` = every process over every machine. None: ``nnodes`` on several machines, else 2, or what
+    ``shard`` leaves. Other strategies ignore it (:func:`runner.spec.layout.hsdp_mesh`)."""
+    shard: PositiveInt | None = None
+    """``hsdp``: processes each group shards the parameters, gradients and optimizer state over
+    (``--shard``); None: what ``replicate`` leaves (on several machines: ``nproc``, one group per machine)."""
+    ep_size: PositiveInt | None = None
+    """Expert parallelism (processes a mixture of experts' experts are spread over): only 1 (None) is taken,
+    :func:`runner.spec.layout.expert_parallel_problem` says why."""
 
     @field_validator("strategy")
     @classmethod
@@ -326,8 +348,8 @@ class Recipe(_Section):
     @model_validator(mode="after")
     def _check_consistency(self) -> Recipe:
         launch = self.launch
-        if self.model.name.startswith(BUILTIN_PREFIX) and self.model.name != TINY_LLAMA:
-            raise ValueError(f"model.name: unknown builtin model {self.model.name!r} (have {TINY_LLAMA})")
+        if self.model.name.startswith(BUILTIN_PREFIX) and (unknown := known_model_problem(self.model.name)):
+            raise ValueError(f"model.name: {unknown}")
         strategy = strategies.get(launch.strategy)
         problem = strategy.nproc_problem(launch.nproc * (launch.nnodes or 1))  # the world, over every machine
         if problem:
@@ -341,7 +363,8 @@ class Recipe(_Section):
             raise ValueError(problem)
         if self.method.type == "qlora" and launch.device == "cpu":
             raise ValueError("method.type: qlora needs a CUDA GPU (bitsandbytes 4-bit); launch.device is 'cpu'")
-        problem = zero.recipe_problem(self) or kernels.recipe_problem(self)  # the ZeRO engines; compile, attention
+        # The ZeRO engines and offload; context parallel, fp8, activation and NVMe offload; attention and compile.
+        problem = zero.recipe_problem(self) or switches.recipe_problem(self) or kernels.recipe_problem(self)
         if problem:
             raise ValueError(problem)
         problem = self._eval_problem()
@@ -400,7 +423,8 @@ def load_recipe(path: str | Path, overrides: Iterable[str] = ()) -> Recipe:
     return parse_recipe(text, source=str(path), overrides=overrides, base_dir=path.parent, allow_empty=False)
 
 
-PATH_FIELDS = ("data.source", "data.eval_source", "model.name", "launch.accelerate_config", "launch.script")
+PATH_FIELDS = ("data.source", "data.eval_source", "model.name", "launch.accelerate_config", "launch.script",
+               "launch.nvme_path")
 """Fields that may name a local file or folder; a relative one is made absolute at load time."""
 
 

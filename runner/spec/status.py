@@ -1,4 +1,4 @@
-"""A run's status values, and the one line that says what a stopped or killed run left behind.
+"""A run's status values, a queue entry's, and the one line that says what a stopped or killed run left behind.
 
 Every module that tests or lists a status reads it here (the store, the watcher, the command line's
 choices, the dashboard), so that a status exists in one place only.
@@ -28,3 +28,25 @@ def ended_words(status: str, last_step: int | None, checkpoint_step: int | None,
     if checkpoint is None:
         return f"{at}; no checkpoint"
     return f"{at}; checkpoint at step {checkpoint_step if checkpoint_step is not None else '?'}: {checkpoint}"
+
+
+QUEUED = "queued"
+"""A queue entry waiting for its devices (``ftui queue add``)."""
+STARTED = "running"
+"""A queue entry the queue runner started: its run is recorded (``run_id``), live or ended."""
+DONE = "done"
+"""A queue entry whose run ended (its status is the run's)."""
+NOT_STARTED = "failed"
+"""A queue entry the queue runner could not start (its ``error`` says why): shown as "failed to start"."""
+QUEUE_STATUSES = (QUEUED, STARTED, DONE, NOT_STARTED)
+"""Every status of a queue entry, in the order an entry goes through them."""
+PENDING = (QUEUED, STARTED)
+"""Entries the queue runner still has work with: one to start, or one whose run it waits on."""
+
+
+def entry_state(status: str, run_status: str | None) -> str:
+    """Where a queue entry stands: its stored ``status``, except that an entry whose run ended
+    (``run_status``) is ``done`` though the queue runner has not recorded it yet (it does at its next look)."""
+    if status == STARTED and run_status in TERMINAL:
+        return DONE
+    return status

@@ -17,8 +17,8 @@ Shard = str
 ``grads``, ``params`` (tensor parallel: a slice of each sharded matrix, with its gradient and
 optimizer state); or ``layers`` (model and pipeline parallel: each device holds a slice of the layers)."""
 
-OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+params")
-"""``launch.offload`` values: what lives in host memory instead of the device."""
+OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+params", "nvme")
+"""``launch.offload`` values: what lives in host memory (``nvme``: on an NVMe folder) instead of the device."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,11 @@ class Strategy:
     stage works at a time); None: ``launch.microbatches``."""
     tensor_parallel: bool = False
     """Each process holds a slice of every sharded weight matrix (:mod:`runner.rank.tensor_parallel`)."""
+    hybrid: bool = False
+    """Hybrid sharding: FSDP2 over a 2-D mesh of ``launch.replicate`` groups of ``launch.shard`` processes;
+    each group shards what :attr:`shards` names over its own processes only, and the groups are replicas
+    (gradients reduce-scattered within a group, then all-reduced across the groups). The mesh:
+    :func:`runner.spec.layout.hsdp_mesh`."""
     loads_over_devices: bool = False
     """The model loads spread over the visible GPUs (``device_map="auto"``), its inputs on the first one."""
     takes_fsdp_version: bool = False
@@ -305,6 +310,23 @@ STRATEGIES: dict[str, Strategy] = {
             takes_fsdp_version=True,
         ),
         Strategy(
+            name="hsdp",
+            title="Hybrid sharded data parallel",
+            description="FSDP2 on a 2-D mesh: parameters, gradients and optimizer state sharded within each "
+            "group of launch.shard processes, the launch.replicate groups replicas of each other (gradients "
+            "all-reduced across them); several machines: a group per machine",
+            engine="accelerate",
+            accelerate_type="FSDP",
+            expect=frozenset({"FSDP"}),
+            shards=frozenset({"optimizer", "grads", "params"}),
+            data_parallel=True,
+            # Two replicas of two shards: one fewer is FSDP (one group) or DDP (groups of one).
+            min_procs=4,
+            max_procs=None,
+            min_procs_cpu=4,
+            hybrid=True,
+        ),
+        Strategy(
             name="tp",
             title="Tensor parallel",
             description="every decoder layer's weight matrices split over launch.tp_size processes "
@@ -363,12 +385,14 @@ def choices_text(options: Iterable[str]) -> str:
 
 def recipe_global_batch(name: str, recipe: Mapping[str, Any], nproc: int) -> int | None:
     """:func:`global_batch` of a stored recipe (its TOML as a dict: ``train.batch_size``,
-    ``train.grad_accum``, ``launch.tp_size``); None when the recipe does not give the batch."""
+    ``train.grad_accum``, ``launch.tp_size``, ``launch.cp_size``: the processes one sequence is split over are
+    one replica); None when the recipe does not give the batch."""
     train, launch = recipe.get("train") or {}, recipe.get("launch") or {}
-    micro, ga, tp = train.get("batch_size"), train.get("grad_accum"), launch.get("tp_size")
+    micro, ga, tp, cp = train.get("batch_size"), train.get("grad_accum"), launch.get("tp_size"), launch.get("cp_size")
     if not isinstance(micro, int) or not isinstance(ga, int) or not micro or not ga:
         return None
-    return global_batch(name, micro, ga, nproc, tp if isinstance(tp, int) else None)
+    replicas = nproc // cp if isinstance(cp, int) and cp > 1 else nproc
+    return global_batch(name, micro, ga, replicas, tp if isinstance(tp, int) else None)
 
 
 def global_batch(name: str, micro_batch: int, grad_accum: int, nproc: int, tp_size: int | None = None) -> int:

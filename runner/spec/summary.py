@@ -24,6 +24,17 @@ class PhasePeaks(TypedDict, total=False):
     optimizer: int
 
 
+class StepSplitFigures(TypedDict):
+    """One profiled step's seconds by kind (:class:`runner.rank.step_split.StepSplit`)."""
+
+    wall_s: float
+    compute_s: float
+    comm_s: float
+    data_s: float
+    other_s: float
+    source: str
+
+
 class RankFigures(TypedDict, total=False):
     """What one rank measured about itself (the trainer's ``end`` event, one entry per rank)."""
 
@@ -35,6 +46,21 @@ class RankFigures(TypedDict, total=False):
     optimizer_bytes: int
     master_bytes: int
     """DeepSpeed's fp32 master partition of the rank (0 where the optimizer updates the weights themselves)."""
+    param_gathered_bytes: int
+    """DeepSpeed ZeRO-3: the whole parameters the rank holds gathered beside its partitions (those under
+    the persistence threshold), counted in ``param_bytes``; 0 elsewhere."""
+    param_whole_bytes: int
+    """The whole model's parameters as the rank counts them: each at its global size (a DTensor's
+    ``numel()``, ZeRO-3's ``ds_numel``, FSDP1's flat parameter's count) times the bytes of its element.
+    The ``*_whole_bytes`` are what each local figure is a share of (:mod:`runner.analysis.shard_verdict`);
+    a run recorded without them has its sharding "not measured"."""
+    grad_whole_bytes: int
+    """The trainable parameters' elements times the bytes of the rank's gradient element."""
+    optimizer_whole_bytes: int
+    """The trainable parameters' elements times the optimizer-state bytes per element the rank measured
+    (absent where the rank holds no state)."""
+    master_whole_bytes: int
+    """The trainable parameters' elements times the bytes of the rank's master element (0: no master)."""
     activation_bytes: int
     """Bytes autograd saved for backward during one forward (saved-tensor hooks), deduplicated. The quantity
     the activation formula was first fitted to: a detail, not the peak."""
@@ -57,6 +83,8 @@ class RankFigures(TypedDict, total=False):
     """The process's RSS before the model was built (the runtime: Python, torch, libraries)."""
     peak_allocated_bytes: int
     """``torch.cuda.max_memory_allocated`` over the run (GPU only)."""
+    step_split: StepSplitFigures
+    """Where the rank's profiled step went (runner/rank/step_split.py)."""
     peak_reserved_bytes: int
     source: str
 
@@ -153,6 +181,27 @@ class StacksReport(TypedDict):
     """The run's ``stacks`` folder: the full dumps, one file per rank."""
 
 
+class LedgerSummary(TypedDict):
+    """A run's device-hours and energy (:func:`runner.analysis.ledger.account`), as stored in its summary."""
+
+    devices: int | None
+    devices_kind: str | None
+    """``gpu`` or ``rank``: what a device is for this run (its GPUs, else its ranks)."""
+    devices_source: str
+    wall_s: float | None
+    """Seconds from the watcher's launch event to its exit event."""
+    window: str
+    """The span ``device_hours`` counts, in words."""
+    device_hours: float | None
+    active_device_hours: float | None
+    """The same devices over the telemetry's active window (first step to last)."""
+    gpu_energy_j: float | None
+    gpu_energy_source: str
+    """Where ``gpu_energy_j`` comes from, or why it is None."""
+    cpu_energy_j: float | None
+    cpu_energy_source: str
+
+
 GPU_UTIL_UNIT = "GPU busy % (NVML: time a kernel ran, not FLOPs)"
 CPU_CORE_UNIT = "CPU % of one core (psutil)"
 
@@ -237,6 +286,9 @@ class RunSummary:
     # at prepare time
     uid: str | None = None
     estimate: EstimateSummary | None = None
+    devices: list[str] | None = None
+    """The devices of its host the run takes (``gpu:ID`` each, or ``cpu``: :mod:`runner.spec.devices`); the
+    queue starts no run on them while this one is live. None: recorded before runs kept it (every device)."""
     # from the trainer's start event
     params: int | None = None
     trainable_params: int | None = None
@@ -294,8 +346,12 @@ class RunSummary:
     checkpoint: str | None = None
     """The newest complete checkpoint the run wrote (``runner.spec.checkpoint``), or None."""
     first_step_time: float | None = None
+    time_to_first_step: dict[str, Any] | None = None
+    """:func:`runner.spec.first_step.breakdown`: launch to the end of step 1, per stage (the watcher's, at step 1)."""
     last_step_time: float | None = None
     telemetry: TelemetrySummary | None = None
+    ledger: LedgerSummary | None = None
+    """Device-hours and energy, written at the end (:func:`runner.analysis.ledger.account`)."""
     mfu_peak: dict[str, Any] | None = None
     """The peak FLOP/s of one device that the run's MFU is measured against
     (:meth:`runner.analysis.mfu.Peak.to_json`): on GPU the datasheet's, on CPU the matmul rate probed in
@@ -308,6 +364,8 @@ class RunSummary:
     refused: bool | None = None
     sweep_note: str | None = None
     sweep_grid: str | None = None
+    committed_by_plan: str | None = None
+    """The plan (``ftui plan --commit``) whose winner this run is."""
     find_batch: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     """Keys this version does not declare (a newer version's, a user's own), kept as stored."""
@@ -343,7 +401,7 @@ def _default(f: Any) -> Any:
 def _json_types(annotation: str) -> tuple[type, ...]:
     """The JSON value types an attribute's annotation (a string: postponed evaluation) admits."""
     head = annotation.split("|")[0].split("[")[0].strip()
-    if head in ("dict", "EstimateSummary", "TelemetrySummary", "StacksReport"):
+    if head in ("dict", "EstimateSummary", "TelemetrySummary", "StacksReport", "LedgerSummary"):
         return (dict,)
     return {"list": (list,), "int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}[head]
 
@@ -366,6 +424,12 @@ def rank_peak(rank: Mapping[str, Any]) -> tuple[int | None, str]:
     if rank.get("peak_tensor_bytes"):
         return int(rank["peak_tensor_bytes"]), MEASURED_LIVE
     return None, "not measured"
+
+
+def error_pct(estimated: float, measured: float | None) -> float | None:
+    """An estimate's error in percent of what was measured (positive: the estimate is over); None without a
+    measured figure."""
+    return (estimated - measured) / measured * 100 if measured else None
 
 
 def rank_rss(rank: Mapping[str, Any]) -> tuple[int | None, int | None]:

@@ -1,5 +1,5 @@
-"""Recipes written back as TOML text: nested dicts of TOML scalars and lists, scalars first, then sections
-(``Recipe.to_toml``, a sweep's refused run)."""
+"""Recipes written back as TOML text (``Recipe.to_toml``, a sweep's stored recipe): nested dicts of TOML
+scalars and lists, no library (tomllib only reads)."""
 
 from __future__ import annotations
 

@@ -16,3 +16,8 @@ WATCHER_CHECK_S = 5.0
 
 GRACE_S = 30.0
 """Seconds the ranks get to finish their step, save and exit before SIGKILL."""
+
+QUEUE_POLL_S = 2.0
+"""How often a host's queue runner reads the store to start the next queued run when a device frees up
+(``FTUI_QUEUE_POLL_S`` sets it; the runner also wakes at once when a run it started ends): at most this
+long between one queued run's end and the next one's start."""

@@ -24,11 +24,15 @@ LOG = "orchestrator.log"
 """The background watcher's own output, in the run folder."""
 
 
-def start_detached(db_url: str, prepared: Prepared, fake_gpus: int = 0) -> subprocess.Popen[bytes]:
-    """Follow a prepared run from a background watcher; returns that watcher's process."""
+def start_detached(db_url: str, prepared: Prepared, fake_gpus: int = 0,
+                   options: WatchOptions | None = None) -> subprocess.Popen[bytes]:
+    """Follow a prepared run from a background watcher; returns that watcher's process. ``options``: how it
+    is watched (its telemetry interval, hang limit and stop grace; default: the defaults)."""
     assert prepared.run_id is not None
+    watch = options or WatchOptions()
     argv = [sys.executable, "-m", MODULE, "--db", db_url, "--run-id", str(prepared.run_id),
-            "--fake-gpus", str(fake_gpus)]
+            "--fake-gpus", str(fake_gpus), "--grace", repr(watch.grace_s), "--hang-after", repr(watch.hang_after_s),
+            "--sample-interval", repr(watch.sample_interval_s)]
     child = procs.spawn(argv, {}, prepared.run_dir, prepared.run_dir / LOG)
     # The watcher is the child from now on (the caller may exit at once): recover must not take the
     # run for abandoned in the second before the child records itself.
@@ -69,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pgid-started", type=float, metavar="TIME",
                         help="with --attach: the launcher's start time (psutil create_time), as recorded")
     parser.add_argument("--hang-after", type=float, default=watching.HANG_AFTER_S)
+    parser.add_argument("--sample-interval", type=float, default=watching.SAMPLE_INTERVAL_S)
     parser.add_argument("--lock-fd", type=int, help="with --attach: the inherited hold on RUN/watcher.lock")
     args = parser.parse_args(argv)
     store = Store(args.db)
@@ -79,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = procs.StopRequest()
     stop.install()  # SIGTERM/SIGINT/SIGHUP: graceful stop; again: kill now; SIGUSR1: kill (ftui stop --kill)
     prepared = load_prepared(run.id, Path(run.run_dir))
-    options = WatchOptions(hang_after_s=args.hang_after, grace_s=args.grace, fake_gpus=args.fake_gpus)
+    options = WatchOptions(hang_after_s=args.hang_after, grace_s=args.grace, fake_gpus=args.fake_gpus,
+                           sample_interval_s=args.sample_interval)
     try:
         if args.attach:
             group = procs.Group(args.attach, args.pgid_started)

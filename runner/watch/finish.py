@@ -9,11 +9,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from runner.analysis import cpu_peak
+from runner.analysis import cpu_peak, ledger
 from runner.analysis.utilisation import summarise
 from runner.hardware.disks import no_space
 from runner.spec import checkpoint as ckpt
 from runner.spec import events as ev
+from runner.spec.events import ENERGY_COUNTER
 from runner.spec.run_record import from_epoch
 from runner.spec.status import ENDED_BY_USER, ended_words
 from runner.spec.summary import busiest_peak
@@ -165,6 +166,8 @@ def project_end(store: Store, stream: RunStream, status: str, exit_code: int | N
         summary["telemetry"] = telemetry
         overall = telemetry.get("active") or telemetry.get("whole") or {}
         columns["mean_util"] = overall.get("util_mean")
+    if final:
+        summary["ledger"] = quietly(ledger_summary, store, stream, telemetry, ended_at or utcnow())
     if status == "completed":  # the peak its MFU is measured against
         summary["mfu_peak"] = mfu_peak(stream, telemetry)
     if status in ENDED_BY_USER:
@@ -221,6 +224,19 @@ def telemetry_summary(store: Store, stream: RunStream) -> dict[str, Any] | None:
     if peaks:
         plain["rank_gpu_mem_peak"] = dict(sorted(peaks.items(), key=lambda kv: int(kv[0])))
     return plain
+
+
+def ledger_summary(store: Store, stream: RunStream, telemetry: dict[str, Any] | None,
+                   ended_at: datetime) -> dict[str, Any]:
+    """The run's device-hours and energy (:func:`runner.analysis.ledger.account`) from the store's samples,
+    the watcher's launch (the run's ``started_at``) to ``ended_at``, and its journaled RAPL readings."""
+    run = store.get_run(stream.run_id)
+    started = run.started_at if run is not None else None
+    wall_s = (ended_at - started).total_seconds() if started is not None else None
+    counters = [e.payload for e in store.events(stream.run_id, ENERGY_COUNTER)]
+    result = ledger.account(store.samples(stream.run_id), wall_s, telemetry, counters,
+                            stream.prepared.recipe.launch.nproc)
+    return dict(result)
 
 
 def error_from_logs(run_dir: Path) -> str | None:

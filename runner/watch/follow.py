@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runner.hardware import Probe
+from runner.hardware.processes import started_wall
+from runner.hardware.rapl import read_counters
 from runner.spec import events as ev
 from runner.spec import watching
 from runner.spec.run_record import from_epoch
@@ -177,13 +179,17 @@ def execute(store: Store, prepared: Prepared, options: WatchOptions | None = Non
     # start_new_session: the launcher leads its own group (the ranks may not: procs). Not waited for
     # yet, so its pid is still its own: the start time read now is the launcher's.
     group = procs.Group(proc.pid, procs.started_at(proc.pid))
+    # Where the time to first step starts, on the clock the journals' times use (runner.spec.first_step);
+    # journaled, so that a re-attached watcher and a rebuild of the store compute the same figures.
+    launcher_started = started_wall(proc.pid)
     launched = (options or WatchOptions()).clock()
     watcher = watcher_identity()["summary"]
     record = recorder.emit("launch", argv=prepared.spec.argv, pgid=group.pgid, pgid_started=group.started,
-                           watcher_pid=os.getpid(), watcher_started=watcher["orchestrator_create_time"],
-                           watcher_host=watcher["orchestrator_host"])
+                           launcher_started=launcher_started, watcher_pid=os.getpid(),
+                           watcher_started=watcher["orchestrator_create_time"], watcher_host=watcher["orchestrator_host"])
     record_watcher(store, run_id, status="running", started_at=from_epoch(record["time"]), pgid=group.pgid,
                    pgid_started=group.started)
+    quietly(recorder.emit, ev.ENERGY_COUNTER, at="start", **read_counters())  # the ledger's CPU energy
     return follow(store, prepared, Launcher(group, prepared.run_dir, proc), recorder, lock, options,
                   on_event=on_event, stop=stop, launched=launched)
 
@@ -327,6 +333,7 @@ class _Watch:
                     gpu=report.gpu_note, processes={str(k): v for k, v in report.seen.items()})
         if self.prepared.node is not None:
             self.prepared.node.fault_at = self.ranks.first_vanished_at or self.options.clock()
+        quietly(self.recorder.emit, ev.ENERGY_COUNTER, at="end", **read_counters())
         stacks = quietly(self.stacks.finish)
         if stacks and self.forced_error is not None and self.forced_error.startswith("hang:"):
             self.forced_error = f"{self.forced_error}; {stacks}"  # where each rank was, in the run's reason

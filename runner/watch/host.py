@@ -4,11 +4,13 @@ NVML, never torch, so that ``ftui run`` starts fast."""
 
 from __future__ import annotations
 
+import os
 import socket
 
 from runner.hardware import Probe
 from runner.hardware.hostfacts import current
 from runner.spec import layout
+from runner.spec.devices import devices_taken, visible_ids
 from runner.spec.recipe import Recipe
 
 
@@ -35,6 +37,14 @@ def nproc_over_host(recipe: Recipe) -> str | None:
     gpus = len(listed) if listed is not None else facts.visible_gpus
     return layout.host_nproc_problem(recipe.launch.nproc, runs_on_cpu(recipe), gpus, facts.cpu_cores,
                                      listed=listed is not None)
+
+
+def run_devices(recipe: Recipe) -> list[str]:
+    """The devices of this host a run of ``recipe`` takes, started now (under this process's
+    ``CUDA_VISIBLE_DEVICES``): :func:`runner.spec.devices.devices_taken`. Recorded in the run's summary; the
+    queue starts no run on a device that a live run of this host takes."""
+    visible = visible_ids(recipe.launch.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"), current().gpu_count)
+    return devices_taken(recipe.launch.nproc, runs_on_cpu(recipe), visible)
 
 
 def cpu_threads(recipe: Recipe) -> int | None:

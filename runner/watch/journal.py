@@ -149,16 +149,16 @@ def read_samples(run_dir: Path) -> tuple[list[Any], list[Any]]:
     return devices, procs
 
 
-class WatcherLock:
-    """The watcher of a run holds an exclusive ``flock`` on ``RUN/watcher.lock`` for its whole life.
+class ProcessLock:
+    """An exclusive ``flock`` on a file, held by one process for its whole life.
 
     The kernel drops the lock when the process dies, however it dies (SIGKILL, OOM, reboot), so
-    "the lock can be taken" means "no process on this host is watching the run"; this is immune to
-    pid reuse. The file also names the holder (pid, host), for people.
+    "the lock can be taken" means "no process on this host holds it"; this is immune to pid reuse.
+    The file also names the holder (pid, host), for people and :meth:`holder`.
     """
 
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / WATCHER_LOCK
+    def __init__(self, path: Path) -> None:
+        self.path = path
         self._fd: int | None = None
 
     def acquire(self, wait_s: float = 0.0) -> bool:
@@ -179,23 +179,24 @@ class WatcherLock:
         except OSError:
             os.close(fd)
             return False
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, f"{os.getpid()} {os.uname().nodename}\n".encode())
         self._fd = fd
+        self.name_holder(os.getpid())
         return True
 
-    @classmethod
-    def adopt(cls, run_dir: Path, fd: int) -> WatcherLock:
-        """The lock held through ``fd``, inherited from the process that handed the run over (a
-        ``flock`` belongs to the open file, so the hand-over leaves no moment without a holder)."""
-        lock = cls(run_dir)
+    def name_holder(self, pid: int) -> None:
+        """Write ``pid`` (and this host) into the file as the holder's: this process, or the child it hands
+        the lock to."""
+        assert self._fd is not None, "the lock is not held"
+        os.ftruncate(self._fd, 0)
+        os.lseek(self._fd, 0, os.SEEK_SET)
+        os.write(self._fd, f"{pid} {os.uname().nodename}\n".encode())
+
+    def take_over(self, fd: int) -> None:
+        """Hold the lock through ``fd``, inherited from the process that took it (a ``flock`` belongs to the
+        open file, so the hand-over leaves no moment without a holder); the file then names this process."""
         os.set_inheritable(fd, False)
-        lock._fd = fd
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, f"{os.getpid()} {os.uname().nodename}\n".encode())
-        return lock
+        self._fd = fd
+        self.name_holder(os.getpid())
 
     def fileno(self) -> int | None:
         """The descriptor holding the lock (to hand it to a child with ``pass_fds``)."""
@@ -208,7 +209,7 @@ class WatcherLock:
             self._fd = None
 
     def held_elsewhere(self) -> bool:
-        """Whether another process watches the run right now."""
+        """Whether another process holds the lock right now."""
         if self._fd is not None:
             return False
         if not self.path.exists():
@@ -217,3 +218,28 @@ class WatcherLock:
             self.release()
             return False
         return True
+
+    def holder(self) -> int | None:
+        """The pid of the process that holds the lock now (what it wrote in the file); None when none does."""
+        if not self.held_elsewhere():
+            return os.getpid() if self._fd is not None else None
+        try:
+            return int(self.path.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+
+class WatcherLock(ProcessLock):
+    """The watcher of a run holds :class:`ProcessLock` on ``RUN/watcher.lock`` for its whole life, so "the
+    lock can be taken" means "no process on this host is watching the run"."""
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(run_dir / WATCHER_LOCK)
+
+    @classmethod
+    def adopt(cls, run_dir: Path, fd: int) -> WatcherLock:
+        """The lock held through ``fd``, inherited from the process that handed the run over (a
+        ``flock`` belongs to the open file, so the hand-over leaves no moment without a holder)."""
+        lock = cls(run_dir)
+        lock.take_over(fd)
+        return lock

@@ -9,6 +9,8 @@ launch: the recipe's inputs and busy or too-small GPUs.
 
 from __future__ import annotations
 
+import ctypes.util
+import importlib.util
 import os
 from pathlib import Path
 
@@ -20,8 +22,8 @@ from runner.hardware import check_gpus_free, visible_mapping
 from runner.hardware.disks import filesystem_of
 from runner.planner import DEFAULT_RESERVE, checkpoint_bytes, inputs_from_recipe, parse_bytes
 from runner.planner.hub import hub_model_problem
-from runner.spec import kernels, layout, strategies, zero
-from runner.spec.builtin import BUILTIN_PREFIX, TINY_LLAMA_LINEAR
+from runner.spec import kernels, layout, strategies, switches, zero
+from runner.spec.builtin import BUILTIN_PREFIX, MODELS
 from runner.spec.checkpoint import CheckpointError, check_resume
 from runner.spec.paths import FolderError, check_runs_dir, runs_dir
 from runner.spec.recipe import Recipe, RecipeError
@@ -76,8 +78,9 @@ def preflight(recipe: Recipe, allow_data_change: bool = False, dry_run: bool = F
         check_host_nproc(recipe)
     if recipe.launch.script is not None:  # a script run: the script owns its model and data
         return _script_preflight(recipe)
+    _check_switches(recipe, runs_on_cpu(recipe), fake_gpus)  # before the data step: a refusal costs nothing
+    check_kernels(recipe)
     warnings: list[str] = []
-    check_kernels(recipe)  # cheap: before the data is read
     check_files(recipe)
     try:
         _check_model(recipe)  # before the data step, which loads a model folder's tokenizer
@@ -107,6 +110,38 @@ def preflight(recipe: Recipe, allow_data_change: bool = False, dry_run: bool = F
     if recipe.train.resume_from is not None:
         _check_resume(recipe, allow_data_change)
     return warnings
+
+
+def _check_switches(recipe: Recipe, on_cpu: bool, fake_gpus: int = 0) -> None:
+    """Context parallel, fp8, activation and NVMe offload need what this host may lack: CUDA, a GPU's compute
+    capability, torchao, DeepSpeed's async_io op (:func:`runner.spec.switches.host_problems`)."""
+    launch, train = recipe.launch, recipe.train
+    if launch.cp_size == 1 and train.precision != "fp8" and not train.activation_offload and launch.offload != "nvme":
+        return
+    infos = probe_for(fake_gpus).nvml.gpu_infos() if not on_cpu and train.precision == "fp8" else []
+    used = [i for i in infos if launch.gpus is None or i.index in launch.gpus]
+    host = switches.HostFacts(
+        cuda=not on_cpu, capabilities=[i.compute_capability for i in used],
+        torchao=importlib.util.find_spec("torchao") is not None,
+        async_io=async_io_problem() if launch.offload == "nvme" else None)
+    problems = switches.host_problems(recipe, host)
+    if problems:
+        field, _, problem = problems[0].partition(": ")
+        raise PreflightError(problems[0], field=field, problem=problem)
+
+
+def async_io_problem() -> str | None:
+    """Why DeepSpeed's ``async_io`` op (ZeRO-Infinity's NVMe swapping) cannot run here, or None. libaio is
+    looked for first (a library lookup); only with it does DeepSpeed's own check compile its test program."""
+    if ctypes.util.find_library("aio") is None:
+        return "libaio is not installed (Debian: apt-get install libaio-dev)"
+    if importlib.util.find_spec("deepspeed") is None:
+        return "deepspeed is not installed (pip install -e '.[deepspeed]')"
+    from deepspeed.ops.op_builder import AsyncIOBuilder  # deferred: deepspeed imports torch
+
+    if not AsyncIOBuilder().is_compatible(verbose=False):
+        return "AsyncIOBuilder().is_compatible() is false (libaio's headers, libaio-dev, or a compiler missing)"
+    return None
 
 
 def check_files(recipe: Recipe) -> None:
@@ -183,10 +218,11 @@ def _check_model(recipe: Recipe) -> None:
     if recipe.model.revision is not None and (local or name.startswith(BUILTIN_PREFIX)):
         raise PreflightError(f"model.revision: {name[:200]} is not a hub model; a revision pins a hub id only")
     if name.startswith(BUILTIN_PREFIX):
-        unknown = sorted(set(recipe.method.lora.target_modules) - set(TINY_LLAMA_LINEAR))
+        linear = MODELS.get(name, ())
+        unknown = sorted(set(recipe.method.lora.target_modules) - set(linear))
         if recipe.method.type != "full" and unknown:
             raise PreflightError(f"method.lora.target_modules: {name} has no module {unknown[0]!r} "
-                                 f"(its linear layers: {', '.join(TINY_LLAMA_LINEAR)})")
+                                 f"(its linear layers: {', '.join(linear)})")
         return
     if local:
         return  # check_files found its config.json
@@ -225,9 +261,13 @@ def _script_preflight(recipe: Recipe) -> list[str]:
     on_cpu = runs_on_cpu(recipe)
     if recipe.train.precision == "fp16" and on_cpu:
         raise PreflightError("train.precision: fp16 needs a GPU; use bf16 or fp32 on CPU")
-    problem = strategies.get(recipe.launch.strategy).nproc_problem(recipe.launch.nproc, on_cpu=on_cpu)
+    row = strategies.get(recipe.launch.strategy)
+    problem = row.nproc_problem(recipe.launch.nproc, on_cpu=on_cpu)
     if problem:
         raise PreflightError(f"launch.nproc: {problem}")
+    if row.hybrid and on_cpu:  # accelerate's own check, refused here before anything starts
+        raise PreflightError("launch.strategy: hsdp in your own script needs GPUs: accelerate's ParallelismConfig "
+                             "refuses CPU processes (ftui's own trainer builds its mesh on CPU)")
     return []
 
 

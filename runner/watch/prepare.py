@@ -21,7 +21,7 @@ from runner.spec.rendezvous import NodeSpec
 from runner.spec.run_record import update_record
 from runner.spec.script import store_method, store_model
 from runner.watch.estimate import estimate_summary, trainable_count
-from runner.watch.host import cpu_threads, free_port
+from runner.watch.host import cpu_threads, free_port, run_devices
 from runner.watch.identity import record_watcher
 from runner.watch.preflight import PreflightError, check_room, preflight
 from runner.watch.procs import StopRequest
@@ -122,7 +122,8 @@ def prepare(
     try:
         store.update_run(run_id, run_dir=str(run_dir))
         _write_record(store, run_id, run_dir)
-        record_summary(store, run_id, run_dir, {"uid": uid, "estimate": estimate_summary(recipe)})
+        record_summary(store, run_id, run_dir, {"uid": uid, "estimate": estimate_summary(recipe),
+                                                "devices": run_devices(recipe)})
     except (StoreError, OSError) as exc:  # a disk that filled since the run was created: it does not start
         problem = f"run folder: {write_problem(run_dir, exc)}" if isinstance(exc, OSError) else str(exc)
         fail_unstarted(store, run_id, problem)

@@ -17,8 +17,9 @@ from typing import Any
 from runner.hardware.disks import is_no_space, write_problem
 from runner.spec import events as ev
 from runner.spec import strategies
+from runner.spec.first_step import Moments, breakdown
 from runner.spec.flops import run_flops_per_token
-from runner.watch.journal import OrchestratorJournal
+from runner.watch.journal import ORCHESTRATOR_FILE, OrchestratorJournal, read_jsonl
 from runner.watch.prepare import Prepared
 from store import Store, StoreError
 from store.engine import database_path, describe_error
@@ -73,6 +74,8 @@ class RunStream:
         self.unsaved_updates: list[dict[str, Any]] = []
         """Run-row updates the store did not take yet, in order (written again before the next batch)."""
         self.loss_scale_drops = 0
+        self.moments = Moments()
+        """The moments before step 1 (:func:`runner.spec.first_step.breakdown`), as the journals give them."""
 
     def poll(self) -> None:
         """Read what the journal has new, note it, pass it on and write it when a batch is due."""
@@ -93,10 +96,17 @@ class RunStream:
             return
         if isinstance(raw.get("time"), int | float):
             self.last_event_time = max(float(raw["time"]), self.last_event_time or 0.0)
-        if event["type"] == "start":
+        if event["type"] == "phase" and self.start is None:
+            self._on_phase(str(event["phase"]), float(raw["time"]))
+        elif event["type"] == "start":
             self.start = event
+            started = event.get("process_started")
+            self.moments.start = float(raw["time"])
+            self.moments.process_started = float(started) if isinstance(started, int | float) else None
             self._on_start(event)
         elif event["type"] == "step":
+            if self.first_step_time is None:
+                self._on_first_step(float(raw["time"]))
             self.first_step_time = self.first_step_time or float(raw["time"]) - (event.get("step_time") or 0.0)
             self.last_step_time = float(raw["time"])
             self.last_step = event.get("step")
@@ -140,6 +150,18 @@ class RunStream:
     def _update_summary(self, summary: dict[str, Any]) -> None:
         self.update_run(summary=summary)
 
+    def _on_phase(self, phase: str, at: float) -> None:
+        """A phase before ``start``: a moment of the time to first step (a phase entered again keeps its first)."""
+        if all(name != phase for name, _ in self.moments.phases):
+            self.moments.phases.append((phase, at))
+
+    def _on_first_step(self, end: float) -> None:
+        """Store the time to first step, broken down (:mod:`runner.spec.first_step`), from the journals alone:
+        the watcher, a re-attached one and ``ftui db rebuild`` compute the same figures."""
+        self.moments.launched = launcher_started(self.prepared.run_dir)
+        self.moments.first_step_end = end
+        self._update_summary({"time_to_first_step": breakdown(self.moments)})
+
     def _on_start(self, event: ev.StartEvent) -> None:
         launch = self.prepared.recipe.launch
         strategy = strategies.resolve(launch.strategy, launch.engine)
@@ -165,6 +187,15 @@ class RunStream:
                 f"launch.strategy: asked for {strategy.name} ({' or '.join(sorted(strategy.expect))}) but "
                 f"accelerate ran {in_effect}; the run was stopped"
             )
+
+
+def launcher_started(run_dir: Path) -> float | None:
+    """When the launcher's process started (unix seconds), as the watcher that spawned it journaled it
+    (``launcher_started`` of the ``launch`` event in ``orchestrator.jsonl``); None for a run launched
+    before it was journaled."""
+    launches = [e for e in read_jsonl(run_dir / ORCHESTRATOR_FILE) if e.get("type") == "launch"]
+    value = launches[-1].get("launcher_started") if launches else None
+    return float(value) if isinstance(value, int | float) else None
 
 
 class Recorder:

@@ -1,6 +1,7 @@
 """Pipeline (``pp``), naive model parallel over processes (``mp``) and tensor parallel (``tp``): the recipe
 rules, the launch, the sweep's batch rule, the planner; and real training on CPU over gloo (the shared
-matrix's runs), whose losses match DDP at the same global batch."""
+matrix's runs), whose losses match DDP at the same global batch. Hybrid sharding (``hsdp``) against DDP over
+4 processes (its rules without training: tests/unit/test_hsdp.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,17 @@ from typing import Any
 
 import pytest
 
+from runner.analysis.shard_verdict import shard_verdict
 from runner.planner import estimate, inputs_from_recipe, resolve_model_shape
 from runner.service.sweep import plan
 from runner.spec import strategies
 from runner.spec.launch import accelerate_config
 from runner.spec.layout import microbatches, stage_bounds
 from runner.spec.recipe import RecipeError, load_recipe
+from runner.spec.summary import RunSummary
 from tests.support import QUICKSTART, Ftui
-from tests.support.matrix import STEPS, Matrix
+from tests.support.matrix import STEPS, Matrix, sweep_id
+from tui.render.report import estimate_vs_measured
 
 # fp32 on CPU, the same rows per optimizer step: DDP and the pipeline differ only in summation order
 # (measured: <= 2e-6 over 10 steps); tensor parallel also splits each matmul's sum over two processes.
@@ -162,6 +166,12 @@ def test_each_layout_trains_and_matches_ddp(matrix: Matrix, name: str) -> None:
         assert (parallel["microbatches"], parallel["schedule"]) == expected
         # Each stage holds its own layers: the two ranks' parameters add up to the model.
         assert sum(r["param_bytes"] for r in summary["ranks"]) == pytest.approx(summary["params"] * 4, rel=0.01)
+    # The sharding verdict (runner/analysis/shard_verdict.py): what each rank holds against the whole it measured.
+    verdict = shard_verdict(run["strategy"], summary["ranks"], parallel)
+    assert verdict.ok is True and verdict.short() == "as promised", verdict.line()
+    assert {c.kind: c.promise for c in verdict.checks} == dict.fromkeys(
+        ("optimizer", "grads", "params"), "slices" if name.startswith("tp") else "layers")
+    assert all(c.n == 2 for c in verdict.checks)  # tp-dp: slices over its groups of 2, not over its 4 ranks
 
 
 def test_the_saved_adapter_is_whole(matrix: Matrix) -> None:
@@ -183,6 +193,44 @@ def test_the_start_event_says_what_is_in_effect(matrix: Matrix) -> None:
     assert events[0]["distributed_type"] == "PIPELINE" and events[0]["parallel"]["schedule"] == "GPipe"
     assert {"step", "memory"} <= {e["type"] for e in events}
     assert events[0]["device_map"]["lm_head"] == "rank1"
+
+
+def test_hsdp_2x2_trains_over_gloo_as_ddp_x4_does(ftui: Ftui) -> None:
+    """Hybrid sharding on CPU: one ``ftui sweep`` of ddp and hsdp over 4 processes at one global batch (1 row
+    x 2 micro-steps each: the non-final micro-step's no_sync, under HSDP both the reduce-scatter and the
+    all-reduce). FSDP2 runs on the 2-D mesh over gloo, the rank records the mesh from its weights'
+    placements, the losses are DDP's, each rank holds half the weights, the estimate's model states are the
+    measured ones, and the sweep's table names the mesh. 3 steps of 32 tokens: the fewest that show it."""
+    proc = ftui.run("sweep", str(QUICKSTART), "--strategies", "ddp,hsdp", "--nproc", "4", "--force",
+                    "--set", "train.max_steps=3", "--set", "data.context_length=32", "--set", "train.grad_accum=2",
+                    "--format", "md", timeout=900)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert "| hsdp 2x2 |" in proc.stdout and "| ddp |" in proc.stdout  # the comparison's strategy column
+    compared = json.loads(ftui.call("compare", "--sweep", sweep_id(proc.stdout + proc.stderr), "--format", "json",
+                                    check=True).stdout)
+    ids = {r["strategy"]: r["run_id"] for r in compared["runs"]}
+    hsdp, ddp = ftui.show(ids["hsdp"]), ftui.show(ids["ddp"])
+    assert hsdp["status"] == ddp["status"] == "completed" and hsdp["nproc"] == ddp["nproc"] == 4
+    assert hsdp["distributed_type"] == "FSDP"
+    sharding = hsdp["summary"]["sharding"]
+    assert (sharding["mesh"]["replicate"], sharding["mesh"]["shard"], sharding["mesh"]["placements"]) == \
+        (2, 2, ["R", "S(0)"])
+    assert sharding["how"] == "FSDP2 fully_shard on a 2-D mesh: replicate 2 x shard 2"
+    assert [m["loss"] for m in hsdp["metrics"]] == pytest.approx([m["loss"] for m in ddp["metrics"]],
+                                                                 abs=LOSS_TOLERANCE)
+    assert [m["tokens"] for m in hsdp["metrics"]] == [m["tokens"] for m in ddp["metrics"]]
+    # Each rank holds its shard group's half of the weights (the other group holds the same halves).
+    for rank in hsdp["summary"]["ranks"]:
+        assert rank["param_bytes"] == pytest.approx(ddp["summary"]["ranks"][0]["param_bytes"] / 2, rel=0.01)
+    # The sharding verdict: 1/2 over each group of 2, not 1/4 over the 4 ranks (runner/analysis/shard_verdict.py).
+    verdict = shard_verdict("hsdp", hsdp["summary"]["ranks"], None, sharding)
+    assert verdict.line() == "optimizer sharded 1/2: yes; grads sharded 1/2: yes; params sharded 1/2: yes"
+    assert "as promised" in next(r["sharding"] for r in compared["runs"] if r["strategy"] == "hsdp")
+    rows = {kind: (est, meas, err) for kind, est, meas, err
+            in estimate_vs_measured(RunSummary.from_json(hsdp["summary"]))}
+    states = ("params", "grads", "optimizer state")
+    print({k: rows[k] for k in ("peak", *states)})
+    assert sum(rows[k][0] for k in states) == pytest.approx(sum(rows[k][1] or 0 for k in states), rel=0.02), rows
 
 
 def test_a_pipeline_stops_on_sigterm_on_every_stage(ftui: Ftui) -> None:

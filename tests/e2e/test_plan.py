@@ -1,7 +1,7 @@
 """``ftui plan`` end to end with the fewest launches that prove it: a plan of single and DDP x2 cut short by
 its budget after its first trial, then the same command again, which races only the trial it lacks; then a
 budget shorter than a measured trial, refused in one line before anything runs. Two real trainings of
-quickstart (3 steps, context 64) in all."""
+quickstart (4 steps, context 64: two metered, one steady, the last profiled) in all."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from store import Store
 from tests.support import QUICKSTART, new_home
 
-PLAN = ["plan", str(QUICKSTART), "--nproc", "2", "--strategies", "single,ddp", "--steps", "3",
+PLAN = ["plan", str(QUICKSTART), "--nproc", "2", "--strategies", "single,ddp", "--steps", "4",
         "--set", "data.context_length=64"]
 
 
@@ -43,6 +45,10 @@ def test_a_plan_cut_by_its_budget_continues_where_it_stopped(tmp_path: Path) -> 
         assert abs(mem["measured_bytes"] - mem["estimated_bytes"]) / mem["measured_bytes"] < 0.2
         assert 0 < first_step["median"] < 600 and entry["fit"] == "fits"
         assert entry["utilisation"]["mean_pct"] is not None
+        split = entry["time_split"]  # where the profiled step went, shares of the step over the ranks
+        assert sum(split[f"{k}_share"] for k in ("compute", "comm", "data", "other")) == pytest.approx(1, abs=1e-3)
+        assert split["ranks"] == entry["nproc"] and (split["comm_share"] > 0) == (entry["nproc"] > 1)
+        assert "communication or waiting on another rank" in entry["time_split_text"]
     decision = report["decision"]  # one trial each, no spread measured: never a winner on one run each
     assert decision["kind"] in ("unknown", "tie") and decision["winner_run_id"] is None
     assert set(decision["ties"]) == {"single", "ddp x2"}
@@ -50,9 +56,15 @@ def test_a_plan_cut_by_its_budget_continues_where_it_stopped(tmp_path: Path) -> 
     store = Store(ftui.db)
     trials = store.list_runs(sweep_id=report["plan_id"])
     assert sorted(r.id for r in trials) == sorted(found["single"]["run_ids"] + found["ddp x2"]["run_ids"])
-    assert all(r.status == "completed" and r.steps_done == 3 for r in trials)
+    assert all(r.status == "completed" and r.steps_done == 4 for r in trials)
     assert {r.summary.sweep_note for r in trials} == {"micro-batch 4 x 1 process",
                                                       "micro-batch 4/2 = 2 x 2 processes (global batch 4 kept)"}
+
+    # The plan is whole: the same command with --commit races nothing and, without a winner, launches nothing.
+    commit = ftui.run(*PLAN, "--commit")
+    assert commit.returncode == 1, commit.stdout + commit.stderr
+    assert "--commit: the plan names no winner, so nothing is launched (" in " ".join(commit.stdout.split())
+    assert len(store.list_runs()) == 2
 
     short = ftui.run(*PLAN, "--repeat", "2", "--budget", "0.05")
     assert short.returncode == 2 and short.stdout == ""

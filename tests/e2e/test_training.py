@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from safetensors import safe_open
 
+from runner.analysis.shard_verdict import shard_verdict
 from tests.support import QUICKSTART, ROOT, Ftui
 from tests.support.matrix import COMMON, DATA_PARALLEL, STEPS, TOKENS_PER_STEP, Matrix
 
@@ -36,8 +37,15 @@ def test_each_strategy_completes_and_stores_its_metrics(matrix: Matrix, strategy
     assert sum(losses[-3:]) / 3 < losses[0] - 0.05, f"loss did not go down: {losses}"
     summary = run.summary
     assert summary["train_seconds"] > 0 and summary["tokens_per_s"] > 0
-    # tokens/s is the steady state of the steps after the memory-metered first two; the whole window beside it.
-    assert summary["steady_steps"] == STEPS - 2 and summary["window_tokens_per_s"] > 0
+    # tokens/s is the steady state of the steps after the memory-metered first two, less the last (profiled);
+    # the whole window beside it.
+    assert summary["steady_steps"] == STEPS - 3 and summary["window_tokens_per_s"] > 0
+    # Every rank split its profiled step; only the multi-process strategies communicate.
+    for rank in summary["ranks"]:
+        split = rank["step_split"]
+        parts = [split[k] for k in ("compute_s", "comm_s", "data_s", "other_s")]
+        assert sum(parts) == pytest.approx(split["wall_s"]) and split["compute_s"] > 0
+        assert (split["comm_s"] > 0) == (strategy != "single"), split
     assert summary["final_loss"] == pytest.approx(losses[-1])
     # Every step, under every strategy, saw the global batch: 2 micro-steps of gradient accumulation.
     assert summary["tokens_per_step"] == TOKENS_PER_STEP
@@ -133,6 +141,14 @@ def test_fsdp1_trains_and_saves_a_loadable_adapter(ftui: Ftui, matrix: Matrix) -
     assert [m["loss"] for m in run["metrics"]] == pytest.approx(matrix["single"].losses, abs=LOSS_TOLERANCE)
     # ftui run prints the run's summary when it ends, each rank's utilisation in it.
     assert f"run {run['id']} summary" in proc.stdout and "util mean/peak" in proc.stdout
+    # FSDP1 cuts each layer's flat parameter in halves by position: the attention projections, with every
+    # adapter, come first, so rank 0 holds all of the adapters' gradients and optimizer state. The verdict
+    # names it (FSDP2, the matrix's fsdp, splits each tensor: tests/e2e/test_zero.py).
+    verdict = shard_verdict("fsdp", run["summary"]["ranks"])
+    assert verdict.short() == "NOT: optimizer, grads", verdict.line()
+    assert verdict.checks[0].text == "optimizer sharded 1/2: NO, unevenly (rank 0 holds 100%, rank 1 0%)"
+    assert verdict.checks[-1].text == "params sharded 1/2: yes"
+    assert "sharding" in proc.stdout and "NO, unevenly" in proc.stdout
     from peft import PeftModel
     from transformers import LlamaForCausalLM
 

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from runner.watch.host import cuda_device_count
 from store import Store
+from store.queue import entries
 from tests.support import ROOT
 from tests.support.in_process import command_names
 
@@ -33,6 +35,15 @@ CASES = [
     ["plan", QUICK, "--steps", "1"],
     ["db", "nope"],
     ["slurm", QUICK, "--nodes", "0"],
+    ["queue", "add", QUICK, "--set", "data.source=\"nope.jsonl\""],
+]
+# The GPU-only switches on a host without CUDA: the pre-flight's line names the field and what is missing.
+SWITCHES = [
+    (["--strategy", "fsdp", "--nproc", "2", "--cp-size", "2"], "launch.cp_size: context parallelism needs CUDA GPUs"),
+    (["--set", "train.precision=fp8"], "train.precision: fp8 needs a CUDA GPU of compute capability 8.9"),
+    (["--set", "train.activation_offload=true"], "train.activation_offload: this run trains on the CPU"),
+    (["--strategy", "zero3", "--nproc", "2", "--offload", "nvme", "--nvme-path", "/tmp"],
+     "launch.offload: 'nvme' needs DeepSpeed's async_io op"),
 ]
 
 
@@ -45,6 +56,19 @@ def test_bad_arguments_in_a_real_process(tmp_path: Path, argv: list[str]) -> Non
     assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("ftui: "), proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "ftui.db").exists() or Store(env["FTUI_DB"]).list_runs() == []
+    assert not (tmp_path / "ftui.db").exists() or entries(Store(env["FTUI_DB"])) == [], "nothing queued"
+
+
+@pytest.mark.skipif(cuda_device_count() > 0, reason="the switches' refusals are of a host without CUDA")
+@pytest.mark.parametrize(("argv", "line"), SWITCHES, ids=["cp_size", "fp8", "activation_offload", "nvme"])
+def test_a_gpu_only_switch_on_a_cpu_host_is_refused_before_anything_is_recorded(
+        tmp_path: Path, argv: list[str], line: str) -> None:
+    env = {**os.environ, "FTUI_HOME": str(tmp_path), "FTUI_DB": f"sqlite:///{tmp_path / 'ftui.db'}"}
+    proc = subprocess.run([sys.executable, "-m", "tui.cli", "run", QUICK, *argv], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc
+    assert proc.stderr.splitlines() == [proc.stderr.strip()] and line in proc.stderr, proc.stderr
+    assert not (tmp_path / "ftui.db").exists() and not (tmp_path / "runs").exists()
 
 
 def test_every_command_has_a_real_process_case() -> None:

@@ -178,7 +178,7 @@ def test_a_watcher_that_fails_while_watching_reaps_the_run_and_records_why(tmp_p
     stored = store.events(outcome.run_id)
     assert len([e for e in stored if e.source == "trainer"]) == len(journal), "nothing read was lost"
     orch = [json.loads(line) for line in (tmp_path / "orchestrator.jsonl").read_text().splitlines()]
-    assert [e["type"] for e in orch] == ["launch", "watcher_error", "stop", "exit"]
+    assert [e["type"] for e in orch] == ["launch", "energy_counter", "watcher_error", "stop", "energy_counter", "exit"]
     assert orch[-1]["status"] == "failed"
 
 
@@ -209,7 +209,7 @@ def test_a_hang_that_lasts_is_stopped_and_failed(tmp_path: Path) -> None:
     assert outcome.error is not None and outcome.error.startswith("hang: no progress for ")
     assert outcome.error.endswith(" s (no event from the trainer, every device idle)"), "no rank could be asked"
     types = [e.type for e in store.events(outcome.run_id) if e.source == "orchestrator"]
-    assert types == ["launch", "hang", "hang_stop", "stop", "exit"]
+    assert types == ["launch", "energy_counter", "hang", "hang_stop", "stop", "energy_counter", "exit"]
     hang, stop = (store.events(outcome.run_id, kind)[0] for kind in ("hang", "stop"))
     assert hang.payload["since_progress_s"] >= 1.0
     assert stop.payload["graceful"], "SIGTERM ended the sleeper within the grace: nothing SIGKILLed"

@@ -42,7 +42,9 @@ def test_a_hang_reports_every_ranks_stacks_then_stops_the_run(ftui: Ftui) -> Non
     types = [e["type"] for e in journal.read_jsonl(run_dir / journal.ORCHESTRATOR_FILE)]
     assert types.index("hang") < types.index("stacks") < types.index("hang_stop") < types.index("stop"), types
     assert f"stacks: ranks 0-1 in {where}" in out, out[-3000:]
-    show = ftui.run("show", str(run.id), check=True).stdout
+    # A terminal wide enough that no cell of the summary wraps (a phrase is then on one line).
+    show = subprocess.run([sys.executable, "-m", "tui.cli", "show", str(run.id)], env={**ftui.env, "COLUMNS": "240"},
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=True).stdout
     assert "stacks" in show and "hang_here" in show and "faulthandler at the hang" in show, show
 
 

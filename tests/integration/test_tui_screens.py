@@ -1,6 +1,7 @@
 """Pilot tests of the Runs, Monitor, Compare and Devices screens' layout and keys over a real store:
 Compare fits three runs at 120 columns and two at 80 and moves between runs with Left/Right at once;
-the Runs cursor follows its run, not its row; sort direction; the Monitor's empty logs and memory."""
+the Runs cursor follows its run, not its row; sort direction; the queue under the Runs table; the Monitor's
+empty logs and memory."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from textual.widgets import DataTable, Static
 
 from runner.hardware import DeviceSample
 from runner.spec.recipe import load_recipe
+from runner.spec.status import NOT_STARTED
 from store import Store
+from store import queue as entries_store
 from tests.support import QUICKSTART
-from tests.support.dashboard import wait_for
+from tests.support.dashboard import NO_WATCHER_CHECK, wait_for
 from tui.app import make_app
 from tui.app.screens.compare import CompareScreen
 from tui.app.screens.monitor import MonitorScreen
@@ -178,8 +181,12 @@ async def test_monitor_of_a_finished_cpu_run(store: Store, tmp_path: Path) -> No
     """A finished run on CPU whose last rank sample read RSS 0 (its rank had exited) and whose log is
     empty: the rank table shows the last real RSS, marked as the last sample; the memory history is
     green at 3% of the host; the step axis has whole ticks; the rank table sits right under the device
-    table (no band of empty rows at 120x40); l says there is no log line yet, and where it looked."""
-    run_id = add_run(store, "finished", 1e-3, steps=30)
+    table (no band of empty rows at 120x40); l says there is no log line yet, and where it looked. Its two
+    ranks held the whole parameters under FSDP: the sharding verdict says so, in red."""
+    run_id = add_run(store, "finished", 1e-3, steps=30, strategy="fsdp", nproc=2)
+    held = {"param_bytes": 40 * 2**20, "param_whole_bytes": 40 * 2**20, "grad_bytes": 2**20,
+            "grad_whole_bytes": 2 * 2**20, "optimizer_bytes": 2 * 2**20, "optimizer_whole_bytes": 4 * 2**20}
+    store.update_run(run_id, summary={"ranks": [{"rank": i, **held} for i in range(2)]})
     run_dir = tmp_path / "run-finished"
     (run_dir / "logs").mkdir(parents=True)
     (run_dir / "logs" / "rank0.log").write_text("")
@@ -204,6 +211,11 @@ async def test_monitor_of_a_finished_cpu_run(store: Store, tmp_path: Path) -> No
         history = devices.get_row("rank:0")[list(devices.columns).index("mem history")]  # type: ignore[arg-type]
         assert isinstance(history, Text) and history.style == "green", history
         assert ranks.region.y == devices.region.bottom, (devices.region, ranks.region)
+        verdict = screen.progress_text(screen.snapshot)
+        shown = verdict.plain.splitlines()[-1]
+        assert shown == ("sharding: optimizer sharded 1/2: yes; grads sharded 1/2: yes; params: NOT sharded (fsdp "
+                         "promises 1/2; each rank holds 100%)"), shown
+        assert verdict.spans[-1].style == "red"
         assert devices.region.height == devices.row_count + 1, devices.region  # its header and rows, no more
         plot = screen.query_one("#loss").render().plain.splitlines()
         axis = plot[next(i for i, line in enumerate(plot) if "└" in line) + 1].split()
@@ -246,3 +258,33 @@ async def test_devices_at_120_and_80_columns_cut_nothing_and_name_the_source(sto
         gpus = app.screen.query_one("#gpu-table", DataTable)
         assert sum(c.get_render_width(gpus) for c in gpus.columns.values()) <= 78
         assert any("fake NVML" in str(c.label) for c in gpus.columns.values())
+
+
+async def test_the_runs_screen_shows_the_queue_while_entries_wait_run_or_failed_to_start(store: Store) -> None:
+    """Under the table, the queue's entries still to see to (running, waiting with their place in line, not
+    started with the reason), read live from the store; hidden when there are none. Names stay text."""
+    def add(name: str) -> int:
+        return entries_store.add_entry(store, name=name, recipe_text="", recipe_source=f"{name}.toml",
+                                       host="here", workdir="/", visible_devices=None, devices=["cpu"], options={})
+
+    ended, running, waiting, failed = add("ended"), add("long"), add("[b]next[/b]"), add("vanished")
+    for entry in (ended, running):
+        entries_store.claim(store, entry)
+    run_ids = [add_run(store, "ended", 1e-3), add_run(store, "long", 1e-3)]
+    store.update_run(run_ids[1], status="running")
+    entries_store.attach_run(store, ended, run_ids[0])
+    entries_store.attach_run(store, running, run_ids[1])
+    entries_store.finish(store, failed, NOT_STARTED, "launch.script: /x/train.py: no such file")
+    app = make_app(store, refresh_s=0.2, watcher_check_s=NO_WATCHER_CHECK)
+    async with app.run_test(size=(100, 30)) as pilot:
+        section = app.screen.query_one("#runs-queue", Static)
+        await wait_for(pilot, lambda: section.display, what="the queue section")
+        lines = str(section.render()).splitlines()
+        assert lines == ["queue (ftui queue)", f"  · #{running} long  long.toml  running (run {run_ids[1]})",
+                         f" 1. #{waiting} [b]next[/b]  [b]next[/b].toml  queued",
+                         f"  · #{failed} vanished  vanished.toml  failed to start (launch.script: /x/train.py: no "
+                         "such file)"], lines
+        store.update_run(run_ids[1], status="completed")
+        for entry in (waiting, failed):
+            entries_store.remove_entry(store, entry)
+        await wait_for(pilot, lambda: not section.display, what="the section hidden: nothing left to see to")

@@ -173,6 +173,28 @@ def test_compare(snap_compare, store: Store, size) -> None:  # type: ignore[no-u
     assert snap_compare(app_for(store), terminal_size=size, run_before=before)
 
 
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_plan(snap_compare, store: Store, size) -> None:  # type: ignore[no-untyped-def]
+    """A finished plan: the decision on top, the leader first, a failed candidate and one the budget left out."""
+    from tests.support.plans import add_trial, fixed_setup, record
+    from tui.app.screens.plan import PlanScreen
+
+    setup, command = fixed_setup(repeat=2)
+    for n in range(2):
+        add_trial(store, setup, "single", 1000.0 + 10 * n, n=n)
+        add_trial(store, setup, "ddp x2", 2000.0 + 100 * n, n=n)
+    add_trial(store, setup, "zero1 x2", None, status="failed")
+    record(setup, command, over_budget=["zero1 x2 [launch.engine=torch]"])
+
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        await settle(pilot)
+        pilot.app.push_screen(PlanScreen(setup.pid))
+        await wait_for(pilot, lambda: getattr(pilot.app.screen, "view", None) is not None, what="the plan")
+        await settle(pilot)
+
+    assert snap_compare(app_for(store), terminal_size=size, run_before=before)
+
+
 async def test_monitor_relayouts_on_resize(store: Store) -> None:
     """Wide and narrowed to 80 columns: no column is lost off-screen; widened again: back as it was,
     rows kept."""

@@ -15,10 +15,16 @@ import pytest
 
 from tests.integration import test_nodes, test_store_concurrency, test_store_scale
 from tests.support.postgres import new_pg_database
-from tests.unit import test_named_metrics, test_store, test_store_migrations, test_store_nodes
+from tests.unit import (
+    test_named_metrics,
+    test_store,
+    test_store_migrations,
+    test_store_nodes,
+    test_store_queue,
+)
 
 MODULES: tuple[ModuleType, ...] = (test_store, test_store_migrations, test_named_metrics, test_store_nodes,
-                                   test_store_concurrency, test_store_scale, test_nodes)
+                                   test_store_queue, test_store_concurrency, test_store_scale, test_nodes)
 
 
 def _store_tests(module: ModuleType) -> dict[str, object]:

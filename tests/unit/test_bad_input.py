@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from runner.spec.recipe import RecipeError, load_recipe, parse_recipe
 from store import Store
+from store.queue import entries
 from tests.support import run_in_process
 from tui.cli.main import main
 from tui.cli.parser import COMMANDS
@@ -31,7 +32,7 @@ SECTIONS = {
     "train": ["batch_size", "grad_accum", "lr", "schedule", "warmup_steps", "max_steps", "epochs", "precision",
               "seed", "log_every", "save", "max_grad_norm", "weight_decay"],
     "launch": ["strategy", "nproc", "gpus", "device", "fsdp_version", "accelerate_config", "peak_tflops",
-               "mem_cap"],
+               "mem_cap", "replicate", "shard"],
 }
 toml_scalars = st.one_of(
     st.integers(min_value=-(2**63), max_value=2**63 - 1), st.floats(allow_nan=True), st.booleans(),
@@ -174,13 +175,14 @@ def home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPat
     return home
 
 
-def snapshot(home: Path) -> tuple[str, list[str]]:
+def snapshot(home: Path) -> tuple[str, list[str], int]:
     store = Store(f"sqlite:///{home / 'ftui.db'}")
     rows = json.dumps([(r.id, r.name, r.status, r.tags, r.note) for r in store.list_runs()])
+    queued = len(entries(store))
     store.close()
     runs = sorted(p.name for p in (home / "runs").iterdir()) \
         if (home / "runs").is_dir() else []
-    return rows, runs
+    return rows, runs, queued
 
 
 def assert_usage_error(home: Path, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -261,6 +263,13 @@ def test_every_command_refuses_bad_arguments_in_one_line(home: Path, capsys: pyt
         .map(lambda flags: ["plan", quick, *flags]),  # each fails before anything trains (fsdp: not on 1 CPU rank)
         bad_file(home).map(lambda f: ["plan", quick, "--set", f"data.source={json.dumps(f)}"]),
         bad_file(home).map(lambda f: ["estimate", f]),
+        bad_set.map(lambda s: ["queue", "add", quick, "--set", s]),
+        bad_file(home).map(lambda f: ["queue", "add", quick, "--set", f"data.source={json.dumps(f)}"]),
+        not_an_id.map(lambda i: ["queue", "rm", i]),
+        st.sampled_from([["queue", "--format", "yaml"], ["queue", "nope"], ["queue", "rm"], ["queue", "rm", "0"],
+                         ["queue", "add"], ["queue", "add", quick, "--strategy", "ddp", "--nproc", "64"],
+                         ["queue", "add", quick, "--grace", "-1"], ["queue", "add", quick, "--dry-run"],
+                         ["queue", "add", quick, "--nnodes", "2"], ["queue", "add", "/nonexistent.toml"]]),
     ))
     assert_usage_error(home, argv, capsys)
 
@@ -328,4 +337,5 @@ def test_a_sweep_over_a_value_the_host_cannot_run_is_refused_whole(home: Path,
 def test_commands_are_all_covered() -> None:
     """A new command module must be added to the property test above."""
     assert set(COMMANDS) == {"tui.cli.run", "tui.cli.runs", "tui.cli.gpus", "tui.cli.estimate", "tui.cli.compare",
-                             "tui.cli.stop", "tui.cli.db", "tui.cli.recover", "tui.cli.slurm", "tui.cli.plan"}
+                             "tui.cli.stop", "tui.cli.db", "tui.cli.recover", "tui.cli.slurm", "tui.cli.plan",
+                             "tui.cli.queue"}

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from runner.analysis import cpu_peak, mfu
-from runner.analysis.compare import build_comparison, flatten, recipe_diff, speedups
+from runner.analysis.compare import build_comparison, speedups
 from runner.analysis.noise import NoiseFloor
+from runner.analysis.recipe_diff import flatten, recipe_diff
 from runner.analysis.run_peak import default_peak, device_count, peak_note
 from runner.spec import flops
 from store import MetricPoint, SampleInfo

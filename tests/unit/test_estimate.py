@@ -346,7 +346,7 @@ def test_report_shape_is_json_ready(tiny_shape: ModelShape) -> None:
     inp = EstimateInput(tiny_shape, method="lora", micro_batch=2, seq_len=128)
     report = estimate_report(inp, 8 * GIB, 2, ["ddp", "zero2", "fsdp"])
     assert json.loads(json.dumps(report)) == report
-    assert set(report) == {"strategies", "recommendation"}
+    assert set(report) == {"strategies", "recommendation", "switches"}
     assert set(report["strategies"]) == {"ddp", "zero2", "fsdp"}
     for entry in report["strategies"].values():
         assert set(entry) == {"per_device_bytes", "fits", "gpus_needed", "error_band"}
@@ -361,6 +361,8 @@ def test_report_shape_is_json_ready(tiny_shape: ModelShape) -> None:
             "model_states",  # what persists across the step (on the device), and what offload put on the host
             "offloaded",
             "host_bytes",
+            "nvme",  # what ZeRO-Infinity put on the NVMe folder
+            "nvme_bytes",
         }
         assert {"params", "grads", "optimizer", "master", "activations", "total"} <= set(PARTS) | {"total"}
         assert entry["fits"] is True and entry["gpus_needed"] == 1

@@ -98,14 +98,18 @@ def test_torch_really_has_no_flex_attention_backward_on_cpu() -> None:
 
 
 def test_compiling_steps_are_left_out_of_the_steady_state() -> None:
-    # Two metered steps, then step 3 compiles (a recompilation), then two steps of 1 s, 100 tokens each.
+    # Two metered steps (the first compiles), step 3 compiles (a recompilation), two steps of 1 s, then the
+    # profiled last step (it compiles too: nothing changes); 100 tokens each.
     steady = Steady()
-    for step, (start, metered, compiled) in enumerate([(0.0, True, True), (5.0, True, False), (6.0, False, True),
-                                                       (9.0, False, False), (10.0, False, False)]):
-        steady.begin(start, 100 * step, metered)
+    steps = [(0.0, True, True, False), (5.0, True, False, False), (6.0, False, True, False),
+             (9.0, False, False, False), (10.0, False, False, False), (11.0, False, True, True)]
+    for step, (start, metered, compiled, profiled) in enumerate(steps):
+        steady.begin(start, 100 * step, metered, profiled)
         steady.end(compiled)
     assert steady.window == Window(start=9.0, tokens_before=300) and steady.steps == 2
-    figures = throughput(Window(0.0, 0), steady.window, steady.steps, end=11.0, tokens_done=500)
+    assert steady.until == Window(start=11.0, tokens_before=500)
+    figures = throughput(Window(0.0, 0), steady.window, steady.steps, end=14.0, tokens_done=600,
+                         steady_until=steady.until)
     assert figures.tokens_per_s == pytest.approx(100.0) and figures.steady_steps == 2
 
 

@@ -20,7 +20,7 @@ def test_each_screen_lists_its_own_keys_first_then_the_apps() -> None:
     app_keys = ["? / F4", "F1 / 1", "F2 / 2", "F3 / 3", "b", "q", "ctrl+p"]
     assert keys_of(RunsScreen)[:2] == [["enter", "space", "c", "s", "/", "t", "n", "r", "R", "d", "A"], app_keys]
     assert keys_of(MonitorScreen)[:2] == [["esc", "s", "k", "l"], app_keys]
-    assert keys_of(ComposeScreen)[0] == ["ctrl+l", "ctrl+s", "ctrl+o", "enter (file name)"]
+    assert keys_of(ComposeScreen)[0] == ["ctrl+l", "ctrl+s", "ctrl+o", "ctrl+r", "enter (file name)"]
     for screen in (RunsScreen, MonitorScreen, ComposeScreen, DevicesScreen, CompareScreen):
         headings = [heading for heading, _ in help_sections(screen, FtuiApp)]
         assert headings == [f"{screen.__name__.removesuffix('Screen')} keys", "Screens and the app", "Text fields"]

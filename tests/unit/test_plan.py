@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from runner.analysis import time_split
 from runner.analysis.compare import build_comparison
 from runner.analysis.ranking import rank
 from runner.analysis.track_record import track_record
@@ -110,9 +111,11 @@ def _by_label(found: Sequence[plan.Candidate]) -> dict[str, plan.Candidate]:
 
 def test_every_launchable_strategy_and_engine_races_at_the_recipes_global_batch_when_all_fit() -> None:
     found = _by_label(_space(lambda r: need(50)))
-    assert sorted(found) == sorted(["single", "mp x2", "pp x2", "ddp x2", "fsdp x2", "tp x2", "zero1 x2",
+    assert sorted(found) == sorted(["single", "mp x2", "pp x2", "ddp x2", "fsdp x2", "hsdp 2x2", "tp x2", "zero1 x2",
                                     "zero1 x2 [launch.engine=torch]", "zero2 x2", "zero2 x2 [launch.engine=torch]",
                                     "zero3 x2", "zero3 x2 [launch.engine=torch]"])
+    # hybrid sharding needs two replicas of two shards: its candidate runs 4 processes, 1 row each
+    assert found["hsdp 2x2"].nproc == 4 and "launch.nproc=4" in found["hsdp 2x2"].overrides
     assert all(c.skip is None and c.fit == "fits" and not c.checkpointing and c.offload == "none"
                for c in found.values())
     for c in found.values():  # every candidate trains quickstart's 4 rows per step
@@ -263,6 +266,38 @@ def test_one_trial_each_and_no_measured_spread_cannot_tell() -> None:
     assert {s.standing for s in ranking.standings} == {"cannot tell"}
 
 
+# ---------------------------------------------------------------------- commit
+
+
+def _setup(found: Sequence[plan.Candidate]) -> plan.Setup:
+    return plan.Setup(_loader()([]), "plan-x", list(found), ROOMY, 8, 2)
+
+
+def test_commit_runs_the_winner_with_its_own_values_to_the_recipes_steps() -> None:
+    found = _space(lambda r: need(50), ["single", "ddp", "zero2"])
+    runs = [_row(1, "single", 1, 1000.0), _row(2, "ddp", 2, 2000.0), _row(3, "zero2", 2, 1050.0),
+            _row(4, "single", 1, 1010.0), _row(5, "ddp", 2, 2100.0), _row(6, "zero2", 2, 990.0)]
+    ranking = rank(build_comparison(runs, {}).rows, None)
+    assert plan.winner(found, ranking) is _by_label(found)["ddp x2"]
+    item = plan.commit_item(_setup(found), ranking, ["data.context_length=64"])
+    assert (item.strategy, item.nproc, item.note) == ("ddp", 2, "the winner of plan plan-x")
+    recipe = _loader()(item.overrides)
+    assert (recipe.launch.strategy, recipe.launch.nproc, recipe.train.batch_size) == ("ddp", 2, 2)
+    assert recipe.train.max_steps == _loader()([]).train.max_steps  # the recipe's own, not a trial's
+    assert recipe.train.save and not any(s in item.overrides for s in plan.TRIAL_SETS)
+
+
+def test_commit_without_a_winner_launches_nothing_and_says_why() -> None:
+    found = _space(lambda r: need(50), ["single", "ddp"])
+    tie = rank(build_comparison([_row(1, "single", 1, 100.0), _row(2, "ddp", 2, 500.0)], {}).rows, None)
+    assert plan.winner(found, tie) is None
+    with pytest.raises(plan.PlanError, match=r"^--commit: the plan names no winner, so nothing is launched \(") as err:
+        plan.commit_item(_setup(found), tie, [])
+    assert "\n" not in str(err.value)
+    with pytest.raises(plan.PlanError, match="no trial completed"):
+        plan.commit_item(_setup(found), None, [])
+
+
 # ---------------------------------------------------------------------- the report
 
 
@@ -285,7 +320,11 @@ def test_the_report_lists_every_candidate_and_prints_labels_as_text() -> None:
     earlier = run_info(9, "zero1", 2, 900.0, estimate={"band_key": "llama/zero1@torch",
                                                        "per_device_bytes": {"total": 110 * MIB}},
                        ranks=[{"peak_tensor_bytes": 100 * MIB}, {"peak_tensor_bytes": 90 * MIB}])
-    report = plan_report(setup, progress, rank(build_comparison(runs, {}).rows, None, {1: 4.0, 2: 6.5}),
+    split = time_split.of_run(run_info(2, "zero1", 2, 1.0, ranks=[
+        {"rank": r, "step_split": {"wall_s": 1.0, "compute_s": 0.5, "comm_s": c, "data_s": 0.0, "other_s": 0.5 - c,
+                                   "source": "torch profiler"}} for r, c in ((0, 0.2), (1, 0.4))]).summary)
+    assert split is not None
+    report = plan_report(setup, progress, rank(build_comparison(runs, {}).rows, None, {1: 4.0, 2: 6.5}, {2: split}),
                          track_record([earlier], "h"))
     entries = {e["label"]: e for e in report["candidates"]}
     assert [e["label"] for e in report["candidates"]][:2] == ["zero1 x2 [launch.engine=torch]", "single"]
@@ -305,3 +344,8 @@ def test_the_report_lists_every_candidate_and_prints_labels_as_text() -> None:
     assert "zero1 x2 [launch.engine=torch]" in text and "over the --budget" in text  # brackets kept: not markup
     assert "| zero1 x2 [launch.engine=torch] | cannot tell | 1,500 |" in plan_markdown(report)
     assert "estimate error this host, llama/zero1@torch: +10.0% median, +10.0% worst over 1 run(s) (runs 9" in text
+    # where a step went: in the JSON, and under the table for the candidate that measured it
+    assert raced["time_split"]["comm_share"] == pytest.approx(0.3) and raced["time_split"]["worst_rank"] == 1
+    assert entries["single"]["time_split"] is None
+    assert ("a step: compute 50%, communication or waiting on another rank 30% (rank 1: 40%), preparing the batch "
+            "0%, other (Python between ops, launches) 20%") in " ".join(text.split())

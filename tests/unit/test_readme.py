@@ -57,16 +57,17 @@ def _bindings(owner: type) -> set[str]:
 
 def test_the_key_table_is_the_dashboards_bindings() -> None:
     """Each key the README names is bound on the screen it names, and every key of the app and of the
-    Runs, Compose and Monitor screens is in the table (the command palette is Textual's ctrl+p)."""
+    Runs, Compose, Monitor and Plan screens is in the table (the command palette is Textual's ctrl+p)."""
     from tui.app.app import FtuiApp
     from tui.app.screens.compare import CompareScreen
     from tui.app.screens.compose import ComposeScreen
     from tui.app.screens.devices import DevicesScreen
     from tui.app.screens.monitor import MonitorScreen
+    from tui.app.screens.plan import PlanScreen
     from tui.app.screens.runs import RunsScreen
 
     owners = {"any": FtuiApp, "Runs": RunsScreen, "Compose": ComposeScreen, "Monitor": MonitorScreen,
-              "Compare": CompareScreen, "Devices": DevicesScreen}
+              "Compare": CompareScreen, "Devices": DevicesScreen, "Plan": PlanScreen}
     table = re.search(r"^\| key \| screen \| what it does \|\n\|[-|]+\|\n((?:\|.*\n)+)", README.read_text(), re.M)
     assert table, "the README's key table"
     named: dict[str, set[str]] = {name: set() for name in owners}
@@ -79,7 +80,7 @@ def test_the_key_table_is_the_dashboards_bindings() -> None:
     named["any"].discard("ctrl+p")
     for screen, owner in owners.items():
         assert named[screen] <= _bindings(owner), (screen, named[screen] - _bindings(owner))
-    for screen in ("any", "Runs", "Compose", "Monitor"):
+    for screen in ("any", "Runs", "Compose", "Monitor", "Plan"):
         assert _bindings(owners[screen]) <= named[screen], (screen, _bindings(owners[screen]) - named[screen])
 
 

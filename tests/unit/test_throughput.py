@@ -19,6 +19,14 @@ def test_steady_state_leaves_out_the_metered_steps() -> None:
     assert figures.steady_steps == 3 and figures.train_seconds == pytest.approx(9.0)
 
 
+def test_the_profiled_last_step_is_left_out_of_the_steady_state_only() -> None:
+    # The steps of the test above, then a profiled fourth unmetered step of 2 s (the profiler's overhead).
+    figures = throughput(Window(10.0, 0), Window(16.0, 200), 3, end=21.0, tokens_done=600,
+                         steady_until=Window(19.0, 500))
+    assert figures.tokens_per_s == pytest.approx(100.0) and figures.steady_steps == 3
+    assert figures.window_tokens_per_s == pytest.approx(600 / 11)
+
+
 def test_evaluations_are_left_out_of_both_windows() -> None:
     # A 4 s evaluation after the third step, inside both windows.
     figures = throughput(Window(10.0, 0), Window(16.0, 200), 3, end=23.0, tokens_done=500,

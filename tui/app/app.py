@@ -19,7 +19,7 @@ from runner.spec.paths import default_db_url
 from store import RunInfo, Store, StoreError
 from store.store import utcnow
 from tui.app.keys import help_sections
-from tui.app.messages import CompareRuns, LaunchFailed, Notice, OpenRun, RunLaunched
+from tui.app.messages import CompareRuns, LaunchFailed, Notice, OpenPlan, OpenRun, RunLaunched
 from tui.app.screens.modals import KeysScreen
 from tui.app.screens.runs import RunsScreen
 from tui.notify import ENDED, desktop
@@ -35,7 +35,7 @@ def _compose_screen() -> Screen[Any]:
 
 
 class FtuiApp(App[int]):
-    """Runs, Compose, Monitor, Compare. Keyboard first; the mouse works; ctrl+p opens the palette."""
+    """Runs, Compose, Monitor, Compare, Plans. Keyboard first; the mouse works; ctrl+p opens the palette."""
 
     CSS_PATH = "app.tcss"
     TITLE = "ftui"
@@ -136,6 +136,8 @@ class FtuiApp(App[int]):
                             lambda: self.action_goto("devices"))
         yield SystemCommand("Compare", "Compare the runs selected on the Runs screen (space selects)",
                             self.compare_selected)
+        yield SystemCommand("Plans", "Every plan (ftui plan): in progress or finished; open one to see its "
+                            "decision or commit it", self.show_plans)
         from tui.app.screens.compose import FIELDS, ComposeScreen  # deferred: pydantic
 
         if isinstance(screen, ComposeScreen):
@@ -206,6 +208,18 @@ class FtuiApp(App[int]):
 
     def on_open_run(self, message: OpenRun) -> None:
         self.open_run(message.run_id)
+
+    def show_plans(self) -> None:
+        """The palette's Plans: every plan the store or this host knows."""
+        from tui.app.screens.plan import PlansScreen  # deferred: pydantic (the plan service)
+
+        if not isinstance(self.screen, PlansScreen):
+            self.push_screen(PlansScreen())
+
+    def on_open_plan(self, message: OpenPlan) -> None:
+        from tui.app.screens.plan import PlanScreen  # deferred: pydantic (the plan service)
+
+        self.push_screen(PlanScreen(message.pid, message.started))
 
     def on_run_launched(self, message: RunLaunched) -> None:
         self.notify(f"run {message.run_id} started; it keeps running if you quit")

@@ -12,9 +12,12 @@ from typing import TYPE_CHECKING, Any
 from textual.message import Message
 
 from store import MetricPoint, RunInfo
+from store.queue import QueueEntryInfo
 
-if TYPE_CHECKING:  # the comparison module is imported with the Compare screen, not at start
+if TYPE_CHECKING:  # the comparison and the plans are imported with their screens, not at start
     from runner.analysis.compare import Comparison
+    from runner.service.plan_record import Listing, PlanCommand, Process
+    from tui.app.plans import CommitStart, PlanView
 
 
 @dataclass
@@ -26,6 +29,8 @@ class RunsLoaded(Message, bubble=False):
     """The latest logged step of each running run (its live step, loss and tokens/s)."""
     total: int | None = None
     """How many runs the store holds, when ``runs`` is only the newest of them."""
+    queue: list[QueueEntryInfo] = field(default_factory=list)
+    """The queue's entries still to see to (waiting, running, not started), in line order."""
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, RunsLoaded)
@@ -170,3 +175,52 @@ class Notice(Message):
 
     text: str
     severity: str = "information"
+
+
+@dataclass
+class PlanLoaded(Message, bubble=False):
+    """A fresh view of the plan on screen (``tui.app.plans.PlanFeed``)."""
+
+    view: PlanView
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, PlanLoaded)
+
+
+@dataclass
+class PlansLoaded(Message, bubble=False):
+    """The plans the store and this host know (``runner.service.plan_record.list_plans``), or why none."""
+
+    plans: list[Listing]
+    states: list[str]
+    """Each plan's state in words (``tui.app.screens.plan.plan_state``)."""
+    error: str = ""
+
+
+@dataclass
+class PlanCommitStarted(Message, bubble=False):
+    """What the Plan view's commit key did (the line to show, the process it started)."""
+
+    start: CommitStart
+
+
+@dataclass
+class PlanPrepared(Message, bubble=False):
+    """Compose's plan key: the plan of the form's recipe, checked as ``ftui plan`` checks it."""
+
+    command: PlanCommand
+    pid: str
+    raced: int
+    """Candidates the plan races (the others are listed in its view with why not)."""
+    candidates: int
+    steps: int
+    racing: bool
+    """A process of this plan runs already: its view opens, nothing more is started."""
+
+
+@dataclass
+class OpenPlan(Message):
+    """Open the Plan view of a plan (``started``: the process just started for it, before its record)."""
+
+    pid: str
+    started: Process | None = None

@@ -123,7 +123,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.dry_run:  # checked like a real sweep; nothing recorded, no run folder
         for n, item in enumerate(items, 1):
             grid = f" [{item.grid}]" if item.grid else ""
-            print(f"{n}. {item.strategy} x {item.nproc}{grid} · {item.note}")
+            print(f"{n}. {item.label}{grid} · {item.note}")
         return ExitCode.OK
     store = open_store(args, create=True)
     console = Console(highlight=False, stderr=args.format != "text" and args.output is None)
@@ -135,7 +135,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     # Grid values, notes and failure reasons are the user's or a run's text: printed as text.
     def on_start(item: sw.SweepItem, run_id: int) -> None:
         grid = f" [{item.grid}]" if item.grid else ""
-        console.print(f"run {run_id} · {item.strategy} x {item.nproc}{grid} · {item.note}", markup=False)
+        console.print(f"run {run_id} · {item.label}{grid} · {item.note}", markup=False)
         live.begin(f"run {run_id} {item.strategy}")
 
     def on_done(item: sw.SweepItem, result: sw.SweepResult) -> None:

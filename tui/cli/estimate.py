@@ -21,7 +21,9 @@ from runner.analysis.track_record import host_track_record
 from runner.hardware import NvmlBackend
 from runner.planner.error_band import band_key
 from runner.planner.memory import DEFAULT_RESERVE
+from runner.service import decisions
 from runner.service.batch import BatchTrial, find_batch_size
+from runner.service.decisions import PastDecision
 from runner.spec import strategies
 from runner.spec.recipe import Recipe, RecipeError, load_recipe
 from runner.spec.units import parse_bytes
@@ -102,11 +104,25 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     chosen = args.strategy or strategies.names()
     report = E.estimate_report(inp, gpu_mem, n_gpus, chosen)
     _add_track_record(args, report, inp)
+    report["measured_here"] = [d.json() for d in _past_decisions(args, recipe, inp)]
     if args.format == "json":
         print(json.dumps(report, indent=2))
         return 0
     _print_text(report, inp, gpu_mem, n_gpus, notes)
     return 0
+
+
+def _past_decisions(args: argparse.Namespace, recipe: Recipe | None, inp: E.EstimateInput) -> list[PastDecision]:
+    """What ``ftui plan`` measured here for this recipe as written (none when flags change what it trains, or
+    without a store)."""
+    changed = (args.method, args.precision, args.lora_r, args.micro_batch, args.seq)
+    if recipe is None or any(v is not None for v in changed) or args.grad_ckpt:
+        return []
+    try:
+        store = open_store(args, create=False)
+    except UsageError:  # a --db or $FTUI_DB that does not exist: no plans
+        return []
+    return decisions.for_recipe(store, recipe, inp.shape, runs_on_cpu(recipe))
 
 
 def _add_track_record(args: argparse.Namespace, report: dict[str, Any], inp: E.EstimateInput) -> None:
@@ -182,7 +198,11 @@ def _print_text(report: dict[str, Any], inp: E.EstimateInput, gpu_mem: int, n_gp
         reason = row["per_device_bytes"].get("approximate")
         if reason and reason != inp.shape.approximate:
             con.print(Text(f"{name}: {reason}", style="bold yellow"))
+    for line in report.get("switches", []):  # context parallel, fp8, activation and NVMe offload: one line each
+        con.print(Text(line))
     con.print(Text.assemble(("recommendation (estimated):", "bold"), f" {report['recommendation']['reason']}"))
+    for past in report.get("measured_here", []):  # ftui plan's decisions for this recipe on this host
+        con.print(Text(past["line"], style="bold"))
 
 
 def _probe(args: argparse.Namespace) -> int:

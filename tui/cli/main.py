@@ -14,6 +14,7 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
+from runner.spec.price import PriceError, configured_price
 from tui.cli.exits import ExitCode, UsageError
 from tui.cli.parser import DASHBOARD, build_parser, parse
 
@@ -24,8 +25,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``ftui`` with ``argv``; return the exit code (:class:`ExitCode`)."""
     try:
         args = parse(build_parser(), list(sys.argv[1:] if argv is None else argv))
+        configured_price()  # a bad FTUI_PRICE_PER_DEVICE_HOUR is refused before any command runs
         return int(handler(getattr(args, "handler", DASHBOARD))(args))
-    except UsageError as exc:
+    except (UsageError, PriceError) as exc:
         print(f"ftui: {exc}", file=sys.stderr)
         return ExitCode.USAGE
     except KeyboardInterrupt:

@@ -30,6 +30,7 @@ COMMANDS: tuple[str, ...] = (
     "tui.cli.recover",   # recover
     "tui.cli.db",        # db upgrade, db current, db rebuild
     "tui.cli.slurm",     # slurm
+    "tui.cli.queue",     # queue, queue add, queue rm
 )
 """The modules that hold the commands' handlers (tests/integration/test_cli.py checks that every handler the parser
 names is in one of them and exists)."""
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--notify", action="store_true",
                         help="dashboard: bell and desktop notification when a run ends (b toggles it)")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
-    for add in (_run, _stop, _runs, _gpus, _estimate, _compare, _plan, _recover, _db, _slurm):  # the order --help lists
+    for add in (_run, _queue, _stop, _runs, _gpus, _estimate, _compare, _plan, _recover, _db, _slurm):  # as --help lists
         add(sub)
     # Bad arguments of any command are one line (``ftui: ...``) and exit 2, like every other bad input.
     for command in (parser, *sub.choices.values()):
@@ -213,24 +214,7 @@ def _run(sub: Any) -> None:
         usage="ftui run [RECIPE] [--script FILE] [options] [-- SCRIPT_ARGS...]",
         description="Run a recipe headless; or, with --script, your own accelerate / Hugging Face Trainer / "
                     "TRL script, launched with the strategy's accelerate config (arguments after --).")
-    run.add_argument("recipe", type=Path, nargs="?", help="recipe TOML file (optional with --script)")
-    run.add_argument("--script", type=Path, metavar="FILE",
-                     help="launch this training script instead of ftui's trainer (sets launch.script); "
-                          "its arguments follow --")
-    run.set_defaults(script_args=None)
-    run.add_argument("--strategy", choices=strategies.names(launchable=True), help="override launch.strategy")
-    run.add_argument("--nproc", type=int, help="override launch.nproc (processes)")
-    run.add_argument("--engine", choices=strategies.engine_names(),
-                     help="override launch.engine: what implements a ZeRO stage (deepspeed or torch)")
-    run.add_argument("--offload", choices=strategies.OFFLOADS,
-                     help="override launch.offload: ZeRO state kept in host memory")
-    _kernel_options(run, "override model.attn_implementation: the attention kernel (eager keeps the attention "
-                         "probabilities; flash_attention_2 and flex_attention need a CUDA GPU)",
-                    "compile each decoder layer with torch.compile (train.compile = true; MODE: train.compile_mode, "
-                    "default 'default')")
-    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                     help="override any recipe field, e.g. --set train.max_steps=50 (repeatable)")
-    run.add_argument("--name", help="override the recipe's name")
+    _recipe_options(run)
     run.add_argument("--dry-run", action="store_true", help="print the launch (argv, env, config) and run nothing")
     _force_option(run)
     run.add_argument("--format", choices=["text", "json"], default="text")
@@ -262,8 +246,40 @@ def _run(sub: Any) -> None:
     resume.set_defaults(handler="tui.cli.run:cmd_resume")
 
 
+def _recipe_options(parser: argparse.ArgumentParser) -> None:
+    """What makes the recipe of ``ftui run`` and ``ftui queue add``: the file (or a script of one's own) and
+    the flags that override its fields (:func:`tui.cli.run.load_run_recipe` reads them)."""
+    parser.add_argument("recipe", type=Path, nargs="?", help="recipe TOML file (optional with --script)")
+    parser.add_argument("--script", type=Path, metavar="FILE",
+                        help="launch this training script instead of ftui's trainer (sets launch.script); "
+                             "its arguments follow --")
+    parser.set_defaults(script_args=None)
+    parser.add_argument("--strategy", choices=strategies.names(launchable=True), help="override launch.strategy")
+    parser.add_argument("--nproc", type=int, help="override launch.nproc (processes)")
+    parser.add_argument("--engine", choices=strategies.engine_names(),
+                        help="override launch.engine: what implements a ZeRO stage (deepspeed or torch)")
+    parser.add_argument("--offload", choices=strategies.OFFLOADS,
+                        help="override launch.offload: ZeRO state kept in host memory (nvme: on --nvme-path)")
+    parser.add_argument("--nvme-path", metavar="DIR",
+                        help="override launch.nvme_path: the NVMe folder of offload nvme")
+    parser.add_argument("--cp-size", type=int, metavar="N",
+                        help="override launch.cp_size: processes each sequence is split over (context parallel, GPUs)")
+    parser.add_argument("--replicate", type=int, metavar="R",
+                        help="override launch.replicate: hsdp's groups of processes that are replicas of each other")
+    parser.add_argument("--shard", type=int, metavar="S",
+                        help="override launch.shard: processes each hsdp group shards the model states over")
+    _kernel_options(parser, "override model.attn_implementation: the attention kernel (eager keeps the attention "
+                            "probabilities; flash_attention_2 and flex_attention need a CUDA GPU)",
+                    "compile each decoder layer with torch.compile (train.compile = true; MODE: train.compile_mode, "
+                    "default 'default')")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override any recipe field, e.g. --set train.max_steps=50 (repeatable)")
+    parser.add_argument("--name", help="override the recipe's name")
+
+
 def _kernel_options(parser: argparse.ArgumentParser, attn_help: str, compile_help: str) -> None:
-    """``--attn IMPL`` and ``--compile [MODE]``: the kernels of ``ftui run`` and of ``ftui estimate``."""
+    """``--attn IMPL`` and ``--compile [MODE]``: the kernels of ``ftui run`` (and ``queue add``) and of
+    ``ftui estimate``."""
     parser.add_argument("--attn", choices=kernels.ATTENTION, help=attn_help)
     parser.add_argument("--compile", nargs="?", const="default", choices=kernels.COMPILE_MODES, metavar="MODE",
                         help=compile_help)
@@ -278,6 +294,44 @@ def _force_option(parser: argparse.ArgumentParser) -> None:
 def _data_change_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-data-change", action="store_true",
                         help="resume although the data source changed since the checkpoint was taken")
+
+
+def _queue(sub: Any) -> None:
+    queue = sub.add_parser(
+        "queue", help="runs that start one after another, unattended (add, rm; alone: the list)",
+        description="The run queue of this store (docs/running.md, \"Queue\"). Alone: every entry, its place in "
+                    "line and its state: queued, running (run ID), done (run ID, status) or failed to start "
+                    "(reason). One queue runner per host starts each entry as a normal run when the devices it "
+                    "takes are free (on CPU: one run at a time), outlives the terminal and the dashboard, and "
+                    "exits when the queue is empty; ftui stop of the running entry's run stops it, and the "
+                    "runner then starts the next.")
+    queue.add_argument("--format", choices=["text", "json"], default="text")
+    db_option(queue)
+    queue.set_defaults(handler="tui.cli.queue:cmd_queue")
+    actions = queue.add_subparsers(title="actions", metavar="ACTION")
+    add = actions.add_parser(
+        "add", help="put a run at the end of the queue (the flags of ftui run)",
+        usage="ftui queue add [RECIPE] [--script FILE] [options] [-- SCRIPT_ARGS...]",
+        description="Check the run as ftui run does (bad input: one line, exit 2, nothing queued), record it with "
+                    "its flags, this shell's CUDA_VISIBLE_DEVICES and folder, and start this host's queue runner "
+                    "if none is alive. The recipe is kept as it is now: editing its file later changes nothing "
+                    "queued. A run over several machines is not queued.")
+    _recipe_options(add)
+    _force_option(add)
+    _data_change_option(add)
+    _watch_options(add)
+    _grace_option(add)
+    db_option(add)
+    add.set_defaults(handler="tui.cli.queue:cmd_queue_add")
+    rm = actions.add_parser(
+        "rm", help="take an entry out of the queue (the running one: stop its run with ftui stop)",
+        description="Take entry ID out of the queue: one waiting, or one that ended. The running entry is "
+                    "refused: stop its run with ftui stop RUN_ID (the queue then starts the next).")
+    rm.add_argument("entry_id", type=positive_int, metavar="ID", help="the entry (ftui queue lists them)")
+    db_option(rm)
+    rm.set_defaults(handler="tui.cli.queue:cmd_queue_rm")
+    for action in (add, rm):
+        one_line_errors(action)
 
 
 def _stop(sub: Any) -> None:
@@ -439,6 +493,9 @@ def _plan(sub: Any) -> None:
                    help="comma-separated strategies to consider (default: every launchable one)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a recipe field for every trial (repeatable)")
+    p.add_argument("--commit", action="store_true",
+                   help="then run the winner for real, to the recipe's train.max_steps (only when the plan "
+                        "names one: a tie launches nothing)")
     p.add_argument("--format", choices=["text", "json", "md"], default="text")
     db_option(p)
     p.set_defaults(handler="tui.cli.plan:cmd_plan")
@@ -456,8 +513,10 @@ def _recover(sub: Any) -> None:
         "recover", help="re-attach or finish runs whose watcher died",
         description="Runs left 'running' by a watcher that died (ftui killed, a reboot): re-read their run "
                     "folders into the store, then re-attach a watcher if the ranks still train, else set the "
-                    "status the journal and the processes say. Safe to run any time, and twice.")
-    rec.add_argument("--no-attach", action="store_true", help="do not start a watcher for runs still training")
+                    "status the journal and the processes say; start this host's queue runner when queued runs "
+                    "wait without one (after a reboot). Safe to run any time, and twice.")
+    rec.add_argument("--no-attach", action="store_true",
+                     help="do not start a watcher for runs still training, nor the queue runner for queued runs")
     rec.add_argument("--format", choices=["text", "json"], default="text")
     db_option(rec)
     rec.set_defaults(handler="tui.cli.recover:cmd_recover")

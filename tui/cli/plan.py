@@ -5,30 +5,41 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from rich.console import Console
 from rich.text import Text
 
+from runner.analysis.ranking import Ranking
 from runner.analysis.track_record import host_track_record
-from runner.service import plan
+from runner.service import plan, plan_record
+from runner.service.plan_record import PlanCommand
 from runner.service.sweep import SweepItem, SweepResult
 from runner.spec.recipe import RecipeError
+from runner.spec.status import ENDED_BY_USER
 from runner.watch.procs import StopRequest
+from store import Store
 from tui.cli.common import open_store, settle_abandoned
 from tui.cli.exits import ExitCode, UsageError
 from tui.cli.progress import SweepProgress
 from tui.render.plan import plan_markdown, plan_report, plan_table
 
 
-def _setup(args: argparse.Namespace) -> plan.Setup:
-    """The plan, checked before anything is recorded (bad input: one line, exit 2)."""
+def _command(args: argparse.Namespace) -> PlanCommand:
+    """The plan's arguments, as its record keeps them (the recipe's path made absolute)."""
     names = None
     if args.strategies is not None:
-        names = [s.strip() for s in args.strategies.split(",") if s.strip()]
+        names = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
         if not names:
             raise UsageError(f"--strategies: no strategy named in {args.strategies!r} (e.g. single,ddp)")
+    return PlanCommand(str(Path(args.recipe).absolute()), tuple(args.overrides), names, args.nproc, args.steps,
+                       args.repeat)
+
+
+def _setup(command: PlanCommand) -> plan.Setup:
+    """The plan, checked before anything is recorded (bad input: one line, exit 2)."""
     try:
-        return plan.setup(args.recipe, args.overrides, names, args.nproc, args.steps, args.repeat)
+        return command.setup()
     except (RecipeError, plan.PlanError) as exc:
         raise UsageError(str(exc)) from None
 
@@ -48,7 +59,8 @@ def _announce(console: Console, setup: plan.Setup, progress: plan.Progress) -> N
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    setup = _setup(args)
+    command = _command(args)
+    setup = _setup(command)
     store = open_store(args, create=True)
     settle_abandoned(store)
     console = Console(highlight=False, stderr=args.format != "text")
@@ -59,6 +71,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except plan.PlanError as exc:
         raise UsageError(str(exc)) from None
     _announce(console, setup, before)
+    problem = plan_record.begin(setup, command)  # what the dashboard's Plan view reads beside the store
+    if problem:
+        console.print(f"warning: {problem}", markup=False)
     live = SweepProgress(console)
 
     def on_start(item: SweepItem, run_id: int) -> None:  # labels and notes are run text: never markup
@@ -83,6 +98,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     finally:
         live.end()
         restore()
+    plan_record.end(setup.pid, progress)
     found = plan.standings(store, setup.pid)
     report = plan_report(setup, progress, found[1] if found else None, host_track_record(store))
     if args.format == "json":
@@ -94,4 +110,36 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if progress.stopped or stop.is_set():
         console.print(f"plan stopped: run the same command again to continue {setup.pid}", markup=False)
         return ExitCode.INTERRUPTED
-    return ExitCode.OK if any(e["status"] == "completed" for e in report["candidates"]) else ExitCode.FAILED
+    if not any(e["status"] == "completed" for e in report["candidates"]):
+        return ExitCode.FAILED
+    return _commit(args, store, setup, found[1] if found else None, console) if args.commit else ExitCode.OK
+
+
+def _commit(args: argparse.Namespace, store: Store, setup: plan.Setup, ranking: Ranking | None,
+            console: Console) -> int:
+    """``--commit``: the winner run for real, followed like ``ftui run``; a plan without a winner launches
+    nothing and says why (exit 1: the plan itself is stored and complete)."""
+    live = SweepProgress(console)
+
+    def on_start(item: SweepItem, run_id: int) -> None:
+        console.print(f"commit: run {run_id} · {item.strategy} x {item.nproc} · {item.note}", markup=False)
+        plan_record.committed(setup.pid, run_id=run_id)
+        live.begin(f"run {run_id} {item.strategy}")
+
+    stop = StopRequest()
+    restore = stop.install()
+    try:
+        result = plan.commit(store, args.recipe, setup, ranking, args.overrides, on_start=on_start,
+                             on_event=live.on_event, stop=stop)
+    except plan.PlanError as exc:
+        console.print(str(exc), markup=False)
+        plan_record.committed(setup.pid, refused=str(exc))
+        return ExitCode.FAILED
+    finally:
+        live.end()
+        restore()
+    console.print(f"run {result.run_id}: {result.status}" + (f": {result.reason}" if result.reason else ""),
+                  markup=False)
+    if result.status == "completed":
+        return ExitCode.OK
+    return ExitCode.INTERRUPTED if result.status in ENDED_BY_USER else ExitCode.FAILED

@@ -8,6 +8,7 @@ import json
 from rich.console import Console
 from rich.text import Text
 
+from runner.service.queue import restart_runner
 from runner.service.recover import Recovered, recover_all
 from store import Store
 from tui.cli.common import console, open_store
@@ -17,14 +18,17 @@ from tui.cli.exits import ExitCode
 def cmd_recover(args: argparse.Namespace) -> int:
     store = open_store(args, create=False)
     done = recover_all(store, attach=not args.no_attach, fake_gpus=getattr(args, "fake_gpus", 0))
+    runner = None if args.no_attach else restart_runner(store)  # entries that wait with no runner alive
     if args.format == "json":
         print(json.dumps([r.__dict__ for r in done], indent=2))
         return ExitCode.OK
     out = console()
-    if not done:
+    if not done and runner is None:
         out.print("nothing to recover: every running run has a live watcher")
     for line in recovered_lines(done):
         out.print(line)
+    if runner is not None:
+        out.print(f"queue: started this host's queue runner (pid {runner}) for the entries that wait", markup=False)
     return ExitCode.OK
 
 

@@ -34,7 +34,7 @@ def load_run_recipe(args: argparse.Namespace) -> Recipe:
     """The recipe of ``ftui run`` with its flags applied, validated (UsageError on any problem).
 
     ``--strategy ddp|fsdp`` without ``--nproc`` on a one-process recipe takes one process per
-    visible GPU (at least 2); ``--strategy single|mp`` takes one process (``mp --nproc N``: N pipeline stages).
+    visible GPU (at least 2; ``hsdp``: at least 4); ``--strategy single|mp`` takes one process (``mp --nproc N``: N pipeline stages).
     """
     overrides = list(args.overrides) + nodes.overrides(args)
     if args.name:
@@ -49,12 +49,12 @@ def load_run_recipe(args: argparse.Namespace) -> Recipe:
                 nproc = default
             elif nproc is None:
                 base = _load(args, [o for o in overrides if not o.startswith("launch.")])
-                if base.launch.nproc == 1:
-                    nproc = launch.default_nproc()
+                if base.launch.nproc == 1:  # one per visible GPU, at least what the strategy needs
+                    nproc = strategies.get(args.strategy).procs(None, launch.default_nproc())
         if nproc is not None:
             overrides.append(f"launch.nproc={nproc}")
-        for field in ("engine", "offload"):
-            if getattr(args, field, None):
+        for field in ("engine", "offload", "replicate", "shard", "cp_size", "nvme_path"):
+            if getattr(args, field, None) is not None:
                 overrides.append(f"launch.{field}={json.dumps(getattr(args, field))}")
         if args.attn:
             overrides.append(f"model.attn_implementation={json.dumps(args.attn)}")

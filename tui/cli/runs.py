@@ -55,7 +55,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(json.dumps(run_to_json(run, metrics, store.named_metrics(run.id), samples) | facts, indent=2))
         return ExitCode.OK
     out = console()
-    out.print(run_detail(run, metrics, with_recipe=args.recipe))
+    out.print(run_detail(run, metrics, with_recipe=args.recipe, named=store.named_last([run.id]).get(run.id)))
     if facts.get("nodes"):
         out.print(nodes_table(facts))
     return ExitCode.OK

@@ -111,12 +111,13 @@ def markdown(cmp: Comparison) -> str:
 
 
 def _flat(r: RunRow) -> dict[str, Any]:
-    """A row's fields, what it trains as ``training_*`` columns and its kernels as ``kernels_*`` (empty when
-    the run did not record them)."""
+    """A row's fields, what it trains as ``training_*`` columns, its ledger as ``ledger_*``, its kernels as
+    ``kernels_*`` (empty when the run did not record them)."""
     data = asdict(r)
+    ledger = data.pop("ledger") or {}
     kernels = data.pop("kernels") or dict.fromkeys(f.name for f in fields(Kernels))
     return {**data, **{f"training_{k}": v for k, v in data.pop("training").items()},
-            **{f"kernels_{k}": v for k, v in kernels.items()}}
+            **{f"ledger_{k}": v for k, v in ledger.items()}, **{f"kernels_{k}": v for k, v in kernels.items()}}
 
 
 def to_csv(cmp: Comparison) -> str:

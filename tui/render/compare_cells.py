@@ -12,6 +12,9 @@ from collections.abc import Callable
 from runner.analysis.compare import Comparison, RunRow
 from runner.analysis.mfu import flops_text
 from runner.analysis.run_peak import differing_peaks
+from runner.analysis.shard_verdict import NOT_MEASURED
+from runner.spec import first_step
+from tui.render.ledger import cost_text, energy_text, per_cost_text
 from tui.render.report import fmt_bytes, fmt_seconds
 
 CELL_MAX = 24
@@ -57,11 +60,12 @@ def _status(r: RunRow) -> str:
 
 PEAK = "MFU peak/device"
 MEM_MEASURED = "mem/device measured"
+SHARDING = "sharding"
 
 # (header, full cell) for the row-per-run formats; the sources are listed under the table.
 COLUMNS: list[Column] = [
     ("run", lambda r: str(r.run_id)),
-    ("strategy", lambda r: r.strategy + (f" [{r.grid}]" if r.grid else "")),
+    ("strategy", lambda r: r.strategy_label + (f" [{r.grid}]" if r.grid else "")),
     ("method", lambda r: r.method),
     ("devices", lambda r: str(r.devices)),
     ("micro-batch x GA", _batch),
@@ -75,6 +79,7 @@ COLUMNS: list[Column] = [
     (PEAK, lambda r: r.peak_label),
     (MEM_MEASURED, lambda r: fmt_bytes(r.mem_measured)),
     ("mem/device estimated", lambda r: fmt_bytes(r.mem_estimated)),
+    (SHARDING, lambda r: r.sharding),
     ("final loss", lambda r: _num(r.final_loss, ".4f")),
     ("best loss", lambda r: _num(r.best_loss, ".4f")),
     ("speed-up", lambda r: _num(r.speedup, ".2f", "x")),
@@ -86,6 +91,17 @@ EVAL_COLUMNS: list[Column] = [
     ("best eval loss", lambda r: _num(r.best_eval_loss, ".4f")),
 ]
 """Shown when a compared run was evaluated (``train.eval_every``, an eval set)."""
+
+FIRST_STEP = "time to first step"
+FIRST_STEP_COLUMN: Column = (FIRST_STEP, lambda r: first_step.words(r.first_step))
+"""Shown when a compared run has it stored (:mod:`runner.spec.first_step`): the total, its stages in a footnote."""
+
+LEDGER_COLUMNS: list[Column] = [
+    ("tokens/J", lambda r: _num(r.ledger.tokens_per_joule, ".3g") if r.ledger else "-"),
+    ("tokens per cost", lambda r: per_cost_text(r.ledger) if r.ledger else "-"),
+]
+"""Shown when a compared run has a stored ledger (:mod:`runner.analysis.ledger`); '-' with its reason in
+the sources."""
 
 KERNEL_COLUMNS: list[Column] = [
     ("attention", lambda r: (r.kernels.attention or "-") if r.kernels is not None else "-"),
@@ -110,17 +126,36 @@ def _reported(cell: Callable[[RunRow], str]) -> Callable[[RunRow], str]:
 COLUMNS = [(h, _reported(c) if h in SCRIPT_REPORTS else c) for h, c in COLUMNS]
 
 
+ROUTER_PREFIX = "moe/"
+"""A mixture of experts' router load (runner/rank/router_load.py): shown when a compared run reported it."""
+
+
+def _router_columns(cmp: Comparison) -> list[Column]:
+    """One column per ``moe/*`` name any compared run reported: its last value."""
+    names = sorted({n for values in cmp.named.values() for n in values if n.startswith(ROUTER_PREFIX)})
+
+    def last(name: str) -> Callable[[RunRow], str]:
+        return lambda r: _num(cmp.named.get(r.run_id, {}).get(name), ".3g")
+
+    return [(f"{name} (last)", last(name)) for name in names]
+
+
 def full_columns(cmp: Comparison) -> list[Column]:
-    """:data:`COLUMNS` with their full texts: the kernels after the memory when any run recorded them, the eval
-    figures before ``speed-up`` when any run has them."""
-    columns = list(COLUMNS)
+    """:data:`COLUMNS` with their full texts: the kernels before the losses when any run recorded them, the eval
+    figures and the router's load before ``speed-up`` when any run has them."""
+    cols = list(COLUMNS)
+    if any(r.first_step for r in cmp.rows):
+        at = next(i for i, (h, _) in enumerate(cols) if h == "train time")
+        cols.insert(at, FIRST_STEP_COLUMN)
     if any(r.kernels is not None for r in cmp.rows):
-        at = next(i for i, (h, _) in enumerate(columns) if h == "final loss")
-        columns[at:at] = KERNEL_COLUMNS
-    if cmp.eval_curves:
-        at = next(i for i, (h, _) in enumerate(columns) if h == "speed-up")
-        columns[at:at] = EVAL_COLUMNS
-    return columns
+        at = next(i for i, (h, _) in enumerate(cols) if h == "final loss")
+        cols[at:at] = KERNEL_COLUMNS
+    ledger = LEDGER_COLUMNS if any(r.ledger is not None and r.ledger.recorded for r in cmp.rows) else []
+    extra = [*(EVAL_COLUMNS if cmp.eval_curves else []), *_router_columns(cmp), *ledger]
+    if not extra:
+        return cols
+    at = next(i for i, (h, _) in enumerate(cols) if h == "speed-up")
+    return [*cols[:at], *extra, *cols[at:]]
 
 
 def peak_brief(r: RunRow) -> str:
@@ -133,8 +168,12 @@ def _gist(header: str, r: RunRow, text: str) -> tuple[str, str | None]:
     """A cell's short text and, when something was left out of it, the footnote that holds it."""
     if header == PEAK and r.peak_flops is not None:
         return f"{flops_text(r.peak_flops)} {r.peak_dtype or ''}".rstrip(), peak_brief(r)
+    if header == SHARDING and text.startswith("NOT"):  # what is not as promised, kind by kind
+        return text if len(text) <= CELL_MAX else "NOT as promised", f"run {r.run_id} sharding: {r.sharding_line}"
     if len(text) <= CELL_MAX:
         return text, None
+    if header == FIRST_STEP:
+        return fmt_seconds(first_step.total_seconds(r.first_step)), f"run {r.run_id} {header}: {text}"
     if header == "status":
         return r.status, f"run {r.run_id} {text}"
     if header == "MFU":
@@ -185,8 +224,14 @@ def figure_sources(cmp: Comparison) -> list[str]:
     if util:
         out.append("utilisation: " + "; ".join(util))
     out.append("train time, tokens/s, loss: measured by the trainer (tokens/s over all devices; first to last step)")
+    if any(r.first_step for r in cmp.rows):
+        out.append("time to first step: the launcher's start to the end of step 1, timed by the watcher and the "
+                   "trainer's phase events on this host (docs/compare.md)")
     if cmp.eval_curves:
         out.append("eval loss: measured by the trainer over the whole held-out set (token-weighted mean over ranks)")
+    if _router_columns(cmp):
+        out.append("moe/*: the router's top-k choice per token, counted by the trainer per expert and layer over "
+                   "every rank, at the last logged step (docs/metrics.md)")
     if any(r.script for r in cmp.rows):
         out.append("script runs: what the script reported through runner.track or FtuiCallback (train time from "
                    "its start to its last step); 'not reported' where it did not")
@@ -201,10 +246,14 @@ def figure_sources(cmp: Comparison) -> list[str]:
     est = sorted({r.mem_estimated_source for r in cmp.rows if r.mem_estimated is not None})
     if est:
         out.append("mem estimated: " + "; ".join(est))
+    if any(r.sharding != NOT_MEASURED for r in cmp.rows):
+        out.append("sharding: each rank's measured bytes of each kind of state against the whole and the share its "
+                   "strategy promises (docs/strategies.md)")
+    out += ledger_sources(cmp)
     base = cmp.row(cmp.baseline_id)
     if base and base.tokens_per_s:
         out.append(f"speed-up: tokens/s over the baseline's, run {base.run_id} ({cmp.label(base)})")
-    notes = sorted({f"{r.strategy}: {r.note}" for r in cmp.rows if r.note})
+    notes = sorted({f"{r.strategy_label}: {r.note}" for r in cmp.rows if r.note})
     out += [f"batch: {n}" for n in notes]
     return out
 
@@ -220,6 +269,20 @@ def kernel_sources(cmp: Comparison) -> list[str]:
     if lower:
         out.append(f"mem measured of compiled CPU runs ({', '.join(lower)}): a lower bound (what inductor's fused "
                    "kernels allocate and free inside a graph is not seen)")
+    return out
+
+
+def ledger_sources(cmp: Comparison) -> list[str]:
+    """Where each run's tokens per joule and per unit of cost come from, or why they are '-'."""
+    out = []
+    for r in cmp.rows:
+        if r.ledger is None or not r.ledger.recorded:
+            continue
+        f = r.ledger
+        out.append(f"run {r.run_id} energy {energy_text(f.energy_j)}: {f.energy_source}; tokens/J "
+                   f"{_num(f.tokens_per_joule, '.3g')}: {f.tokens_per_joule_source}")
+        out.append(f"run {r.run_id} device-hours {_num(f.device_hours, '.4g')}: {f.device_hours_source}; cost "
+                   f"{cost_text(f)}: {f.cost_source}; tokens per cost {per_cost_text(f)}: {f.tokens_per_cost_source}")
     return out
 
 

@@ -16,6 +16,7 @@ from runner.analysis.noise import Spread
 from runner.analysis.ranking import Ranking, Standing
 from runner.analysis.track_record import Record
 from runner.service.plan import Candidate, Progress, Setup
+from runner.spec import first_step as fs
 from tui.render.report import fmt_bytes
 
 
@@ -23,10 +24,17 @@ def _spread(s: Spread | None) -> dict[str, float | int] | None:
     return None if s is None else {"median": s.median, "low": s.low, "high": s.high, "n": s.n}
 
 
-def _status(c: Candidate, standing: Standing | None, left: int) -> tuple[str, str | None]:
-    """What became of a candidate, and why (the planner's reason, the budget, its trial's error)."""
+WAITING = "waiting"
+"""The status of a candidate not raced yet while its plan is still racing."""
+
+
+def _status(c: Candidate, standing: Standing | None, left: int, racing: bool) -> tuple[str, str | None]:
+    """What became of a candidate, and why (the planner's reason, the budget, its trial's error); ``racing``:
+    the plan's process is still racing, so a candidate with no trial yet waits for its turn."""
     if c.skip is not None:
         return "not raced", c.skip
+    if standing is None and racing:
+        return WAITING, "not raced yet: the plan is racing"
     if standing is None:
         return "not raced", ("over the --budget" if left else "not reached (the plan was stopped)")
     if standing.status == "completed":
@@ -35,10 +43,11 @@ def _status(c: Candidate, standing: Standing | None, left: int) -> tuple[str, st
 
 
 def candidate_entry(c: Candidate, standing: Standing | None, left: int,
-                    records: Mapping[str, Record] | None = None) -> dict[str, Any]:
-    """One candidate of the JSON report (``records``: this host's track record of the planner, by key)."""
+                    records: Mapping[str, Record] | None = None, racing: bool = False) -> dict[str, Any]:
+    """One candidate of the JSON report (``records``: this host's track record of the planner, by key;
+    ``racing``: the plan is still racing)."""
     record = (records or {}).get(c.band_key)
-    status, reason = _status(c, standing, left)
+    status, reason = _status(c, standing, left, racing)
     return {
         "label": c.label, "strategy": c.strategy, "nproc": c.nproc, "engine": c.engine,
         "checkpointing": c.checkpointing, "offload": c.offload,
@@ -61,14 +70,18 @@ def candidate_entry(c: Candidate, standing: Standing | None, left: int,
         "utilisation": {"mean_pct": standing.util if standing else None,
                         "source": standing.util_source if standing else None},
         "time_to_first_step_s": _spread(standing.first_step_s) if standing else None,
+        "time_to_first_step_split": standing.first_step_split if standing else {},
+        "time_split": standing.time_split.json() if standing and standing.time_split else None,
+        "time_split_text": standing.time_split.sentence() if standing and standing.time_split else None,
     }
 
 
 def plan_report(plan: Setup, progress: Progress, ranking: Ranking | None,
-                records: Mapping[str, Record] | None = None) -> dict[str, Any]:
+                records: Mapping[str, Record] | None = None, racing: bool = False) -> dict[str, Any]:
     """The whole plan as JSON: its id, settings, the memory it judged against, the decision, every candidate
     (raced or not) in ranking order, then those not raced; ``records``: this host's track record of the
-    planner (:func:`runner.analysis.track_record.host_track_record`), shown beside each estimate."""
+    planner (:func:`runner.analysis.track_record.host_track_record`), shown beside each estimate; ``racing``:
+    the plan's process is still racing (the dashboard's Plan view of a plan in progress)."""
     by_run = {rid: s for s in (ranking.standings if ranking else []) for rid in s.run_ids}
     left: dict[str, int] = {}
     for t in progress.over_budget:
@@ -78,7 +91,7 @@ def plan_report(plan: Setup, progress: Progress, ranking: Ranking | None,
     for c in plan.candidates:  # raced ones in ranking order (fastest first), then those not raced
         ids = [r.id for r in progress.runs.get(c.key(), [])]
         standing = next((by_run[i] for i in ids if i in by_run), None)
-        entry = candidate_entry(c, standing, left.get(c.label, 0), records)
+        entry = candidate_entry(c, standing, left.get(c.label, 0), records, racing)
         place = order.get(standing.label, len(order)) if standing else len(order)
         ranked.append(((entry["status"] == "not raced", place), entry))
     entries = [e for _, e in sorted(ranked, key=lambda x: x[0])]
@@ -106,7 +119,8 @@ def _result(e: dict[str, Any]) -> str:
     return (e["standing"] or "completed") if e["status"] == "completed" else e["status"]
 
 
-def _cells(e: dict[str, Any]) -> list[str]:
+def cells(e: dict[str, Any]) -> list[str]:
+    """A candidate's row of the table (:data:`HEADERS`)."""
     mem, util, first = e["peak_memory"], e["utilisation"], e["time_to_first_step_s"]
     return [e["label"], _result(e), _tps(e["tokens_per_s"]), fmt_bytes(mem["estimated_bytes"]),
             fmt_bytes(mem["measured_bytes"]), "-" if util["mean_pct"] is None else f"{util['mean_pct']:.0f}%",
@@ -115,12 +129,16 @@ def _cells(e: dict[str, Any]) -> list[str]:
 
 HEADERS = ("candidate", "result", "tokens/s", "est. mem", "meas. mem", "util", "1st step", "runs")
 """tokens/s: steady-state median (min-max over the repeats); est. mem: the planner's per device; meas. mem:
-the busiest rank's measured peak; 1st step: seconds from launch to the first step."""
+the busiest rank's measured peak; 1st step: seconds from launch to the end of step 1 (median; its stages on
+the candidate's line under the table: :mod:`runner.spec.first_step`)."""
 
 
-def _notes(e: dict[str, Any]) -> str:
-    """A candidate's line under the table: why it was not raced or did not complete, else its batch split."""
-    return f"{e['label']}: {e['reason'] or e['batch']}"
+def note_line(e: dict[str, Any]) -> str:
+    """A candidate's line under the table: why it was not raced or did not complete, else its batch split;
+    then where its time to first step went, and where a step's time went."""
+    split = fs.stages_words({"seconds": e["time_to_first_step_split"]})
+    line = f"{e['label']}: {e['reason'] or e['batch']}" + (f"; to first step (s): {split}" if split else "")
+    return line + (f"; a step: {e['time_split_text']}" if e.get("time_split_text") else "")
 
 
 def track_lines(report: dict[str, Any]) -> list[str]:
@@ -141,9 +159,9 @@ def plan_table(report: dict[str, Any]) -> RenderableType:
     for h in HEADERS:
         table.add_column(h, justify="left" if h in ("candidate", "result") else "right")
     for e in report["candidates"]:
-        table.add_row(*(Text(c) for c in _cells(e)))
+        table.add_row(*(Text(c) for c in cells(e)))
     mem = report["memory"]
-    return Group(table, *(Text(_notes(e), style="dim") for e in report["candidates"]),
+    return Group(table, *(Text(note_line(e), style="dim") for e in report["candidates"]),
                  *(Text(line, style="dim") for line in track_lines(report)),
                  Text(f"memory judged against: {fmt_bytes(mem['bytes'])} ({mem['source']})", style="dim"),
                  Text(report["decision"]["text"], style="bold"),
@@ -155,8 +173,8 @@ def plan_markdown(report: dict[str, Any]) -> str:
     lines = [f"## plan {report['plan_id']}", "", f"**{report['decision']['text']}**", "",
              "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     for e in report["candidates"]:
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in _cells(e)) + " |")
-    lines += ["", *(f"- {_notes(e)}" for e in report["candidates"])]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells(e)) + " |")
+    lines += ["", *(f"- {note_line(e)}" for e in report["candidates"])]
     lines += [f"- {line}" for line in track_lines(report)]
     lines += ["", f"Memory per device judged against: {fmt_bytes(report['memory']['bytes'])} "
                   f"({report['memory']['source']}). Reopen with `{report['reopen']}`."]

@@ -16,15 +16,19 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from runner.analysis import ledger
 from runner.analysis.mfu import Peak
 from runner.analysis.run_figures import kernels
 from runner.analysis.run_peak import stored_mfu
+from runner.analysis.shard_verdict import run_verdict
 from runner.hardware.records import SOURCE_LABELS
 from runner.planner.error_band import Band
+from runner.spec import first_step
 from runner.spec.events import RECIPE_FILE
 from runner.spec.strategies import STRATEGIES, recipe_global_batch
-from runner.spec.summary import RunSummary, model_state_bytes, rank_peak, rank_rss
+from runner.spec.summary import RunSummary, busiest_peak, error_pct, model_state_bytes, rank_peak, rank_rss
 from store import MetricPoint, NamedMetricPoint, RunInfo
+from tui.render.ledger import ledger_rows
 from tui.render.plain import row as text_row
 from tui.render.words import distributed_words, strategy_words
 
@@ -154,6 +158,10 @@ def run_summary_table(run: RunInfo | None) -> Table:
     if batch:  # what tokens/s means: a --nproc 2 DDP run trains twice the rows of a single one per step
         table.add_row("global batch", batch[0], batch[1])
     table.add_row("training time", fmt_seconds(run.train_seconds), "measured (first to last step)")
+    if run.summary.time_to_first_step:  # launch to the end of step 1, and where it went (runner.spec.first_step)
+        ttfs = run.summary.time_to_first_step
+        table.add_row("time to first step", fmt_seconds(first_step.total_seconds(ttfs)),
+                      f"measured (launch to step 1's end): {first_step.stages_words(ttfs) or '-'}")
     for row in tokens_per_s_rows(run):
         table.add_row(*row)
     table.add_row("final loss", _num(run.final_loss, ".4f"), "measured (mean over ranks)")
@@ -178,6 +186,8 @@ def run_summary_table(run: RunInfo | None) -> Table:
             table.add_row(f"rank {rank['rank']} peak RSS", fmt_bytes(rss), "getrusage: whole process, not training memory")
             if baseline:
                 table.add_row(f"rank {rank['rank']} RSS before the model", fmt_bytes(baseline), "psutil (the runtime)")
+    for row in sharding_rows(run):
+        table.add_row(*text_row(*row))
     approximate = (run.summary.estimate or {}).get("approximate")
     if approximate:
         table.add_row(*text_row("estimate", "approximate", str(approximate)))
@@ -224,6 +234,9 @@ def run_summary_table(run: RunInfo | None) -> Table:
             source = stored.source.split(", ")[0]  # a probe's source says it was beside the run
             table.add_row(*text_row("MFU peak/device", stored.figure(),
                                     source if stored.kind == "probe" else f"{stored.provenance()}: {source}"))
+    if run.summary.ledger is not None:  # device-hours, energy, cost (runner.analysis.ledger)
+        for row in ledger_rows(ledger.figures(run.summary)):
+            table.add_row(*text_row(*row))
     if run.error:
         table.add_row("error", Text(run.error, style="red"), "")
     stacks = run.summary.stacks
@@ -231,6 +244,26 @@ def run_summary_table(run: RunInfo | None) -> Table:
         table.add_row(*text_row("stacks", stacks["summary"],
                                 f"faulthandler at the {stacks['cause']}; full dumps: {stacks['folder']}"))
     return table
+
+
+def sharding_rows(run: RunInfo) -> list[tuple[str, str, str]]:
+    """Whether the sharding the run's strategy promises is in effect (:mod:`runner.analysis.shard_verdict`):
+    the verdict of every kind in one line, then each kind's bytes per rank against the whole. Nothing for a
+    run of one process (nothing is divided) or whose ranks reported nothing (a script, a run that never
+    stepped)."""
+    ranks = run.summary.ranks
+    if len(ranks) < 2:
+        return []
+    verdict = run_verdict(run.strategy, run.summary)
+    rows = [("sharding", verdict.short(), verdict.why_not or verdict.line())]
+    for check in verdict.checks:
+        held = " / ".join(fmt_bytes(h) for h in check.held)
+        if check.gathered:  # ZeRO-3's small parameters, whole beside the partitions
+            held += f" (+ {fmt_bytes(check.gathered)} gathered whole)"
+        whole = "the whole not measured" if check.whole is None else f"of {fmt_bytes(check.whole)}"
+        rows.append((f"{check.kind} per rank", f"{held} {whole}",
+                     "measured: tensor bytes, rank 0 first, against the whole the ranks counted"))
+    return rows
 
 
 def zero_rows(summary: RunSummary) -> list[tuple[str, str, str]]:
@@ -250,6 +283,10 @@ def zero_rows(summary: RunSummary) -> list[tuple[str, str, str]]:
         value = " · ".join(f"{label} {precision.get(key) or 'none'}" for label, key in parts
                            if key != "frozen_params" or precision.get(key))
         rows.append(("precision", value, "measured (dtypes of rank 0's live tensors)"))
+    switched = switch_text((precision or {}).get("switches"))
+    if switched:
+        rows.append(("efficiency switches", switched, "measured (rank 0's cp mesh, Float8Linear modules, saved-tensor "
+                                                      "hooks)"))
     found = kernels(summary.kernels)
     if found is not None:
         rows.append(("attention", found.attention or "-", "trainer (in effect: the live model's config)"))
@@ -257,10 +294,27 @@ def zero_rows(summary: RunSummary) -> list[tuple[str, str, str]]:
                                                       "seconds: the compiling phase, the first step)"))
     if summary.loss_scale_drops:
         rows.append(("fp16 loss-scale drops", str(summary.loss_scale_drops), "trainer (loss_scale events)"))
-    host = ((summary.estimate or {}).get("per_device_bytes") or {}).get("host_bytes")
-    if host:
-        rows.append(("offloaded to host", fmt_bytes(host), "estimated (per rank: host memory, not the device's)"))
+    per_device = (summary.estimate or {}).get("per_device_bytes") or {}
+    if per_device.get("host_bytes"):
+        rows.append(("offloaded to host", fmt_bytes(per_device["host_bytes"]),
+                     "estimated (per rank: host memory, not the device's)"))
+    if per_device.get("nvme_bytes"):
+        rows.append(("offloaded to NVMe", fmt_bytes(per_device["nvme_bytes"]), "estimated (per rank: ZeRO-Infinity)"))
     return rows
+
+
+def switch_text(switches: dict[str, Any] | None) -> str | None:
+    """The efficiency switches found live (the precision event's ``switches``), or None when none is on."""
+    if not switches:
+        return None
+    parts = []
+    if int(switches.get("cp_size") or 1) > 1:
+        parts.append(f"context parallel over {switches['cp_size']}")
+    if switches.get("fp8_linears"):
+        parts.append(f"fp8 in {switches['fp8_linears']} Linear layers")
+    if switches.get("activation_offload"):
+        parts.append("activations saved to host")
+    return " · ".join(parts) or None
 
 
 # (row, estimate key in per_device_bytes, measured key in a rank's figures, how the ranks combine, source note)
@@ -305,16 +359,16 @@ def estimate_vs_measured(summary: RunSummary) -> list[tuple[str, int, float | No
         # of the same kind is added (a ZeRO offload; on a CPU-only machine both are host memory).
         host = {"params": "params", "grads": "grads", "optimizer state": "optimizer", "fp32 master": "master"}
         est = int(est) + int((per_device.get("offloaded") or {}).get(host.get(kind, ""), 0))
+        measured: float | None
         if key_meas == "peak":
-            values = [v for r in ranks if (v := rank_peak(r)[0]) is not None]
+            measured = busiest_peak(ranks)[0]
         else:
             values = [v for r in ranks if (v := _dig(r, key_meas)) is not None]
-        if how == "max":
-            measured: float | None = max(values) if values else None
-        else:
-            measured = sum(values) / len(values) if values else None
-        err = (est - measured) / measured * 100 if measured else None
-        out.append((kind, est, measured, err))
+            if how == "max":
+                measured = max(values) if values else None
+            else:
+                measured = sum(values) / len(values) if values else None
+        out.append((kind, est, measured, error_pct(est, measured)))
     return out
 
 
@@ -375,10 +429,23 @@ def run_report(run: RunInfo) -> Group:
     return Group(run_summary_table(run), *([memory] if memory is not None else []))
 
 
-def run_detail(run: RunInfo, metrics: list[MetricPoint], with_recipe: bool = False) -> Group:
+def named_table(named: Mapping[str, tuple[int, float]]) -> Table:
+    """The last value of each named metric (``eval/*``, ``moe/*``, a script's own), by name."""
+    table = Table(title="named metrics (last value)")
+    for col, justify in (("name", "left"), ("step", "right"), ("value", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for name in sorted(named):
+        step, value = named[name]
+        table.add_row(Text(name), str(step), f"{value:.4g}")  # a script's own name: text, never markup
+    return table
+
+
+def run_detail(run: RunInfo, metrics: list[MetricPoint], with_recipe: bool = False,
+               named: Mapping[str, tuple[int, float]] | None = None) -> Group:
     """``ftui show``: the summary, the memory table, the metrics (the first and last steps of a long run,
-    with a line saying how many were left out), and where the recipe the run was launched with is; the
-    whole resolved recipe only ``with_recipe`` (``--recipe``: some 60 lines, which buried the metrics)."""
+    with a line saying how many were left out), the named metrics' last values, and where the recipe the run
+    was launched with is; the whole resolved recipe only ``with_recipe`` (``--recipe``: some 60 lines, which
+    buried the metrics)."""
     parts: list[Any] = [run_report(run)]
     if with_recipe and run.recipe_text:
         parts.append(Text("recipe", style="bold"))
@@ -398,6 +465,8 @@ def run_detail(run: RunInfo, metrics: list[MetricPoint], with_recipe: bool = Fal
             for m in tail:
                 table.add_row(*_metric_cells(m))
         parts.append(table)
+    if named:
+        parts.append(named_table(named))
     parts.append(Text(f"run folder: {run.run_dir}", style="dim"))
     if run.recipe_text and not with_recipe:
         where = f", or {Path(run.run_dir) / RECIPE_FILE}" if run.run_dir else ""

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from runner.rank import compiling, memtrack, sharding
+from runner.rank import compiling, gpu_switches, memtrack, sharding
 from runner.rank.checkpointing import Checkpointer, save_accelerated
 from runner.rank.engine import Engine, MicroBatch, StepResult
 from runner.rank.measure import SavedBytes, local_numel
 from runner.rank.model_load import device_map, input_device
 from runner.spec import events as ev
-from runner.spec import zero
+from runner.spec import layout, zero
 
 if TYPE_CHECKING:
     from runner.rank.context import DataShape, Setup
@@ -49,11 +49,41 @@ def make_accelerator(recipe: Recipe, strategy: Strategy, on_cpu: bool) -> Any:
         if cpu:
             sharding.skip_shm_comm_build()
         cpu = False
-    accelerator = Accelerator(cpu=cpu, mixed_precision=mixed, kwargs_handlers=handlers)
+    sizes = layout.mesh(recipe)  # hsdp: (replicate, shard)
+    if cpu and sizes is not None:
+        # accelerate refuses a ParallelismConfig on CPU processes (MULTI_CPU) before FSDP can be made real there:
+        # the Accelerator is made without the one `accelerate launch` exported, and given it once FSDP is.
+        os.environ.pop("ACCELERATE_USE_PARALLELISM_CONFIG", None)
+    given = _parallelism_config(sizes) if sizes is not None and not cpu else None
+    # Context parallelism (launch.cp_size): accelerate's cp mesh over the whole world (runner/rank/gpu_switches.py).
+    given = given or gpu_switches.parallelism_config(recipe, layout.world_size(recipe))
+    accelerator = Accelerator(cpu=cpu, mixed_precision=mixed, kwargs_handlers=handlers, parallelism_config=given)
     if cpu and strategy.accelerate_type == "FSDP":
         _force_fsdp_on_cpu(accelerator, launch.fsdp_version if strategy.takes_fsdp_version else 2, mixed)
         sharding.force_fsdp_offload_unpinned(getattr(accelerator.state, "fsdp_plugin", None))
+        if sizes is not None:
+            _install_mesh(accelerator, _parallelism_config(sizes))
     return accelerator
+
+
+def _parallelism_config(sizes: layout.Mesh) -> Any:
+    """accelerate's ParallelismConfig of an hsdp mesh: ``dp_replicate`` x ``dp_shard``. Its FSDP2 prepare
+    passes ``mesh["dp_replicate", "dp_shard_cp"]`` to every ``fully_shard`` (accelerate/utils/fsdp_utils.py
+    ``fsdp2_prepare_model``), so each parameter is a DTensor placed (Replicate(), Shard(0)) on that mesh."""
+    from accelerate.parallelism_config import ParallelismConfig
+
+    return ParallelismConfig(dp_replicate_size=sizes[0], dp_shard_size=sizes[1])
+
+
+def _install_mesh(accelerator: Any, config: Any) -> None:
+    """Give a CPU accelerator, once FSDP is in effect, the ParallelismConfig that its constructor would
+    have taken on a GPU, as the constructor does (accelerate/accelerator.py): the state keeps the config and
+    its device mesh (``init_device_mesh("cpu", ...)``, gloo), then the config checks the accelerator (its
+    sizes against the processes; a dimension to shard over)."""
+    state = accelerator.state
+    state.parallelism_config = config
+    state.device_mesh = config.get_device_mesh(accelerator.device.type)
+    config._validate_accelerator(accelerator)
 
 
 def _force_fsdp_on_cpu(accelerator: Any, version: int, mixed: str) -> None:
@@ -83,9 +113,10 @@ class AccelerateEngine(Engine):
     """A model (and optimizer) prepared by accelerate; every process is a data parallel replica."""
 
     def __init__(self, setup: Setup) -> None:
-        acc = setup.accelerator
-        super().__init__(setup, replicas=acc.num_processes, replica=acc.process_index)
+        replicas, replica = gpu_switches.data_replica(setup.accelerator)  # CP: a sequence's group shares its rows
+        super().__init__(setup, replicas=replicas, replica=replica)
         self.sharding: dict[str, Any] = {}
+        self.offloaded = False  # the first forward's saved tensors went to the host (activation offload)
         self.activations: dict[str, Any] = {}
         self.compute_dtype: sharding.ComputeDtype | None = None
         self.compiled: frozenset[int] = frozenset()
@@ -103,11 +134,14 @@ class AccelerateEngine(Engine):
 
     def prepare(self, model: Any, shape: DataShape) -> None:
         setup = self.setup
+        if setup.recipe.train.precision == "fp8":  # Float8Linear keeps each Linear's parameters
+            model = gpu_switches.convert_fp8(model)
         trainable = [p for p in model.parameters() if p.requires_grad]
         self.model, self.optimizer = model, optimizer = self.build(model, trainable)
         # What really runs, read from the prepared objects; a run that became something else stops here.
         self.sharding = sharding.in_effect(model, optimizer, setup.accelerator)
-        wrong = zero.mismatch(setup.strategy, setup.recipe.launch.offload, self.sharding)
+        wrong = (zero.mismatch(setup.strategy, setup.recipe.launch.offload, self.sharding)
+                 or layout.mesh_mismatch(setup.recipe, self.sharding))
         if wrong:
             raise RuntimeError(wrong)
         self.checkpointer = Checkpointer(setup, model, shape)
@@ -159,8 +193,11 @@ class AccelerateEngine(Engine):
         # One forward (the run's first micro-step) measures what autograd saves and the compute dtype.
         saved = SavedBytes(self.model, acc.device, self.compiled) if batch.first else contextlib.nullcontext()
         compute = self.compute_dtype if batch.first and self.compute_dtype is not None else contextlib.nullcontext()
-        with self.no_sync(batch):
-            with peaks.phase("forward"), acc.autocast(), saved, compute:
+        recipe = self.setup.recipe
+        with self.no_sync(batch), gpu_switches.step_context(recipe, acc, inputs):
+            with peaks.phase("forward"), acc.autocast(), saved, compute, gpu_switches.forward_context(recipe):
+                if batch.first:
+                    self.offloaded = gpu_switches.saved_to_host()
                 # Only the loss is kept: holding the output would keep the logits alive through
                 # backward and into the next forward (docs/memory-model.md).
                 loss = self.model(**inputs).loss
@@ -191,7 +228,8 @@ class AccelerateEngine(Engine):
 
     def precision(self) -> dict[str, Any] | None:
         compute = self.compute_dtype.result() if self.compute_dtype is not None else None
-        return sharding.precision_in_effect(self.model, self.optimizer, compute)
+        return {**sharding.precision_in_effect(self.model, self.optimizer, compute),
+                "switches": gpu_switches.in_effect(self.model, self.setup.accelerator, self.offloaded)}
 
     def loss_scale(self) -> float | None:
         return sharding.loss_scale(self.model, self.setup.accelerator)

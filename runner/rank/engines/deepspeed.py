@@ -18,8 +18,8 @@ from runner.rank.engines.accelerate import AccelerateEngine
 class DeepSpeedEngine(AccelerateEngine):
     """A model and optimizer that accelerate hands to DeepSpeed."""
 
-    grads_before_step: int | None = None
-    """Bytes of the gradients DeepSpeed holds at the end of the backward (its step frees them)."""
+    grads_before_step: sharding.HeldGrads | None = None
+    """The gradients DeepSpeed holds at the end of the backward (its step frees them)."""
     measured: bool = False
 
     def no_sync(self, batch: MicroBatch) -> contextlib.AbstractContextManager[Any]:

@@ -92,6 +92,8 @@ class SplitEngine(Engine):
         self.split: SplitModel | None = None
         self.full_model: Any = None
         self.params: list[Any] = []
+        self.whole: sharding.Whole | None = None
+        """The whole model, counted before the split (a pipeline stage drops the other stages' layers)."""
 
     def _split(self) -> SplitModel:
         assert self.split is not None, "prepare() first"
@@ -100,6 +102,7 @@ class SplitEngine(Engine):
     def prepare(self, model: Any, shape: DataShape) -> None:
         acc, train = self.setup.accelerator, self.setup.recipe.train
         self.full_model = model  # what the adapter or model is saved from (rank 0)
+        self.whole = sharding.whole_model(model)
         self.split = split = self.build(model, self.setup.recipe, acc.device, acc.num_processes,
                                         acc.process_index, self.replicas)
         self.owns_loss = split.owns_loss
@@ -144,7 +147,7 @@ class SplitEngine(Engine):
         return StepResult(grad_norm=grad_norm, stepped=True)
 
     def state_bytes(self) -> dict[str, Any]:
-        return sharding.state_bytes(self.model, self.optimizer)
+        return sharding.state_bytes(self.model, self.optimizer, whole=self.whole)
 
     def save(self) -> str:
         """Gather every process's part of the adapter (LoRA) or model (full) and save it on rank 0."""

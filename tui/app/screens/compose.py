@@ -8,9 +8,9 @@ import json
 import re
 import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from rich.text import Text
 from textual import work
@@ -23,14 +23,17 @@ from textual.widgets import Button, Checkbox, Footer, Header, Input, Label, Sele
 from textual.worker import get_current_worker
 
 from runner import planner as E
-from runner.service import launch
+from runner.service import decisions, launch, plan
+from runner.service.plan_record import PlanCommand
 from runner.spec import strategies
 from runner.spec.launch import build_launch
-from runner.spec.recipe import Recipe, RecipeError, parse_recipe
+from runner.spec.recipe import LaunchSection, Recipe, RecipeError, TrainSection, parse_recipe
 from runner.spec.recipe_edit import changed_fields, edited_text, moved_paths
-from runner.watch.host import nproc_over_host
+from runner.watch.host import nproc_over_host, runs_on_cpu
 from runner.watch.preflight import check_files
-from tui.app.messages import EstimateReady, LaunchFailed, PreviewReady, RunLaunched
+from store import Store
+from tui.app import plans
+from tui.app.messages import EstimateReady, LaunchFailed, OpenPlan, PlanPrepared, PreviewReady, RunLaunched
 from tui.app.screens.modals import ConfirmScreen, PickFileScreen, PromptScreen
 from tui.render.report import fmt_bytes
 
@@ -46,8 +49,13 @@ ESTIMATE_DEBOUNCE_S = 0.25
 class Field:
     path: str
     label: str
-    kind: str  # str, num, list, ints, choice, bool
+    kind: str  # str, opt (text; empty leaves the recipe's value), num, list, ints, choice, bool
     choices: tuple[str, ...] = ()
+
+
+def choices(section: type[Any], name: str) -> tuple[str, ...]:
+    """A recipe field's allowed values, read from its ``Literal`` (the recipe decides them, not the form)."""
+    return tuple(str(v) for v in get_args(section.model_fields[name].annotation))
 
 
 FIELDS = (
@@ -64,12 +72,16 @@ FIELDS = (
     Field("train.grad_accum", "grad accum", "num"),
     Field("train.lr", "learning rate", "num"),
     Field("train.max_steps", "max steps", "num"),
-    Field("train.precision", "precision", "choice", ("fp32", "bf16", "fp16")),
+    Field("train.precision", "precision", "choice", choices(TrainSection, "precision")),
     Field("train.gradient_checkpointing", "grad checkpoint", "bool", ("false", "true")),
+    Field("train.activation_offload", "activation offload", "bool", ("false", "true")),
     Field("launch.strategy", "strategy", "choice", strategies.names(launchable=True)),
     Field("launch.nproc", "processes", "num"),
     Field("launch.gpus", "GPUs (e.g. 0,1)", "ints"),
     Field("launch.device", "device", "choice", ("auto", "cpu", "cuda")),
+    Field("launch.cp_size", "context parallel", "num"),
+    Field("launch.offload", "offload", "choice", choices(LaunchSection, "offload")),
+    Field("launch.nvme_path", "NVMe folder", "opt"),
 )
 
 
@@ -108,13 +120,16 @@ def override(field: Field, text: str) -> str | None:
         if not text:
             return None
         return f"{field.path}=[{', '.join(t.strip() for t in text.split(','))}]"
+    if field.kind == "opt" and not text:
+        return None
     return f"{field.path}={json.dumps(text)}"
 
 
-def estimate_text(recipe: Recipe, probe: Any) -> Text:
+def estimate_text(recipe: Recipe, probe: Any, store: Store | None = None) -> Text:
     """Memory per device under each strategy and the recommended one, as ``ftui estimate`` computes
-    them (``runner.planner``; the model's shape from its config, never from the network). Blocking
-    (config files, NVML): call from a worker."""
+    them (``runner.planner``; the model's shape from its config, never from the network), and what
+    ``ftui plan`` measured for the recipe on this host (``store``'s plans). Blocking (config files, NVML,
+    the store): call from a worker."""
     try:
         source = E.resolve_model_shape(recipe.model.name, allow_network=False)
         inp = E.inputs_from_recipe(recipe, shape=source.shape)
@@ -138,6 +153,9 @@ def estimate_text(recipe: Recipe, probe: Any) -> Text:
         out.append(f"  {mark} {name:<6} {fmt_bytes(entry['per_device_bytes']['total']):>10}{star}{mine}\n",
                    style="bold" if star else "")
     out.append(f"★ recommended: {rec['strategy'] or 'none'}: {rec['reason']}")
+    if store is not None:
+        for past in decisions.for_recipe(store, recipe, source.shape, runs_on_cpu(recipe)):
+            out.append(f"\n{past.line()}", style="bold")
     return out
 
 
@@ -187,6 +205,8 @@ class ComposeScreen(Screen[None]):
         Binding("ctrl+s", "save", "Save", priority=True, tooltip="save the recipe as TOML: the fields that "
                 "differ from the loaded file, its comments kept"),
         Binding("ctrl+o", "pick", "Open", priority=True, tooltip="open a recipe file (those under ./recipes)"),
+        Binding("ctrl+r", "plan", "Plan", priority=True, tooltip="race this recipe's strategies on this host "
+                "(ftui plan, in the background; asks first) and open its Plan view"),
     ]
     HELP_ROWS = [("enter (file name)", "load the file named in the top field")]
 
@@ -388,7 +408,7 @@ class ComposeScreen(Screen[None]):
         time.sleep(ESTIMATE_DEBOUNCE_S)
         if worker.is_cancelled:
             return
-        text = estimate_text(recipe, self.ftui.probe)
+        text = estimate_text(recipe, self.ftui.probe, self.ftui.store)
         if not worker.is_cancelled:
             self.post_message(EstimateReady(text))
 
@@ -505,6 +525,57 @@ class ComposeScreen(Screen[None]):
             return
         self.notify(f"launching {recipe.name} ({recipe.launch.strategy} × {recipe.launch.nproc})…", markup=False)
         self.launch(recipe, self.recipe_path, self.force)
+
+    def plan_command(self, recipe: Recipe) -> PlanCommand:
+        """``ftui plan`` of the form: the loaded file with the fields changed on the form (:func:`plans.command_of`)."""
+        base = self.base_recipe
+        changed = [mine for f in FIELDS if (mine := override(f, self.field_text(f))) is not None
+                   and (base is None or mine != override(f, display(value_of(base, f.path), f.kind)))]
+        return plans.command_of(self.recipe_path, changed, recipe)
+
+    def action_plan(self) -> None:
+        """ctrl+r: the plan of the form's recipe, checked as ``ftui plan`` checks it; its view opens (after
+        asking how many trials per candidate, unless it is racing already)."""
+        recipe = self.validate()
+        if recipe is None:
+            self.notify("no plan: the recipe does not validate", severity="error")
+            return
+        self.notify(f"plan of {recipe.name}: checking its candidates…", markup=False)
+        self.prepare_plan(self.plan_command(recipe))
+
+    @work(thread=True, group="launch")
+    def prepare_plan(self, command: PlanCommand) -> None:
+        try:
+            self.post_message(plans.prepare(command))
+        except (RecipeError, plan.PlanError) as exc:
+            self.post_message(LaunchFailed(f"plan: {exc}"))
+
+    def on_plan_prepared(self, message: PlanPrepared) -> None:
+        if message.racing:
+            self.notify(f"plan {message.pid} is racing already: its view opens", markup=False)
+            self.post_message(OpenPlan(message.pid))
+            return
+
+        def chosen(answer: str | None) -> None:
+            if answer is None or not answer.strip():
+                return
+            repeat = int(answer) if answer.strip().isdigit() else 0
+            if repeat < 1:
+                self.notify(f"--repeat: a whole number, 1 or more; got {answer.strip()!r}", severity="error",
+                            markup=False)
+                return
+            self.start_plan(replace(message.command, repeat=repeat), message.pid)
+
+        self.app.push_screen(PromptScreen(plans.race_question(message), str(message.command.repeat)), chosen)
+
+    @work(thread=True, group="launch")
+    def start_plan(self, command: PlanCommand, pid: str) -> None:
+        try:
+            process = plans.start_plan(command, self.ftui.store.url, pid)
+        except OSError as exc:
+            self.post_message(LaunchFailed(f"plan: not started: {exc}"))
+            return
+        self.post_message(OpenPlan(pid, process))
 
     @work(thread=True, group="launch")
     def launch(self, recipe: Recipe, source: str, force: bool) -> None:

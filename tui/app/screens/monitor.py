@@ -17,6 +17,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 from textual.worker import get_current_worker
 
+from runner.analysis.shard_verdict import run_verdict
 from runner.spec.status import TERMINAL
 from tui.app.messages import DeviceView, MonitorSnapshot, MonitorUpdate, Notice
 from tui.app.poll import MonitorFeed, fmt_elapsed
@@ -236,6 +237,10 @@ class MonitorScreen(Screen[None]):
                 f"  lr {'-' if snap.lr is None else format(snap.lr, '.2e')}"
                 f"  grad norm {'-' if snap.grad_norm is None else format(snap.grad_norm, '.3g')}")
             line.append("  (trainer)" if self.narrow else "  (measured by the trainer)", style="dim")
+        if len(run.summary.ranks) > 1:  # the end event's bytes per rank: is the promised sharding in effect
+            verdict = run_verdict(run.strategy, run.summary)
+            style = "dim" if verdict.ok is None else "green" if verdict.ok else "red"
+            line.append(f"\nsharding: {verdict.line()}", style=style)
         if run.summary.ended:  # a stop: the step it ended at, and its checkpoint or none
             line.append(f"\n{run.summary.ended}", style=STATUS_STYLE.get(run.status, ""))
         if run.error:

@@ -14,10 +14,14 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 from textual.worker import get_current_worker
 
+from runner.spec.status import NOT_STARTED, QUEUED, STARTED
 from store import MetricPoint, RunInfo, Store
+from store.queue import QueueEntryInfo
+from store.queue import entries as queue_entries
 from tui.app.messages import CompareRuns, LaunchFailed, Notice, OpenRun, RunLaunched, RunsLoaded
 from tui.app.poll import run_duration, settle_abandoned
 from tui.app.screens.modals import ConfirmScreen, PromptScreen
+from tui.render.queue import queue_lines
 from tui.render.report import STATUS_STYLE, fmt_seconds
 from tui.render.words import distributed_words, strategy_words
 
@@ -41,14 +45,17 @@ ARROWS = {True: "↓", False: "↑"}
 """The sorted column's header ends with the direction: ↓ descending, ↑ ascending."""
 
 
+QUEUE_SHOWN = 5
+"""Queue entries the Runs screen's queue section lists (then how many more ``ftui queue`` lists)."""
+
 RUNS_SHOWN = 300
 """Runs the screen reads and polls (the newest) until ``A`` asks for every one: a team's store of 2,000
 runs took 2.4 s to the first paint read whole, and re-reading it every second costs a core."""
 
 
 def load_runs(store: Store, limit: int | None = RUNS_SHOWN) -> RunsLoaded:
-    """The newest ``limit`` runs (every run: None), and the latest logged step of each running one
-    (blocking: from a worker)."""
+    """The newest ``limit`` runs (every run: None), the latest logged step of each running one, and the
+    queue's entries still to see to (blocking: from a worker)."""
     runs = store.list_runs(limit=limit)
     total = store.count_runs() if limit is not None and len(runs) == limit else None
     live: dict[int, MetricPoint] = {}
@@ -57,7 +64,7 @@ def load_runs(store: Store, limit: int | None = RUNS_SHOWN) -> RunsLoaded:
             points = store.metrics(run.id, after_step=run.steps_done - 1)
             if points:
                 live[run.id] = points[-1]
-    return RunsLoaded(runs, live, total)
+    return RunsLoaded(runs, live, total, queue_entries(store, statuses=(QUEUED, STARTED, NOT_STARTED)))
 
 
 def _sort_value(run: RunInfo, sort: str, now: Any) -> Any:
@@ -136,6 +143,7 @@ class RunsScreen(Screen[None]):
         yield Input(placeholder="filter: name, status, strategy, tag… (/)", id="filter")
         yield DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
         yield Static(EMPTY_HINT, id="runs-empty", markup=False)
+        yield Static("", id="runs-queue")
         yield Static("reading the store…", id="runs-status")
         yield Footer()
 
@@ -174,10 +182,20 @@ class RunsScreen(Screen[None]):
         self.runs = message.runs
         self.live = message.live
         self.total = message.total
+        self.show_queue(message.queue)
         self.ftui.runs = message.runs
         self.ftui.runs_polled(message.runs)  # a run that ended: bell and notification, when set
         self.loaded = True
         self.refresh_table()
+
+    def show_queue(self, entries: list[QueueEntryInfo]) -> None:
+        """The queue section under the table: the entries waiting, running or not started (``ftui queue``
+        lists every one); hidden while there are none."""
+        lines = queue_lines(entries, QUEUE_SHOWN)
+        self.set_class(bool(lines), "-queued")
+        if lines:
+            self.query_one("#runs-queue", Static).update(Text("\n").join([Text("queue (ftui queue)", style="bold"),
+                                                                           *lines]))
 
     def watch_filter_text(self) -> None:
         self.refresh_table()
