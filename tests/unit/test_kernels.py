@@ -5,6 +5,7 @@ compiling steps, and the kernels in effect as compare, its verdict and ftui show
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 import torch
@@ -155,3 +156,19 @@ def test_the_decoder_layers_are_found_under_peft_and_fsdp2s_classes() -> None:
     assert decoder_layers(model) == layers
     inside = compiled_modules(model)
     assert {id(m) for m in layers[0].modules()} <= inside and id(model.base_model.model.lm_head) not in inside
+
+
+def test_ftui_estimate_says_what_the_kernels_do(capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.support import QUICKSTART, run_in_process
+
+    result = run_in_process(capsys, "estimate", str(QUICKSTART), "--attn", "eager", "--compile", "--gpu-mem", "8GiB",
+                            "--strategy", "single", "--strategy", "ddp")
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "· eager · compiled" in text and "attention eager: each layer keeps its fp32 attention probabilities" in text
+    assert "compiled layers: the partitioner recomputes" in text
+    assert "APPROXIMATE: eager attention under torch.compile is estimated as eager's saves" in text  # once, not per strategy
+    plain = run_in_process(capsys, "estimate", str(QUICKSTART), "--gpu-mem", "8GiB", "--format", "json")
+    eager = run_in_process(capsys, "estimate", str(QUICKSTART), "--attn", "eager", "--gpu-mem", "8GiB", "--format", "json")
+    stored = [json.loads(r.stdout)["strategies"]["single"]["per_device_bytes"]["activations_stored"] for r in (plain, eager)]
+    assert stored[1] - stored[0] > 4 * 4 * 6 * 256 * 256  # one layer's fp32 probabilities at quickstart's shape

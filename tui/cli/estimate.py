@@ -194,10 +194,14 @@ def _print_text(report: dict[str, Any], inp: E.EstimateInput, gpu_mem: int, n_gp
     con.print(estimate_table(report, tuple(E.PARTS), title, width=con.width))
     for note in notes:  # model names and paths are user text: never markup
         con.print(Text(note, style="bold yellow" if note.startswith("APPROXIMATE") else "dim"))
-    for name, row in report["strategies"].items():  # a strategy's own bound (DeepSpeed ZeRO-3), beside the shape's
+    reasons: dict[str, list[str]] = {}  # a strategy's own bound (DeepSpeed ZeRO-3), or the kernels', beside the shape's
+    for name, row in report["strategies"].items():
         reason = row["per_device_bytes"].get("approximate")
         if reason and reason != inp.shape.approximate:
-            con.print(Text(f"{name}: {reason}", style="bold yellow"))
+            reasons.setdefault(reason, []).append(name)
+    for reason, names in reasons.items():
+        who = "APPROXIMATE" if len(names) == len(report["strategies"]) > 1 else ", ".join(names)
+        con.print(Text(f"{who}: {reason}", style="bold yellow"))
     for line in report.get("switches", []):  # context parallel, fp8, activation and NVMe offload: one line each
         con.print(Text(line))
     con.print(Text.assemble(("recommendation (estimated):", "bold"), f" {report['recommendation']['reason']}"))
