@@ -98,6 +98,8 @@ class RunStream:
             self.last_event_time = max(float(raw["time"]), self.last_event_time or 0.0)
         if event["type"] == "phase" and self.start is None:
             self._on_phase(str(event["phase"]), float(raw["time"]))
+        elif event["type"] == "phase" and self.first_step_time is None:  # compiling: step 1 compiles the layers
+            self.moments.stepping.append((str(event["phase"]), float(raw["time"])))
         elif event["type"] == "start":
             self.start = event
             started = event.get("process_started")

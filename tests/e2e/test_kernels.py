@@ -65,6 +65,8 @@ def test_compiled_layers_train_like_eager_ones_with_compile_its_own_phase(matrix
     assert kinds[at - 1] == ("start", None)
     assert next(k for k in kinds[at + 1:] if k[0] in ("step", "phase")) == ("step", 1)  # step 1 ends it
     assert compiled.summary["steady_steps"] == STEPS - 3  # not the metered two, nor the profiled last
+    stages = compiled.summary["time_to_first_step"]["seconds"]  # step 1, compiling, is a stage of its own
+    assert stages["compile"] == pytest.approx(kernels["seconds"], abs=1.0) and stages["first_step"] < 1.0
     # What the compiled layers save is the partitioner's (fewer: recomputed in backward), as estimated.
     (m_plain, e_plain), (m_compiled, e_compiled) = _saved(plain), _saved(compiled)
     assert m_compiled < m_plain and e_compiled - e_plain == pytest.approx(m_compiled - m_plain, rel=0.01)
