@@ -275,6 +275,12 @@ async def _modal(pilot, key: str) -> None:  # type: ignore[no-untyped-def]
     """Press ``key`` and wait for the modal it opens to be on screen and painted."""
     from textual.screen import ModalScreen
 
+    # The modal shows the screen under it as last painted: repaint it whole first, so that a partial
+    # repaint still pending under load (the table's header after its columns were sized) is not what stays.
+    pilot.app.screen.refresh(layout=True)
+    await pilot.wait_for_scheduled_animations()
+    await pilot.pause()
+    await pilot.pause()
     await pilot.press(key)
     await wait_for(pilot, lambda: isinstance(pilot.app.screen, ModalScreen), what=f"the modal of {key}")
     await pilot.pause()
