@@ -13,6 +13,9 @@ Checks:
                context parallel and NVMe offload): status, what was live (the precision event's switches),
                tokens/s, measured peak against the estimate; a switch the host cannot run records the
                pre-flight's one-line refusal (that line is the check's result: e.g. torchao missing).
+  kernels      two sweeps of quickstart on cuda, bf16: model.attn_implementation over eager, sdpa,
+               flex_attention (and flash_attention_2 where flash_attn is installed), and train.compile off/on:
+               each run's kernels in effect, tokens/s, measured peak against its estimate, final loss.
 """
 
 from __future__ import annotations
@@ -164,17 +167,36 @@ def check_switches() -> dict[str, Any]:
         out[name] = {**run_figures(run), "switches": ((run.get("summary") or {}).get("precision") or {}).get("switches"),
                      "sharding": (run.get("summary") or {}).get("sharding")}
     return out
+def sweep_rows(*grid: str) -> dict[str, Any]:
+    """One ``ftui sweep`` of quickstart on cuda in bf16 over ``grid`` (``FIELD=V1,V2``): its compare rows."""
+    flags = ["--set", "launch.device=cuda", "--set", "train.precision=bf16", "--set", "train.max_steps=30"]
+    proc = ftui("sweep", "recipes/quickstart.toml", "--strategies", "single", *flags, *[a for g in grid for a in ("--grid", g)],
+                "--format", "json")
+    if proc.returncode != 0:
+        return {"exit_code": proc.returncode, "stderr_tail": proc.stderr[-800:]}
+    runs = json.loads(proc.stdout)["runs"]
+    keep = ("run_id", "grid", "status", "reason", "tokens_per_s", "mem_measured", "mem_estimated", "final_loss", "kernels")
+    return {"runs": [{k: r.get(k) for k in keep} for r in runs]}
+
+
+def check_kernels() -> dict[str, Any]:
+    import importlib.util
+
+    attention = ["eager", "sdpa", "flex_attention"] + (["flash_attention_2"] if importlib.util.find_spec("flash_attn")
+                                                        else [])
+    return {"attention": sweep_rows(f"model.attn_implementation={','.join(attention)}"),
+            "compile": sweep_rows("train.compile=false,true")}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("gpu-results.json"))
-    parser.add_argument("--only", action="append", choices=["quickstart", "tinyllama", "stop", "switches"])
+    parser.add_argument("--only", action="append", choices=["quickstart", "tinyllama", "stop", "switches", "kernels"])
     args = parser.parse_args()
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
     results: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S")}
     checks = {"quickstart": check_quickstart, "stop": check_stop, "tinyllama": lambda: check_tinyllama(tmp),
-              "switches": check_switches}
+              "switches": check_switches, "kernels": check_kernels}
     for name, check in checks.items():
         if args.only and name not in args.only:
             continue

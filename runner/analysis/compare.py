@@ -20,7 +20,14 @@ from runner.analysis.ledger import figures as ledger_figures
 from runner.analysis.mfu import Peak, compute_mfu, trustworthy
 from runner.analysis.noise import NoiseFloor, Training, host_other_util, measured_floor
 from runner.analysis.recipe_diff import parsed_recipe, recipe_diff
-from runner.analysis.run_figures import estimated_memory, mem_measured, model_dims, utilisation
+from runner.analysis.run_figures import (
+    Kernels,
+    estimated_memory,
+    kernels,
+    mem_measured,
+    model_dims,
+    utilisation,
+)
 from runner.analysis.run_peak import (
     default_peak,
     device_count,
@@ -113,6 +120,8 @@ class RunRow:
     empty for other strategies."""
     ledger: Figures | None = None
     """Device-hours, energy, cost and tokens per joule and per unit of cost (:mod:`runner.analysis.ledger`)."""
+    kernels: Kernels | None = None
+    """The attention implementation and torch.compile in effect (None: the trainer did not record them)."""
 
     @property
     def strategy_label(self) -> str:
@@ -292,6 +301,7 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
         host_other_util=host_other_util(run.summary.telemetry), first_step=run.summary.time_to_first_step,
         training=training, mesh=_mesh(run, recipe), ledger=ledger_figures(run.summary),
         sharding=(shards := run_verdict(run.strategy, run.summary)).short(), sharding_line=shards.line(),
+        kernels=kernels(run.summary.kernels),
     )
 
 

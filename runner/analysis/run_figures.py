@@ -105,3 +105,51 @@ def mem_measured(run: RunInfo) -> tuple[int | None, str]:
     if peak is not None:
         return peak, f"{source}, busiest rank"
     return run.peak_mem_bytes, "stored peak"
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The attention implementation and torch.compile a run trained with, as its trainer found them in effect
+    (the ``kernels`` event: :func:`runner.rank.compiling.kernels_event`)."""
+
+    attention: str | None
+    """The live model's ``config._attn_implementation``."""
+    compile_mode: str | None
+    """``train.compile_mode`` of compiled layers; None: not compiled."""
+    layers: int = 0
+    graph_breaks: int = 0
+    seconds: float | None = None
+    """The compile phase (the first step, compilation included)."""
+
+    def compile_cell(self) -> str:
+        """``default, 6 layers, 134s``, or ``off``."""
+        if self.compile_mode is None:
+            return "off"
+        breaks = f", {self.graph_breaks} breaks" if self.graph_breaks else ""
+        took = f", {self.seconds:.0f}s" if self.seconds is not None else ""
+        return f"{self.compile_mode}, {self.layers} layers{breaks}{took}"
+
+    def words(self) -> str:
+        """What differs from transformers' defaults (SDPA, nothing compiled), for a run's label: ``eager``,
+        ``compiled``, ``eager, compiled max-autotune``; empty when nothing does."""
+        parts = [self.attention] if self.attention not in (None, "sdpa") else []
+        if self.compile_mode is not None:
+            parts.append("compiled" + ("" if self.compile_mode == "default" else f" {self.compile_mode}"))
+        return ", ".join(p for p in parts if p)
+
+
+def kernels(stored: Mapping[str, Any] | None) -> Kernels | None:
+    """The :class:`Kernels` of a run's stored ``kernels`` record (``RunSummary.kernels``), or None when its
+    trainer did not record them (older runs, scripts)."""
+    if not isinstance(stored, Mapping):
+        return None
+    compiled = stored.get("compile")
+    if not isinstance(compiled, Mapping):
+        return Kernels(_text(stored.get("attention")), None)
+    seconds = compiled.get("seconds")
+    return Kernels(_text(stored.get("attention")), str(compiled.get("mode")), int(compiled.get("layers") or 0),
+                   int(compiled.get("graph_breaks") or 0), float(seconds) if isinstance(seconds, int | float) else None)
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)

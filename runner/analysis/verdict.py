@@ -26,10 +26,12 @@ REPEAT_HINT = "ftui sweep --repeat 3"
 
 
 def label(row: RunRow) -> str:
-    """``ddp x2`` or ``hsdp 2x2`` (its mesh says its devices), plus the grid values: unique enough to name a
-    run in a sentence."""
+    """``ddp x2`` or ``hsdp 2x2`` (its mesh says its devices), plus the grid values, and the kernels where they
+    are not transformers' defaults (``single (eager, compiled)``): unique enough to name a run in a sentence."""
     base = row.strategy_label if row.mesh else row.strategy + (f" x{row.devices}" if row.devices > 1 else "")
-    return f"{base} [{row.grid}]" if row.grid else base
+    base = f"{base} [{row.grid}]" if row.grid else base
+    words = row.kernels.words() if row.kernels is not None else ""
+    return f"{base} ({words})" if words else base
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,10 @@ class _Saves:
             keeps the scores.
         att_e: Bytes of an attention element: fp32 for the math path under CPU autocast (measured,
             docs/memory-model.md), else the compute element.
+        eager: ``model.attn_implementation = "eager"``: the attention is two matmuls around an fp32 softmax,
+            each keeping what its backward reads (transformers' ``eager_attention_forward``).
+        compiled: ``train.compile``: the decoder layers run through torch.compile, whose min-cut partitioner
+            recomputes pointwise results in backward instead of saving them.
     """
 
     inp: EstimateInput
@@ -106,6 +110,8 @@ class _Saves:
     adapted: frozenset[str]
     math_attention: bool
     att_e: int
+    eager: bool = False
+    compiled: bool = False
 
     @property
     def sh(self) -> ModelShape:
@@ -140,6 +146,7 @@ class _Saves:
         sh, inp = self.sh, self.inp
         shared = already_saved
         total = dropout = 0
+        copies: set[int] = set()  # compiled: one cast of the input per dtype (common subexpressions merged)
         for m in members:
             if m not in sh.linears and m.split("@")[0] not in {k.split("@")[0] for k in sh.linears}:
                 continue
@@ -158,30 +165,40 @@ class _Saves:
                     if not shared:
                         total += in_e * width
                         shared = True
-                else:  # autocast or peft made a private copy for this module
+                elif not (self.compiled and op_e in copies):  # autocast or peft made a private copy for this module
+                    copies.add(op_e)
                     total += op_e * width
             if lora:
                 total += self.adapter_e * inp.lora_r  # lora_B input
         return _PerToken(total, dropout)
 
-    def norm(self, input_grad: bool, input_saved: bool = False) -> int:
+    def norm(self, input_grad: bool, input_saved: bool = False, in_layer: bool = True, first: bool = True) -> int:
         """What a norm saves: nothing when neither its input nor its weight needs a gradient; ``input_saved``:
-        another norm already saved the same input (two norms of one layer input)."""
+        another norm already saved the same input (two norms of one layer input); ``in_layer``: the norm is
+        part of a decoder layer (compiled with ``train.compile``; the final norm is not); ``first``: its input
+        is the layer's input (a compiled graph keeps an input as it is, an intermediate in at most the compute
+        precision)."""
         sh, w = self.sh, self.w
         trains = self.full
         if not (input_grad or trains):
             return 0
         if sh.norm == "layer":  # native_layer_norm saves its input, mean and rstd, in the input's dtype
             return (0 if input_saved else w * sh.hidden) + 2 * w
+        if self.compiled and in_layer:  # the input as it is and rsqrt: the upcast and the product are recomputed
+            return (0 if input_saved else (w if first else min(w, self.e)) * sh.hidden) + 4
         normalized = (4 if sh.norm_fp32_output else w) * sh.hidden if trains else 0
         upcast = 0 if input_saved and w == 4 else 4 * sh.hidden
         return upcast + 4 + normalized  # RMSNorm: the fp32 upcast input and rsqrt
 
-    def attention(self, masked: bool) -> int:
+    def attention(self, masked: bool, input_grad: bool = True) -> int:
         """What the attention itself saves (its projections are in :meth:`group`); ``masked``: the kernel is
-        given a materialized mask (a sliding window, or Falcon's)."""
+        given a materialized mask (a sliding window, or Falcon's); ``input_grad``: the layer's input needs a
+        gradient (else only what the trained projections make does)."""
         sh, att_e, e = self.sh, self.att_e, self.e
         qd, s = sh.heads * sh.head_dim, self.inp.seq_len
+        if self.eager:
+            return self.eager_attention(input_grad)
+        masked = masked and self.inp.attention == "sdpa"  # flash and flex take a window in the kernel, not a mask
         if self.math_attention:  # q and k, v (broadcast to every head), the softmax output
             saved = att_e * 3 * qd + sh.heads * s * att_e
             if sh.attn_dropout > 0:  # the dropout's mask and the dropped probabilities
@@ -191,6 +208,37 @@ class _Saves:
         # every head (no enable_gqa then) and SDPA converts the boolean mask to the query's dtype, per layer.
         kv = sh.heads if masked or sh.kv_layout == "expanded" else sh.kv_heads
         return e * (qd + 2 * kv * sh.head_dim) + e * qd + 4 * sh.heads + (s * e if masked else 0)
+
+    def eager_attention(self, input_grad: bool) -> int:
+        """What transformers' ``eager_attention_forward`` saves per token: ``matmul(q, k^T)`` keeps k (every
+        head: ``repeat_kv`` copies the kv heads) where q needs a gradient and q where k does; the fp32 softmax
+        keeps its output, and ``matmul(p, v)`` keeps v (every head) where p needs a gradient and p where v
+        does, in the compute dtype: the softmax output itself, or its 16-bit copy under autocast when the
+        softmax is fp32 (GPT-2 and Falcon take it in the scores' dtype). The mask is added (nothing kept).
+        Each operand is saved in the compute precision (autocast's copy)."""
+        sh, e = self.sh, self.e
+        qd, s = sh.heads * sh.head_dim, self.inp.seq_len
+        q_grad, k_grad, v_grad = (input_grad or self.trains(name) for name in self.qkv_names())
+        p_grad = q_grad or k_grad
+        probs, soft_e = sh.heads * s, 4 if sh.eager_softmax_fp32 else e
+        saved = (e * qd if q_grad else 0) + (e * qd if k_grad else 0)  # k^T: kept for q's gradient, q for k's
+        saved += soft_e * probs if p_grad else 0
+        if v_grad and (soft_e != e or not p_grad):  # p for v's gradient: a copy unless the softmax output is it
+            saved += e * probs
+        if p_grad:
+            saved += e * qd  # v, for p's gradient
+        if sh.attn_dropout > 0 and p_grad:  # dropout's mask and the dropped probabilities
+            saved += probs * (self.mask(e) + e)
+        return saved
+
+    def trains(self, name: str) -> bool:
+        """Whether the linear ``name`` trains (full fine-tuning, or an adapted module)."""
+        return self.full or name.split("@")[0] in self.adapted
+
+    def qkv_names(self) -> tuple[str, str, str]:
+        """The linears that make q, k and v (one fused linear makes all three)."""
+        names = self.sh.attn_in
+        return (names[0], names[1], names[2]) if len(names) == 3 else (names[0], names[0], names[0])
 
     def moe(self) -> int:
         """What a mixture-of-experts MLP saves per token (the routed experts only). transformers' grouped_mm
@@ -216,8 +264,8 @@ class _Saves:
             out = self.group(sh.mlp_out, i, e, False, needs_grad=False)
             return _PerToken(out.saved, out.dropout)
         act_mask = self.mask(e) * i if sh.act_dropout > 0 else 0
-        if sh.mlp == "gated":
-            body, out_saved = 3 * e * i, False  # gate output, its activation, up output
+        if sh.mlp == "gated":  # gate output, its activation (recomputed when compiled), up output
+            body, out_saved = (2 if self.compiled else 3) * e * i, False
         elif sh.act in _ACT_SAVES_OUTPUT:  # ReLU keeps its output: it is the output linear's input
             body, out_saved = e * i, sh.act_dropout == 0
         else:  # fc1 output (and a Python GELU's pieces)
@@ -231,17 +279,17 @@ class _Saves:
         sh, e, w = self.sh, self.e, self.w
         h, qd = sh.hidden, sh.heads * sh.head_dim
         norm_grad = input_grad or self.full  # the norms' outputs need a gradient
-        copy = self.math_attention or sh.attn_out_copy
+        copy = self.math_attention or self.eager or sh.attn_out_copy
         # With one shared norm (Phi, Falcon-7B) the MLP's input linears read the attention's input.
         attn_in = (*sh.attn_in, *sh.mlp_in) if sh.parallel_block else sh.attn_in
         groups = [self.group(attn_in, h, w, False, norm_grad), self.group(sh.attn_out, qd, e, not copy)]
-        b = self.norm(input_grad) + groups[0].saved + self.attention(masked) + groups[1].saved
+        b = self.norm(input_grad) + groups[0].saved + self.attention(masked, input_grad) + groups[1].saved
         if sh.parallel_residual:  # the MLP's own norm of the same layer input
             groups.append(self.group(sh.mlp_in, h, w, False, norm_grad))
             b += self.norm(input_grad, input_saved=True) + groups[-1].saved
         elif not sh.parallel_block:
             groups.append(self.group(sh.mlp_in, h, w, False))
-            b += self.norm(True) + groups[-1].saved
+            b += self.norm(True, first=False) + groups[-1].saved
         # A parallel MLP reads the layer input's norm: with neither that input nor an MLP input linear
         # needing a gradient (the first layer under LoRA) its activations need none either.
         mlp_in = {m.split("@")[0] for m in sh.mlp_in}
@@ -259,9 +307,12 @@ def _saves(inp: EstimateInput) -> _Saves:
     sh = inp.shape
     # SDPA's math path: attention dropout in training rules out the fused kernels, and so do keys and values
     # with fewer heads than the query that the model passes as they are (broadcast).
-    math_attention = sh.attn_dropout > 0 or (sh.kv_layout == "broadcast" and sh.kv_heads < sh.heads)
+    # flash_attention_2 and flex_attention take both in their kernels (dropout's state, fewer kv heads).
+    math_attention = inp.attention == "sdpa" and (sh.attn_dropout > 0 or (sh.kv_layout == "broadcast"
+                                                                          and sh.kv_heads < sh.heads))
     att_e = 4 if (math_attention and e < 4 and inp.device == "cpu") else e
-    return _Saves(inp, e, weight_bytes(inp), adapted, math_attention, att_e)
+    return _Saves(inp, e, weight_bytes(inp), adapted, math_attention, att_e, eager=inp.attention == "eager",
+                  compiled=inp.compiled)
 
 
 def _masked_layers(inp: EstimateInput) -> int:
@@ -323,7 +374,8 @@ def activation_bytes(inp: EstimateInput) -> ActivationBytes:
         embd += 8 * (2 if sh.positions_per_token else 1)
     logits = 4 * sh.vocab * tokens
     head = s.group(("lm_head",), h, w, False).saved
-    post = (s.norm(True) + head + 8 + embd) * tokens + logits  # + int64 labels
+    # + the int64 labels per token, and nll_loss's fp32 total weight once
+    post = (s.norm(True, in_layer=False) + head + 8 + embd) * tokens + logits + 4
     rotary = 2 * inp.seq_len * round(sh.head_dim * sh.rotary_fraction) * w  # cos and sin, once
     per_layer = stack.largest * tokens
     head_w = sh.vocab * sh.hidden if "lm_head" in sh.linears else 0  # the head's matmul casts it, tied or not
@@ -335,8 +387,9 @@ def activation_bytes(inp: EstimateInput) -> ActivationBytes:
     # One layer's backward holds the gradients of its widest intermediates (the MLP's, in compute
     # precision) beside the incoming hidden gradient.
     layer_backward = tokens * e * (2 * sh.intermediate * max(1, sh.experts_per_token) + 2 * h)
-    if s.math_attention:  # or the gradients of the scores: through the dropout and the softmax
-        layer_backward = max(layer_backward, tokens * (3 * s.att_e * sh.heads * inp.seq_len + 2 * e * h))
+    if s.math_attention or s.eager:  # or the gradients of the scores: through the dropout and the softmax
+        score_e = (4 if sh.eager_softmax_fp32 else e) if s.eager else s.att_e  # eager's softmax dtype
+        layer_backward = max(layer_backward, tokens * (3 * score_e * sh.heads * inp.seq_len + 2 * e * h))
     router = sh.experts * h * sh.layers  # a mixture of experts' routers (F.linear: autocast casts them)
     all_copies = 2 * (sh.linear_params + router + (head_w if sh.tied_embeddings else 0)) if s.autocast else 0
     # Under autocast the fp32 LoRA adapters are cast too (trainable leaves: cached to the forward's end).
@@ -362,3 +415,14 @@ def activation_bytes(inp: EstimateInput) -> ActivationBytes:
         dropout = lora_dropout
     return ActivationBytes(per_layer, stored, recompute, logits, copies, dropout, logits_forward, logits_backward,
                            layer_backward, recompute_copies, all_copies, first_layer, layer_stored, post, rotary)
+
+
+COMPILED_EAGER = ("eager attention under torch.compile is estimated as eager's saves: what the partitioner keeps "
+                  "around the softmax is not modelled (docs/memory-model.md)")
+"""Why an estimate of eager attention in compiled layers is approximate (measured on the builtin Llama: a
+probabilities-sized fp32 tensor more per layer in fp32, less in bf16)."""
+
+
+def kernels_note(inp: EstimateInput) -> str | None:
+    """Why the attention or compile terms of ``inp`` are approximate, or None where they are modelled."""
+    return COMPILED_EAGER if inp.compiled and inp.attention == "eager" else None

@@ -34,6 +34,8 @@ class Family:
             Falcon-40B) or ``broadcast`` (fewer heads, which only SDPA's math path takes: Falcon-7B).
         mask_always: The model always materializes its causal mask (Falcon), so the kernel gets a mask.
         rotary: The model rotates (part of) each head: its cos and sin are saved once.
+        eager_softmax_fp32: Its eager attention takes the softmax in fp32 (``eager_attention_forward``'s
+            ``dtype=torch.float32``); GPT-2's and Falcon's take it in the scores' dtype.
     """
 
     names: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]
@@ -45,6 +47,7 @@ class Family:
     kv_layout: str = "gqa"
     mask_always: bool = False
     rotary: bool = True
+    eager_softmax_fp32: bool = True
 
 
 _LLAMA_NAMES = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
@@ -60,11 +63,12 @@ FAMILIES: dict[str, Family] = {
     "phi": Family((("q_proj", "k_proj", "v_proj"), ("dense",), ("fc1",), ("fc2",)), norm="layer", mlp="plain",
                   parallel="shared_norm", attn_out_copy=True),
     # GPT-2's two c_proj (attention h x h, MLP 4h x h) are told apart by shape in features().
-    "gpt2": Family((("c_attn",), ("c_proj",), ("c_fc",), ("c_proj",)), norm="layer", mlp="plain", rotary=False),
+    "gpt2": Family((("c_attn",), ("c_proj",), ("c_fc",), ("c_proj",)), norm="layer", mlp="plain", rotary=False,
+                   eager_softmax_fp32=False),
     "gpt_neox": Family(_FALCON_NAMES, norm="layer", mlp="plain", parallel="two_norms", attn_out_copy=True),
     "opt": Family((("q_proj", "k_proj", "v_proj"), ("out_proj",), ("fc1",), ("fc2",)), norm="layer", mlp="plain",
                   rotary=False),
-    "falcon": Family(_FALCON_NAMES, norm="layer", mlp="plain", mask_always=True),
+    "falcon": Family(_FALCON_NAMES, norm="layer", mlp="plain", mask_always=True, eager_softmax_fp32=False),
     "mixtral": Family((("q_proj", "k_proj", "v_proj"), ("o_proj",), (), ()), mlp="moe"),
 }
 
@@ -103,11 +107,12 @@ def _falcon(config: Any, fam: Family) -> tuple[Family, str | None]:
     if new:
         two = (getattr(config, "num_ln_in_parallel_attn", None) or 2) == 2
         fam = Family(fam.names, "layer", "plain", "two_norms" if two else "shared_norm", kv_layout="expanded",
-                     mask_always=True)
+                     mask_always=True, eager_softmax_fp32=False)
     elif bool(getattr(config, "parallel_attn", True)):
-        fam = Family(fam.names, "layer", "plain", "shared_norm", kv_layout="broadcast", mask_always=True)
+        fam = Family(fam.names, "layer", "plain", "shared_norm", kv_layout="broadcast", mask_always=True,
+                     eager_softmax_fp32=False)
     else:
-        fam = Family(fam.names, "layer", "plain", kv_layout="broadcast", mask_always=True)
+        fam = Family(fam.names, "layer", "plain", kv_layout="broadcast", mask_always=True, eager_softmax_fp32=False)
     if getattr(config, "alibi", False):
         return fam, "Falcon with ALiBi is not modelled (its bias makes a float mask per head)"
     return fam, None
@@ -190,5 +195,5 @@ def features(config: Any, linears: Mapping[str, LinearSpec], biases: bool) -> di
             "parallel_residual": fam.parallel == "two_norms", "norm_fp32_output": fam.norm_fp32_output,
             "attn_out_copy": fam.attn_out_copy, "kv_layout": fam.kv_layout, "mask_always": fam.mask_always,
             "rotary_fraction": _rotary_fraction(config) if fam.rotary else 0.0,
-            "positions_per_token": family == "opt", "approximate": why,
+            "positions_per_token": family == "opt", "approximate": why, "eager_softmax_fp32": fam.eager_softmax_fp32,
             **(_moe(config) if fam.mlp == "moe" else {})}

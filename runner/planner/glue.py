@@ -71,6 +71,8 @@ def inputs_from_recipe(
         pp_schedule=launch.pp_schedule,
         tp_size=layout.tp_size(recipe),
         shard=sizes[1] if (sizes := layout.mesh(recipe)) is not None else None,
+        attention=recipe.model.attn_implementation or "sdpa",  # None: transformers' default, SDPA
+        compiled=recipe.train.compile,
         # "auto" is decided at launch (runner.watch.host.runs_on_cpu corrects it for a run's stored estimate).
         device="cpu" if launch.device == "cpu" else "cuda",
     )

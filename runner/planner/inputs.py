@@ -44,6 +44,11 @@ class EstimateInput:
         microbatches: ``pp``: micro-batches per pipeline step (``launch.microbatches``).
         pp_schedule: ``pp``: ``gpipe`` (every micro-batch's activations alive at once) or ``1f1b`` (at
             most as many micro-batches in flight as there are stages).
+        attention: ``model.attn_implementation`` as it runs: ``sdpa`` (transformers' choice when the recipe
+            names none), ``eager`` (keeps the attention probabilities), ``flash_attention_2`` or
+            ``flex_attention`` (keep a log-sum-exp per row, like SDPA's fused kernels).
+        compiled: ``train.compile``: each decoder layer runs through torch.compile, whose partitioner
+            recomputes cheap pointwise results in backward instead of saving them.
     """
 
     shape: ModelShape
@@ -82,6 +87,8 @@ class EstimateInput:
     """Saved activations in pinned host memory (``train.activation_offload``)."""
     nvme_offload: bool = False
     """What offload moves goes to an NVMe folder (``launch.offload = "nvme"``), not host memory."""
+    attention: str = "sdpa"
+    compiled: bool = False
 
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from runner.planner.activations import ActivationBytes, activation_bytes
+from runner.planner.activations import ActivationBytes, activation_bytes, kernels_note
 from runner.planner.deepspeed import reduce_bucket_bytes, zero3_gathered_bytes
 from runner.planner.fsdp import Gathered, gathered_units
 from runner.planner.inputs import DTYPE_BYTES, EstimateInput, weight_bytes
@@ -551,7 +551,7 @@ def _estimate_part(inp: EstimateInput, run: _Run, states: _States, acts: _Activa
         acts = replace(acts, stored=0.0, copies=0.0, fwd_copies=0.0, dropout=0.0, logits=0.0)
     b = _breakdown(inp, states, acts, _moments(inp, run, states, acts, gathered), offloaded, nvme)
     if b.approximate is None:
-        return replace(b, approximate=_bound(inp, run, b))
+        return replace(b, approximate=kernels_note(inp) or _bound(inp, run, b))
     return b
 
 

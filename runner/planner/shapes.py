@@ -98,6 +98,8 @@ class ModelShape:
     """The learned position embedding is looked up per token (OPT): full fine-tuning saves its int64 indices."""
     act_dropout: float = 0.0
     """Dropout on the MLP's activation (OPT's ``activation_dropout``)."""
+    eager_softmax_fp32: bool = True
+    """Its eager attention takes the softmax in fp32 (runner/planner/families.py: Family)."""
     experts: int = 0
     """Experts per layer of a mixture of experts (Mixtral); 0: a dense MLP."""
     experts_per_token: int = 0

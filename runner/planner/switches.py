@@ -68,6 +68,12 @@ def switch_lines(inp: EstimateInput, offloaded: dict[str, int], nvme: dict[str, 
     if inp.activation_offload:
         lines.append(f"activation offload: {_size(offloaded.get('activations', 0))} of saved activations "
                      "in pinned host memory instead of the device (estimated)")
+    if inp.attention == "eager":
+        lines.append("attention eager: each layer keeps its fp32 attention probabilities, micro-batch x heads x "
+                     "sequence^2 (estimated)")
+    if inp.compiled:
+        lines.append("compiled layers: the partitioner recomputes the MLP activation and the norms' products in "
+                     "backward instead of keeping them (estimated)")
     if nvme:
         lines.append(f"nvme offload: {_size(sum(nvme.values()))} ("
                      + ", ".join(f"{k} {_size(v)}" for k, v in nvme.items())

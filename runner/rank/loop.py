@@ -27,14 +27,14 @@ from typing import Any, Literal
 import torch
 
 from runner.hardware.processes import started_wall
-from runner.rank import evaluate, memtrack, peak_probe, step_split
+from runner.rank import compiling, evaluate, memtrack, peak_probe, step_split
 from runner.rank.checkpointing import check_resume
 from runner.rank.context import DataShape, Setup
 from runner.rank.engine import Engine, MicroBatch
 from runner.rank.measure import gather_list
 from runner.rank.model_load import load_model
 from runner.rank.router_load import RouterLoad, experts_of, load_summary
-from runner.rank.throughput import Window, throughput
+from runner.rank.throughput import Steady, Window, throughput
 from runner.spec import events as ev
 from runner.spec import layout, zero
 from runner.spec.flops import dims_from_config, run_dtype
@@ -66,15 +66,16 @@ class _Progress:
     precision_pending: bool = True
     scale: float | None = None
     eval_spans: list[tuple[float, float]] = field(default_factory=list)
-    steady: Window | None = None
-    """The first unmetered step's start and the tokens before it (the steady state's window)."""
-    steady_steps: int = 0
+    steady: Steady = field(default_factory=Steady)
+    """The steps the steady state is measured over (neither memory-metered nor compiling)."""
+    live_model: Any = None
+    """The model as loaded (its config and decoder layers: the ``kernels`` event reads them)."""
+    compiled_layers: int = 0
+    """Decoder layers given to torch.compile (``train.compile``), compiled by the first step."""
     probe: peak_probe.Probe | None = None
     """The CPU matmul probes through the steady steps (:mod:`runner.rank.peak_probe`)."""
     profiling: bool = False
     """This step is the one whose time is split (:mod:`runner.rank.step_split`)."""
-    profiled: Window | None = None
-    """The profiled step's start and the tokens before it: where the steady state ends."""
     split: step_split.StepSplit | None = None
     router: RouterLoad | None = None
     """A mixture of experts' tokens per expert per layer (:mod:`runner.rank.router_load`); None: dense."""
@@ -107,6 +108,8 @@ def train(setup: Setup, engine: Engine) -> Status:
     loaded = load_model(setup)
     setup.total_params, setup.trainable_params = loaded.total_params, loaded.trainable_params
     dims = dims_from_config(loaded.model.config, int(blocks.shape[1]))  # for MFU, so compare reads no config
+    # Before the engine wraps the model: DDP and FSDP2 take the compiled layers as they are.
+    layers = compiling.compile_layers(loaded.model, recipe.train.compile_mode) if recipe.train.compile else 0
     setup.emit(ev.PhaseEvent(type="phase", phase="preparing", detail=engine.preparing_detail()))
     engine.prepare(loaded.model, shape)
     from transformers import get_scheduler  # deferred: transformers is slow to import
@@ -126,6 +129,7 @@ def train(setup: Setup, engine: Engine) -> Status:
         tokens = int(resume["tokens_done"])
         progress = _Progress(start_step=int(resume["step"]), tokens_done=tokens, tokens_at_start=tokens,
                              router=progress.router)
+    progress.live_model, progress.compiled_layers = loaded.model, layers
     setup.emit(_start_event(setup, engine, shape, dims, progress.start_step, resume_seconds))
     return _run_steps(setup, engine, shape, scheduler, progress)
 
@@ -202,17 +206,16 @@ def _run_steps(setup: Setup, engine: Engine, shape: DataShape, scheduler: Any, p
         if step // shape.steps_per_epoch != p.epoch:
             p.epoch = step // shape.steps_per_epoch
             p.order = _epoch_order(shape.rows, train.seed, p.epoch, recipe.data.shuffle)
+        if step == p.start_step and p.compiled_layers:
+            setup.emit(ev.PhaseEvent(type="phase", phase="compiling", detail=f"torch.compile "
+                                     f"{recipe.train.compile_mode}, {p.compiled_layers} decoder layers"))
+        graphs = compiling.graphs_compiled()
         t0 = time.perf_counter()
         if step == p.start_step:
             p.first_step_start = t0
         metered = step - p.start_step < memtrack.MEASURED_STEPS
         p.profiling = step == profiled
-        if p.profiling:
-            p.profiled = Window(start=t0, tokens_before=p.tokens_done)
-        elif not metered:
-            if p.steady is None:
-                p.steady = Window(start=t0, tokens_before=p.tokens_done)
-            p.steady_steps += 1
+        p.steady.begin(t0, p.tokens_done, metered, profiled=p.profiling)
         # The first steps measure peak memory per phase (runner/rank/memtrack.py); later steps pay nothing.
         peaks: memtrack.Meter = meter if metered else memtrack.NoMeter()
         if p.router is not None:
@@ -230,6 +233,7 @@ def _run_steps(setup: Setup, engine: Engine, shape: DataShape, scheduler: Any, p
         engine.zero_grad()
         p.tokens_done += reduced.tokens
         t1 = p.last_step_end = time.perf_counter()
+        p.steady.end(compiled=compiling.graphs_compiled() > graphs)  # no compiling step in the steady state
         p.final_loss = reduced.mean_loss
         notable = step + 1 == shape.total_steps or reduced.stop_requested or bad is not None
         if (step + 1) % train.log_every == 0 or notable:
@@ -240,6 +244,9 @@ def _run_steps(setup: Setup, engine: Engine, shape: DataShape, scheduler: Any, p
                 step_event["skipped"] = True
             setup.emit(step_event)
             _emit_router_load(setup, p, reduced, step + 1)
+        if step == p.start_step:  # what the step ran with: attention, compiled layers and the compile's time
+            mode = recipe.train.compile_mode if p.compiled_layers else None
+            setup.emit(compiling.kernels_event(p.live_model, step + 1, mode, t1 - t0 if mode else None))
         if step == p.start_step or notable or t1 - p.last_memory_event >= MEMORY_EVERY_S:
             p.last_memory_event = t1
             setup.emit(ev.MemoryEvent(type="memory", step=step + 1, ranks=setup.memory.ranks(reduced.memory_slots)))
@@ -382,10 +389,10 @@ def _finish(setup: Setup, engine: Engine, p: _Progress, meter: Any) -> Status:
     steps_done = p.step + 1
     # Evaluations between steps are not training time; the metered steps are not the steady state.
     probes = p.probe.spans if p.probe is not None else []
-    rate = throughput(Window(p.first_step_start, p.tokens_at_start), p.steady, p.steady_steps, p.last_step_end,
-                      p.tokens_done, [*p.eval_spans, *probes], steady_until=p.profiled)
+    rate = throughput(Window(p.first_step_start, p.tokens_at_start), p.steady.window, p.steady.steps,
+                      p.last_step_end, p.tokens_done, [*p.eval_spans, *probes], steady_until=p.steady.until)
     # Only a completed run with steady steps has an MFU; every rank agrees on both (the step's collective).
-    probed = p.probe.record(setup) if p.probe is not None and p.status == "completed" and p.steady_steps else None
+    probed = p.probe.record(setup) if p.probe is not None and p.status == "completed" and p.steady.steps else None
     saved = None
     if train.save and p.status == "completed":
         setup.emit(ev.PhaseEvent(type="phase", phase="saving", detail="the trained model"))

@@ -107,11 +107,17 @@ class SavedBytes:
     memory is freed and can be reused by later activations. On CUDA the allocator's growth across the
     forward is reported too (``activation_alloc_bytes``), which includes what the hooks cannot see
     (e.g. tensors kept by non-reentrant checkpointing).
+
+    Modules in ``compiled`` (ids: the modules of compiled decoder layers) get no hooks, which Dynamo would
+    trace into their graphs; their parameters are recognised by the storages they hold when the forward starts.
     """
 
-    def __init__(self, model: Any, device: Any) -> None:
+    def __init__(self, model: Any, device: Any, compiled: frozenset[int] = frozenset()) -> None:
         self.model = model
         self.cuda = getattr(device, "type", "") == "cuda"
+        self.compiled = compiled
+        self.fixed: set[int] = set()
+        """Parameter storages of the compiled modules."""
         self.live: dict[int, int] = {}
         self.seen: dict[int, int] = {}
         self.handles: list[Any] = []
@@ -137,12 +143,15 @@ class SavedBytes:
             return t
         storage = local_tensor(t).untyped_storage()
         ptr = storage.data_ptr()
-        if ptr not in self.live and ptr not in self.seen:
+        if ptr not in self.live and ptr not in self.seen and ptr not in self.fixed:
             self.seen[ptr] = int(storage.nbytes())
         return t
 
     def __enter__(self) -> None:
         for module in self.model.modules():
+            if id(module) in self.compiled:
+                self.fixed.update(local_tensor(p).untyped_storage().data_ptr() for p in module.parameters(recurse=False))
+                continue
             self.handles.append(module.register_forward_pre_hook(self._pre))
             self.handles.append(module.register_forward_hook(self._post))
         if self.cuda:

@@ -14,6 +14,7 @@ from runner.spec.paths import cache_dir
 
 if TYPE_CHECKING:
     from runner.rank.context import Setup
+    from runner.spec.recipe import ModelSection
 
 
 @dataclass
@@ -54,7 +55,7 @@ def load_model(setup: Setup) -> LoadedModel:
         from transformers import LlamaForCausalLM  # deferred: transformers is slow to import
 
         torch.manual_seed(recipe.train.seed)  # the init is part of the recipe
-        model: Any = LlamaForCausalLM(builtin.tiny_llama_config(len(setup.tokenizer)))
+        model: Any = LlamaForCausalLM(_attention(builtin.tiny_llama_config(len(setup.tokenizer)), model_cfg))
         model = model.to(dtype)
         if spread and not setup.on_cpu:
             model = _dispatch_over_gpus(model)
@@ -62,7 +63,7 @@ def load_model(setup: Setup) -> LoadedModel:
         from transformers import AutoModelForCausalLM  # deferred: transformers is slow to import
 
         torch.manual_seed(recipe.train.seed)
-        config = builtin.model_config(model_cfg.name, len(setup.tokenizer))
+        config = _attention(builtin.model_config(model_cfg.name, len(setup.tokenizer)), model_cfg)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
         if spread and not setup.on_cpu:
             model = _dispatch_over_gpus(model)
@@ -76,6 +77,13 @@ def load_model(setup: Setup) -> LoadedModel:
         model = _with_lora(setup, model)
     trainable = param_count(p for p in model.parameters() if p.requires_grad)
     return LoadedModel(model=model, total_params=total, trainable_params=trainable)
+
+
+def _attention(config: Any, model_cfg: ModelSection) -> Any:
+    """``config`` with the recipe's ``model.attn_implementation`` (None leaves transformers' choice: sdpa)."""
+    if model_cfg.attn_implementation is not None:
+        config._attn_implementation = model_cfg.attn_implementation
+    return config
 
 
 def param_count(params: Iterable[Any]) -> int:
@@ -94,6 +102,8 @@ def _from_pretrained(setup: Setup, dtype: Any, spread: bool) -> Any:
         "trust_remote_code": model_cfg.trust_remote_code,
         "revision": model_cfg.revision,
     }
+    if model_cfg.attn_implementation is not None:  # None: transformers' choice (sdpa where the model has it)
+        kwargs["attn_implementation"] = model_cfg.attn_implementation
     if recipe.method.type == "qlora":
         from transformers import BitsAndBytesConfig
 

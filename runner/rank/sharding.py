@@ -313,10 +313,12 @@ def dtype_name(dtype: Any) -> str:
 
 class ComputeDtype:
     """The dtype the matmuls of one forward really ran in: the output dtype of every ``nn.Linear`` (LoRA's
-    included) during that forward, counted by dtype (a forward hook; removed on exit)."""
+    included) during that forward, counted by dtype (a forward hook; removed on exit). The modules in
+    ``compiled`` (ids: those of compiled decoder layers) get no hook, which Dynamo would trace into their graph."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, compiled: frozenset[int] = frozenset()) -> None:
         self.model = model
+        self.compiled = compiled
         self.handles: list[Any] = []
         self.seen: dict[str, int] = {}
 
@@ -329,7 +331,7 @@ class ComputeDtype:
         import torch
 
         for module in self.model.modules():
-            if isinstance(module, torch.nn.Linear):
+            if isinstance(module, torch.nn.Linear) and id(module) not in self.compiled:
                 self.handles.append(module.register_forward_hook(self._hook))
         return self
 

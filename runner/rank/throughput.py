@@ -6,7 +6,8 @@ the run's tokens/s is the **steady state**: the tokens of the unmetered steps ov
 of the first unmetered step to the end of the last step. The **whole window** is every step of this run,
 from the start of its first step to the end of its last, metered steps included. Both leave out the time
 spent evaluating between steps. A run with no unmetered step has no steady-state figure (None), never a
-metered one in its place.
+metered one in its place. A step during which torch.compile compiled (``train.compile``: the first step; a
+recompilation later) is left out too: the steady state starts after the last such step (:class:`Steady`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,40 @@ class Window:
 
     start: float
     tokens_before: int
+
+
+@dataclass
+class Steady:
+    """The steps the steady state is measured over: from the first step that is neither memory-metered nor
+    compiling, to the profiled step (the run's last: runner/rank/step_split.py) or the end. A step that
+    compiles once the window is open (a recompilation) closes it, and the next unmetered step opens it again,
+    so no compiling step is ever counted.
+
+    Attributes:
+        window: The open window's first step (None: none open yet).
+        steps: The steps in the open window.
+        until: The profiled step's start and the tokens before it: where the window ends (None: at the end).
+    """
+
+    window: Window | None = None
+    steps: int = 0
+    until: Window | None = None
+
+    def begin(self, start: float, tokens_before: int, metered: bool, profiled: bool = False) -> None:
+        """A step starts at ``start`` with ``tokens_before`` tokens trained; ``metered``: under the memory meter;
+        ``profiled``: the step whose time is split, after the steady ones."""
+        if profiled:
+            self.until = Window(start=start, tokens_before=tokens_before)
+        elif not metered:
+            if self.window is None:
+                self.window = Window(start=start, tokens_before=tokens_before)
+            self.steps += 1
+
+    def end(self, compiled: bool) -> None:
+        """The step ended; ``compiled``: torch.compile compiled during it (the profiled step ends the window
+        either way)."""
+        if compiled and self.until is None:
+            self.window, self.steps = None, 0
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from runner.spec.recipe import Recipe, RecipeError, load_recipe
 from runner.spec.status import ENDED_BY_USER
 from runner.spec.toml_text import dump_toml
 from runner.watch.follow import Stop, WatchOptions, execute
-from runner.watch.preflight import check_host_nproc, check_inputs, preflight
+from runner.watch.preflight import check_host_nproc, check_inputs, check_kernels, preflight
 from runner.watch.prepare import prepare, record_summary
 from store import Store
 
@@ -110,7 +110,8 @@ def plan_checked(recipe_path: Path, strategies: Sequence[str], nproc: int | None
                  grid: Sequence[str], repeat: int = 1, force: bool = False) -> list[SweepItem]:
     """The runs of ``ftui sweep`` (:func:`plan`, with this host's default process count), after the
     recipe's data and run folders are checked once, before any run is recorded; and, unless ``force``, no
-    run asks for more processes than this host has devices for.
+    run asks for more processes than this host has devices for; and this host runs every item's attention
+    and compile (a grid over ``model.attn_implementation`` or ``train.compile``).
 
     Raises:
         RecipeError: the recipe, a grid value or its inputs are unusable, or a run's process count is over
@@ -121,6 +122,12 @@ def plan_checked(recipe_path: Path, strategies: Sequence[str], nproc: int | None
     if not force:  # the process counts are the sweep's own (--nproc, or its default), one check each
         for n in sorted({item.nproc for item in items}):
             check_host_nproc(base.model_copy(update={"launch": base.launch.model_copy(update={"nproc": n})}))
+    for overrides in dict.fromkeys(tuple(item.overrides) for item in items):  # cheap: before the data is read
+        try:
+            recipe = load_recipe(recipe_path, overrides)
+        except RecipeError:
+            continue  # a strategy the recipe refuses: recorded as refused when the sweep reaches it
+        check_kernels(recipe)
     check_inputs(base)  # the same data and folders for every item
     return items
 

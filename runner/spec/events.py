@@ -23,9 +23,10 @@ Every event carries ``seq`` (0, 1, 2, ... within the run: its stable id), ``type
 - ``phase``: what the trainer is doing now, where no step comes for a while: ``phase`` and ``detail`` (a
   few words for a person: the model, the strategy, the step). Before step 1: ``"tokenizing"``,
   ``"loading_model"``, ``"preparing"``, ``"resuming"`` (each starts where the previous one ends; ``start``
-  follows the last); between steps: ``"evaluating"`` (a ``metrics`` event ends it) and ``"saving"`` (a
-  checkpoint, ended by its ``checkpoint`` event, or the final model, ended by ``end``). Each is a sign of
-  progress for the watcher's hang rule.
+  follows the last); ``"compiling"`` after ``start`` with ``train.compile``: the first step, whose forward and
+  backward compile each decoder layer (its ``step`` event ends it); between steps: ``"evaluating"`` (a
+  ``metrics`` event ends it) and ``"saving"`` (a checkpoint, ended by its ``checkpoint`` event, or the final
+  model, ended by ``end``). Each is a sign of progress for the watcher's hang rule.
 
 - ``start``: world size, distributed type in effect, params, total steps, ... and ``start_step`` (0, or
   the checkpoint's step when resumed) with ``resumed_from`` (the checkpoint folder or null),
@@ -47,6 +48,9 @@ Every event carries ``seq`` (0, 1, 2, ... within the run: its stable id), ``type
 - ``precision``: after the first optimizer step, the dtypes of rank 0's live tensors: ``params``,
   ``frozen_params``, ``compute``, ``optimizer_state``, ``master`` (null without an fp32 master copy).
 - ``loss_scale``: fp16 only, when the dynamic loss scale drops: ``step``, ``old``, ``new``.
+- ``kernels``: after the first step, what rank 0 ran it with: ``attention`` (the live model's
+  ``config._attn_implementation``) and ``compile`` (null, or ``mode``, compiled ``layers``, Dynamo's
+  ``graphs`` and ``graph_breaks``, and the compile phase's ``seconds``).
 - ``metrics``: ``step``, ``rank`` and ``values``, a map of metric name to float (or null): any named
   per-step values (``eval/loss``, ``eval/perplexity``, ``train/*``, a user's own), stored in the
   ``named_metrics`` table (:class:`MetricsEvent`, :func:`metrics_event`).
@@ -179,13 +183,14 @@ class StartEvent(TypedDict):
     schedule, which layers each process holds."""
 
 
-Phase = Literal["tokenizing", "loading_model", "preparing", "resuming", "evaluating", "saving"]
+Phase = Literal["tokenizing", "loading_model", "preparing", "resuming", "compiling", "evaluating", "saving"]
 
 PHASE_WORDS: dict[str, str] = {
     "tokenizing": "tokenizing the data",
     "loading_model": "loading the model",
     "preparing": "preparing the strategy",
     "resuming": "restoring the checkpoint",
+    "compiling": "compiling the layers",
     "evaluating": "evaluating",
     "saving": "saving",
 }
@@ -323,6 +328,32 @@ class PrecisionEvent(TypedDict):
     (``fp8_linears``), whether the forward's saved tensors went to the host (``activation_offload``)."""
 
 
+class CompileInEffect(TypedDict):
+    """``train.compile`` as it ran (:mod:`runner.rank.compiling`)."""
+
+    mode: str
+    layers: int
+    """Decoder layers compiled (the live modules' ``_compiled_call_impl``)."""
+    graphs: int
+    """Graphs Dynamo compiled by the end of the first step (its ``unique_graphs`` counter)."""
+    graph_breaks: int
+    """Graph breaks Dynamo met (each splits a layer's graph in two)."""
+    seconds: float | None
+    """Wall time of the compile phase: the first step, compilation included."""
+
+
+class KernelsEvent(TypedDict):
+    """The kernels rank 0 ran its first step with, read from the live model and Dynamo's counters."""
+
+    type: Literal["kernels"]
+    step: int
+    attention: str | None
+    """The live model's ``config._attn_implementation`` (what transformers dispatches to)."""
+    compile: CompileInEffect | None
+    """None: the layers were not compiled."""
+    source: str
+
+
 class LossScaleEvent(TypedDict):
     """fp16's dynamic loss scale dropped at this step (an overflow: the update was skipped by the scaler)."""
 
@@ -355,9 +386,9 @@ class EvalSamplesEvent(TypedDict):
 
 
 TrainerEvent = (PhaseEvent | StartEvent | StepEvent | MemoryEvent | CheckpointEvent | ErrorEvent | EndEvent | MetricsEvent
-                | EvalSamplesEvent | PrecisionEvent | LossScaleEvent)
+                | EvalSamplesEvent | PrecisionEvent | LossScaleEvent | KernelsEvent)
 TRAINER_EVENT_TYPES = frozenset({"phase", "start", "step", "memory", "checkpoint", "error", "end", "metrics", "eval_samples",
-                                 "precision", "loss_scale"})
+                                 "precision", "loss_scale", "kernels"})
 
 METRIC_NAME_MAX = 200
 """Longest metric name the store keeps (``named_metrics.name``)."""

@@ -19,7 +19,10 @@ it is computed from is in the run folder's journals, so ``ftui db rebuild`` comp
   of its own from its event to the next one: ``resume`` (``resuming``: a resumed run's restore),
   ``compile`` (``compile``), in the order they happened;
 - ``first_step``: ``start`` to the end of step 1 (its ``step`` event): step 1 itself, with the matmul
-  probe that runs right before it on CPU (:mod:`runner.rank.peak_probe`).
+  probe that runs right before it on CPU (:mod:`runner.rank.peak_probe`);
+- ``compile``: with ``train.compile`` the trainer journals ``compiling`` after ``start``, as step 1 begins,
+  and step 1 compiles each decoder layer: ``compile`` runs from that phase to the end of step 1 (step 1 with
+  its compilation), and ``first_step`` keeps what came before it.
 
 A stage whose two ends are not both known is None, never summed into a neighbour: a moment missing (a run
 launched before the launch time was journaled; a script run, which journals no phases) leaves unknown
@@ -37,7 +40,7 @@ STAGES: tuple[str, ...] = ("spawn", "imports", "data", "model_load", "prepare", 
 unknown). A phase's stage of its own (``resume``, ``compile``) is in the record only when it was journaled."""
 
 PHASE_STAGES: dict[str, str] = {"tokenizing": "data", "loading_model": "model_load", "preparing": "prepare",
-                                "resuming": "resume"}
+                                "resuming": "resume", "compiling": "compile"}
 """The stage a trainer phase opens (:data:`runner.spec.events.Phase`); any other phase opens a stage of its
 own name (``compile``)."""
 
@@ -65,15 +68,17 @@ class Moments:
     """The trainer's phase events before ``start``, in journal order: (phase, time)."""
     start: float | None = None
     """The ``start`` event's time."""
+    stepping: list[tuple[str, float]] = field(default_factory=list)
+    """The trainer's phase events after ``start`` and before step 1 ends (``compiling``): (phase, time)."""
     first_step_end: float | None = None
     """Step 1's ``step`` event's time."""
 
     def ordered(self) -> list[tuple[str, float]]:
         """The known moments in the order they happen: (name, time), a phase by its name."""
         ends = [("launched", self.launched), ("process_started", self.process_started)]
-        tail = [("start", self.start), ("first_step_end", self.first_step_end)]
-        return ([(n, t) for n, t in ends if t is not None] + list(self.phases)
-                + [(n, t) for n, t in tail if t is not None])
+        start = [("start", self.start)] if self.start is not None else []
+        end = [("first_step_end", self.first_step_end)] if self.first_step_end is not None else []
+        return [(n, t) for n, t in ends if t is not None] + list(self.phases) + start + list(self.stepping) + end
 
 
 def _opens(moment: str) -> str:

@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from runner.spec import layout, strategies, switches, zero
+from runner.spec import kernels, layout, strategies, switches, zero
 from runner.spec.builtin import BUILTIN_PREFIX, PYDOC_CORPUS, TINY_LLAMA, known_model_problem
 from runner.spec.rendezvous import NodesError, split_endpoint
 from runner.spec.toml_text import dump_toml
@@ -109,6 +109,11 @@ class ModelSection(_Section):
     """Dtype the weights are loaded in; ``auto`` follows train.precision for LoRA, fp32 for full."""
     trust_remote_code: bool = False
     revision: str | None = None
+    attn_implementation: kernels.Attention | None = None
+    """The attention kernel transformers runs: ``eager`` (matmul and softmax: keeps each layer's attention
+    probabilities for backward), ``sdpa`` (torch's fused kernels), ``flex_attention`` (a CUDA GPU) or
+    ``flash_attention_2`` (a CUDA GPU with the flash_attn package, fp16/bf16). None: transformers' choice,
+    ``sdpa`` where the model supports it. Sweepable: ``--grid model.attn_implementation=eager,sdpa``."""
 
 
 class DataSection(_Section):
@@ -204,6 +209,12 @@ class TrainSection(_Section):
     eval_every: NonNegInt = 0
     """Evaluate on the held-out set (``data.eval_fraction`` or ``data.eval_source``) every this many
     optimizer steps; with an eval set the run is always evaluated at its end too."""
+    compile: bool = False
+    """Compile each decoder layer with ``torch.compile`` (inductor; on CPU through its C++ back end). The first
+    step compiles (the ``compiling`` phase) and is left out of the steady-state tokens/s."""
+    compile_mode: kernels.CompileMode = "default"
+    """``torch.compile``'s ``mode`` with ``compile = true``: ``default``, ``reduce-overhead`` (CUDA graphs on
+    GPU) or ``max-autotune`` (autotuned kernels: a longer compile)."""
 
 
     @field_validator("lr")
@@ -352,10 +363,8 @@ class Recipe(_Section):
             raise ValueError(problem)
         if self.method.type == "qlora" and launch.device == "cpu":
             raise ValueError("method.type: qlora needs a CUDA GPU (bitsandbytes 4-bit); launch.device is 'cpu'")
-        problem = zero.recipe_problem(self)  # the ZeRO stages' engine and offload
-        if problem:
-            raise ValueError(problem)
-        problem = switches.recipe_problem(self)  # context parallel, fp8, activation and NVMe offload
+        # The ZeRO engines and offload; context parallel, fp8, activation and NVMe offload; attention and compile.
+        problem = zero.recipe_problem(self) or switches.recipe_problem(self) or kernels.recipe_problem(self)
         if problem:
             raise ValueError(problem)
         problem = self._eval_problem()

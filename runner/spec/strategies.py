@@ -48,6 +48,8 @@ class Engine:
     to its backward."""
     offloads_grads: bool = False
     """Offload moves the sharded gradients to the host with the parameters (FSDP's ``CPUOffloadPolicy``)."""
+    compile_refused: str | None = None
+    """Why ``train.compile`` is refused under this engine (None: the trainer compiles each decoder layer)."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,8 @@ class Strategy:
     """See :attr:`Engine.keeps_gathered`."""
     offloads_grads: bool = False
     """See :attr:`Engine.offloads_grads`."""
+    compile_refused: str | None = None
+    """See :attr:`Engine.compile_refused` (the ZeRO rows: as their engine says)."""
 
     def engine_names(self) -> tuple[str, ...]:
         """The ``launch.engine`` values this strategy takes (``auto`` picks the first)."""
@@ -127,7 +131,8 @@ class Strategy:
         return replace(self, engine=chosen.name, accelerate_type=chosen.accelerate_type, expect=chosen.expect,
                        checkpoints=chosen.checkpoints, wraps_in_ddp=chosen.wraps_in_ddp,
                        zero_redundancy_optimizer=chosen.zero_redundancy_optimizer,
-                       keeps_gathered=chosen.keeps_gathered, offloads_grads=chosen.offloads_grads)
+                       keeps_gathered=chosen.keeps_gathered, offloads_grads=chosen.offloads_grads,
+                       compile_refused=chosen.compile_refused)
 
     def engine_row(self, engine: str | None = None) -> Engine | None:
         """The :class:`Engine` that runs this row (as resolved by :meth:`with_engine`), or that runs it under
@@ -180,11 +185,15 @@ class Strategy:
 
 _DDP_TYPES = frozenset({"MULTI_GPU", "MULTI_CPU"})
 
+_NO_COMPILE_DEEPSPEED = "DeepSpeed wraps the model in an engine of its own, which ftui does not compile"
+_NO_COMPILE_SPLIT = "the layers are split over processes or devices, and their parts are not compiled"
+
 
 def _zero_engines(stage: int) -> tuple[Engine, ...]:
     """DeepSpeed's ZeRO stage ``stage``, and the same sharding with PyTorch alone (docs/zero.md)."""
     deepspeed = Engine("deepspeed", "DEEPSPEED", frozenset({"DEEPSPEED"}), f"DeepSpeed ZeRO stage {stage}",
-                       offloads=OFFLOADS if stage == 3 else ("none", "optimizer"), stage=stage)
+                       offloads=OFFLOADS if stage == 3 else ("none", "optimizer"), stage=stage,
+                       compile_refused=_NO_COMPILE_DEEPSPEED)
     if stage == 1:
         torch = Engine("torch", "MULTI_GPU", _DDP_TYPES, "DDP + ZeroRedundancyOptimizer", stage=1,
                        wraps_in_ddp=True, zero_redundancy_optimizer=True, offloads_grads=True)
@@ -213,6 +222,7 @@ def _zero(stage: int, description: str, shards: tuple[str, ...]) -> Strategy:
         min_procs_cpu=2,
         checkpoints=False,
         engines=_zero_engines(stage),
+        compile_refused=_NO_COMPILE_DEEPSPEED,
     )
 
 
@@ -252,6 +262,7 @@ STRATEGIES: dict[str, Strategy] = {
             microbatches=1,
             loads_over_devices=True,
             checkpoints=False,
+            compile_refused=_NO_COMPILE_SPLIT,
         ),
         Strategy(
             name="pp",
@@ -268,6 +279,7 @@ STRATEGIES: dict[str, Strategy] = {
             min_procs_cpu=2,
             pipeline_from=2,
             checkpoints=False,
+            compile_refused=_NO_COMPILE_SPLIT,
         ),
         Strategy(
             name="ddp",
@@ -330,6 +342,7 @@ STRATEGIES: dict[str, Strategy] = {
             min_procs_cpu=2,
             tensor_parallel=True,
             checkpoints=False,
+            compile_refused=_NO_COMPILE_SPLIT,
         ),
         _zero(1, "optimizer state (and fp32 master) sharded, gradients and weights replicated", ("optimizer",)),
         _zero(2, "optimizer state and gradients sharded, weights replicated", ("optimizer", "grads")),

@@ -305,6 +305,9 @@ class RunSummary:
     """The trainer's ``precision`` event: dtypes of params, compute, optimizer state, master (measured)."""
     loss_scale_drops: int | None = None
     """fp16: how many times the dynamic loss scale dropped (``loss_scale`` events)."""
+    kernels: dict[str, Any] | None = None
+    """The trainer's ``kernels`` event: the attention implementation and torch.compile in effect
+    (:func:`runner.rank.compiling.kernels_event`: ``attention``, ``compile``, ``source``)."""
     device_map: dict[str, Any] | None = None
     pids: list[int] | None = None
     threads: int | None = None

@@ -22,7 +22,7 @@ from runner.hardware import check_gpus_free, visible_mapping
 from runner.hardware.disks import filesystem_of
 from runner.planner import DEFAULT_RESERVE, checkpoint_bytes, inputs_from_recipe, parse_bytes
 from runner.planner.hub import hub_model_problem
-from runner.spec import layout, strategies, switches, zero
+from runner.spec import kernels, layout, strategies, switches, zero
 from runner.spec.builtin import BUILTIN_PREFIX, MODELS
 from runner.spec.checkpoint import CheckpointError, check_resume
 from runner.spec.paths import FolderError, check_runs_dir, runs_dir
@@ -79,6 +79,7 @@ def preflight(recipe: Recipe, allow_data_change: bool = False, dry_run: bool = F
     if recipe.launch.script is not None:  # a script run: the script owns its model and data
         return _script_preflight(recipe)
     _check_switches(recipe, runs_on_cpu(recipe), fake_gpus)  # before the data step: a refusal costs nothing
+    check_kernels(recipe)
     warnings: list[str] = []
     check_files(recipe)
     try:
@@ -174,6 +175,15 @@ def check_files(recipe: Recipe) -> None:
 def _is_local_model(name: str) -> bool:
     """A model folder rather than a hub id: a path-like name, or one that exists here."""
     return name.startswith(("/", ".", "~")) or os.sep in name and Path(name).exists()
+
+
+def check_kernels(recipe: Recipe) -> None:
+    """This host can run the recipe's attention implementation and compile (:func:`runner.spec.kernels.host_problem`:
+    a CUDA GPU, the flash_attn or triton package, a C++ compiler)."""
+    problem = kernels.host_problem(recipe, runs_on_cpu(recipe))
+    if problem:
+        field, _, what = problem.partition(": ")
+        raise PreflightError(problem, field=field, problem=what)
 
 
 FORCE_HINT = "lower it, or pass --force to start them anyway"

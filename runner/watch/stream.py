@@ -98,6 +98,8 @@ class RunStream:
             self.last_event_time = max(float(raw["time"]), self.last_event_time or 0.0)
         if event["type"] == "phase" and self.start is None:
             self._on_phase(str(event["phase"]), float(raw["time"]))
+        elif event["type"] == "phase" and self.first_step_time is None:  # compiling: step 1 compiles the layers
+            self.moments.stepping.append((str(event["phase"]), float(raw["time"])))
         elif event["type"] == "start":
             self.start = event
             started = event.get("process_started")
@@ -114,8 +116,8 @@ class RunStream:
             self.end = event
         elif event["type"] == "error":
             self.error = event.get("message")
-        elif event["type"] == "precision":
-            self._update_summary({"precision": {k: v for k, v in event.items() if k != "type"}})
+        elif event["type"] in ("precision", "kernels"):  # what the trainer found in effect after its first step
+            self._update_summary({event["type"]: {k: v for k, v in event.items() if k != "type"}})
         elif event["type"] == "loss_scale":
             self.loss_scale_drops += 1
             self._update_summary({"loss_scale_drops": self.loss_scale_drops})

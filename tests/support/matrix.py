@@ -89,6 +89,9 @@ EXTRAS: dict[str, Plan] = {
     # Two tensor-parallel groups of 2 as data-parallel replicas, 1 row x 2 micro-steps each: the global batch.
     "tp-dp": _core("--strategy", "tp", "--nproc", "4", "--force", "--set", "launch.tp_size=2",
                    "--set", f"train.batch_size={GLOBAL_BATCH // GRAD_ACCUM // 2}"),
+    # The kernels against the sweep's single run (SDPA, not compiled): eager attention, compiled layers.
+    "eager": _core("--strategy", "single", "--attn", "eager"),
+    "compiled": _core("--strategy", "single", "--compile"),
     # The checkpointed run: every step, the newest 3 kept (the steps of its sweep twin, so the curves agree).
     "ck-fsdp": _core("--strategy", "fsdp", *DATA_PARALLEL, "--set", "train.save_every=1",
                      "--set", "train.keep_checkpoints=3"),

@@ -307,6 +307,33 @@ def test_unwritable_data_folder_is_one_line_and_records_nothing(tmp_path: Path, 
     assert Store(f"sqlite:///{tmp_path / 'ftui.db'}").list_runs() == []
 
 
+CPU_RANKS = ["--set", "launch.device=cpu"]
+"""The ranks train on the CPU whatever the host has (the refusals below are the CPU's; a GPU's: gpu-marked)."""
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--attn", "flash_attention_2", "--set", "train.precision=bf16"],
+     "model.attn_implementation: flash_attention_2 needs a CUDA GPU; this run trains on the CPU"),
+    (["--attn", "flex_attention"], "model.attn_implementation: flex_attention has no backward on CPU"),
+    (["--attn", "flash"], "argument --attn: invalid choice: 'flash'"),
+    (["--compile", "--strategy", "zero3", "--nproc", "2"], "train.compile: not under zero3 on the deepspeed engine"),
+    (["--compile", "--set", "train.gradient_checkpointing=true"], "train.compile: not with train.gradient_checkpointing"),
+    (["--set", "train.compile_mode=max-autotune"], "train.compile_mode: 'max-autotune' takes effect only with"),
+])
+def test_a_switch_the_host_or_the_strategy_cannot_run_is_refused_before_anything_is_recorded(
+        home: Path, capsys: pytest.CaptureFixture[str], flags: list[str], said: str) -> None:
+    line = assert_usage_error(home, ["run", str(QUICKSTART), *CPU_RANKS, *flags], capsys)
+    assert said in line, line
+
+
+def test_a_sweep_over_a_value_the_host_cannot_run_is_refused_whole(home: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    line = assert_usage_error(home, ["sweep", str(QUICKSTART), "--strategies", "single", *CPU_RANKS, "--set",
+                                     "train.precision=bf16", "--grid",
+                                     "model.attn_implementation=sdpa,flash_attention_2"], capsys)
+    assert line == "ftui: model.attn_implementation: flash_attention_2 needs a CUDA GPU; this run trains on the CPU"
+
+
 def test_commands_are_all_covered() -> None:
     """A new command module must be added to the property test above."""
     assert set(COMMANDS) == {"tui.cli.run", "tui.cli.runs", "tui.cli.gpus", "tui.cli.estimate", "tui.cli.compare",

@@ -187,6 +187,81 @@ def test_activations_match_saved_tensors(tiny_shape: ModelShape, method: str) ->
     assert est_ckpt.peak < est.peak
 
 
+def _forward_saved(method: str, precision: str, attention: str, layers: int = 2, backend: str | None = None) -> int:
+    """Bytes one forward of the tiny Llama (two layers: the first and the others differ) saves for backward
+    (unique storages, parameters skipped), as the trainer runs it: 16-bit LoRA weights under a 16-bit
+    precision, autocast; ``backend``: each decoder layer compiled with it (by this forward)."""
+    torch.manual_seed(0)
+    cfg = tiny_llama_config()
+    cfg.num_hidden_layers, cfg._attn_implementation = layers, attention
+    dtype = torch.bfloat16 if method == "lora" and precision == "bf16" else torch.float32
+    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    if method == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    if backend is not None:
+        from runner.rank.compiling import decoder_layers
+
+        torch._dynamo.reset()
+        for layer in decoder_layers(model):
+            layer.compile(backend=backend)
+    model.train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in params:
+            seen.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        return t
+
+    ids = torch.randint(0, cfg.vocab_size, (MICRO_BATCH, SEQ))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        model(input_ids=ids, labels=ids)
+    return sum(seen.values())
+
+
+def _estimated(method: str, precision: str, attention: str, layers: int = 2, compiled: bool = False) -> int:
+    cfg = tiny_llama_config()
+    cfg.num_hidden_layers = layers
+    inp = EstimateInput(shape_from_config(cfg), method=method, precision=precision,  # type: ignore[arg-type]
+                        param_dtype="bf16" if method == "lora" and precision == "bf16" else "fp32",
+                        micro_batch=MICRO_BATCH, seq_len=SEQ, lora_r=8, device="cpu", attention=attention,
+                        compiled=compiled)
+    acts = activation_bytes(inp)
+    return acts.stored + acts.weight_copies
+
+
+# 16-bit LoRA keeps 6144 bytes per adapted module less than estimated: the first layer's lora_A casts, which
+# the estimate counts as kept although that layer's input needs no gradient (tests/unit/test_families.py).
+LORA_16_FIRST_LAYER = 2 * 6144
+
+
+@pytest.mark.parametrize(("method", "precision"), [("full", "fp32"), ("lora", "fp32"), ("full", "bf16"),
+                                                   ("lora", "bf16")])
+def test_eager_and_sdpa_attention_are_what_one_forward_saves_to_the_byte(method: str, precision: str) -> None:
+    """Eager attention keeps the B x H x S x S probabilities (fp32, and a 16-bit copy under autocast), k and v
+    repeated to every head, and the output projection's own input; SDPA keeps q, k, v, its output and a
+    log-sum-exp per row (runner/planner/activations.py)."""
+    unmodelled = LORA_16_FIRST_LAYER if (method, precision) == ("lora", "bf16") else 0
+    measured = {a: _forward_saved(method, precision, a) for a in ("eager", "sdpa")}
+    for attention, saved in measured.items():
+        assert _estimated(method, precision, attention) == saved + unmodelled, attention
+    probabilities = 4 * MICRO_BATCH * 6 * SEQ * SEQ  # one layer's, fp32, 6 heads
+    assert measured["eager"] - measured["sdpa"] > probabilities
+
+
+def test_compiled_layers_save_what_the_partitioner_keeps() -> None:
+    """torch.compile's min-cut partitioner recomputes the MLP activation and the RMSNorm products in backward,
+    and casts an input once for every linear reading it (aot_eager_decomp_partition: inductor's partition
+    without its C++ build; the same bytes, checked in docs/memory-model.md). Full fine-tuning in bf16 takes every
+    rule; quickstart's LoRA in fp32 is checked by its real compiled run (tests/e2e/test_kernels.py)."""
+    compiled = _forward_saved("full", "bf16", "sdpa", backend="aot_eager_decomp_partition")
+    assert _estimated("full", "bf16", "sdpa", compiled=True) == compiled
+    assert compiled < _forward_saved("full", "bf16", "sdpa")
+
+
 def test_logits_dominate_small_checkpointed_models(tiny_shape: ModelShape) -> None:
     inp = EstimateInput(tiny_shape, micro_batch=4, seq_len=256, precision="bf16", gradient_checkpointing=True)
     est = activation_bytes(inp)

@@ -57,6 +57,14 @@ def test_a_resumed_run_splits_prepare_from_the_restore() -> None:
     assert list(got)[-3:] == ["prepare", "resume", "first_step"]  # in the order they happened
 
 
+def test_compiled_layers_make_step_1_a_compile_stage() -> None:
+    """train.compile: the trainer journals ``compiling`` after its start event, as step 1 begins; step 1 with its
+    compilation is the compile stage."""
+    got = breakdown(moments(stepping=[("compiling", T0 + 12.0)], first_step_end=T0 + 60.0))
+    assert got["seconds"]["compile"] == 48.0 and got["seconds"]["first_step"] == 0.0
+    assert list(got["seconds"])[-2:] == ["first_step", "compile"] and got["total"] == 60.0
+
+
 def test_any_other_phase_before_the_start_is_a_stage_of_its_own_where_it_came() -> None:
     """A compile phase (``train.compile``) after prepare, and one the breakdown has never heard of between
     the model load and prepare: each timed to the next moment, and the stages still tile the total."""

@@ -28,6 +28,12 @@ def test_single_on_cpu() -> None:
     assert parse_recipe(spec.files["recipe.toml"]) == parse_recipe("")
 
 
+def test_compiled_layers_on_cpu_compile_in_the_rank() -> None:
+    compiled = parse_recipe("[train]\ncompile = true\n")
+    assert build_launch(compiled, RUN, port=1, cpu_threads=2).env["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
+    assert "TORCHINDUCTOR_COMPILE_THREADS" not in build_launch(compiled, RUN, port=1).env  # a GPU's: inductor's own
+
+
 def test_ddp_on_gpus() -> None:
     recipe = parse_recipe("[launch]\nstrategy='ddp'\nnproc=2\ngpus=[2,3]\n[train]\nprecision='bf16'\n")
     spec = build_launch(recipe, RUN, port=29600)

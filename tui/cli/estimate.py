@@ -73,6 +73,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         inp = replace(inp, offload_params=True)
     if getattr(args, "engine", None):
         inp = replace(inp, engine=args.engine)
+    if args.attn:
+        inp = replace(inp, attention=args.attn)
+    if args.compile:
+        inp = replace(inp, compiled=True)
     try:
         reserve = E.parse_bytes(args.reserve or DEFAULT_RESERVE, allow_zero=True)
     except ValueError as exc:
@@ -185,14 +189,19 @@ def _print_text(report: dict[str, Any], inp: E.EstimateInput, gpu_mem: int, n_gp
     con = Console(highlight=False)  # the terminal's width (COLUMNS): the table fits it
     title = (f"ESTIMATED memory per device · {inp.method} · {inp.precision} · micro-batch {inp.micro_batch} × "
              f"{inp.seq_len} tokens{' · grad ckpt' if inp.gradient_checkpointing else ''} · {n_gpus} GPU(s) of "
-             f"{fmt_bytes(gpu_mem)}")
+             f"{fmt_bytes(gpu_mem)}{'' if inp.attention == 'sdpa' else f' · {inp.attention}'}"
+             f"{' · compiled' if inp.compiled else ''}")
     con.print(estimate_table(report, tuple(E.PARTS), title, width=con.width))
     for note in notes:  # model names and paths are user text: never markup
         con.print(Text(note, style="bold yellow" if note.startswith("APPROXIMATE") else "dim"))
-    for name, row in report["strategies"].items():  # a strategy's own bound (DeepSpeed ZeRO-3), beside the shape's
+    reasons: dict[str, list[str]] = {}  # a strategy's own bound (DeepSpeed ZeRO-3), or the kernels', beside the shape's
+    for name, row in report["strategies"].items():
         reason = row["per_device_bytes"].get("approximate")
         if reason and reason != inp.shape.approximate:
-            con.print(Text(f"{name}: {reason}", style="bold yellow"))
+            reasons.setdefault(reason, []).append(name)
+    for reason, names in reasons.items():
+        who = "APPROXIMATE" if len(names) == len(report["strategies"]) > 1 else ", ".join(names)
+        con.print(Text(f"{who}: {reason}", style="bold yellow"))
     for line in report.get("switches", []):  # context parallel, fp8, activation and NVMe offload: one line each
         con.print(Text(line))
     con.print(Text.assemble(("recommendation (estimated):", "bold"), f" {report['recommendation']['reason']}"))

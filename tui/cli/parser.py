@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from runner.planner.memory import DEFAULT_RESERVE
-from runner.spec import strategies, watching
+from runner.spec import kernels, strategies, watching
 from runner.spec.status import STATUSES
 from tui.cli.exits import UsageError
 
@@ -268,9 +268,21 @@ def _recipe_options(parser: argparse.ArgumentParser) -> None:
                         help="override launch.replicate: hsdp's groups of processes that are replicas of each other")
     parser.add_argument("--shard", type=int, metavar="S",
                         help="override launch.shard: processes each hsdp group shards the model states over")
+    _kernel_options(parser, "override model.attn_implementation: the attention kernel (eager keeps the attention "
+                            "probabilities; flash_attention_2 and flex_attention need a CUDA GPU)",
+                    "compile each decoder layer with torch.compile (train.compile = true; MODE: train.compile_mode, "
+                    "default 'default')")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="override any recipe field, e.g. --set train.max_steps=50 (repeatable)")
     parser.add_argument("--name", help="override the recipe's name")
+
+
+def _kernel_options(parser: argparse.ArgumentParser, attn_help: str, compile_help: str) -> None:
+    """``--attn IMPL`` and ``--compile [MODE]``: the kernels of ``ftui run`` (and ``queue add``) and of
+    ``ftui estimate``."""
+    parser.add_argument("--attn", choices=kernels.ATTENTION, help=attn_help)
+    parser.add_argument("--compile", nargs="?", const="default", choices=kernels.COMPILE_MODES, metavar="MODE",
+                        help=compile_help)
 
 
 def _force_option(parser: argparse.ArgumentParser) -> None:
@@ -402,6 +414,8 @@ def _estimate(sub: Any) -> None:
     p.add_argument("--engine", choices=strategies.engine_names(),
                    help="what implements the ZeRO stages: deepspeed (default) or torch (launch.engine)")
     p.add_argument("--lora-r", type=positive_int, help="LoRA rank (default: the recipe's, else 8)")
+    _kernel_options(p, "the attention implementation (default: the recipe's, else sdpa): eager keeps each layer's "
+                       "attention probabilities", "estimate compiled decoder layers (default: the recipe's)")
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.add_argument("--probe", action="store_true",
                    help="find the largest micro-batch with short real runs of the recipe (batch-size finder)")

@@ -56,6 +56,10 @@ def load_run_recipe(args: argparse.Namespace) -> Recipe:
         for field in ("engine", "offload", "replicate", "shard", "cp_size", "nvme_path"):
             if getattr(args, field, None) is not None:
                 overrides.append(f"launch.{field}={json.dumps(getattr(args, field))}")
+        if args.attn:
+            overrides.append(f"model.attn_implementation={json.dumps(args.attn)}")
+        if args.compile:
+            overrides += ["train.compile=true", f"train.compile_mode={json.dumps(args.compile)}"]
         return _load(args, overrides)
     except RecipeError as exc:
         if exc.field == "launch.script_args" and args.script_args is not None:  # ftui run RECIPE -- ARGS

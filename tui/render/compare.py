@@ -7,7 +7,7 @@ import csv
 import io
 import json
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from runner.analysis.compare import Comparison, RunRow
+from runner.analysis.run_figures import Kernels
 from tui.render.compare_cells import (
     COLUMNS,
     columns,
@@ -93,7 +94,8 @@ def markdown(cmp: Comparison) -> str:
     lines = [f"## Comparison{f' of sweep {cmp.sweep_id}' if cmp.sweep_id else ''}", ""]
     cols = columns(cmp)
     lines.append("| " + " | ".join(h for h, _ in cols) + " |")
-    lines.append("|" + "|".join("---" if h in ("strategy", "method", "status") else "---:" for h, _ in cols) + "|")
+    text = ("strategy", "method", "attention", "compile", "status")  # left-aligned; the figures right
+    lines.append("|" + "|".join("---" if h in text else "---:" for h, _ in cols) + "|")
     for r in cmp.rows:
         lines.append("| " + " | ".join(_md_cell(cell(r)) for _, cell in cols) + " |")
     lines += ["", *[f"- {s}" for s in sources(cmp)], ""]
@@ -109,11 +111,13 @@ def markdown(cmp: Comparison) -> str:
 
 
 def _flat(r: RunRow) -> dict[str, Any]:
-    """A row's fields, what it trains as ``training_*`` columns, its ledger as ``ledger_*``."""
+    """A row's fields, what it trains as ``training_*`` columns, its ledger as ``ledger_*``, its kernels as
+    ``kernels_*`` (empty when the run did not record them)."""
     data = asdict(r)
     ledger = data.pop("ledger") or {}
+    kernels = data.pop("kernels") or dict.fromkeys(f.name for f in fields(Kernels))
     return {**data, **{f"training_{k}": v for k, v in data.pop("training").items()},
-            **{f"ledger_{k}": v for k, v in ledger.items()}}
+            **{f"ledger_{k}": v for k, v in ledger.items()}, **{f"kernels_{k}": v for k, v in kernels.items()}}
 
 
 def to_csv(cmp: Comparison) -> str:

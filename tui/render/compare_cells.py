@@ -103,6 +103,12 @@ LEDGER_COLUMNS: list[Column] = [
 """Shown when a compared run has a stored ledger (:mod:`runner.analysis.ledger`); '-' with its reason in
 the sources."""
 
+KERNEL_COLUMNS: list[Column] = [
+    ("attention", lambda r: (r.kernels.attention or "-") if r.kernels is not None else "-"),
+    ("compile", lambda r: r.kernels.compile_cell() if r.kernels is not None else "-"),
+]
+"""Shown when a compared run recorded its kernels (the trainer's ``kernels`` event: what was in effect)."""
+
 NOT_REPORTED = "not reported"
 SCRIPT_REPORTS = frozenset({"micro-batch x GA", "train time", "tokens/s", "tokens/s/device", MEM_MEASURED,
                             "final loss", "best loss"})
@@ -135,12 +141,15 @@ def _router_columns(cmp: Comparison) -> list[Column]:
 
 
 def full_columns(cmp: Comparison) -> list[Column]:
-    """:data:`COLUMNS` with their full texts, with the eval figures and the router's load before ``speed-up``
-    when any run has them."""
+    """:data:`COLUMNS` with their full texts: the kernels before the losses when any run recorded them, the eval
+    figures and the router's load before ``speed-up`` when any run has them."""
     cols = list(COLUMNS)
     if any(r.first_step for r in cmp.rows):
         at = next(i for i, (h, _) in enumerate(cols) if h == "train time")
         cols.insert(at, FIRST_STEP_COLUMN)
+    if any(r.kernels is not None for r in cmp.rows):
+        at = next(i for i, (h, _) in enumerate(cols) if h == "final loss")
+        cols[at:at] = KERNEL_COLUMNS
     ledger = LEDGER_COLUMNS if any(r.ledger is not None and r.ledger.recorded for r in cmp.rows) else []
     extra = [*(EVAL_COLUMNS if cmp.eval_curves else []), *_router_columns(cmp), *ledger]
     if not extra:
@@ -233,6 +242,7 @@ def figure_sources(cmp: Comparison) -> list[str]:
     mem = sorted({r.mem_measured_source for r in cmp.rows if r.mem_measured is not None})
     if mem:
         out.append("mem measured: " + "; ".join(mem))
+    out += kernel_sources(cmp)
     est = sorted({r.mem_estimated_source for r in cmp.rows if r.mem_estimated is not None})
     if est:
         out.append("mem estimated: " + "; ".join(est))
@@ -245,6 +255,20 @@ def figure_sources(cmp: Comparison) -> list[str]:
         out.append(f"speed-up: tokens/s over the baseline's, run {base.run_id} ({cmp.label(base)})")
     notes = sorted({f"{r.strategy_label}: {r.note}" for r in cmp.rows if r.note})
     out += [f"batch: {n}" for n in notes]
+    return out
+
+
+def kernel_sources(cmp: Comparison) -> list[str]:
+    """Where the attention and compile columns come from, and what a compiled CPU run's measured memory is."""
+    if not any(r.kernels is not None for r in cmp.rows):
+        return []
+    out = ["attention, compile: in effect, read by the trainer from the live model and torch._dynamo's counters "
+           "(compile: mode, layers, graph breaks, the compile phase's seconds: the first step)"]
+    lower = [str(r.run_id) for r in cmp.rows
+             if r.kernels is not None and r.kernels.compile_mode is not None and r.device_type == "cpu"]
+    if lower:
+        out.append(f"mem measured of compiled CPU runs ({', '.join(lower)}): a lower bound (what inductor's fused "
+                   "kernels allocate and free inside a graph is not seen)")
     return out
 
 

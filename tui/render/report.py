@@ -18,6 +18,7 @@ from rich.text import Text
 
 from runner.analysis import ledger
 from runner.analysis.mfu import Peak
+from runner.analysis.run_figures import kernels
 from runner.analysis.run_peak import stored_mfu
 from runner.analysis.shard_verdict import run_verdict
 from runner.hardware.records import SOURCE_LABELS
@@ -286,6 +287,11 @@ def zero_rows(summary: RunSummary) -> list[tuple[str, str, str]]:
     if switched:
         rows.append(("efficiency switches", switched, "measured (rank 0's cp mesh, Float8Linear modules, saved-tensor "
                                                       "hooks)"))
+    found = kernels(summary.kernels)
+    if found is not None:
+        rows.append(("attention", found.attention or "-", "trainer (in effect: the live model's config)"))
+        rows.append(("compile", found.compile_cell(), "trainer (in effect: compiled layers, torch._dynamo's counters; "
+                                                      "seconds: the compiling phase, the first step)"))
     if summary.loss_scale_drops:
         rows.append(("fp16 loss-scale drops", str(summary.loss_scale_drops), "trainer (loss_scale events)"))
     per_device = (summary.estimate or {}).get("per_device_bytes") or {}

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from runner.rank import gpu_switches, memtrack, sharding
+from runner.rank import compiling, gpu_switches, memtrack, sharding
 from runner.rank.checkpointing import Checkpointer, save_accelerated
 from runner.rank.engine import Engine, MicroBatch, StepResult
 from runner.rank.measure import SavedBytes, local_numel
@@ -119,6 +119,8 @@ class AccelerateEngine(Engine):
         self.offloaded = False  # the first forward's saved tensors went to the host (activation offload)
         self.activations: dict[str, Any] = {}
         self.compute_dtype: sharding.ComputeDtype | None = None
+        self.compiled: frozenset[int] = frozenset()
+        """The modules of compiled decoder layers (no measuring hook goes on them)."""
 
     def preparing_detail(self) -> str:
         acc = self.setup.accelerator
@@ -145,7 +147,8 @@ class AccelerateEngine(Engine):
         self.checkpointer = Checkpointer(setup, model, shape)
         if setup.strategy.loads_over_devices:
             self.input_device = input_device(model)
-        self.compute_dtype = sharding.ComputeDtype(model)
+        self.compiled = compiling.compiled_modules(model)
+        self.compute_dtype = sharding.ComputeDtype(model, self.compiled)
 
     def describe(self, start: ev.StartEvent) -> None:
         setup = self.setup
@@ -188,7 +191,7 @@ class AccelerateEngine(Engine):
             inputs["attention_mask"] = batch.attention_mask.to(device)
         inputs["labels"] = batch.labels.to(device)
         # One forward (the run's first micro-step) measures what autograd saves and the compute dtype.
-        saved = SavedBytes(self.model, acc.device) if batch.first else contextlib.nullcontext()
+        saved = SavedBytes(self.model, acc.device, self.compiled) if batch.first else contextlib.nullcontext()
         compute = self.compute_dtype if batch.first and self.compute_dtype is not None else contextlib.nullcontext()
         recipe = self.setup.recipe
         with self.no_sync(batch), gpu_switches.step_context(recipe, acc, inputs):
