@@ -111,7 +111,7 @@ def _decision(store: Store, pid: str, trials: list[RunInfo]) -> PastDecision | N
                         tuple(ranking.ties))
 
 
-def _key_of(trial: RunInfo) -> PlanKey | None:
+def run_key(trial: RunInfo) -> PlanKey | None:
     """The key of a stored trial (None when its recipe or its model's shape cannot be read here)."""
     try:
         recipe = parse_recipe(trial.recipe_text, source=f"run {trial.id}")
@@ -131,7 +131,7 @@ def past_decisions(store: Store, key: PlanKey) -> list[PastDecision]:
     out = []
     for pid, trials in by_plan.items():
         sample = next((t for t in trials if t.status == "completed"), None)
-        if sample is None or _key_of(sample) != key:
+        if sample is None or run_key(sample) != key:
             continue
         if (decision := _decision(store, pid, trials)) is not None:
             out.append(decision)
