@@ -62,7 +62,7 @@ def _value(text: str) -> bool | int | str:
     return int(text) if text.isdigit() else text
 
 
-def _variant(recipe: Recipe, field: str, to: str) -> Recipe:
+def variant(recipe: Recipe, field: str, to: str) -> Recipe:
     """``recipe`` with ``field`` at ``to`` (not validated: :func:`problem` validates it)."""
     section, name = field.split(".")
     update: dict[str, Any] = {name: _value(to)}
@@ -74,7 +74,7 @@ def _variant(recipe: Recipe, field: str, to: str) -> Recipe:
 def problem(recipe: Recipe, field: str, to: str) -> str | None:
     """Why ``recipe`` with ``field`` at ``to`` cannot run here: what the host lacks first, else what the
     recipe's rules refuse (one line naming the field); None when it can."""
-    changed = _variant(recipe, field, to)
+    changed = variant(recipe, field, to)
     lacking = host_problem(changed)
     if lacking:
         return lacking
