@@ -56,17 +56,21 @@ def _flags(inp: EstimateInput) -> list[tuple[str, str, str, EstimateInput, str]]
            for a in ATTENTION if a != inp.attention]
     out.append(("train.compile", _OFF_ON[inp.compiled], _OFF_ON[not inp.compiled],
                 replace(inp, compiled=not inp.compiled), "activations"))
-    if inp.strategy != "hsdp":
-        out.append(("launch.strategy", inp.strategy, "hsdp", replace(inp, strategy="hsdp", shard=None), "per device"))
+    other = "fsdp" if inp.strategy == "hsdp" else "hsdp"  # hybrid sharding against sharding over every process
+    out.append(("launch.strategy", inp.strategy, other, replace(inp, strategy=other, shard=None), "per device"))
     cp = 2 if inp.cp_size == 1 else 1
     out.append(("launch.cp_size", str(inp.cp_size), str(cp), replace(inp, cp_size=cp), "activations"))
     out.append(("train.precision", "fp8" if inp.fp8 else inp.precision, inp.precision if inp.fp8 else "fp8",
                 replace(inp, fp8=not inp.fp8, precision="bf16"), "per device"))  # fp8 computes the rest in bf16
     out.append(("train.activation_offload", _OFF_ON[inp.activation_offload], _OFF_ON[not inp.activation_offload],
                 replace(inp, activation_offload=not inp.activation_offload), "activations on the device"))
-    nvme = replace(inp, nvme_offload=True, offload_optimizer=True, offload_params=True)
-    if not inp.nvme_offload:
-        out.append(("launch.offload", "none" if not inp.offload_optimizer else "cpu", "nvme", nvme, "per device"))
+    if inp.nvme_offload:
+        out.append(("launch.offload", "nvme", "none", replace(inp, nvme_offload=False, offload_optimizer=False,
+                                                                offload_params=False), "per device"))
+    else:
+        offload = "optimizer+params" if inp.offload_params else "optimizer" if inp.offload_optimizer else "none"
+        out.append(("launch.offload", offload, "nvme",
+                    replace(inp, nvme_offload=True, offload_optimizer=True, offload_params=True), "per device"))
     return out
 
 
@@ -78,7 +82,8 @@ def _figure(b: MemoryBreakdown, part: str) -> int:
 
 def switch_effects(inp: EstimateInput) -> list[SwitchEffect]:
     """Every efficiency switch's effect on ``inp``'s estimate, the switch turned to its other state (each
-    other attention implementation; context parallel 2, or 1 when on; hsdp when the strategy is another),
+    other attention implementation; context parallel 2, or 1 when on; hsdp, or fsdp from hsdp; NVMe offload,
+    or none from it),
     whether or not the run could take it (the recipe's rules and the host say that:
     ``runner/spec/switches.py``, ``runner/spec/kernels.py``). Expert parallelism (``launch.ep_size``) has
     none: it is refused (``runner.spec.layout.EXPERT_PARALLEL_MISSING``)."""

@@ -50,6 +50,12 @@ def test_every_switch_is_turned_and_estimated() -> None:
     assert cp.after < 0.6 * cp.before
     assert effects[("train.activation_offload", "true")].after == 0 < now.activations
     assert effects[("launch.ep_size", "2")].change is None
+    # A switch that is on is turned off; hsdp against sharding over every process.
+    on = replace(inp, strategy="hsdp", n_devices=4, cp_size=2, nvme_offload=True, offload_optimizer=True,
+                 offload_params=True, compiled=True)
+    turned = {e.field: (e.state, e.to) for e in switch_effects(on)}
+    assert (turned["launch.strategy"], turned["launch.cp_size"], turned["launch.offload"], turned["train.compile"]) == (
+        ("hsdp", "fsdp"), ("2", "1"), ("nvme", "none"), ("true", "false"))
 
 
 def test_whether_each_runs_here_is_the_pre_flights_and_the_recipes_own_line() -> None:
