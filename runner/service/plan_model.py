@@ -73,18 +73,22 @@ class PlanModel:
         return self.fit.device.source if self.fit.device else f"no performance model: {self.fit.why}"
 
     def candidate_json(self, label: str) -> dict[str, Any] | None:
-        """A candidate's ``predicted``: tokens/s, the step's parts, the source; a raced one's held-out error."""
+        """A candidate's ``predicted``: tokens/s, the step's parts, the source; for a raced one, those of the fit
+        without its trials, and their error."""
         pred = self.predicted.get(label)
         checked = self.checked.get(label)
         if pred is None and checked is None:
             return None
-        out: dict[str, Any] = prediction_json(pred) if pred else {"tokens_per_s": None}
-        if checked is not None:
-            out["error_pct"] = None if checked.error_pct is None else round(checked.error_pct, 1)
-            out["held_out_tokens_per_s"] = round(checked.held_out.tokens_per_s, 1) if checked.held_out else None
-            out["error_source"] = ("runner.spec.summary.error_pct of the prediction by a fit without this "
-                                   "candidate's trials against its measured median" + (f" ({checked.why})"
-                                                                                      if checked.why else ""))
+        if checked is None:
+            return prediction_json(pred) if pred else {"tokens_per_s": None}
+        # raced: the prediction of a fit without its trials, so that the error is never of a fitted figure
+        out: dict[str, Any] = prediction_json(checked.held_out) if checked.held_out else {"tokens_per_s": None}
+        out["held_out"] = True
+        out["fitted_tokens_per_s"] = round(pred.tokens_per_s, 1) if pred else None
+        out["error_pct"] = None if checked.error_pct is None else round(checked.error_pct, 1)
+        out["error_source"] = ("runner.spec.summary.error_pct of the prediction by a fit without this candidate's "
+                               "trials against its measured median tokens/s" + (f" ({checked.why})"
+                                                                                if checked.why else ""))
         return out
 
     def json(self) -> dict[str, Any]:
@@ -133,17 +137,22 @@ def _host_takes(base: Recipe, strategy: str, nproc: int) -> bool:
 
 def _what_if(setup: Setup, device: pm.Device, work: pm.Workload, raced: Sequence[str],
              takes: Callable[[str, int], bool]) -> list[WhatIf]:
-    out = []
+    """Each raced multi-process strategy (its first engine raced) at twice its processes and at twice its
+    micro-batch."""
+    out: list[WhatIf] = []
+    seen: set[str] = set()
     for c in setup.candidates:
-        if c.label not in raced or c.nproc < 2 or c.split is None:
+        if c.label not in raced or c.nproc < 2 or c.split is None or c.strategy in seen:
             continue
-        for change, lay in ((f"x{2 * c.nproc} processes, micro-batch kept",
-                             layout(c, setup.base, nproc=2 * c.nproc) if takes(c.strategy, 2 * c.nproc) else None),
-                            (f"micro-batch {2 * c.split.micro_batch}, accumulation kept",
-                             layout(c, setup.base, micro_batch=2 * c.split.micro_batch))):
+        seen.add(c.strategy)
+        for label, change, lay in (
+                (f"{c.strategy} x{2 * c.nproc}", f"{2 * c.nproc} processes, micro-batch {c.split.micro_batch} kept",
+                 layout(c, setup.base, nproc=2 * c.nproc) if takes(c.strategy, 2 * c.nproc) else None),
+                (c.label, f"micro-batch {2 * c.split.micro_batch} and accumulation kept, so twice the global batch",
+                 layout(c, setup.base, micro_batch=2 * c.split.micro_batch))):
             pred = pm.predict(device, work, lay) if lay is not None else None
             if pred is not None:
-                out.append(WhatIf(c.label, change, pred))
+                out.append(WhatIf(label, change, pred))
     return out
 
 

@@ -142,8 +142,8 @@ def cells(e: dict[str, Any]) -> list[str]:
 
 HEADERS = ("candidate", "result", "tokens/s", "predicted", "model err", "est. mem", "meas. mem", "util", "1st step", "runs")
 """tokens/s: steady-state median (min-max over the repeats); predicted: the performance model's tokens/s
-(:mod:`runner.service.plan_model`); model err: its error on a raced candidate, fitted without that candidate's
-trials; est. mem: the planner's per device; meas. mem:
+(:mod:`runner.service.plan_model`; for a raced candidate, fitted without its trials); model err: that
+prediction's error against the measured tokens/s; est. mem: the planner's per device; meas. mem:
 the busiest rank's measured peak; 1st step: seconds from launch to the end of step 1 (median; its stages on
 the candidate's line under the table: :mod:`runner.spec.first_step`)."""
 
@@ -174,7 +174,7 @@ def model_lines(report: dict[str, Any]) -> list[str]:
     if not model:
         return []
     return [f"performance model: {model['source']}",
-            *(f"predicted, not raced: {w['label']} at {w['change']}: {w['tokens_per_s']:,.0f} tokens/s"
+            *(f"predicted, not raced: {w['label']}, {w['change']}: {w['tokens_per_s']:,.0f} tokens/s"
               for w in model["not_raced"])]
 
 
