@@ -69,8 +69,8 @@ class PlanModel:
     def source(self) -> str:
         """Where the model's figures come from, or why there is none."""
         if self.work is None:
-            return "no performance model: no trial stored the model's parameter bytes and dimensions"
-        return self.fit.device.source if self.fit.device else f"no performance model: {self.fit.why}"
+            return "not fitted: no trial stored the model's parameter bytes and dimensions"
+        return self.fit.device.source if self.fit.device else f"not fitted: {self.fit.why}"
 
     def candidate_json(self, label: str) -> dict[str, Any] | None:
         """A candidate's ``predicted``: tokens/s, the step's parts, the source; for a raced one, those of the fit
