@@ -1,7 +1,7 @@
 """A plan's performance model (:mod:`runner.analysis.perf_model`) fitted on its raced trials: a prediction of
 tokens/s for every candidate (raced or not), each raced one's error held out, and what the plan did not race:
-the multi-process candidates at twice their processes (where the strategies table and this host take them)
-and at twice their micro-batch (the accumulation kept, so the global batch doubles)."""
+each raced strategy at twice its processes (where the strategies table and this host take them) and at
+twice its micro-batch (the accumulation kept, so the global batch doubles)."""
 
 from __future__ import annotations
 
@@ -137,12 +137,12 @@ def _host_takes(base: Recipe, strategy: str, nproc: int) -> bool:
 
 def _what_if(setup: Setup, device: pm.Device, work: pm.Workload, raced: Sequence[str],
              takes: Callable[[str, int], bool]) -> list[WhatIf]:
-    """Each raced multi-process strategy (its first engine raced) at twice its processes and at twice its
-    micro-batch."""
+    """Each raced strategy (its first engine raced) at twice its processes, where the strategies table and
+    this host take them, and at twice its micro-batch."""
     out: list[WhatIf] = []
     seen: set[str] = set()
     for c in setup.candidates:
-        if c.label not in raced or c.nproc < 2 or c.split is None or c.strategy in seen:
+        if c.label not in raced or c.split is None or c.strategy in seen:
             continue
         seen.add(c.strategy)
         for label, change, lay in (

@@ -50,7 +50,7 @@ def _plan() -> tuple[plan.Setup, plan.Progress, Any]:
 
 def test_the_plans_model_predicts_every_candidate_from_the_trials_figures() -> None:
     setup, progress, ranking = _plan()
-    model = model_of(setup, progress, ranking, takes=lambda s, n: True)
+    model = model_of(setup, progress, ranking, takes=lambda s, n: s != "single")  # single: one process only
     ddp_step = 4 * 64 / 1500.0  # rows a step x tokens a row / measured tokens/s
     # DDP is the only trial at 2 processes and its shares add up to 1: the fit gives it back exactly
     assert model.predicted["ddp x2"] is not None
@@ -67,6 +67,12 @@ def test_the_plans_model_predicts_every_candidate_from_the_trials_figures() -> N
     per_byte = 0.15 * ddp_step / GRAD_BYTES
     assert fsdp is not None and fsdp.comm_s == pytest.approx((GRAD_BYTES + 2 * PARAM_BYTES / 2) * per_byte)
     assert fsdp.tokens_per_s < 1500.0
+    # not raced: each raced strategy at twice its processes (where taken) and at twice its micro-batch
+    assert [(w.label, w.change.split(",")[0]) for w in model.what_if] == [
+        ("single", "micro-batch 8 and accumulation kept"),
+        ("ddp x4", "4 processes"), ("ddp x2", "micro-batch 4 and accumulation kept")]
+    ddp4 = model.what_if[1].prediction
+    assert ddp4.compute_s == pytest.approx(model.predicted["ddp x2"].compute_s * 2)  # 4 ranks share the host
 
 
 def test_the_report_shows_predictions_errors_and_what_was_not_raced() -> None:
