@@ -6,7 +6,6 @@ knows."""
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
@@ -22,6 +21,7 @@ from runner.service import plan_record
 from runner.service.plan_record import Listing, Process
 from tui.app.messages import LaunchFailed, OpenPlan, OpenRun, PlanCommitStarted, PlanLoaded, PlansLoaded
 from tui.app.plans import PlanFeed, PlanView, command_line, start_commit
+from tui.app.poll import rest
 from tui.render.plan import HEADERS, cells, model_lines, note_line, track_lines
 from tui.render.report import fmt_bytes
 
@@ -116,10 +116,8 @@ class PlanScreen(Screen[None]):
                 first = False
             except Exception as exc:  # noqa: BLE001 (a locked or vanished database: say so, keep polling)
                 self.post_message(LaunchFailed(f"plan {self.pid}: {exc}"))
-            for _ in range(10):
-                if worker.is_cancelled:
-                    return
-                time.sleep(self.ftui.refresh_s / 10)
+            if rest(lambda: worker.is_cancelled, self.ftui.refresh_s):
+                return
 
     def on_plan_loaded(self, message: PlanLoaded) -> None:
         self.view = message.view
