@@ -22,7 +22,7 @@ from runner.service.plan_record import Listing, Process
 from tui.app.messages import LaunchFailed, OpenPlan, OpenRun, PlanCommitStarted, PlanLoaded, PlansLoaded
 from tui.app.plans import PlanFeed, PlanView, command_line, start_commit
 from tui.app.poll import rest
-from tui.render.plan import HEADERS, cells, note_line, track_lines
+from tui.render.plan import HEADERS, cells, model_lines, note_line, track_lines
 from tui.render.report import fmt_bytes
 
 if TYPE_CHECKING:
@@ -152,6 +152,7 @@ class PlanScreen(Screen[None]):
         if report:
             out.append("\n".join(note_line(e) for e in report["candidates"]) + "\n", style="dim")
             out.append("".join(f"{line}\n" for line in track_lines(report)), style="dim")
+            out.append("".join(f"{line}\n" for line in model_lines(report)), style="dim")
             mem = report["memory"]
             out.append(f"memory judged against: {fmt_bytes(mem['bytes'])} ({mem['source']})\n", style="dim")
         if view.record is not None:
