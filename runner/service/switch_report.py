@@ -100,8 +100,9 @@ def memory_proposal(rows: list[SwitchRow], inp: EstimateInput) -> str | None:
     if not cuts:
         return None
     best = min(cuts, key=lambda r: r.effect.change or 0.0).effect
-    return (f"{best.field} = {best.to}: {best.to} instead of {best.state} cuts {best.part} by "
-            f"{-(best.change or 0.0) * 100:.0f}% here (estimate; beyond the estimate's error of {band * 100:.0f}%)")
+    return (f"{best.field} = {best.to} (instead of {best.state}) cuts {best.part} by "
+            f"{-(best.change or 0.0) * 100:.0f}% here (estimate; beyond its error band of {band * 100:.0f}% for "
+            f"{band_key(family, strategy, engine)})")
 
 
 def _kernel_state(k: Kernels | None) -> tuple[str, bool] | None:
@@ -115,9 +116,10 @@ def speed_proposals(store: Store, recipe: Recipe, shape: ModelShape, rows: list[
     from the recipe's own beyond the measured spread (:func:`runner.analysis.verdict.compare_pair`)."""
     key = this_host(recipe, shape, runs_on_cpu(recipe))
     launch = recipe.launch
+    shapes: dict[str, ModelShape] = {recipe.model.name: shape}
     ids = [r.id for r in store.list_runs(status="completed", limit=RUNS_SEARCHED)
            if r.host == socket.gethostname() and r.strategy == launch.strategy and r.nproc == launch.nproc
-           and run_key(r) == key]
+           and run_key(r, shapes) == key]
     if len(ids) < 2:
         return []
     cmp = load_comparison(store, sorted(ids))

@@ -82,7 +82,7 @@ def test_the_memory_proposal_is_the_largest_cut_that_runs_here() -> None:
     runnable = [r for r in rows if r.problem is None and (r.effect.change or 0) < 0]
     best = min(runnable, key=lambda r: r.effect.change or 0.0).effect
     line = switch_report.memory_proposal(rows, inp)
-    assert line is not None and line.startswith(f"{best.field} = {best.to}: {best.to} instead of {best.state} cuts ")
+    assert line is not None and line.startswith(f"{best.field} = {best.to} (instead of {best.state}) cuts ")
     assert f"by {-(best.change or 0) * 100:.0f}% here (estimate;" in line
     # Nothing runnable cuts anything: nothing is proposed.
     assert switch_report.memory_proposal([replace(r, problem="x") for r in rows], inp) is None
