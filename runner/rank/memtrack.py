@@ -92,11 +92,13 @@ class LiveTensorPeaks:
         if not isinstance(t, torch.Tensor):
             return
         local = t.to_local() if hasattr(t, "to_local") else t
-        if local.device.type == "meta":
-            return
         try:
             storage = local.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse or wrapper tensors have no plain storage
+            return
+        # A storage on meta holds no memory: meta tensors, and the FakeTensors compilation traces with (they
+        # report the device they stand for, cpu, while their storage is on meta).
+        if storage.device.type == "meta":
             return
         self._storage(storage)
 
