@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from runner.data.chat import ensure_chat_template
 from runner.rank import memtrack
 from runner.rank.model_load import attention, for_training, load_dtype, random_model
 from runner.spec import builtin
@@ -40,8 +41,6 @@ def _config_and_vocab(recipe: Recipe) -> tuple[Any, int]:
     model_cfg = recipe.model
     if model_cfg.name.startswith(builtin.BUILTIN_PREFIX):
         from transformers import AutoTokenizer  # deferred: transformers is slow to import
-
-        from runner.data.chat import ensure_chat_template
 
         tok = AutoTokenizer.from_pretrained(str(builtin.ensure_tokenizer(cache_dir())))
         ensure_chat_template(tok, builtin=True)  # the rank's tokenizer: its length is the model's vocabulary
@@ -64,7 +63,7 @@ def measure(recipe: Recipe, device: str) -> dict[str, Any]:
                                   weight_decay=train.weight_decay)
     cuda = device == "cuda"
     if cuda:  # the CUDA context and cuBLAS come up before the meter, as in a rank (accelerate's prepare)
-        torch.cuda.init()
+        torch.cuda.init()  # type: ignore[no-untyped-call]
         torch.cuda.synchronize()
     meter = memtrack.meter_for(cuda, model, optimizer)
     model.train()

@@ -67,7 +67,10 @@ def load_model(setup: Setup) -> LoadedModel:
 def random_model(recipe: Recipe, config: Any, dtype: Any) -> Any:
     """A model of ``config`` in ``dtype`` with random weights, seeded by the recipe (the builtin models, and the
     library probe's stand-in for a hub model: :mod:`runner.rank.lib_probe`)."""
-    from transformers import AutoModelForCausalLM, LlamaForCausalLM  # deferred: transformers is slow to import
+    from transformers import (  # deferred: transformers is slow to import
+        AutoModelForCausalLM,
+        LlamaForCausalLM,
+    )
 
     torch.manual_seed(recipe.train.seed)  # the init is part of the recipe
     if recipe.model.name == builtin.TINY_LLAMA:

@@ -78,7 +78,14 @@ def read_cached(key: str) -> ProbeResult | None:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("beyond_tensors_bytes"), int):
         return None
-    return ProbeResult(**{k: data[k] for k in ProbeResult.__annotations__ if k in data})  # type: ignore[typeddict-item]
+    return as_probe_result(data)
+
+
+def as_probe_result(data: dict[str, Any]) -> ProbeResult:
+    """A probe's record from its JSON (``beyond_tensors_bytes`` checked by the caller)."""
+    return ProbeResult(beyond_tensors_bytes=data["beyond_tensors_bytes"], threads=int(data.get("threads", 0)),
+                       device=str(data.get("device", "")), torch=str(data.get("torch", "")),
+                       detail=dict(data.get("detail") or {}))
 
 
 def write_cached(key: str, result: ProbeResult) -> None:

@@ -145,6 +145,4 @@ def parse_probe(returncode: int, stdout: str, stderr: str) -> lib.ProbeResult | 
         return "its output is not JSON"
     if not isinstance(data, dict) or not isinstance(data.get("beyond_tensors_bytes"), int):
         return "its output has no beyond_tensors_bytes"
-    return lib.ProbeResult(beyond_tensors_bytes=data["beyond_tensors_bytes"], threads=int(data.get("threads", 0)),
-                           device=str(data.get("device", "")), torch=str(data.get("torch", "")),
-                           detail=dict(data.get("detail") or {}))
+    return lib.as_probe_result(data)

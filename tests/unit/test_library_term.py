@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.rank import memtrack
+from runner.rank import lib_probe, memtrack
 from runner.spec import library as lib
 from runner.spec.recipe import load_recipe
 from runner.spec.summary import RunSummary, library_measured
@@ -67,6 +67,22 @@ def test_a_run_reads_the_cached_line_or_says_how_to_measure_it(tmp_path: Path, m
     term = library.cached_term(recipe)
     assert term["bytes"] == 21 * MIB and term["label"].startswith("maths library (measured on this host: cpu, 2 threads")
     assert library.calibrate(recipe, QUICK, ["data.context_length=64"]) == term  # cached: no probe runs
+
+
+def test_the_probe_runs_the_recipe_s_measured_steps_under_the_trainer_s_meter() -> None:
+    # In this process (a probe process costs 8.5 s of CPU, mostly imports): the quickstart's model at a small
+    # shape, two optimizer steps; the figure is the meter's heap check, read back as the probe prints it.
+    recipe = load_recipe(QUICK, ["data.context_length=16", "train.batch_size=1"])
+    figures = lib_probe.measure(recipe, "cpu")
+    assert set(figures["phase_peaks"]) == {"forward", "backward", "optimizer"}
+    out = lib_probe.result(figures, "cpu")
+    check = figures["heap_check"]
+    assert out["detail"] == check and out["beyond_tensors_bytes"] == check["beyond_tensors_bytes"]
+    assert check["heap_growth_bytes"] - check["tensor_growth_bytes"] == check["beyond_tensors_bytes"]
+    assert check["span"] == "the measured steps" and out["device"] == "cpu"
+    assert library.parse_probe(0, json.dumps(out) + "\n", "") == out
+    with pytest.raises(RuntimeError, match="no library figure on cuda"):
+        lib_probe.result(figures, "cuda")
 
 
 def test_the_probe_output_is_read_or_its_failure_named_in_one_line() -> None:
