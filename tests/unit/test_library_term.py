@@ -70,19 +70,21 @@ def test_a_run_reads_the_cached_line_or_says_how_to_measure_it(tmp_path: Path, m
 
 
 def test_the_probe_runs_the_recipe_s_measured_steps_under_the_trainer_s_meter() -> None:
-    # In this process (a probe process costs 8.5 s of CPU, mostly imports): the quickstart's model at a small
-    # shape, two optimizer steps; the figure is the meter's heap check, read back as the probe prints it.
-    recipe = load_recipe(QUICK, ["data.context_length=16", "train.batch_size=1"])
-    figures = lib_probe.measure(recipe, "cpu")
+    # In this process (a probe process costs 8.5 s of CPU, mostly imports): the quickstart's model, one row a
+    # micro-batch, two optimizer steps; the figure is the meter's heap check, read back as the probe prints it.
+    # Context 64 is the shared matrix's (tests/support/matrix.py): the session's warm cache holds its blocks.
+    recipe = load_recipe(QUICK, ["data.context_length=64", "train.batch_size=1"])
+    figures, inputs = lib_probe.measure(recipe, "cpu")
+    assert inputs == "the run's first rows (rank 0)"
     assert set(figures["phase_peaks"]) == {"forward", "backward", "optimizer"}
-    out = lib_probe.result(figures, "cpu")
+    out = lib_probe.result(figures, "cpu", inputs)
     check = figures["heap_check"]
-    assert out["detail"] == check and out["beyond_tensors_bytes"] == check["beyond_tensors_bytes"]
+    assert out["detail"] == {**check, "inputs": inputs} and out["beyond_tensors_bytes"] == check["beyond_tensors_bytes"]
     assert check["heap_growth_bytes"] - check["tensor_growth_bytes"] == check["beyond_tensors_bytes"]
     assert check["span"] == "the measured steps" and out["device"] == "cpu"
     assert library.parse_probe(0, json.dumps(out) + "\n", "") == out
     with pytest.raises(RuntimeError, match="no library figure on cuda"):
-        lib_probe.result(figures, "cuda")
+        lib_probe.result(figures, "cuda", inputs)
 
 
 def test_the_probe_output_is_read_or_its_failure_named_in_one_line() -> None:
