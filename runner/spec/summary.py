@@ -62,9 +62,11 @@ class GpuLibrary(TypedDict):
 
 
 def library_measured(figures: RankFigures) -> int | None:
-    """What a rank measured beyond its tensors (CPU: ``heap_check``; GPU: ``gpu_library``), or None."""
-    check = figures.get("gpu_library") or figures.get("heap_check")
-    return None if not check else int(check["beyond_tensors_bytes"])
+    """What a rank measured beyond its tensors over its measured steps (CPU: ``heap_check``; GPU:
+    ``gpu_library``), or None (a run recorded before the figure, whose heap check spans one forward only)."""
+    check: Mapping[str, Any] = figures.get("gpu_library") or figures.get("heap_check") or {}
+    value = check.get("beyond_tensors_bytes")
+    return None if value is None else int(value)
 
 
 class RankFigures(TypedDict, total=False):
