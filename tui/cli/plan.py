@@ -12,7 +12,7 @@ from rich.text import Text
 
 from runner.analysis.ranking import Ranking
 from runner.analysis.track_record import host_track_record
-from runner.service import plan, plan_record
+from runner.service import plan, plan_commit, plan_record
 from runner.service.plan_record import PlanCommand
 from runner.service.sweep import SweepItem, SweepResult
 from runner.spec.recipe import RecipeError
@@ -91,8 +91,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     restore = stop.install()  # Ctrl-C/SIGTERM/SIGHUP stop the running trial and end the plan; its trials stay
     try:
         progress = plan.race(store, args.recipe, setup.candidates, setup.pid, args.overrides, setup.steps,
-                             setup.repeat, budget_s=budget_s,
-                             on_start=on_start, on_done=on_done, on_event=live.on_event, stop=stop)
+                             setup.repeat, budget_s=budget_s, on_start=on_start, on_done=on_done,
+                             on_event=live.on_event, stop=stop, max_steps=setup.base.train.max_steps)
     except plan.PlanError as exc:
         raise UsageError(str(exc)) from None
     finally:
@@ -129,8 +129,8 @@ def _commit(args: argparse.Namespace, store: Store, setup: plan.Setup, ranking: 
     stop = StopRequest()
     restore = stop.install()
     try:
-        result = plan.commit(store, args.recipe, setup, ranking, args.overrides, on_start=on_start,
-                             on_event=live.on_event, stop=stop)
+        result = plan_commit.commit(store, args.recipe, setup, ranking, args.overrides, on_start=on_start,
+                                    on_event=live.on_event, stop=stop)
     except plan.PlanError as exc:
         console.print(str(exc), markup=False)
         plan_record.committed(setup.pid, refused=str(exc))
