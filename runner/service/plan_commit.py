@@ -111,7 +111,7 @@ def _mismatch(manifest: dict[str, Any], recipe: Recipe, trial_digest: str | None
     if data.get("fingerprint") != data_digest(recipe.data.source):
         return f"data.source {recipe.data.source} changed since the trial"
     if trial_digest is None or manifest.get("recipe_digest") != trial_digest:
-        return "the trial's recipe is not the run's (beyond the trial's own steps and checkpoint)"
+        return "the trial's recipe differs from the run's beyond the trial's own steps and checkpoint"
     total = data.get("total_steps")
     if isinstance(total, int) and int(manifest["step"]) >= total:
         return f"the trial trained every step of the run ({total})"

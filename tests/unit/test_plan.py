@@ -318,3 +318,55 @@ def test_commit_without_a_winner_launches_nothing_and_says_why() -> None:
     assert "\n" not in str(err.value)
     with pytest.raises(plan.PlanError, match="no trial completed"):
         plan_commit.chosen(_setup(found), None)
+
+# ---------------------------------------------------------------------- the report
+
+
+def test_the_report_lists_every_candidate_and_prints_labels_as_text() -> None:
+    from rich.console import Console
+
+    from tui.render.plan import plan_markdown, plan_report, plan_table
+
+    base = _loader()([])
+    cands = [dataclasses.replace(c, skip="does not fit: estimated 9 GiB") if c.strategy == "fsdp" else c
+             for c in _space(lambda r: need(50), names=["single", "zero1", "fsdp"], nproc=2)]
+    torch_zero = next(c for c in cands if c.grid == "launch.engine=torch")
+    single = next(c for c in cands if c.strategy == "single")
+    runs = [_row(1, "single", 1, 1000.0), _row(2, "zero1", 2, 1500.0, grid="launch.engine=torch")]
+    progress = plan.Progress(runs={single.key(): [runs[0]], torch_zero.key(): [runs[1]]},
+                             over_budget=[plan.Trial(c, 1) for c in cands if c.label == "zero1 x2"])
+    cands = [dataclasses.replace(c, band_key="llama/zero1@torch") if c is torch_zero else c for c in cands]
+    setup = plan.Setup(base, "plan-test", cands, ROOMY, 8, 1)
+    # this host's record of the planner: one earlier zero1@torch run estimated 10% over its measured peak
+    earlier = run_info(9, "zero1", 2, 900.0, estimate={"band_key": "llama/zero1@torch",
+                                                       "per_device_bytes": {"total": 110 * MIB}},
+                       ranks=[{"peak_tensor_bytes": 100 * MIB}, {"peak_tensor_bytes": 90 * MIB}])
+    split = time_split.of_run(run_info(2, "zero1", 2, 1.0, ranks=[
+        {"rank": r, "step_split": {"wall_s": 1.0, "compute_s": 0.5, "comm_s": c, "data_s": 0.0, "other_s": 0.5 - c,
+                                   "source": "torch profiler"}} for r, c in ((0, 0.2), (1, 0.4))]).summary)
+    assert split is not None
+    report = plan_report(setup, progress, rank(build_comparison(runs, {}).rows, None, {1: 4.0, 2: 6.5}, {2: split}),
+                         track_record([earlier], "h"))
+    entries = {e["label"]: e for e in report["candidates"]}
+    assert [e["label"] for e in report["candidates"]][:2] == ["zero1 x2 [launch.engine=torch]", "single"]
+    assert (entries["zero1 x2"]["status"], entries["zero1 x2"]["reason"]) == ("not raced", "over the --budget")
+    assert (entries["fsdp x2"]["status"], entries["fsdp x2"]["reason"]) == ("not raced", "does not fit: estimated 9 GiB")
+    raced = entries["zero1 x2 [launch.engine=torch]"]
+    assert raced["tokens_per_s"] == {"median": 1500.0, "low": 1500.0, "high": 1500.0, "n": 1}
+    assert raced["time_to_first_step_s"]["median"] == 6.5 and raced["peak_memory"]["estimated_bytes"] == 50 * MIB
+    assert raced["peak_memory"]["error_band_pct"] == 12.0 and raced["micro_batch"] == 2 and raced["run_ids"] == [2]
+    assert report["decision"]["kind"] == "unknown" and report["decision"]["winner_run_id"] is None
+    mine = raced["peak_memory"]["error_this_host"]
+    assert (mine["runs"], mine["worst_pct"], mine["run_ids"]) == (1, 10.0, [9])
+    assert entries["single"]["peak_memory"]["error_this_host"] is None  # no run of its key here yet
+    console = Console(width=200, record=True)
+    console.print(plan_table(report))
+    text = console.export_text()
+    assert "zero1 x2 [launch.engine=torch]" in text and "over the --budget" in text  # brackets kept: not markup
+    assert "| zero1 x2 [launch.engine=torch] | cannot tell | 1,500 |" in plan_markdown(report)
+    assert "estimate error this host, llama/zero1@torch: +10.0% median, +10.0% worst over 1 run(s) (runs 9" in text
+    # where a step went: in the JSON, and under the table for the candidate that measured it
+    assert raced["time_split"]["comm_share"] == pytest.approx(0.3) and raced["time_split"]["worst_rank"] == 1
+    assert entries["single"]["time_split"] is None
+    assert ("a step: compute 50%, communication or waiting on another rank 30% (rank 1: 40%), preparing the batch "
+            "0%, other (Python between ops, launches) 20%") in " ".join(text.split())
