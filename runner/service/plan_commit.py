@@ -8,10 +8,15 @@ writes checkpoints, the trial completed, its checkpoint is whole, and it was tak
 processes, global batch, data order, data, schedule); otherwise the run starts at step 0 and says why in one
 line. The committed run records the plan (``committed_by_plan``) and the trial it continues
 (``continued_from_trial``, ``resumed_from``) or why it started over (``started_over``).
+
+It goes through this host's queue (:func:`enqueue_commit`), so it never starts on devices a running run holds;
+:func:`follow_commit` waits for it to start and end, with its journal's events as they come.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +25,17 @@ from typing import Any
 from runner.analysis.ranking import Ranking
 from runner.data.cache import source_digest
 from runner.service.plan import Candidate, PlanError, Setup, stored, trial_sets, winner, writes_checkpoints
-from runner.service.sweep import SweepItem, SweepResult, run_item
+from runner.service.queue import Enqueued, QueueOptions, QueueRefused, enqueue, remove
+from runner.service.stop import request_stop
+from runner.service.sweep import SweepItem
 from runner.spec import checkpoint as ck
-from runner.spec import layout
+from runner.spec import events as ev
+from runner.spec import layout, watching
 from runner.spec.recipe import Recipe, RecipeError, load_recipe
-from runner.watch.follow import Stop, WatchOptions
+from runner.spec.status import DONE, NOT_STARTED, entry_state
+from runner.watch.follow import Stop
 from store import RunInfo, Store
+from store import queue as entries_store
 
 
 @dataclass(frozen=True)
@@ -150,27 +160,115 @@ def commit_item(setup: Setup, c: Candidate, sets: Sequence[str], start: Continua
                      f"the winner of plan {setup.pid}; {start.line}")
 
 
-def commit(store: Store, recipe_path: Path, setup: Setup, ranking: Ranking | None, sets: Sequence[str],
-           on_start: Callable[[SweepItem, int], None] | None = None,
-           on_event: Callable[[dict[str, Any]], None] | None = None,
-           options: WatchOptions | None = None, stop: Stop | None = None) -> SweepResult:
-    """Run the plan's winner for real (:func:`commit_item`), as a run of no sweep that records the plan and
-    where it started.
+@dataclass(frozen=True)
+class Queued:
+    """A commit put in this host's queue."""
+
+    item: SweepItem
+    start: Continuation
+    entry: Enqueued
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a queued commit ended."""
+
+    run_id: int | None
+    """None: it never started (refused when its turn came, or taken out of the queue)."""
+    status: str
+    reason: str | None
+
+
+def enqueue_commit(store: Store, recipe_path: Path, setup: Setup, c: Candidate, sets: Sequence[str],
+                   start_runner: bool = True) -> Queued:
+    """Put the committed run of ``c`` (:func:`commit_item`, from its trial's checkpoint when :func:`decide`
+    allows) at the end of this host's queue (:func:`runner.service.queue.enqueue`): it starts when no run of
+    this host holds a device it takes, and records the plan and where it started.
 
     Raises:
-        PlanError: the plan names no winner.
+        RecipeError: the pre-flight refuses it (one line naming the field); nothing is queued.
     """
-    c = chosen(setup, ranking)
-    return commit_candidate(store, recipe_path, setup, c, sets, on_start, on_event, options, stop)
-
-
-def commit_candidate(store: Store, recipe_path: Path, setup: Setup, c: Candidate, sets: Sequence[str],
-                     on_start: Callable[[SweepItem, int], None] | None = None,
-                     on_event: Callable[[dict[str, Any]], None] | None = None,
-                     options: WatchOptions | None = None, stop: Stop | None = None) -> SweepResult:
-    """Run candidate ``c`` of the plan for real, from its trial's checkpoint when :func:`decide` allows."""
     start = decide(store, recipe_path, setup, c, sets)
     item = commit_item(setup, c, sets, start)
-    return run_item(store, recipe_path, item, None, on_start=on_start, on_event=on_event, options=options,
-                    stop=stop, summary={"committed_by_plan": setup.pid, **start.summary()},
-                    resumed_from=start.trial)
+    path = Path(recipe_path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot read recipe: {exc.strerror or exc}") from None
+    summary = {"committed_by_plan": setup.pid, "sweep_note": item.note, "sweep_grid": item.grid, **start.summary()}
+    options = QueueOptions(summary=summary, resumed_from=start.trial)
+    entry = enqueue(text, item.overrides, store=store, source=str(path), base_dir=path.parent, options=options,
+                    start_runner=start_runner)
+    return Queued(item, start, entry)
+
+
+class Journal:
+    """The events of a run's journal (``RUN/events.jsonl``) not read yet: each look reads from where the last
+    ended, whole lines only."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return []  # the ranks have not written it yet
+        self.offset += len(data)
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        out = []
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # not an event (a line cut by a crash): the watcher's own reading skips it too
+            if isinstance(event, dict):
+                out.append(event)
+        return out
+
+
+def follow_commit(store: Store, queued: Queued, on_start: Callable[[SweepItem, int], None] | None = None,
+                  on_event: Callable[[dict[str, Any]], None] | None = None, stop: Stop | None = None,
+                  poll_s: float = watching.SAMPLE_INTERVAL_S, sleep: Callable[[float], None] = time.sleep) -> Outcome:
+    """Wait for a queued commit to start (``on_start``) and end, its journal's events to ``on_event`` as they
+    come; ``stop`` (Ctrl-C) takes it out of the queue before it starts, or stops its run. Looks every
+    ``poll_s``, as often as the watcher samples."""
+    entry_id, journal, asked = queued.entry.entry_id, None, False
+    while True:
+        entry = entries_store.get_entry(store, entry_id)
+        if entry is None:
+            return Outcome(None, "failed", f"queue entry {entry_id} was removed before its run ended")
+        run = store.get_run(entry.run_id) if entry.run_id is not None else None
+        if journal is None and run is not None and run.run_dir:
+            journal = Journal(Path(run.run_dir) / ev.EVENTS_FILE)
+            if on_start:
+                on_start(queued.item, run.id)
+        for event in journal.read() if journal is not None and on_event else []:
+            on_event(event)  # type: ignore[misc]
+        state = entry_state(entry.status, entry.run_status)
+        if state == NOT_STARTED:
+            return Outcome(entry.run_id, "failed", entry.error)
+        if state == DONE:
+            return Outcome(entry.run_id, run.status if run else "failed", run.error if run else "its run was deleted")
+        if stop is not None and stop.is_set() and not asked:
+            asked = _stop(store, entry_id, run)
+            if asked and run is None:
+                return Outcome(None, "stopped", f"taken out of the queue (entry {entry_id}) before it started")
+        sleep(poll_s)
+
+
+def _stop(store: Store, entry_id: int, run: RunInfo | None) -> bool:
+    """Take the entry out of the queue (no run yet) or ask its run to stop; whether it was done (an entry
+    that started meanwhile is not removed: its run is stopped at the next look)."""
+    if run is None:
+        try:
+            remove(store, entry_id)
+        except QueueRefused:
+            return False
+        return True
+    request_stop(store, run.id, wait=False)
+    return True

@@ -87,33 +87,38 @@ def test_a_plan_cut_by_its_budget_continues_where_it_stopped(tmp_path: Path, mat
 
 def _commit_continues_the_trial(ftui: Any, store: Store, pid: str, trial_id: int, matrix: Matrix,
                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """The single candidate committed as ``--commit`` commits a winner (the plan's tie names none): it resumes
-    from its trial's checkpoint of step 4 and trains step 5, whose loss is the uninterrupted run's; the trial's
-    own steps are that run's first four (the same lr schedule)."""
+    """The single candidate committed as ``--commit`` commits a winner (the plan's tie names none), through
+    this host's queue: it resumes from its trial's checkpoint of step 4 and trains step 5, whose loss is the
+    uninterrupted run's; the trial's own steps are that run's first four (the same lr schedule)."""
     trial = store.get_run(trial_id)
     assert trial is not None and trial.total_steps == TRIAL_STEPS
     folders = ck.complete_checkpoints(Path(trial.run_dir))  # one, of its last step: a LoRA adapter's
     assert [f.name for f in folders] == [ck.checkpoint_dir(Path(trial.run_dir), TRIAL_STEPS).name]
     assert (ck.read_manifest(folders[0]) or {})["bytes"] < 4 * (trial.summary.params or 0) / 10  # not the model
 
-    monkeypatch.setenv("FTUI_HOME", str(ftui.home))
-    monkeypatch.setenv("FTUI_DB", ftui.db)
+    for name, value in (("FTUI_HOME", str(ftui.home)), ("FTUI_DB", ftui.db), ("FTUI_QUEUE_POLL_S", "0.2")):
+        monkeypatch.setenv(name, value)  # the queue runner the commit starts, and its run, see this home
     setup = plan.setup(QUICKSTART, COMMON, STRATEGIES, 2, steps=TRIAL_STEPS)
     assert setup.pid == pid
     single = next(c for c in setup.candidates if c.label == "single")
+    queued = plan_commit.enqueue_commit(store, QUICKSTART, setup, single, COMMON)
+    assert queued.entry.position == 1 and queued.entry.runner_pid is not None
     lines: list[str] = []
-    result = plan_commit.commit_candidate(store, QUICKSTART, setup, single, COMMON,
-                                          on_start=lambda item, run_id: lines.append(item.note))
+    steps: list[int] = []
+    result = plan_commit.follow_commit(store, queued, on_start=lambda item, run_id: lines.append(item.note),
+                                       on_event=lambda e: steps.extend([e["step"]] if e.get("type") == "step" else []),
+                                       poll_s=0.1)
     assert lines == [f"the winner of plan {pid}; continues from trial run {trial_id}'s checkpoint at step 4"]
-    assert result.status == "completed", result.reason
+    assert (result.status, steps) == ("completed", [5]), result.reason
+    assert result.run_id is not None
     committed = store.get_run(result.run_id)
     assert committed is not None and committed.resumed_from == trial_id and committed.sweep_id is None
     assert committed.summary.committed_by_plan == pid and committed.summary.continued_from_trial == trial_id
     assert committed.summary.resumed_from == {"run_id": trial_id, "checkpoint": str(folders[0]), "step": 4}
 
     uninterrupted = {m["step"]: m for m in matrix["single"].metrics}
-    for shown, steps in ((ftui.show(trial_id), [1, 2, 3, 4]), (ftui.show(committed.id), [5])):
-        assert [m["step"] for m in shown["metrics"]] == steps
+    for shown, expected in ((ftui.show(trial_id), [1, 2, 3, 4]), (ftui.show(committed.id), [5])):
+        assert [m["step"] for m in shown["metrics"]] == expected
         for m in shown["metrics"]:
             ref = uninterrupted[m["step"]]
             assert math.isclose(m["lr"], ref["lr"], rel_tol=1e-9), (m, ref)
