@@ -145,6 +145,7 @@ def _committed(store: Store, home: Ftui, steps: int, start_runner: bool) -> plan
     hand, as :func:`runner.service.plan_commit.enqueue_commit` queues one."""
     trial = store.create_run(name="trial", recipe_text="", recipe_hash="", strategy="single", nproc=1, method="-",
                              model="-", run_dir="", sweep_id="plan-x")
+    store.update_run(trial, status="completed")  # ended: it holds no device
     start = plan_commit.Continuation(home.home / "checkpoints" / "step-00000004", trial, 4)
     item = SweepItem("single", 1, [], "", f"the winner of plan plan-x; {start.line}")
     text = f'name = "commit"\n[launch]\nscript = "{SCRIPT}"\nscript_args = ["--steps", "{steps}", "--step-s", "0.05"]\n'
@@ -158,8 +159,14 @@ def test_a_plans_commit_starts_from_the_queue_records_the_trial_and_is_followed_
     queued = _committed(store, home, 3, start_runner=True)
     started: list[tuple[str, int]] = []
     events: list[dict[str, object]] = []
-    outcome = plan_commit.follow_commit(store, queued, on_start=lambda item, run_id: started.append((item.note, run_id)),
-                                        on_event=events.append, poll_s=0.05)
+    bound = threading.Timer(240, (stop := threading.Event()).set)  # a bound for a loaded machine, not a wait
+    bound.start()
+    try:
+        outcome = plan_commit.follow_commit(store, queued, on_start=lambda item, run_id: started.append((item.note,
+                                                                                                      run_id)),
+                                            on_event=events.append, stop=stop, poll_s=0.05)
+    finally:
+        bound.cancel()
     assert outcome.status == "completed" and outcome.run_id is not None, outcome
     assert started == [(queued.item.note, outcome.run_id)]
     assert [e["step"] for e in events if e["type"] == "step"] == [1, 2, 3]  # the journal, each event once
