@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -105,9 +106,14 @@ def _commit_continues_the_trial(ftui: Any, store: Store, pid: str, trial_id: int
     assert queued.entry.position == 1 and queued.entry.runner_pid is not None
     lines: list[str] = []
     steps: list[int] = []
-    result = plan_commit.follow_commit(store, queued, on_start=lambda item, run_id: lines.append(item.note),
-                                       on_event=lambda e: steps.extend([e["step"]] if e.get("type") == "step" else []),
-                                       poll_s=0.1)
+    bound = threading.Timer(600, (stop := threading.Event()).set)  # a bound for a loaded machine, not a wait
+    bound.start()
+    try:
+        result = plan_commit.follow_commit(store, queued, on_start=lambda item, run_id: lines.append(item.note),
+                                           on_event=lambda e: steps.extend([e["step"]] if e["type"] == "step" else []),
+                                           stop=stop, poll_s=0.1)
+    finally:
+        bound.cancel()
     assert lines == [f"the winner of plan {pid}; continues from trial run {trial_id}'s checkpoint at step 4"]
     assert (result.status, steps) == ("completed", [5]), result.reason
     assert result.run_id is not None
