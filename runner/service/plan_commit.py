@@ -247,9 +247,10 @@ def follow_commit(store: Store, queued: Queued, on_start: Callable[[SweepItem, i
             journal = Journal(Path(run.run_dir) / ev.EVENTS_FILE)
             if on_start:
                 on_start(queued.item, run.id)
-        for event in journal.read() if journal is not None and on_event else []:
-            on_event(event)  # type: ignore[misc]
-        state = entry_state(entry.status, entry.run_status)
+        state = entry_state(entry.status, entry.run_status)  # before the journal: an ended run's is read whole
+        if journal is not None and on_event is not None:
+            for event in journal.read():
+                on_event(event)
         if state == NOT_STARTED:
             return Outcome(entry.run_id, "failed", entry.error)
         if state == DONE:
