@@ -13,6 +13,9 @@ Checks:
                context parallel and NVMe offload): status, what was live (the precision event's switches),
                tokens/s, measured peak against the estimate; a switch the host cannot run records the
                pre-flight's one-line refusal (that line is the check's result: e.g. torchao missing).
+  perfmodel    `ftui plan` of the seed's TinyLlama-1.1B LoRA shape on one GPU (random weights; single, mp, fsdp;
+               5 steps each): the performance model's predicted (held out) vs measured tokens/s per candidate and
+               its predictions of what the plan did not race (bench/bench_perf_model.py).
   kernels      two sweeps of quickstart on cuda, bf16: model.attn_implementation over eager, sdpa,
                flex_attention (and flash_attention_2 where flash_attn is installed), and train.compile off/on:
                each run's kernels in effect, tokens/s, measured peak against its estimate, final loss.
@@ -188,15 +191,29 @@ def check_kernels() -> dict[str, Any]:
             "compile": sweep_rows("train.compile=false,true")}
 
 
+def check_perfmodel(tmp: Path) -> dict[str, Any]:
+    from bench_perf_model import markdown, rows, run_plan  # bench/ is this script's folder
+
+    folder = tmp / "tinyllama-random"
+    if not (folder / "config.json").exists():
+        build_tinyllama(folder)
+    home = Path(os.environ.get("FTUI_HOME", str(tmp / "ftui-home")))
+    found = rows(run_plan(home, "recipes/tinyllama-1.1b-lora.toml", 1, [f"model.name={json.dumps(str(folder))}"],
+                          strategies="single,mp,fsdp", steps=5))
+    print(markdown(found), flush=True)
+    return found
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("gpu-results.json"))
-    parser.add_argument("--only", action="append", choices=["quickstart", "tinyllama", "stop", "switches", "kernels"])
+    parser.add_argument("--only", action="append", choices=["quickstart", "tinyllama", "stop", "switches", "kernels",
+                                                             "perfmodel"])
     args = parser.parse_args()
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
     results: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S")}
     checks = {"quickstart": check_quickstart, "stop": check_stop, "tinyllama": lambda: check_tinyllama(tmp),
-              "switches": check_switches, "kernels": check_kernels}
+              "switches": check_switches, "kernels": check_kernels, "perfmodel": lambda: check_perfmodel(tmp)}
     for name, check in checks.items():
         if args.only and name not in args.only:
             continue

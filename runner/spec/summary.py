@@ -35,6 +35,18 @@ class StepSplitFigures(TypedDict):
     source: str
 
 
+class HeapCheck(TypedDict):
+    """CPU: glibc's heap (``mallinfo2``: ``uordblks + hblkhd``) beside the live tensors over the measured steps
+    (:meth:`runner.rank.memtrack.LiveTensorPeaks.heap_figures`). What the heap kept beyond tensors is the maths
+    library's (oneDNN's primitive cache under bf16, MKL's buffers under fp32) and the runtime's; it is not in
+    ``peak_tensor_bytes``."""
+
+    heap_growth_bytes: int
+    tensor_growth_bytes: int
+    beyond_tensors_bytes: int
+    span: str
+
+
 class RankFigures(TypedDict, total=False):
     """What one rank measured about itself (the trainer's ``end`` event, one entry per rank)."""
 
@@ -74,8 +86,7 @@ class RankFigures(TypedDict, total=False):
     memory_source: str
     """How ``peak_tensor_bytes`` was measured."""
     measured_steps: int
-    heap_check: dict[str, Any]
-    """CPU: glibc heap growth beside tensor growth over the first forward (a cross-check)."""
+    heap_check: HeapCheck
     peak_rss_bytes: int
     """getrusage peak resident set of the rank's process (CPU: includes the ~600 MB runtime). Not a
     training-memory figure: it is shown as "peak RSS", never as "measured" memory."""

@@ -60,6 +60,21 @@ def test_a_plan_cut_by_its_budget_continues_where_it_stopped(tmp_path: Path, mat
         assert sum(split[f"{k}_share"] for k in ("compute", "comm", "data", "other")) == pytest.approx(1, abs=1e-3)
         assert split["ranks"] == entry["nproc"] and (split["comm_share"] > 0) == (entry["nproc"] > 1)
         assert "communication or waiting on another rank" in entry["time_split_text"]
+    # the performance model, fitted on the two trials: each raced one predicted by a fit without its own trial
+    model = report["performance_model"]
+    assert model["fitted_on"] == ["ddp x2", "single"] and set(model["compute_s_per_token"]) == {"1", "2"}
+    single_pred, ddp_pred = found["single"]["predicted"], found["ddp x2"]["predicted"]
+    assert single_pred["held_out"] and single_pred["tokens_per_s"] > 0 and "scaled by 1/2" in single_pred["source"]
+    assert single_pred["error_pct"] == pytest.approx(
+        (single_pred["tokens_per_s"] - found["single"]["tokens_per_s"]["median"])
+        / found["single"]["tokens_per_s"]["median"] * 100, abs=0.2)
+    # without DDP's trial no collective was measured: no prediction, and the error's source says why
+    assert ddp_pred["tokens_per_s"] is None and ddp_pred["error_pct"] is None
+    assert "no collective measured" in ddp_pred["error_source"] and ddp_pred["fitted_tokens_per_s"] > 0
+    # not raced: DDP over 4 processes (2 a core), each at twice its micro-batch (single takes one process only)
+    assert sorted((w["label"], w["change"].split(",")[0]) for w in model["not_raced"]) == [
+        ("ddp x2", "micro-batch 4 and accumulation kept"), ("ddp x4", "4 processes"),
+        ("single", "micro-batch 8 and accumulation kept")]
     decision = report["decision"]  # one trial each, no spread measured: never a winner on one run each
     assert decision["kind"] in ("unknown", "tie") and decision["winner_run_id"] is None
     assert set(decision["ties"]) == {"single", "ddp x2"}

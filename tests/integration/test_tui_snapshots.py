@@ -12,7 +12,7 @@ import pytest
 from runner.hardware import DeviceSample, ProcessGpuMemory
 from runner.spec.recipe import load_recipe
 from store import Store
-from tests.support.dashboard import NO_WATCHER_CHECK, trainer_summary, wait_for
+from tests.support.dashboard import NO_WATCHER_CHECK, ONE_READ_S, trainer_summary, wait_for
 from tui.app import app as app_module
 from tui.app import make_app
 
@@ -93,7 +93,7 @@ def fill(store: Store, tmp: Path) -> None:
 
 
 def app_for(store: Store):  # type: ignore[no-untyped-def]
-    return make_app(store, now=lambda: NOW, python="python", refresh_s=0.2, monitor_s=0.2, watcher_check_s=NO_WATCHER_CHECK)
+    return make_app(store, now=lambda: NOW, python="python", refresh_s=0.2, monitor_s=ONE_READ_S, watcher_check_s=NO_WATCHER_CHECK)
 
 
 async def settle(pilot) -> None:  # type: ignore[no-untyped-def]
@@ -239,7 +239,7 @@ def test_devices(snap_compare, store: Store, size) -> None:  # type: ignore[no-u
     lib = FakeNvml.demo(8, pids=[4_000_001, 4_000_002, 4_000_003], tick_s=None)
     lib.advance(30)
     probe = Probe(nvml=NvmlBackend(lib=lib, host="box"), processes=_FixedHost())  # type: ignore[arg-type]
-    app = make_app(store, probe=probe, fake_gpus=8, now=lambda: NOW, python="python", refresh_s=0.2, monitor_s=0.2, watcher_check_s=NO_WATCHER_CHECK)
+    app = make_app(store, probe=probe, fake_gpus=8, now=lambda: NOW, python="python", refresh_s=0.2, monitor_s=ONE_READ_S, watcher_check_s=NO_WATCHER_CHECK)
 
     async def before(pilot) -> None:  # type: ignore[no-untyped-def]
         await settle(pilot)

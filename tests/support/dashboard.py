@@ -22,6 +22,10 @@ NO_WATCHER_CHECK = float("inf")
 """``make_app(watcher_check_s=)`` for a store whose ``running`` runs are written by hand: the dashboard's
 check for dead watchers (which would settle them as failed, at a time that depends on the machine's load)
 never runs; tests/integration/test_dashboard_watcher_gone.py tests the check itself."""
+ONE_READ_S = 3600.0
+"""``make_app(monitor_s=)`` for a screenshot of a running run: the Monitor and Devices feeds read once. Each read
+of a running run adds a sample to the devices' history, so a second read (due whenever the machine is slow)
+would draw one more point."""
 
 
 @pytest.fixture

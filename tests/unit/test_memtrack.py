@@ -87,8 +87,8 @@ def test_merge_keeps_the_largest_peak_of_each_phase() -> None:
     assert memtrack.merge([]) == {}
 
 
-def test_tiny_llama_forward_agrees_with_the_heap() -> None:
-    """The cross-check the trainer stores: glibc's heap growth over one forward against the tensor growth."""
+def test_the_heap_beyond_the_tensors_is_a_bounded_library_cache() -> None:
+    """What the trainer stores beside the peak: glibc's heap growth against the tensors' over the measured span."""
     from transformers import AutoModelForCausalLM
 
     from runner.spec.builtin import tiny_llama_config
@@ -106,8 +106,11 @@ def test_tiny_llama_forward_agrees_with_the_heap() -> None:
         loss.backward()
     result = meter.result()
     check = result["heap_check"]
-    assert check["tensor_growth_bytes"] > 50 * 2**20
-    assert check["heap_growth_bytes"] == pytest.approx(check["tensor_growth_bytes"], rel=0.2)
+    grads = sum(p.numel() * 4 for p in model.parameters())
+    assert check["tensor_growth_bytes"] == pytest.approx(grads, rel=0.01)  # the gradients, alive after the backward
+    # The heap holds what the tensors hold, and the library's caches beside them (tens of MiB, not hundreds).
+    assert check["beyond_tensors_bytes"] == check["heap_growth_bytes"] - check["tensor_growth_bytes"]
+    assert 0 <= check["beyond_tensors_bytes"] < 64 * 2**20
     params = sum(p.numel() * 4 for p in model.parameters())
     assert result["phase_peaks"]["backward"] > params + check["tensor_growth_bytes"]
 

@@ -7,6 +7,7 @@ than the last it saw) so that an 8-GPU run sampled at 2 Hz stays cheap to watch.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from datetime import datetime
@@ -34,6 +35,20 @@ RECENT_KEPT = 64
 
 
 Clock = Callable[[], datetime]
+REST_SLICE_S = 0.05
+"""How soon a resting feed worker notices that it was cancelled (a screen closed, the app quit)."""
+
+
+def rest(cancelled: Callable[[], bool], seconds: float) -> bool:
+    """Waits ``seconds`` between two reads of a feed worker, in slices, so that a cancel ends the wait within
+    ``REST_SLICE_S`` whatever the interval; True when the worker was cancelled."""
+    deadline = time.monotonic() + seconds
+    while not cancelled():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(REST_SLICE_S, left))
+    return True
 
 
 def downsample(values: list[float], width: int) -> list[float]:

@@ -16,6 +16,7 @@ from runner.analysis.noise import Spread
 from runner.analysis.ranking import Ranking, Standing
 from runner.analysis.track_record import Record
 from runner.service.plan import Candidate, Progress, Setup
+from runner.service.plan_model import PlanModel, model_of
 from runner.spec import first_step as fs
 from tui.render.report import fmt_bytes
 
@@ -43,9 +44,10 @@ def _status(c: Candidate, standing: Standing | None, left: int, racing: bool) ->
 
 
 def candidate_entry(c: Candidate, standing: Standing | None, left: int,
-                    records: Mapping[str, Record] | None = None, racing: bool = False) -> dict[str, Any]:
+                    records: Mapping[str, Record] | None = None, racing: bool = False,
+                    model: PlanModel | None = None) -> dict[str, Any]:
     """One candidate of the JSON report (``records``: this host's track record of the planner, by key;
-    ``racing``: the plan is still racing)."""
+    ``racing``: the plan is still racing; ``model``: the plan's performance model)."""
     record = (records or {}).get(c.band_key)
     status, reason = _status(c, standing, left, racing)
     return {
@@ -73,6 +75,7 @@ def candidate_entry(c: Candidate, standing: Standing | None, left: int,
         "time_to_first_step_split": standing.first_step_split if standing else {},
         "time_split": standing.time_split.json() if standing and standing.time_split else None,
         "time_split_text": standing.time_split.sentence() if standing and standing.time_split else None,
+        "predicted": model.candidate_json(c.label) if model else None,
     }
 
 
@@ -87,11 +90,12 @@ def plan_report(plan: Setup, progress: Progress, ranking: Ranking | None,
     for t in progress.over_budget:
         left[t.candidate.label] = left.get(t.candidate.label, 0) + 1
     order = {s.label: i for i, s in enumerate(ranking.standings)} if ranking else {}
+    model = model_of(plan, progress, ranking)
     ranked: list[tuple[tuple[bool, int], dict[str, Any]]] = []
     for c in plan.candidates:  # raced ones in ranking order (fastest first), then those not raced
         ids = [r.id for r in progress.runs.get(c.key(), [])]
         standing = next((by_run[i] for i in ids if i in by_run), None)
-        entry = candidate_entry(c, standing, left.get(c.label, 0), records, racing)
+        entry = candidate_entry(c, standing, left.get(c.label, 0), records, racing, model)
         place = order.get(standing.label, len(order)) if standing else len(order)
         ranked.append(((entry["status"] == "not raced", place), entry))
     entries = [e for _, e in sorted(ranked, key=lambda x: x[0])]
@@ -104,6 +108,7 @@ def plan_report(plan: Setup, progress: Progress, ranking: Ranking | None,
                      "winner_run_id": decision.run_id if decision else None,
                      "ties": ranking.ties if ranking else []},
         "candidates": entries,
+        "performance_model": model.json(),
         "reopen": f"ftui compare --sweep {plan.pid}",
     }
 
@@ -119,16 +124,26 @@ def _result(e: dict[str, Any]) -> str:
     return (e["standing"] or "completed") if e["status"] == "completed" else e["status"]
 
 
+def _predicted(e: dict[str, Any]) -> tuple[str, str]:
+    """The model's tokens/s and, for a raced candidate, its held-out error (``-`` where there is none)."""
+    pred = e.get("predicted") or {}
+    tps = "-" if pred.get("tokens_per_s") is None else f"{pred['tokens_per_s']:,.0f}"
+    err = pred.get("error_pct")
+    return tps, "-" if err is None else f"{err:+.0f}%"
+
+
 def cells(e: dict[str, Any]) -> list[str]:
     """A candidate's row of the table (:data:`HEADERS`)."""
     mem, util, first = e["peak_memory"], e["utilisation"], e["time_to_first_step_s"]
-    return [e["label"], _result(e), _tps(e["tokens_per_s"]), fmt_bytes(mem["estimated_bytes"]),
+    return [e["label"], _result(e), _tps(e["tokens_per_s"]), *_predicted(e), fmt_bytes(mem["estimated_bytes"]),
             fmt_bytes(mem["measured_bytes"]), "-" if util["mean_pct"] is None else f"{util['mean_pct']:.0f}%",
             "-" if not first else f"{first['median']:.1f}s", ", ".join(map(str, e["run_ids"])) or "-"]
 
 
-HEADERS = ("candidate", "result", "tokens/s", "est. mem", "meas. mem", "util", "1st step", "runs")
-"""tokens/s: steady-state median (min-max over the repeats); est. mem: the planner's per device; meas. mem:
+HEADERS = ("candidate", "result", "tokens/s", "predicted", "model err", "est. mem", "meas. mem", "util", "1st step", "runs")
+"""tokens/s: steady-state median (min-max over the repeats); predicted: the performance model's tokens/s
+(:mod:`runner.service.plan_model`; for a raced candidate, fitted without its trials); model err: that
+prediction's error against the measured tokens/s; est. mem: the planner's per device; meas. mem:
 the busiest rank's measured peak; 1st step: seconds from launch to the end of step 1 (median; its stages on
 the candidate's line under the table: :mod:`runner.spec.first_step`)."""
 
@@ -153,6 +168,16 @@ def track_lines(report: dict[str, Any]) -> list[str]:
             "the busiest rank's measured peak)" for r in seen.values()]
 
 
+def model_lines(report: dict[str, Any]) -> list[str]:
+    """The performance model's source, then one line per configuration the plan did not race."""
+    model = report.get("performance_model")
+    if not model:
+        return []
+    return [f"performance model: {model['source']}",
+            *(f"predicted, not raced: {w['label']}, {w['change']}: {w['tokens_per_s']:,.0f} tokens/s"
+              for w in model["not_raced"])]
+
+
 def plan_table(report: dict[str, Any]) -> RenderableType:
     """The candidates as a table, each one's reason or batch split under it, then the decision."""
     table = Table(title=f"plan {report['plan_id']} · {report['steps']} steps per trial", box=box.SIMPLE_HEAD)
@@ -163,6 +188,7 @@ def plan_table(report: dict[str, Any]) -> RenderableType:
     mem = report["memory"]
     return Group(table, *(Text(note_line(e), style="dim") for e in report["candidates"]),
                  *(Text(line, style="dim") for line in track_lines(report)),
+                 *(Text(line, style="dim") for line in model_lines(report)),
                  Text(f"memory judged against: {fmt_bytes(mem['bytes'])} ({mem['source']})", style="dim"),
                  Text(report["decision"]["text"], style="bold"),
                  Text(f"reopen with: {report['reopen']}", style="dim"))
@@ -176,6 +202,7 @@ def plan_markdown(report: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells(e)) + " |")
     lines += ["", *(f"- {note_line(e)}" for e in report["candidates"])]
     lines += [f"- {line}" for line in track_lines(report)]
+    lines += [f"- {line}" for line in model_lines(report)]
     lines += ["", f"Memory per device judged against: {fmt_bytes(report['memory']['bytes'])} "
                   f"({report['memory']['source']}). Reopen with `{report['reopen']}`."]
     return "\n".join(lines) + "\n"

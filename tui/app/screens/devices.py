@@ -5,7 +5,6 @@ still running plus the busiest other processes. NVML and psutil are read in a th
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +22,7 @@ from textual.worker import get_current_worker
 from runner.hardware import SOURCE_LABELS, DeviceSample, Probe, ProcessGpuMemory
 from runner.watch.host import probe_for
 from store import Store
+from tui.app.poll import rest
 from tui.app.widgets.plot import bar, level_style
 from tui.render.report import fmt_bytes
 
@@ -211,10 +211,8 @@ class DevicesScreen(Screen[None]):
                 self.post_message(DevicesUpdate(feed.poll()))
             except Exception as exc:  # noqa: BLE001 (NVML or the store in trouble: keep trying)
                 self.log.warning(f"devices poll: {exc}")
-            for _ in range(5):
-                if worker.is_cancelled:
-                    return
-                time.sleep(self.ftui.monitor_s / 5)
+            if rest(lambda: worker.is_cancelled, self.ftui.monitor_s):
+                return
 
     def on_devices_update(self, message: DevicesUpdate) -> None:
         self.show(message.snapshot)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +19,7 @@ from textual.worker import get_current_worker
 from runner.analysis.shard_verdict import run_verdict
 from runner.spec.status import TERMINAL
 from tui.app.messages import DeviceView, MonitorSnapshot, MonitorUpdate, Notice
-from tui.app.poll import MonitorFeed, fmt_elapsed
+from tui.app.poll import MonitorFeed, fmt_elapsed, rest
 from tui.app.screens.modals import ConfirmScreen
 from tui.app.widgets.plot import Curves, LinePlot, bar, level_style, spark
 from tui.render.report import STATUS_STYLE, fmt_bytes, fmt_seconds
@@ -138,10 +137,8 @@ class MonitorScreen(Screen[None]):
                 if snap.run is not None and snap.run.status in TERMINAL:
                     # Finished runs do not change; one last read and the worker rests.
                     return
-            for _ in range(5):
-                if worker.is_cancelled:
-                    return
-                time.sleep(self.ftui.monitor_s / 5)
+            if rest(lambda: worker.is_cancelled, self.ftui.monitor_s):
+                return
 
     def on_monitor_update(self, message: MonitorUpdate) -> None:
         self.snapshot = message.snapshot

@@ -6,7 +6,6 @@ knows."""
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
@@ -22,7 +21,8 @@ from runner.service import plan_record
 from runner.service.plan_record import Listing, Process
 from tui.app.messages import LaunchFailed, OpenPlan, OpenRun, PlanCommitStarted, PlanLoaded, PlansLoaded
 from tui.app.plans import PlanFeed, PlanView, command_line, start_commit
-from tui.render.plan import HEADERS, cells, note_line, track_lines
+from tui.app.poll import rest
+from tui.render.plan import HEADERS, cells, model_lines, note_line, track_lines
 from tui.render.report import fmt_bytes
 
 if TYPE_CHECKING:
@@ -116,10 +116,8 @@ class PlanScreen(Screen[None]):
                 first = False
             except Exception as exc:  # noqa: BLE001 (a locked or vanished database: say so, keep polling)
                 self.post_message(LaunchFailed(f"plan {self.pid}: {exc}"))
-            for _ in range(10):
-                if worker.is_cancelled:
-                    return
-                time.sleep(self.ftui.refresh_s / 10)
+            if rest(lambda: worker.is_cancelled, self.ftui.refresh_s):
+                return
 
     def on_plan_loaded(self, message: PlanLoaded) -> None:
         self.view = message.view
@@ -154,6 +152,7 @@ class PlanScreen(Screen[None]):
         if report:
             out.append("\n".join(note_line(e) for e in report["candidates"]) + "\n", style="dim")
             out.append("".join(f"{line}\n" for line in track_lines(report)), style="dim")
+            out.append("".join(f"{line}\n" for line in model_lines(report)), style="dim")
             mem = report["memory"]
             out.append(f"memory judged against: {fmt_bytes(mem['bytes'])} ({mem['source']})\n", style="dim")
         if view.record is not None:

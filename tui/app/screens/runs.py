@@ -19,7 +19,7 @@ from store import MetricPoint, RunInfo, Store
 from store.queue import QueueEntryInfo
 from store.queue import entries as queue_entries
 from tui.app.messages import CompareRuns, LaunchFailed, Notice, OpenRun, RunLaunched, RunsLoaded
-from tui.app.poll import run_duration, settle_abandoned
+from tui.app.poll import rest, run_duration, settle_abandoned
 from tui.app.screens.modals import ConfirmScreen, PromptScreen
 from tui.render.queue import queue_lines
 from tui.render.report import STATUS_STYLE, fmt_seconds
@@ -173,10 +173,8 @@ class RunsScreen(Screen[None]):
                 if self.ftui.store_error is not None:
                     return  # it could not be opened: the app is exiting with that line
                 self.post_message(LaunchFailed(f"store: {exc}"))
-            for _ in range(10):
-                if worker.is_cancelled:
-                    return
-                time.sleep(self.ftui.refresh_s / 10)
+            if rest(lambda: worker.is_cancelled, self.ftui.refresh_s):
+                return
 
     def on_runs_loaded(self, message: RunsLoaded) -> None:
         self.runs = message.runs
