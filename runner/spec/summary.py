@@ -403,6 +403,10 @@ class RunSummary:
     sweep_grid: str | None = None
     committed_by_plan: str | None = None
     """The plan (``ftui plan --commit``) whose winner this run is."""
+    continued_from_trial: int | None = None
+    """The plan's trial run whose checkpoint the committed run continues (``resumed_from`` has the checkpoint)."""
+    started_over: str | None = None
+    """Why the committed run starts at step 0 rather than from its trial's checkpoint (one line)."""
     find_batch: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     """Keys this version does not declare (a newer version's, a user's own), kept as stored."""

@@ -21,7 +21,7 @@ from runner.analysis.track_record import host_track_record
 from runner.hardware import NvmlBackend
 from runner.planner.error_band import band_key
 from runner.planner.memory import DEFAULT_RESERVE
-from runner.service import decisions
+from runner.service import decisions, switch_report
 from runner.service.batch import BatchTrial, find_batch_size
 from runner.service.decisions import PastDecision
 from runner.spec import strategies
@@ -110,6 +110,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     report = E.estimate_report(inp, gpu_mem, n_gpus, chosen)
     _add_track_record(args, report, inp)
     report["measured_here"] = [d.json() for d in _past_decisions(args, recipe, inp)]
+    _add_switches(args, report, recipe, inp)
     if recipe is not None:  # the maths library's line: measured by --library, else from this host's cache
         report["library"] = (library.calibrate(recipe, args.recipe, args.overrides) if args.library
                              else library.cached_term(recipe))
@@ -146,6 +147,26 @@ def _past_decisions(args: argparse.Namespace, recipe: Recipe | None, inp: E.Esti
     except UsageError:  # a --db or $FTUI_DB that does not exist: no plans
         return []
     return decisions.for_recipe(store, recipe, inp.shape, runs_on_cpu(recipe))
+
+
+def _add_switches(args: argparse.Namespace, report: dict[str, Any], recipe: Recipe | None,
+                  inp: E.EstimateInput) -> None:
+    """``every_switch``: each efficiency switch turned to its other states, what that does to the estimate and
+    whether it runs here; ``proposals``: the switch the recommendation proposes, with its number and source
+    (:mod:`runner.service.switch_report`). A recipe's only: without one there is no host check to make."""
+    if recipe is None:
+        report["every_switch"], report["proposals"] = [], []
+        return
+    rows = switch_report.switch_rows(recipe, inp)
+    report["every_switch"] = [r.json() for r in rows]
+    proposals = [p for p in [switch_report.memory_proposal(rows, inp)] if p]
+    try:
+        store = open_store(args, create=False)
+    except UsageError:  # a --db or $FTUI_DB that does not exist: nothing measured
+        store = None
+    if store is not None:
+        proposals += switch_report.speed_proposals(store, recipe, inp.shape, rows)
+    report["proposals"] = proposals
 
 
 def _add_track_record(args: argparse.Namespace, report: dict[str, Any], inp: E.EstimateInput) -> None:
@@ -227,7 +248,13 @@ def _print_text(report: dict[str, Any], inp: E.EstimateInput, gpu_mem: int, n_gp
         con.print(Text(f"{who}: {reason}", style="bold yellow"))
     for line in report.get("switches", []):  # context parallel, fp8, activation and NVMe offload: one line each
         con.print(Text(line))
+    if report.get("every_switch"):
+        con.print(Text("every switch, turned (estimated memory; whether it runs here):", style="bold"))
+        for row in report["every_switch"]:
+            con.print(Text(f"  {row['line']}", style="" if row["runs_here"] else "dim"))
     con.print(Text.assemble(("recommendation (estimated):", "bold"), f" {report['recommendation']['reason']}"))
+    for line in report.get("proposals", []):
+        con.print(Text.assemble(("  proposed: ", "bold"), line))
     if (term := report.get("library")) is not None:  # its own line: never inside the tensor total above
         con.print(Text(library_line(term), style="bold" if "bytes" in term else "dim"))
     for past in report.get("measured_here", []):  # ftui plan's decisions for this recipe on this host
