@@ -206,7 +206,7 @@ def _run_steps(setup: Setup, engine: Engine, shape: DataShape, scheduler: Any, p
         p.step = step
         if step // shape.steps_per_epoch != p.epoch:
             p.epoch = step // shape.steps_per_epoch
-            p.order = _epoch_order(shape.rows, train.seed, p.epoch, recipe.data.shuffle)
+            p.order = epoch_order(shape.rows, train.seed, p.epoch, recipe.data.shuffle)
         if step == p.start_step and p.compiled_layers:
             setup.emit(ev.PhaseEvent(type="phase", phase="compiling", detail=f"torch.compile "
                                      f"{recipe.train.compile_mode}, {p.compiled_layers} decoder layers"))
@@ -469,7 +469,7 @@ def _learned_tokens(labels: Any, mask: Any, rows: Any) -> int:
     return int(targets.sum())
 
 
-def _epoch_order(rows: int, seed: int, epoch: int, shuffle: bool) -> Any:
+def epoch_order(rows: int, seed: int, epoch: int, shuffle: bool) -> Any:
     """The epoch's permutation of the training rows (the identity without ``data.shuffle``)."""
     if not shuffle:
         return torch.arange(rows)
