@@ -27,12 +27,13 @@ from runner.service.decisions import PastDecision
 from runner.spec import strategies
 from runner.spec.recipe import Recipe, RecipeError, load_recipe
 from runner.spec.units import parse_bytes
+from runner.watch import library
 from runner.watch.host import runs_on_cpu
 from runner.watch.preflight import preflight
 from tui.cli.common import open_store
 from tui.cli.exits import UsageError, fail
 from tui.cli.parser import SHAPE_FLAGS
-from tui.render.estimate import estimate_table
+from tui.render.estimate import estimate_table, library_line
 from tui.render.report import fmt_bytes
 
 
@@ -57,6 +58,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         fail("estimate: give a recipe file, --model NAME or --params N"
               + (f" ({', '.join(shape_flags)} {'needs' if len(shape_flags) == 1 else 'need'} --params)"
                  if shape_flags else ""))
+    if args.overrides and args.recipe is None:
+        fail("estimate: --set overrides a recipe's fields; give a recipe file")
+    if args.library:
+        _library_flags(args)
     notes: list[str] = []
     inp, recipe = _model_input(args, notes)
     if (warning := _approximate_note(inp.shape)) is not None:
@@ -106,11 +111,29 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     _add_track_record(args, report, inp)
     report["measured_here"] = [d.json() for d in _past_decisions(args, recipe, inp)]
     _add_switches(args, report, recipe, inp)
+    if recipe is not None:  # the maths library's line: measured by --library, else from this host's cache
+        report["library"] = (library.calibrate(recipe, args.recipe, args.overrides) if args.library
+                             else library.cached_term(recipe))
     if args.format == "json":
         print(json.dumps(report, indent=2))
         return 0
     _print_text(report, inp, gpu_mem, n_gpus, notes)
     return 0
+
+
+LIBRARY_REFUSES = ("method", "precision", "lora_r", "micro_batch", "seq", "grad_ckpt", "attn", "compile", "params",
+                   "model")
+"""Flags that change what a recipe trains: ``--library`` measures the recipe (``--set`` changes its fields)."""
+
+
+def _library_flags(args: argparse.Namespace) -> None:
+    """``--library`` needs a recipe as it will run: one line naming a flag that changes it."""
+    if args.recipe is None:
+        fail("estimate --library: needs a recipe file (the probe trains its model for two steps)")
+    given = [f"--{f.replace('_', '-')}" for f in LIBRARY_REFUSES if getattr(args, f, None)]
+    if given:
+        fail(f"estimate --library: {', '.join(given)} change what the recipe trains; the probe measures the "
+             "recipe as it runs (change its fields with --set FIELD=VALUE)")
 
 
 def _past_decisions(args: argparse.Namespace, recipe: Recipe | None, inp: E.EstimateInput) -> list[PastDecision]:
@@ -184,7 +207,7 @@ def _model_input(args: argparse.Namespace, notes: list[str]) -> tuple[E.Estimate
                               lora_r=args.lora_r or 8)
     else:
         try:
-            recipe = load_recipe(args.recipe)
+            recipe = load_recipe(args.recipe, args.overrides)
             source = E.resolve_model_shape(recipe.model.name)
         except (RecipeError, ValueError, OSError) as exc:
             return fail(str(exc) if str(exc).startswith(str(args.recipe)) else f"{args.recipe}: {exc}")
@@ -232,6 +255,8 @@ def _print_text(report: dict[str, Any], inp: E.EstimateInput, gpu_mem: int, n_gp
     con.print(Text.assemble(("recommendation (estimated):", "bold"), f" {report['recommendation']['reason']}"))
     for line in report.get("proposals", []):
         con.print(Text.assemble(("  proposed: ", "bold"), line))
+    if (term := report.get("library")) is not None:  # its own line: never inside the tensor total above
+        con.print(Text(library_line(term), style="bold" if "bytes" in term else "dim"))
     for past in report.get("measured_here", []):  # ftui plan's decisions for this recipe on this host
         con.print(Text(past["line"], style="bold"))
 
@@ -240,7 +265,7 @@ def _probe(args: argparse.Namespace) -> int:
     if args.recipe is None:
         return fail("estimate --probe: needs a recipe file")
     try:
-        recipe = load_recipe(args.recipe)
+        recipe = load_recipe(args.recipe, args.overrides)
         preflight(recipe)
     except RecipeError as exc:
         return fail(f"{args.recipe}: {exc}")
