@@ -102,11 +102,8 @@ class LiveTensorPeaks:
             storage = local.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse or wrapper tensors have no plain storage
             return
-        # A storage on meta holds no memory: meta tensors, and the FakeTensors compilation traces with (they
-        # report the device they stand for, cpu, while their storage is on meta).
-        if storage.device.type == "meta":
-            return
-        self._storage(storage)
+        if holds_memory(storage):
+            self._storage(storage)
 
     def _storage(self, storage: Any) -> None:
         key = id(storage)
@@ -314,6 +311,22 @@ class NoMeter:
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         yield
+
+
+def holds_memory(storage: Any) -> bool:
+    """Whether ``storage`` holds memory of its own. Not a storage on meta (meta tensors, and the FakeTensors
+    that torch.compile traces with: they report the device they stand for while their storage is on meta),
+    nor the data-less storage of a wrapper subclass (the FunctionalTensors of AOTAutograd's tracing), whose
+    data pointer cannot be read. Compilation runs under the meter when Dynamo compiles a layer inside DDP's
+    forward (its DDPOptimizer path keeps the dispatch modes the plain path turns off), and its graphs keep
+    those tensors alive as example values for the life of the process."""
+    if storage.device.type == "meta":
+        return False
+    try:
+        storage.data_ptr()
+    except RuntimeError:  # "Attempted to access the data pointer on an invalid python storage"
+        return False
+    return True
 
 
 def training_tensors(model: Any, optimizer: Any) -> list[Any]:
