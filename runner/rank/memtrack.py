@@ -30,7 +30,9 @@ allocator's reserve (peak reserved minus peak allocated over the measured steps)
 Compiled layers (``train.compile``, and flex_attention's kernel) run compiled under the meter
 (``ignore_compile_internals``): what a compiled graph saves for backward and returns is counted (it passes
 through the dispatcher), the temporaries inductor's fused kernels allocate and free inside the graph are
-not, so on CPU the peak of a compiled run is a lower bound.
+not, so on CPU the peak of a compiled run is a lower bound. A layer first met inside DDP's forward is
+compiled under the meter too (Dynamo's DDPOptimizer path keeps the dispatch modes its plain path turns off):
+the FakeTensors and FunctionalTensors it traces with hold no memory and are not counted (:func:`holds_memory`).
 
 Why not the profiler's memory timeline: with ``profile_memory=True`` one step of the tiny Llama took 15 s
 on this machine (against 0.4 s), and ``prof.events()`` held no ``[memory]`` records in torch 2.13.
