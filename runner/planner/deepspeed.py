@@ -5,6 +5,9 @@
   allocate it at the first gradient of a backward and free it at the backward's end; ZeRO-1 with 16-bit
   weights stages it in fp32 (its gradient accumulation dtype), ZeRO-2 in the weights' dtype. ZeRO-3
   allocates it once, in the trainable parameters' dtype, when the optimizer is built: it lives all step.
+- ZeRO-3 also allocates, with the optimizer, one flat buffer of the rank's gradient partitions in the
+  gradient accumulation dtype (``grad_partitions_flat_buffer``, the weights' dtype unless the config names
+  another): alive all step (the estimate's ``grads`` in every moment).
 - The allgather bucket of ZeRO-1/2 allocates nothing: the updated partitions are gathered into the flat
   parameter buffer in place (``runtime/utils.py all_gather_dp_groups``).
 - ZeRO-3 gathers each parameter above the persistence threshold when its module runs and, with the
@@ -84,6 +87,17 @@ def zero3_persistent_bytes(inp: EstimateInput, w: int, tw: int) -> float:
         small += sum(inp.lora_r * (s.in_features + s.out_features) * s.count
                      for s in lora_targeted(sh, inp.lora_targets).values()) * tw
     return float(small)
+
+
+def zero3_step_transient_bytes(inp: EstimateInput, partition: float) -> float:
+    """Bytes ZeRO-3's optimizer step allocates beside the model states, for a rank's ``partition`` of
+    trainable elements (one sub-group: ``sub_group_size`` is 1e9 by default): the fp32 gradient of its
+    master partition, flattened from the gradient partitions (``stage3.py _prepare_fp32_grad_for_sub_group``),
+    and torch AdamW's temporaries over that one flat fp32 parameter (``torch/optim/adamw.py``): on CUDA the
+    foreach implementation's ``sqrt(exp_avg_sq)``, on CPU the per-parameter loop's ``sqrt(exp_avg_sq)`` and
+    its quotient."""
+    adam_temporaries = 1 if inp.device == "cuda" else 2
+    return float((1 + adam_temporaries) * 4 * partition)
 
 
 def add_deepspeed_parts(inp: EstimateInput, stage: int, params_sharded: bool, n: int, w: int, tw: int,

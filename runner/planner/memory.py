@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from runner.planner.activations import ActivationBytes, activation_bytes, kernels_note
-from runner.planner.deepspeed import add_deepspeed_parts, zero3_persistent_bytes
+from runner.planner.deepspeed import add_deepspeed_parts, zero3_persistent_bytes, zero3_step_transient_bytes
 from runner.planner.fsdp import Gathered, gathered_units
 from runner.planner.inputs import DTYPE_BYTES, EstimateInput, weight_bytes
 from runner.planner.pipeline import (
@@ -369,13 +369,16 @@ def _shard_states(inp: EstimateInput, run: _Run, s: _States, shards: frozenset[s
             # FSDP1's gradient is flat per unit: it covers the frozen parameters of every unit that holds an
             # adapter (the decoder layers), not only the adapters.
             grads = float((sh.layers * sh.layer_params + s.train) * s.tw / n)
-    params = s.params
+    params, persistent_grads = s.params, s.persistent_grads
     if "params" in shards:
         params = params / n
         if run.deepspeed and run.stage == 3:
             params += zero3_persistent_bytes(inp, run.w, s.tw)
+            if not inp.offload_optimizer:  # offloaded: DeepSpeed keeps both on the host
+                persistent_grads = grads  # its flat gradient partition, allocated with the optimizer
+                opt_transient = zero3_step_transient_bytes(inp, s.train / n)
     return replace(s, params=params, grads=grads, optimizer=optimizer, master=master,
-                   opt_transient=opt_transient, head_grads=head_grads)
+                   opt_transient=opt_transient, head_grads=head_grads, persistent_grads=persistent_grads)
 
 
 def _gathered(inp: EstimateInput, run: _Run, s: _States, shards: frozenset[str]) -> Gathered:
@@ -394,7 +397,7 @@ def _ddp_buckets(inp: EstimateInput, run: _Run, s: _States) -> _States:
     and live through the whole step; without that, the buckets are a second copy.
     """
     ddp = run.row.wraps_in_ddp
-    return replace(s, persistent_grads=s.grads if ddp else 0.0,
+    return replace(s, persistent_grads=s.grads if ddp else s.persistent_grads,
                    buckets=s.grads if ddp and not inp.grad_bucket_view else 0.0)
 
 
