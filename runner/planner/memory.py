@@ -259,6 +259,8 @@ class _Activations:
         logits: The saved log-softmax of the micro-batch whose backward runs (0 on a stage without the head).
         dropout: LoRA dropout's part of ``stored``.
         pipeline: A pipeline stage's receive buffers (alive all step).
+        accumulated: What one micro-batch saves on a pipeline stage of several micro-batches per step: its
+            last backward runs beside the gradients the earlier ones left (0: one micro-batch).
     """
 
     whole: ActivationBytes
@@ -271,6 +273,7 @@ class _Activations:
     logits: float
     dropout: float
     pipeline: float = 0.0
+    accumulated: float = 0.0
 
 
 def _activations(inp: EstimateInput, run: _Run, rows: int | None = None) -> _Activations:
@@ -309,7 +312,8 @@ def _split_layers(inp: EstimateInput, run: _Run, s: _States, stage: Stage) -> tu
     return s, replace(a, stored=float(stored), copies=acts.weight_copies * weight_share,
                       fwd_copies=acts.forward_copies * weight_share, logits_fwd=a.logits_fwd * head,
                       logits_bwd=logits_bwd, logits=a.logits * head, dropout=a.dropout * layer_share * k,
-                      pipeline=float(receive_buffers(inp, stage, run.e)))
+                      pipeline=float(receive_buffers(inp, stage, run.e)),
+                      accumulated=float(stored) / k if stage.microbatches > 1 else 0.0)
 
 
 def _tensor_group(inp: EstimateInput, run: _Run) -> int:
@@ -317,13 +321,26 @@ def _tensor_group(inp: EstimateInput, run: _Run) -> int:
     return min(run.n, inp.tp_size or run.n) if run.row.tensor_parallel else 1
 
 
+def _tensor_local(inp: EstimateInput, run: _Run) -> EstimateInput:
+    """``tp``: the run as one process's activations see it: the column-split projections give each process
+    its heads (query and key/value) and its slice of the MLP's intermediate width, so the attention and MLP
+    internals are 1/t; the layer inputs, the row-split outputs (after their all-reduce) and the logits are
+    whole (the hidden width and vocabulary are unchanged)."""
+    t = _tensor_group(inp, run)
+    if t == 1:
+        return inp
+    sh = inp.shape
+    return replace(inp, shape=replace(sh, heads=max(1, sh.heads // t), kv_heads=max(1, sh.kv_heads // t),
+                                      intermediate=max(1, sh.intermediate // t)))
+
+
 def _split_tensors(inp: EstimateInput, t: int, s: _States) -> _States:
     """``tp``: the device's share of the model states under a split over ``t`` processes.
 
     Megatron-style split of every decoder layer's projections: those weights (and, for full fine-tuning,
     their gradients and optimizer state) are 1/t per device; the embedding, norms and head stay whole.
-    LoRA's A or B is split with its base, the other whole: about half the adapter. Activations are counted
-    whole (the residual stream is replicated): an upper bound.
+    LoRA's A or B is split with its base, the other whole: about half the adapter. Activations: see
+    :func:`_tensor_local`.
     """
     sh = inp.shape
     layer_frac = min(1.0, sh.layers * sh.layer_params / max(1, sh.total_params))
@@ -442,6 +459,9 @@ def _moments(inp: EstimateInput, run: _Run, s: _States, a: _Activations, g: Gath
             "activations": a.stored - a.logits, "recompute": a.recompute, "transient": acts.layer_backward,
             "buffers": a.copies + max(g.gathered, g.at_backward), "grads": max(persistent_grads, s.head_grads),
             "grad_buckets": g.flat_grads}
+    if a.accumulated:  # the last micro-batch's backward, every earlier one's gradients alive
+        moments["backward_accumulated"] = {"activations": a.accumulated, "transient": a.logits_bwd,
+                                           "buffers": a.copies, "grads": s.grads}
     if a.dropout and not inp.gradient_checkpointing:
         for name in ("forward", "backward"):
             moments[name]["activations"] -= a.dropout
@@ -507,7 +527,7 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
     if run.row.layer_split:  # every stage's own estimate: the busiest is the largest
         return max((_estimate_part(inp, run, *_split_layers(inp, run, _model_states(inp, run), stage))
                     for stage in stages(inp, run.n)), key=lambda b: b.total)
-    return _estimate_part(inp, run, _model_states(inp, run), _activations(inp, run))
+    return _estimate_part(inp, run, _model_states(inp, run), _activations(_tensor_local(inp, run), run))
 
 
 def _estimate_part(inp: EstimateInput, run: _Run, states: _States, acts: _Activations) -> MemoryBreakdown:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from runner.planner import estimate, inputs_from_recipe
-from runner.spec import builtin
 from runner.planner.deepspeed import zero3_prefetch_bytes, zero3_step_transient_bytes
+from runner.spec import builtin
 from runner.spec.deepspeed_config import (
     CPU_BUCKET,
     DEEPSPEED_FILE,
