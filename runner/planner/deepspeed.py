@@ -51,10 +51,13 @@ def reduce_bucket_bytes(inp: EstimateInput, stage: int, w: int) -> int:
 
 def zero3_large_params(inp: EstimateInput) -> list[int]:
     """Elements of each parameter ZeRO-3 partitions and gathers: every one at or above the persistence
-    threshold (the linear weights, the embedding, the head and learned position embeddings)."""
+    threshold (the linear weights, the head, the embedding unless the head is the same tensor, and learned
+    position embeddings)."""
     sh = inp.shape
     large = [s.in_features * s.out_features for s in sh.linears.values() for _ in range(s.count)]
-    large += [sh.vocab * sh.hidden, sh.position_embedding_params]
+    if not (sh.tied_embeddings and "lm_head" in sh.linears):
+        large.append(sh.vocab * sh.hidden)
+    large.append(sh.position_embedding_params)
     return [p for p in large if p >= ZERO3_PERSISTENCE_THRESHOLD]
 
 
@@ -89,23 +92,28 @@ def zero3_persistent_bytes(inp: EstimateInput, w: int, tw: int) -> float:
     return float(small)
 
 
-def zero3_step_transient_bytes(inp: EstimateInput, partition: float) -> float:
-    """Bytes ZeRO-3's optimizer step allocates beside the model states, for a rank's ``partition`` of
-    trainable elements (one sub-group: ``sub_group_size`` is 1e9 by default): the fp32 gradient of its
-    master partition, flattened from the gradient partitions (``stage3.py _prepare_fp32_grad_for_sub_group``),
-    and torch AdamW's temporaries over that one flat fp32 parameter (``torch/optim/adamw.py``): on CUDA the
-    foreach implementation's ``sqrt(exp_avg_sq)``, on CPU the per-parameter loop's ``sqrt(exp_avg_sq)`` and
-    its quotient."""
+def step_transient_bytes(inp: EstimateInput, partition: float) -> float:
+    """Bytes DeepSpeed's optimizer step allocates beside the model states, for a rank's ``partition`` of
+    trainable elements (one group; ZeRO-3's ``sub_group_size`` is 1e9 by default): the fp32 gradient of its
+    master partition, flattened from the gradients (``stage_1_and_2.py step``; ``stage3.py
+    _prepare_fp32_grad_for_sub_group``), and torch AdamW's temporaries over that one flat fp32 parameter
+    (``torch/optim/adamw.py``): on CUDA the foreach implementation's ``sqrt(exp_avg_sq)``, on CPU the
+    per-parameter loop's ``sqrt(exp_avg_sq)`` and its quotient."""
     adam_temporaries = 1 if inp.device == "cuda" else 2
     return float((1 + adam_temporaries) * 4 * partition)
 
 
 def add_deepspeed_parts(inp: EstimateInput, stage: int, params_sharded: bool, n: int, w: int, tw: int,
-                        logits: float, moments: dict[str, dict[str, float]]) -> None:
-    """DeepSpeed's reduce bucket and ZeRO-3's gathered parameters, added to the ``moments`` of a step
-    they are alive in (the module doc says when DeepSpeed allocates and frees each). ``n``: ranks sharing
-    the partitions; ``w``/``tw``: bytes of a weight / of a trainable element; ``logits``: the saved
-    log-softmax in the forward's activations (not yet computed when the head is fetched)."""
+                        logits: float, moments: dict[str, dict[str, float]], partition: float) -> None:
+    """DeepSpeed's reduce bucket, optimizer step and ZeRO-3's gathered parameters, added to the ``moments``
+    of a step they are alive in (the module doc says when DeepSpeed allocates and frees each). ``n``: ranks
+    sharing the partitions; ``w``/``tw``: bytes of a weight / of a trainable element; ``logits``: the saved
+    log-softmax in the forward's activations (not yet computed when the head is fetched); ``partition``:
+    the rank's trainable elements."""
+    if not inp.offload_optimizer:  # offloaded, the step runs on the host
+        moments["optimizer"]["transient"] = step_transient_bytes(inp, partition)
+        if stage < 3:  # ZeRO-1/2 free the gradients once flattened (stage_1_and_2.py: free_grad_in_param_list)
+            moments["optimizer"]["grads"] = 0.0
     bucket = float(reduce_bucket_bytes(inp, stage, tw))
     for name, parts in moments.items():
         # ZeRO-3 allocates its bucket with the optimizer; ZeRO-1/2 from the first gradient to the end of backward.

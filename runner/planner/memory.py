@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from runner.planner.activations import ActivationBytes, activation_bytes, kernels_note
-from runner.planner.deepspeed import add_deepspeed_parts, zero3_persistent_bytes, zero3_step_transient_bytes
+from runner.planner.deepspeed import add_deepspeed_parts, zero3_persistent_bytes
 from runner.planner.fsdp import Gathered, gathered_units
 from runner.planner.inputs import DTYPE_BYTES, EstimateInput, weight_bytes
 from runner.planner.pipeline import (
@@ -393,7 +393,6 @@ def _shard_states(inp: EstimateInput, run: _Run, s: _States, shards: frozenset[s
             params += zero3_persistent_bytes(inp, run.w, s.tw)
             if not inp.offload_optimizer:  # offloaded: DeepSpeed keeps both on the host
                 persistent_grads = grads  # its flat gradient partition, allocated with the optimizer
-                opt_transient = zero3_step_transient_bytes(inp, s.train / n)
     return replace(s, params=params, grads=grads, optimizer=optimizer, master=master,
                    opt_transient=opt_transient, head_grads=head_grads, persistent_grads=persistent_grads)
 
@@ -475,7 +474,7 @@ def _moments(inp: EstimateInput, run: _Run, s: _States, a: _Activations, g: Gath
             moments[name]["transient"] += ring
     if run.deepspeed and run.stage is not None:
         add_deepspeed_parts(inp, run.stage, "params" in _sharded(inp, run), _shard_group(inp, run), run.w, s.tw,
-                            a.logits, moments)
+                            a.logits, moments, s.train / _shard_group(inp, run))
     return moments
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from runner.planner import estimate, inputs_from_recipe
-from runner.planner.deepspeed import zero3_prefetch_bytes, zero3_step_transient_bytes
+from runner.planner.deepspeed import zero3_prefetch_bytes, step_transient_bytes
 from runner.spec import builtin
 from runner.spec.deepspeed_config import (
     CPU_BUCKET,
@@ -109,7 +109,7 @@ def test_zero3_optimizer_step_holds_the_flat_fp32_gradient_and_adamw_temporaries
     # one flat parameter (sqrt(exp_avg_sq) and the quotient); on CUDA foreach's sqrt alone.
     assert b.phases["optimizer"] == b.model_states + b.ds_reduce_bucket + 3 * 4 * partition
     cuda = replace(inputs_from_recipe(recipe, allow_network=False), device="cuda")
-    assert zero3_step_transient_bytes(cuda, partition) == 2 * 4 * partition
+    assert step_transient_bytes(cuda, partition) == 2 * 4 * partition
 
 
 def test_parameters_partitioned_by_zero_init_are_counted_whole() -> None:
