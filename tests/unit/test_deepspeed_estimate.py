@@ -60,8 +60,6 @@ def test_zero12_hold_the_reduce_bucket_through_the_backward_only(strategy: str) 
     bucket = _written(recipe)["reduce_bucket_size"] * 4  # fp32 gradients
     b = _estimate(recipe)
     assert b.peak_phase == "backward" and b.ds_reduce_bucket == bucket
-    without = b.phases["optimizer"]
-    assert without < b.total - bucket  # not alive at the optimizer step
 
 
 def _large_parameters() -> list[int]:
@@ -122,3 +120,13 @@ def test_parameters_partitioned_by_zero_init_are_counted_whole() -> None:
     layer.weight.ds_numel = layer.weight.numel()  # type: ignore[attr-defined]
     layer.weight.data = torch.empty(0)
     assert param_count(layer.parameters()) == 384 * 1024 + 1024
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2"])
+def test_zero12_optimizer_step_frees_the_gradients_once_flattened(strategy: str) -> None:
+    recipe = _recipe(strategy, "method.type='full'")
+    b = _estimate(recipe)
+    partition = trainable_count(recipe) / 2
+    # The fp32 partition gradient and AdamW's two temporaries replace the gradients (stage_1_and_2.py step);
+    # the reduce bucket was freed at the backward's end.
+    assert b.phases["optimizer"] == b.params + b.optimizer + b.master + 3 * 4 * partition
