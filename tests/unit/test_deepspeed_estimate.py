@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from runner.planner import estimate, inputs_from_recipe
-from runner.planner.deepspeed import zero3_prefetch_bytes, step_transient_bytes
+from runner.planner.deepspeed import step_transient_bytes, zero3_prefetch_bytes
 from runner.spec import builtin
 from runner.spec.deepspeed_config import (
     CPU_BUCKET,
