@@ -16,6 +16,9 @@ Checks:
   perfmodel    `ftui plan` of the seed's TinyLlama-1.1B LoRA shape on one GPU (random weights; single, mp, fsdp;
                5 steps each): the performance model's predicted (held out) vs measured tokens/s per candidate and
                its predictions of what the plan did not race (bench/bench_perf_model.py).
+  library      the maths library's line on the GPU: `ftui estimate recipes/quickstart.toml --library` on cuda, bf16
+               (the probe: CUDA context and libraries outside the allocator, plus the allocator's reserve) against
+               the same figure the run's rank records over its measured steps (`gpu_library`), and the difference.
   kernels      two sweeps of quickstart on cuda, bf16: model.attn_implementation over eager, sdpa,
                flex_attention (and flash_attention_2 where flash_attn is installed), and train.compile off/on:
                each run's kernels in effect, tokens/s, measured peak against its estimate, final loss.
@@ -191,6 +194,21 @@ def check_kernels() -> dict[str, Any]:
             "compile": sweep_rows("train.compile=false,true")}
 
 
+def check_library() -> dict[str, Any]:
+    sets = ["--set", 'launch.device="cuda"', "--set", 'train.precision="bf16"', "--set", "data.context_length=64"]
+    est = ftui("estimate", "recipes/quickstart.toml", *sets, "--library", "--strategy", "single", "--format", "json")
+    term = json.loads(est.stdout).get("library") if est.returncode == 0 else {"error": est.stderr[-800:]}
+    proc = ftui("run", "recipes/quickstart.toml", *sets, "--set", "train.max_steps=3", "--name", "gpu-library")
+    ranks = (show(last_run_id()).get("summary") or {}).get("ranks") or []
+    measured = [r.get("gpu_library") for r in ranks]
+    out: dict[str, Any] = {"estimate": term, "ranks": measured, "exit_code": proc.returncode,
+                           "stderr_tail": proc.stderr[-800:]}
+    line = (term or {}).get("bytes")
+    if line is not None and measured and measured[0]:
+        out["difference_mib"] = round((line - measured[0]["beyond_tensors_bytes"]) / 2**20, 2)
+    return out
+
+
 def check_perfmodel(tmp: Path) -> dict[str, Any]:
     from bench_perf_model import markdown, rows, run_plan  # bench/ is this script's folder
 
@@ -208,12 +226,12 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("gpu-results.json"))
     parser.add_argument("--only", action="append", choices=["quickstart", "tinyllama", "stop", "switches", "kernels",
-                                                             "perfmodel"])
+                                                             "perfmodel", "library"])
     args = parser.parse_args()
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
     results: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S")}
     checks = {"quickstart": check_quickstart, "stop": check_stop, "tinyllama": lambda: check_tinyllama(tmp),
-              "switches": check_switches, "kernels": check_kernels, "perfmodel": lambda: check_perfmodel(tmp)}
+              "switches": check_switches, "kernels": check_kernels, "perfmodel": lambda: check_perfmodel(tmp), "library": check_library}
     for name, check in checks.items():
         if args.only and name not in args.only:
             continue

@@ -231,6 +231,20 @@ class _Saves:
             saved += probs * (self.mask(e) + e)
         return saved
 
+    def qk_norms(self, input_grad: bool) -> int:
+        """What OLMoE's RMSNorms of the query and key projections save per token: each the fp32 input (the
+        projection's output, or its upcast copy) and rsqrt where that projection's output needs a gradient, and
+        the normalized input in the compute dtype for a trained weight."""
+        sh = self.sh
+        if not sh.qk_norm:
+            return 0
+        q, k, _ = self.qkv_names()
+        total = 0
+        for name, width in ((q, sh.heads * sh.head_dim), (k, sh.kv_heads * sh.head_dim)):
+            if input_grad or self.trains(name):
+                total += 4 * width + 4 + (self.e * width if self.full else 0)
+        return total
+
     def trains(self, name: str) -> bool:
         """Whether the linear ``name`` trains (full fine-tuning, or an adapted module)."""
         return self.full or name.split("@")[0] in self.adapted
@@ -244,22 +258,34 @@ class _Saves:
         """What a mixture-of-experts MLP saves per token (the routed experts only). transformers' grouped_mm
         experts are not autocast: they compute in the weights' dtype."""
         sh, x, h, i, k = self.sh, self.w, self.sh.hidden, self.sh.intermediate, self.sh.experts_per_token
-        # The router: its fp32 softmax, the int64 top-k indices, their sum and the normalized weights.
-        router = 4 * sh.experts + 8 * k + 4 + 4 * k
-        if self.full:  # the router's input, for its weight's gradient
-            router += (self.e if self.autocast else self.w) * h
+        # The router: its fp32 softmax, the int64 top-k indices and, renormalizing, their sum and the normalized
+        # weights.
+        router = 4 * sh.experts + 8 * k + ((4 + 4 * k) if sh.norm_topk else 0)  # the renormalizing sum, division
+        if self.full and (self.autocast or not sh.mlp_in):  # the router's input, for its weight's gradient (the
+            router += (self.e if self.autocast else self.w) * h  # shared expert's linears save it uncast)
         # Per routed copy of a token: the gate/up output, the activation, the expert's output (scaled by the
         # routing weight, which is kept too) and three int64 indices of the sort; for the experts' weight
         # gradients also the gathered input and the input of the down projection.
         slot = x * (3 * i + h) + 4 + 3 * 8 + (x * (h + i) if self.full else 0)
         return router + k * slot
 
+    def shared_expert(self) -> _PerToken:
+        """What Qwen2-MoE's shared expert saves per token beside the routed ones (its input linears are the
+        layer's MLP input group): the gated MLP's gate output, activation and up output, the down projection's
+        input, the sigmoid of its gate's one output and the expert's output that sigmoid scales."""
+        sh, e, i = self.sh, self.e, self.sh.shared_expert
+        if not i:
+            return _PerToken(0, 0)
+        out = self.group(sh.mlp_out, i, e, False)
+        return _PerToken((2 if self.compiled else 3) * e * i + out.saved + e + e * sh.hidden, out.dropout)
+
     def mlp(self, input_grad: bool) -> _PerToken:
         """What the MLP saves between its input linears and its output linear, the output linear included;
         ``input_grad``: its activations need a gradient (else only an adapted output linear saves its input)."""
         sh, e, i = self.sh, self.e, self.sh.intermediate
         if sh.mlp == "moe":
-            return _PerToken(self.moe(), 0)
+            shared = self.shared_expert()
+            return _PerToken(self.moe() + shared.saved, shared.dropout)
         if not input_grad:
             out = self.group(sh.mlp_out, i, e, False, needs_grad=False)
             return _PerToken(out.saved, out.dropout)
@@ -283,7 +309,8 @@ class _Saves:
         # With one shared norm (Phi, Falcon-7B) the MLP's input linears read the attention's input.
         attn_in = (*sh.attn_in, *sh.mlp_in) if sh.parallel_block else sh.attn_in
         groups = [self.group(attn_in, h, w, False, norm_grad), self.group(sh.attn_out, qd, e, not copy)]
-        b = self.norm(input_grad) + groups[0].saved + self.attention(masked, input_grad) + groups[1].saved
+        b = self.norm(input_grad) + groups[0].saved + self.qk_norms(input_grad) + self.attention(masked, input_grad) \
+            + groups[1].saved
         if sh.parallel_residual:  # the MLP's own norm of the same layer input
             groups.append(self.group(sh.mlp_in, h, w, False, norm_grad))
             b += self.norm(input_grad, input_saved=True) + groups[-1].saved

@@ -36,6 +36,8 @@ class Family:
         rotary: The model rotates (part of) each head: its cos and sin are saved once.
         eager_softmax_fp32: Its eager attention takes the softmax in fp32 (``eager_attention_forward``'s
             ``dtype=torch.float32``); GPT-2's and Falcon's take it in the scores' dtype.
+        qk_norm: An RMSNorm over the whole query projection and one over the key projection (OLMoE's
+            ``q_norm``, ``k_norm``).
     """
 
     names: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]
@@ -48,6 +50,7 @@ class Family:
     mask_always: bool = False
     rotary: bool = True
     eager_softmax_fp32: bool = True
+    qk_norm: bool = False
 
 
 _LLAMA_NAMES = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
@@ -70,6 +73,11 @@ FAMILIES: dict[str, Family] = {
                   rotary=False),
     "falcon": Family(_FALCON_NAMES, norm="layer", mlp="plain", mask_always=True, eager_softmax_fp32=False),
     "mixtral": Family((("q_proj", "k_proj", "v_proj"), ("o_proj",), (), ()), mlp="moe"),
+    # Qwen2-MoE: the routed experts beside a shared expert (a gated MLP: these MLP linears) and its gate.
+    "qwen2_moe": Family((("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj", "shared_expert_gate"),
+                         ("down_proj",)), mlp="moe"),
+    # OLMoE: an RMSNorm on the whole query and key projections (q_norm, k_norm) before the rotary embedding.
+    "olmoe": Family((("q_proj", "k_proj", "v_proj"), ("o_proj",), (), ()), mlp="moe", qk_norm=True),
 }
 
 
@@ -128,6 +136,10 @@ def _family(config: Any, family: str) -> tuple[Family | None, str | None]:
         return _falcon(config, fam)
     if family == "gpt_neox" and not getattr(config, "use_parallel_residual", True):
         fam = Family(fam.names, "layer", "plain", attn_out_copy=True)
+    if family == "qwen2_moe" and (getattr(config, "mlp_only_layers", None)
+                                  or getattr(config, "decoder_sparse_step", 1) != 1):
+        return fam, ("Qwen2-MoE with dense layers (mlp_only_layers, decoder_sparse_step above 1) is not modelled: "
+                     "every layer is estimated as a mixture of experts")
     if family == "opt":
         proj = getattr(config, "word_embed_proj_dim", None)
         if not getattr(config, "do_layer_norm_before", True) or (proj and proj != config.hidden_size):
@@ -149,10 +161,14 @@ def _dropout(config: Any, family: str) -> dict[str, float]:
     }
 
 
-def _moe(config: Any) -> dict[str, int]:
-    """A mixture of experts' size: experts per layer and experts each token is routed to."""
+def _moe(config: Any) -> dict[str, Any]:
+    """A mixture of experts' size: experts per layer, experts each token is routed to, the shared expert's width
+    (Qwen2-MoE's ``shared_expert_intermediate_size``; 0: none) and whether the router renormalizes the top-k
+    weights (Mixtral always; Qwen2-MoE and OLMoE when ``norm_topk_prob``)."""
     experts = int(_cfg(config, "num_local_experts", "num_experts", default=0))
-    return {"experts": experts, "experts_per_token": int(_cfg(config, "num_experts_per_tok", default=0))}
+    renorm = getattr(config, "model_type", "") == "mixtral" or bool(getattr(config, "norm_topk_prob", False))
+    return {"experts": experts, "experts_per_token": int(_cfg(config, "num_experts_per_tok", default=0)),
+            "shared_expert": int(_cfg(config, "shared_expert_intermediate_size", default=0)), "norm_topk": renorm}
 
 
 def kv_heads(config: Any, heads: int) -> int:
@@ -164,8 +180,9 @@ def kv_heads(config: Any, heads: int) -> int:
 
 
 def mlp_intermediate(config: Any, hidden: int) -> int:
-    """The MLP's intermediate size (an expert's, in a mixture of experts)."""
-    return int(_cfg(config, "intermediate_size", "ffn_dim", "ffn_hidden_size", "n_inner", default=4 * hidden))
+    """The MLP's intermediate size (an expert's, in a mixture of experts: Qwen2-MoE's ``moe_intermediate_size``,
+    its ``intermediate_size`` being that of dense layers)."""
+    return int(_cfg(config, "moe_intermediate_size", "intermediate_size", "ffn_dim", "ffn_hidden_size", "n_inner", default=4 * hidden))
 
 
 def features(config: Any, linears: Mapping[str, LinearSpec], biases: bool) -> dict[str, Any]:
@@ -196,4 +213,4 @@ def features(config: Any, linears: Mapping[str, LinearSpec], biases: bool) -> di
             "attn_out_copy": fam.attn_out_copy, "kv_layout": fam.kv_layout, "mask_always": fam.mask_always,
             "rotary_fraction": _rotary_fraction(config) if fam.rotary else 0.0,
             "positions_per_token": family == "opt", "approximate": why, "eager_softmax_fp32": fam.eager_softmax_fp32,
-            **(_moe(config) if fam.mlp == "moe" else {})}
+            "qk_norm": fam.qk_norm, **(_moe(config) if fam.mlp == "moe" else {})}

@@ -104,6 +104,13 @@ class ModelShape:
     """Experts per layer of a mixture of experts (Mixtral); 0: a dense MLP."""
     experts_per_token: int = 0
     """Experts each token is routed to."""
+    shared_expert: int = 0
+    """The intermediate size of a shared expert every token goes through beside the routed ones (Qwen2-MoE's
+    gated ``shared_expert`` MLP, scaled by the sigmoid of ``shared_expert_gate``); 0: none."""
+    norm_topk: bool = True
+    """The router renormalizes the top-k routing weights (Mixtral; Qwen2-MoE and OLMoE with ``norm_topk_prob``)."""
+    qk_norm: bool = False
+    """An RMSNorm over the whole query projection and one over the key projection (OLMoE)."""
     largest_weight: int = 0
     """Elements of the largest parameter tensor (a Mixtral layer's stacked experts outgrow every linear)."""
 

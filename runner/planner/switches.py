@@ -26,7 +26,8 @@ from runner.planner.inputs import DTYPE_BYTES, EstimateInput
 GIB = 2**30
 
 
-def _size(n: float) -> str:
+def size_text(n: float) -> str:
+    """``1.25 GiB`` or ``12.0 MiB``."""
     return f"{n / GIB:.2f} GiB" if n >= GIB / 10 else f"{n / 2**20:.1f} MiB"
 
 
@@ -59,14 +60,14 @@ def switch_lines(inp: EstimateInput, offloaded: dict[str, int], nvme: dict[str, 
     if inp.cp_size > 1:
         lines.append(f"context parallel: {inp.cp_size} processes per sequence, activations of "
                      f"{tokens_per_device(inp)} of {inp.seq_len} tokens each, plus "
-                     f"{_size(ring_buffer_bytes(inp, DTYPE_BYTES[inp.precision]))} of all-gathered "
+                     f"{size_text(ring_buffer_bytes(inp, DTYPE_BYTES[inp.precision]))} of all-gathered "
                      "keys and values during a layer's attention (estimated)")
     if inp.fp8:
         lines.append("fp8: decoder Linear layers compute in float8 (torchao); weights keep their stored dtype and "
                      "activations stay bf16 (torchao saves the high-precision inputs), autocast's weight copies "
                      "of those layers are gone (estimated)")
     if inp.activation_offload:
-        lines.append(f"activation offload: {_size(offloaded.get('activations', 0))} of saved activations "
+        lines.append(f"activation offload: {size_text(offloaded.get('activations', 0))} of saved activations "
                      "in pinned host memory instead of the device (estimated)")
     if inp.attention == "eager":
         lines.append("attention eager: each layer keeps its fp32 attention probabilities, micro-batch x heads x "
@@ -75,7 +76,8 @@ def switch_lines(inp: EstimateInput, offloaded: dict[str, int], nvme: dict[str, 
         lines.append("compiled layers: the partitioner recomputes the MLP activation and the norms' products in "
                      "backward instead of keeping them (estimated)")
     if nvme:
-        lines.append(f"nvme offload: {_size(sum(nvme.values()))} ("
-                     + ", ".join(f"{k} {_size(v)}" for k, v in nvme.items())
+        lines.append(f"nvme offload: {size_text(sum(nvme.values()))} ("
+                     + ", ".join(f"{k} {size_text(v)}" for k, v in nvme.items())
                      + ") on the NVMe folder instead of the device (estimated)")
     return lines
+

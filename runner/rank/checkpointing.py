@@ -39,10 +39,10 @@ def check_resume(setup: Setup, shape: DataShape) -> dict[str, Any]:
                 f"train.resume_from: the checkpoint's data position does not fit this run ({key} "
                 f"{data.get(key)} there, {value} here): same data and batch needed"
             )
-    if int(manifest["step"]) >= shape.total_steps:
+    if int(manifest["step"]) >= shape.stop_step:
         raise ck.CheckpointError(
-            f"train.resume_from: the checkpoint is at step {manifest['step']}, the run has "
-            f"{shape.total_steps} steps: nothing left to train (raise train.max_steps)"
+            f"train.resume_from: the checkpoint is at step {manifest['step']}, the run stops after step "
+            f"{shape.stop_step}: nothing left to train (raise train.max_steps or train.stop_after)"
         )
     return manifest
 
@@ -95,7 +95,7 @@ class Checkpointer:
             "epoch": epoch,
             "tokens_done": tokens_done,
             "data": {"rows": shape.rows, "rows_per_step": shape.rows_per_step,
-                     "steps_per_epoch": shape.steps_per_epoch}
+                     "steps_per_epoch": shape.steps_per_epoch, "total_steps": shape.total_steps}
             | {"step_in_epoch": step % shape.steps_per_epoch, "seed": recipe.train.seed,
                "shuffle": recipe.data.shuffle, "fingerprint": self.data_fingerprint},
             "recipe_digest": recipe.model_copy(

@@ -42,6 +42,9 @@ class DataShape:
     rows_per_step: int
     steps_per_epoch: int
     total_steps: int
+    """The schedule's steps (``train.max_steps``, or ``epochs``' worth): what the lr schedule spans."""
+    stop_step: int
+    """The step this run stops after: ``train.stop_after`` within the schedule, else ``total_steps``."""
 
 
 @dataclass

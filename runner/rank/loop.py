@@ -149,8 +149,9 @@ def _data_shape(setup: Setup, engine: Engine, rows: int) -> DataShape:
         raise ValueError(problem)
     steps_per_epoch = rows // rows_per_step
     total_steps = train.max_steps or max(1, math.floor(train.epochs * steps_per_epoch))
+    stop_step = min(train.stop_after, total_steps) if train.stop_after else total_steps
     return DataShape(rows=rows, rows_per_step=rows_per_step, steps_per_epoch=steps_per_epoch,
-                     total_steps=total_steps)
+                     total_steps=total_steps, stop_step=stop_step)
 
 
 def _start_event(setup: Setup, engine: Engine, shape: DataShape, dims: Any, start_step: int,
@@ -174,7 +175,7 @@ def _start_event(setup: Setup, engine: Engine, shape: DataShape, dims: Any, star
         local_param_numel=0,
         rows=shape.rows,
         context_length=int(blocks.shape[1]),
-        total_steps=shape.total_steps,
+        total_steps=shape.stop_step,  # what this run trains; the schedule spans shape.total_steps
         steps_per_epoch=shape.steps_per_epoch,
         tokens_per_step=shape.rows_per_step * int(blocks.shape[1]),
         device_map=None,
@@ -199,13 +200,13 @@ def _run_steps(setup: Setup, engine: Engine, shape: DataShape, scheduler: Any, p
     p.probe = peak_probe.Probe(setup.on_cpu, run_dtype(recipe.train.precision))
     p.scale = engine.loss_scale()
     p.step = p.start_step - 1
-    profiled = step_split.profiled_step(p.start_step, shape.total_steps, memtrack.MEASURED_STEPS)
+    profiled = step_split.profiled_step(p.start_step, shape.stop_step, memtrack.MEASURED_STEPS)
     engine.model.train()
-    for step in range(p.start_step, shape.total_steps):
+    for step in range(p.start_step, shape.stop_step):
         p.step = step
         if step // shape.steps_per_epoch != p.epoch:
             p.epoch = step // shape.steps_per_epoch
-            p.order = _epoch_order(shape.rows, train.seed, p.epoch, recipe.data.shuffle)
+            p.order = epoch_order(shape.rows, train.seed, p.epoch, recipe.data.shuffle)
         if step == p.start_step and p.compiled_layers:
             setup.emit(ev.PhaseEvent(type="phase", phase="compiling", detail=f"torch.compile "
                                      f"{recipe.train.compile_mode}, {p.compiled_layers} decoder layers"))
@@ -235,7 +236,7 @@ def _run_steps(setup: Setup, engine: Engine, shape: DataShape, scheduler: Any, p
         t1 = p.last_step_end = time.perf_counter()
         p.steady.end(compiled=compiling.graphs_compiled() > graphs)  # no compiling step in the steady state
         p.final_loss = reduced.mean_loss
-        notable = step + 1 == shape.total_steps or reduced.stop_requested or bad is not None
+        notable = step + 1 == shape.stop_step or reduced.stop_requested or bad is not None
         if (step + 1) % train.log_every == 0 or notable:
             step_event = ev.StepEvent(type="step", step=step + 1, epoch=p.epoch, loss=reduced.mean_loss, lr=lr,
                                       grad_norm=grad_norm, tokens=p.tokens_done, step_time=t1 - t0,
@@ -372,7 +373,7 @@ def _cadence(setup: Setup, engine: Engine, shape: DataShape, p: _Progress, stop_
     train = setup.recipe.train
     done = p.step + 1
     if engine.evaluates and setup.dataset.eval is not None and (
-            done == shape.total_steps or (train.eval_every and done % train.eval_every == 0)):
+            done == shape.stop_step or (train.eval_every and done % train.eval_every == 0)):
         begin = time.perf_counter()
         setup.emit(ev.PhaseEvent(type="phase", phase="evaluating", detail=f"step {done}"))
         run_eval(setup, engine, done)
@@ -468,7 +469,7 @@ def _learned_tokens(labels: Any, mask: Any, rows: Any) -> int:
     return int(targets.sum())
 
 
-def _epoch_order(rows: int, seed: int, epoch: int, shuffle: bool) -> Any:
+def epoch_order(rows: int, seed: int, epoch: int, shuffle: bool) -> Any:
     """The epoch's permutation of the training rows (the identity without ``data.shuffle``)."""
     if not shuffle:
         return torch.arange(rows)

@@ -22,6 +22,11 @@ Two meters with one interface (``phase(name)`` around forward, backward and the 
   caches (oneDNN's primitives, about 1.6 MiB per GEMM shape under bf16; MKL's buffers under fp32) and the
   runtime's. On the quickstart (context 64, single) that was 20.2 MiB under bf16 and 30.2 MiB under fp32.
 
+On GPU, :class:`CudaPeaks` also reads, at the end of the last measured optimizer step, what the process holds
+beyond the allocator's tensors (``gpu_library``): NVML's memory of the process minus
+``torch.cuda.memory_reserved`` (the CUDA context, cuBLAS's workspace, NCCL and the other libraries), plus the
+allocator's reserve (peak reserved minus peak allocated over the measured steps).
+
 Compiled layers (``train.compile``, and flex_attention's kernel) run compiled under the meter
 (``ignore_compile_internals``): what a compiled graph saves for backward and returns is counted (it passes
 through the dispatcher), the temporaries inductor's fused kernels allocate and free inside the graph are
@@ -41,7 +46,8 @@ import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
-from runner.spec.summary import HeapCheck
+from runner.hardware.nvml import NvmlBackend
+from runner.spec.summary import GpuLibrary, HeapCheck
 
 MEASURED_STEPS = 2
 """Optimizer steps measured: the first creates the optimizer state, the second runs forward and backward
@@ -221,11 +227,14 @@ class LiveTensorPeaks:
 
 
 class CudaPeaks:
-    """The CUDA allocator's peak allocated and reserved bytes, per phase (see the module doc)."""
+    """The CUDA allocator's peak allocated and reserved bytes, per phase (see the module doc); at the end of the
+    last measured optimizer step, what the process holds beyond them (``gpu_library``)."""
 
     def __init__(self) -> None:
         self.phase_peaks: dict[str, int] = {}
         self.phase_reserved: dict[str, int] = {}
+        self.optimizer_steps = 0
+        self.library: GpuLibrary | None = None
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -245,14 +254,56 @@ class CudaPeaks:
             reserved = max((int(torch.cuda.max_memory_reserved(d)) for d in devices), default=0)
             self.phase_peaks[name] = max(self.phase_peaks.get(name, 0), allocated)
             self.phase_reserved[name] = max(self.phase_reserved.get(name, 0), reserved)
+            if name == "optimizer":
+                self.optimizer_steps += 1
+                if self.optimizer_steps == MEASURED_STEPS:
+                    self.library = self.library_figures()
+
+    def library_figures(self) -> GpuLibrary | None:
+        """NVML's memory of this process on every device against the allocator's (None without NVML)."""
+        import torch
+
+        process = process_gpu_bytes(os.getpid())
+        if process is None:
+            return None
+        reserved_now = sum(int(torch.cuda.memory_reserved(d)) for d in range(torch.cuda.device_count()))
+        return gpu_library(process, reserved_now, max(self.phase_reserved.values(), default=0),
+                           max(self.phase_peaks.values(), default=0))
 
     def result(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "peak_tensor_bytes": max(self.phase_peaks.values(), default=0),
             "phase_peaks": {k: self.phase_peaks[k] for k in PHASES if k in self.phase_peaks},
             "phase_reserved": {k: self.phase_reserved[k] for k in PHASES if k in self.phase_reserved},
             "memory_source": CUDA_SOURCE,
         }
+        if self.library is None and self.optimizer_steps:
+            self.library = self.library_figures()  # a run shorter than the measured steps: its end
+        if self.library is not None:
+            out["gpu_library"] = self.library
+        return out
+
+
+def gpu_library(process: int, reserved_now: int, reserved_peak: int, allocated_peak: int) -> GpuLibrary:
+    """What a GPU process holds beyond its tensors: the CUDA context, cuBLAS's workspace and the other
+    libraries outside the allocator (``process - reserved_now``), and the allocator's reserve over the measured
+    steps (``reserved_peak - allocated_peak``)."""
+    outside = process - reserved_now
+    reserve = reserved_peak - allocated_peak
+    return GpuLibrary(process_bytes=process, reserved_bytes=reserved_now, outside_allocator_bytes=outside,
+                      allocator_reserve_bytes=reserve, beyond_tensors_bytes=outside + reserve,
+                      span="the end of the measured steps")
+
+
+def process_gpu_bytes(pid: int) -> int | None:
+    """NVML's used memory of process ``pid`` summed over the GPUs (None where NVML lists none of it)."""
+    backend = NvmlBackend()
+    try:
+        used = [r.used_bytes for r in backend.process_memory({0: pid}, owners={pid: 0}) if r.pid == pid]
+    finally:
+        backend.close()
+    known = [u for u in used if u is not None]
+    return sum(known) if known else None
 
 
 class NoMeter:
@@ -295,10 +346,11 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
             out[key] = merged
     out["peak_tensor_bytes"] = max(int(r.get("peak_tensor_bytes") or 0) for r in results)
     out["measured_steps"] = len(results)
-    for r in results:
-        if "heap_check" in r:
-            out["heap_check"] = r["heap_check"]
-            break
+    for key in ("heap_check", "gpu_library"):
+        for r in results:
+            if key in r:
+                out[key] = r[key]
+                break
     return out
 
 

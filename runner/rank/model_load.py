@@ -14,7 +14,7 @@ from runner.spec.paths import cache_dir
 
 if TYPE_CHECKING:
     from runner.rank.context import Setup
-    from runner.spec.recipe import ModelSection
+    from runner.spec.recipe import ModelSection, Recipe
 
 
 @dataclass
@@ -51,35 +51,44 @@ def load_model(setup: Setup) -> LoadedModel:
     model_cfg, method = recipe.model, recipe.method
     dtype = load_dtype(model_cfg.dtype, method.type, recipe.train.precision)
     spread = setup.strategy.loads_over_devices
-    if model_cfg.name == builtin.TINY_LLAMA:
-        from transformers import LlamaForCausalLM  # deferred: transformers is slow to import
-
-        torch.manual_seed(recipe.train.seed)  # the init is part of the recipe
-        model: Any = LlamaForCausalLM(_attention(builtin.tiny_llama_config(len(setup.tokenizer)), model_cfg))
-        model = model.to(dtype)
-        if spread and not setup.on_cpu:
-            model = _dispatch_over_gpus(model)
-    elif model_cfg.name.startswith(builtin.BUILTIN_PREFIX):
-        from transformers import AutoModelForCausalLM  # deferred: transformers is slow to import
-
-        torch.manual_seed(recipe.train.seed)
-        config = _attention(builtin.model_config(model_cfg.name, len(setup.tokenizer)), model_cfg)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
+    if model_cfg.name.startswith(builtin.BUILTIN_PREFIX):
+        config = attention(builtin.model_config(model_cfg.name, len(setup.tokenizer)), model_cfg)
+        model: Any = random_model(recipe, config, dtype)
         if spread and not setup.on_cpu:
             model = _dispatch_over_gpus(model)
     else:
         model = _from_pretrained(setup, dtype, spread)
     total = param_count(model.parameters())
-    if recipe.train.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
-    if method.type in ("lora", "qlora"):
-        model = _with_lora(setup, model)
+    model = for_training(recipe, model)
     trainable = param_count(p for p in model.parameters() if p.requires_grad)
     return LoadedModel(model=model, total_params=total, trainable_params=trainable)
 
 
-def _attention(config: Any, model_cfg: ModelSection) -> Any:
+def random_model(recipe: Recipe, config: Any, dtype: Any) -> Any:
+    """A model of ``config`` in ``dtype`` with random weights, seeded by the recipe (the builtin models, and the
+    library probe's stand-in for a hub model: :mod:`runner.rank.lib_probe`)."""
+    from transformers import (  # deferred: transformers is slow to import
+        AutoModelForCausalLM,
+        LlamaForCausalLM,
+    )
+
+    torch.manual_seed(recipe.train.seed)  # the init is part of the recipe
+    if recipe.model.name == builtin.TINY_LLAMA:
+        return LlamaForCausalLM(config).to(dtype)
+    return AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
+
+
+def for_training(recipe: Recipe, model: Any) -> Any:
+    """``model`` with the recipe's gradient checkpointing and LoRA/QLoRA adapters."""
+    if recipe.train.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    if recipe.method.type in ("lora", "qlora"):
+        model = _with_lora(recipe, model)
+    return model
+
+
+def attention(config: Any, model_cfg: ModelSection) -> Any:
     """``config`` with the recipe's ``model.attn_implementation`` (None leaves transformers' choice: sdpa)."""
     if model_cfg.attn_implementation is not None:
         config._attn_implementation = model_cfg.attn_implementation
@@ -119,10 +128,9 @@ def _from_pretrained(setup: Setup, dtype: Any, spread: bool) -> Any:
     return AutoModelForCausalLM.from_pretrained(model_cfg.name, **kwargs)
 
 
-def _with_lora(setup: Setup, model: Any) -> Any:
+def _with_lora(recipe: Recipe, model: Any) -> Any:
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training  # deferred: peft is slow
 
-    recipe = setup.recipe
     if recipe.method.type == "qlora":
         model = prepare_model_for_kbit_training(  # type: ignore[no-untyped-call]
             model, use_gradient_checkpointing=recipe.train.gradient_checkpointing

@@ -111,15 +111,20 @@ def _decision(store: Store, pid: str, trials: list[RunInfo]) -> PastDecision | N
                         tuple(ranking.ties))
 
 
-def _key_of(trial: RunInfo) -> PlanKey | None:
-    """The key of a stored trial (None when its recipe or its model's shape cannot be read here)."""
+def run_key(trial: RunInfo, shapes: dict[str, ModelShape] | None = None) -> PlanKey | None:
+    """The key of a stored trial (None when its recipe or its model's shape cannot be read here). ``shapes``:
+    the shapes already read, by model name (a builtin MoE's shape takes a second of CPU to build: its
+    tokenizer), filled as they are read."""
+    shapes = {} if shapes is None else shapes
     try:
         recipe = parse_recipe(trial.recipe_text, source=f"run {trial.id}")
-        shape = resolve_model_shape(recipe.model.name, allow_network=False).shape
+        name = recipe.model.name
+        if name not in shapes:
+            shapes[name] = resolve_model_shape(name, allow_network=False).shape
     except (RecipeError, ValueError, OSError):
         return None
     keep = table.global_batch(trial.strategy, recipe.train.batch_size, recipe.train.grad_accum, trial.nproc)
-    key = recipe_key(recipe, shape, trial.host or "", trial.device_type or "cpu")
+    key = recipe_key(recipe, shapes[name], trial.host or "", trial.device_type or "cpu")
     return PlanKey(key.shape, key.method, key.precision, key.context, keep, key.host, key.device)
 
 
@@ -129,9 +134,10 @@ def past_decisions(store: Store, key: PlanKey) -> list[PastDecision]:
     for run in store.list_runs(sweep_prefix=PLAN_PREFIX):
         by_plan.setdefault(str(run.sweep_id), []).append(run)
     out = []
+    shapes: dict[str, ModelShape] = {}
     for pid, trials in by_plan.items():
         sample = next((t for t in trials if t.status == "completed"), None)
-        if sample is None or _key_of(sample) != key:
+        if sample is None or run_key(sample, shapes) != key:
             continue
         if (decision := _decision(store, pid, trials)) is not None:
             out.append(decision)

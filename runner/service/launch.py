@@ -38,6 +38,8 @@ class LaunchRequest:
     recipe: Recipe
     source: str | None = None
     nodes: NodeSpec | None = None
+    resumed_from: int | None = None
+    """The run this one continues, as the store records it (a plan's commit from its trial); None: none."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,7 @@ def record(store: Store, request: LaunchRequest) -> Prepared:
     """
     if request.nodes is not None:
         return prepare_node(store, request.recipe, request.nodes, source=request.source)
-    return prepare(store, request.recipe, source=request.source)
+    return prepare(store, request.recipe, source=request.source, resumed_from=request.resumed_from)
 
 
 def resume(store: Store, run_id: int, allow_data_change: bool = False, force: bool = False) -> Prepared:

@@ -8,17 +8,16 @@ steps each, and ranked by measured steady-state tokens/s.
 * **Pruning** (:func:`prune`): the planner's estimate against this host's memory with its error band
   (:func:`runner.planner.recommend.fit_verdict`): ``does not fit`` is never raced; ``might not fit`` is
   raced only when no candidate surely fits, and says so.
-* **The race** (:func:`race`): each candidate a normal run of ``steps`` optimizer steps (no checkpoint, no
-  evaluation), stored under the plan's id in the sweep column so that ``ftui compare --sweep PLAN_ID`` and
+* **The race** (:func:`race`): each candidate a normal run of ``steps`` optimizer steps (no evaluation), stored under the plan's id in the sweep column so that ``ftui compare --sweep PLAN_ID`` and
   the dashboard show it; ``repeat`` passes over the candidates while the budget lasts. A candidate that
   fails is recorded as failed and not repeated; the plan goes on.
 * **Resuming**: the plan's id is a digest of what it measures (:func:`plan_id`), so the same command finds
   the trials already stored and races only what is missing.
 * **The ranking**: :mod:`runner.analysis.ranking`.
-* **Commit** (:func:`commit`): the winner, when the decision names one, run for real: the user's recipe and
-  values with the winner's strategy, processes and batch split, to the recipe's own ``train.max_steps``, as a
-  run of no sweep that records the plan it came from. It starts at step 0: a trial trains a schedule of its
-  own few steps (and saves nothing), so no trial's state is the real run's.
+* **The trials train the run's first steps** (:func:`trial_sets`): the recipe's own lr schedule, stopped after
+  ``steps`` (``train.stop_after``), with a checkpoint of the last step where the strategy writes one.
+* **Commit** (:mod:`runner.service.plan_commit`): the winner, when the decision names one, run for real to the
+  recipe's own ``train.max_steps``, continuing from its trial's checkpoint when the recipe allows.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ from runner.planner.memory import DEFAULT_RESERVE
 from runner.planner.recommend import Fit, fit_band, fit_verdict
 from runner.rank.memtrack import MEASURED_STEPS
 from runner.service.launch import default_nproc
-from runner.service.sweep import SweepItem, SweepResult, run_item, run_sweep
+from runner.service.sweep import SweepItem, SweepResult, run_sweep
 from runner.spec import layout
 from runner.spec import strategies as table
 from runner.spec.layout import BatchSplit
@@ -64,9 +63,9 @@ steady-state tokens/s (:mod:`runner.rank.throughput`)."""
 MIN_STEPS = MEASURED_STEPS + 1
 """The fewest steps a trial has a steady-state figure with (one step after the metered ones)."""
 
-TRIAL_SETS = ("train.save=false", "train.save_every=0", "train.eval_every=0")
-"""What every trial sets besides its steps: no checkpoint (a trial is a measurement; ``pp`` and ``tp`` write
-none and refuse ``save_every``) and no evaluation between steps."""
+TRIAL_SETS = ("train.save=false", "train.eval_every=0")
+"""What every trial sets besides its steps (:func:`trial_sets`): no saved adapter or model at its end (a
+trial is a measurement, and its checkpoint holds what a commit continues from) and no evaluation."""
 
 
 PLAN_PREFIX = "plan-"
@@ -351,11 +350,33 @@ def check_start(candidates: Sequence[Candidate], progress: Progress, repeat: int
     check_budget(budget_s, trial_guess(first.candidate, progress) if first else None)
 
 
-def trial_item(trial: Trial, sets: Sequence[str], steps: int, repeat: int) -> SweepItem:
+def writes_checkpoints(c: Candidate) -> bool:
+    """Whether the candidate's strategy and engine write checkpoints a run can resume from (the strategies
+    table: not pipelines, tensor parallelism or DeepSpeed yet)."""
+    row = table.get(c.strategy)
+    try:
+        return row.with_engine(c.engine).checkpoints
+    except KeyError:
+        return False
+
+
+def trial_sets(c: Candidate, steps: int, max_steps: int) -> list[str]:
+    """What a trial of ``c`` sets on top of the run's own values: :data:`TRIAL_SETS`, and the first ``steps``
+    steps of the run's own schedule (``train.stop_after``: the lr warm-up and decay span ``max_steps``) with a
+    checkpoint at the last where the strategy writes one, so that ``--commit`` can continue from it. A
+    schedule no longer than the trial (``max_steps`` under ``steps``) is not the run's: the trial trains a
+    schedule of ``steps`` of its own and saves nothing."""
+    if max_steps and steps > max_steps:
+        return [*TRIAL_SETS, "train.save_every=0", f"train.max_steps={steps}"]
+    return [*TRIAL_SETS, f"train.save_every={steps if writes_checkpoints(c) else 0}", f"train.stop_after={steps}"]
+
+
+def trial_item(trial: Trial, sets: Sequence[str], steps: int, repeat: int, max_steps: int = 0) -> SweepItem:
+    """The run of one trial (``max_steps``: the recipe's own, which the trial's schedule spans)."""
     c = trial.candidate
     again = f"; repeat {trial.repeat}/{repeat}" if repeat > 1 else ""
-    return SweepItem(c.strategy, c.nproc, [*sets, *c.overrides, *TRIAL_SETS, f"train.max_steps={steps}"],
-                     c.grid, c.note + again)
+    return SweepItem(c.strategy, c.nproc, [*sets, *c.overrides, *trial_sets(c, steps, max_steps)], c.grid,
+                     c.note + again)
 
 
 def race(store: Store, recipe_path: Path, candidates: Sequence[Candidate], pid: str, sets: Sequence[str],
@@ -363,9 +384,10 @@ def race(store: Store, recipe_path: Path, candidates: Sequence[Candidate], pid: 
          on_start: Callable[[SweepItem, int], None] | None = None,
          on_done: Callable[[SweepItem, SweepResult], None] | None = None,
          on_event: Callable[[dict[str, Any]], None] | None = None,
-         options: WatchOptions | None = None, stop: Stop | None = None) -> Progress:
+         options: WatchOptions | None = None, stop: Stop | None = None, max_steps: int = 0) -> Progress:
     """Race what the plan lacks, one trial after another, until every candidate ran ``repeat`` times, the
-    next trial would run past ``budget_s`` (from now, by ``clock``), or a user stops a trial.
+    next trial would run past ``budget_s`` (from now, by ``clock``), or a user stops a trial. ``max_steps``:
+    the recipe's ``train.max_steps``, the schedule each trial trains the first ``steps`` of.
 
     Raises:
         PlanError: the budget is less than one trial already measured.
@@ -378,7 +400,7 @@ def race(store: Store, recipe_path: Path, candidates: Sequence[Candidate], pid: 
         if budget_s is not None and guess is not None and clock() - started + guess[0] > budget_s:
             progress.over_budget = _left(candidates, progress, repeat)
             break
-        item = trial_item(trial, sets, steps, repeat)
+        item = trial_item(trial, sets, steps, repeat, max_steps)
         _, results = run_sweep(store, recipe_path, [item], sweep_id=pid, on_start=on_start, on_done=on_done,
                                on_event=on_event, options=options, stop=stop)
         run = store.get_run(results[0].run_id) if results else None
@@ -509,32 +531,3 @@ def winner(candidates: Sequence[Candidate], ranking: Ranking) -> Candidate | Non
         return None
     label = next((s.label for s in ranking.standings if ranking.decision.run_id in s.run_ids), None)
     return next((c for c in candidates if c.label == label), None)
-
-
-def commit_item(setup: Setup, ranking: Ranking | None, sets: Sequence[str]) -> SweepItem:
-    """The run ``--commit`` starts: the user's values with the winner's own (strategy, processes, batch
-    split, engine), and the recipe's ``train.max_steps`` (none of a trial's settings).
-
-    Raises:
-        PlanError: the plan names no winner (the line says why: a tie, or no completed trial).
-    """
-    chosen = winner(setup.candidates, ranking) if ranking is not None else None
-    if chosen is None:
-        why = ranking.text if ranking is not None else "no trial completed"
-        raise PlanError(f"--commit: the plan names no winner, so nothing is launched ({why})")
-    return SweepItem(chosen.strategy, chosen.nproc, [*sets, *chosen.overrides], chosen.grid,
-                     f"the winner of plan {setup.pid}")
-
-
-def commit(store: Store, recipe_path: Path, setup: Setup, ranking: Ranking | None, sets: Sequence[str],
-           on_start: Callable[[SweepItem, int], None] | None = None,
-           on_event: Callable[[dict[str, Any]], None] | None = None,
-           options: WatchOptions | None = None, stop: Stop | None = None) -> SweepResult:
-    """Run the plan's winner for real (:func:`commit_item`), as a run of no sweep that records the plan.
-
-    Raises:
-        PlanError: the plan names no winner.
-    """
-    item = commit_item(setup, ranking, sets)
-    return run_item(store, recipe_path, item, None, on_start=on_start, on_event=on_event, options=options,
-                    stop=stop, summary={"committed_by_plan": setup.pid})

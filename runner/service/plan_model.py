@@ -68,8 +68,6 @@ class PlanModel:
 
     def source(self) -> str:
         """Where the model's figures come from, or why there is none."""
-        if self.work is None:
-            return "not fitted: no trial stored the model's parameter bytes and dimensions"
         return self.fit.device.source if self.fit.device else f"not fitted: {self.fit.why}"
 
     def candidate_json(self, label: str) -> dict[str, Any] | None:
@@ -156,6 +154,16 @@ def _what_if(setup: Setup, device: pm.Device, work: pm.Workload, raced: Sequence
     return out
 
 
+def _unfitted_why(setup: Setup, ranking: Ranking | None, any_run: bool) -> str:
+    """Why no trial fits the model: none ran, none stored the model's figures, or the plan's record with each
+    candidate's batch split is gone (a plan rebuilt from its trials in the store)."""
+    if not any_run or ranking is None:
+        return "no completed trial"
+    if any(c.split is None for c in setup.candidates):
+        return "the plan's record (each candidate's micro-batch and accumulation) is not on this host"
+    return "no trial stored the model's parameter bytes and dimensions"
+
+
 def model_of(setup: Setup, progress: Progress, ranking: Ranking | None,
              takes: Callable[[str, int], bool] | None = None) -> PlanModel:
     """The plan's model fitted on its completed trials, its predictions and held-out errors (``takes``:
@@ -164,7 +172,7 @@ def model_of(setup: Setup, progress: Progress, ranking: Ranking | None,
     work = workload(runs, setup.base)
     measured = trials(setup, progress, ranking) if ranking is not None else []
     if work is None or not measured:
-        return PlanModel(pm.Fit(None, "no completed trial"), work)
+        return PlanModel(pm.Fit(None, _unfitted_why(setup, ranking, bool(runs))), work)
     shares_host = runs_on_cpu(setup.base)
     fitted = pm.fit(measured, work, shares_host)
     model = PlanModel(fitted, work)

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,8 @@ class QueueRefused(Exception):
 
 @dataclass(frozen=True)
 class QueueOptions:
-    """How a queued run is started and watched: the flags of ``ftui run`` that are not recipe fields."""
+    """How a queued run is started and watched: the flags of ``ftui run`` that are not recipe fields, and what
+    its record holds besides (a plan's commit: the plan, and the trial it continues)."""
 
     fake_gpus: int = 0
     """Scripted GPUs of the demo mode (``--fake-gpus``)."""
@@ -55,6 +56,10 @@ class QueueOptions:
     sample_interval_s: float = watching.SAMPLE_INTERVAL_S
     hang_after_s: float = watching.HANG_AFTER_S
     grace_s: float = watching.GRACE_S
+    summary: dict[str, Any] = field(default_factory=dict)
+    """Keys the run's summary records when it starts (``ftui plan --commit``: ``committed_by_plan``...)."""
+    resumed_from: int | None = None
+    """The run it continues, as its record names it (a commit from its trial's checkpoint); None: none."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -33,6 +33,7 @@ from runner.spec.status import LIVE, NOT_STARTED, PENDING, QUEUED, STARTED
 from runner.watch.detached import start_detached
 from runner.watch.identity import watcher_host
 from runner.watch.journal import ProcessLock
+from runner.watch.prepare import record_summary
 from store import Store, StoreError
 from store import queue as entries_store
 from store.queue import QueueEntryInfo
@@ -129,8 +130,11 @@ class QueueRunner:
             with entry_environment(entry):
                 recipe = parse_recipe(entry.recipe_text, source=f"queue entry {entry.id}")
                 warnings = launch.check(recipe, options.fake_gpus, options.allow_data_change, force=options.force)
-                prepared = launch.record(self.store, launch.LaunchRequest(recipe, entry.recipe_source))
+                request = launch.LaunchRequest(recipe, entry.recipe_source, resumed_from=options.resumed_from)
+                prepared = launch.record(self.store, request)
                 assert prepared.run_id is not None
+                if options.summary:
+                    record_summary(self.store, prepared.run_id, prepared.run_dir, options.summary)
                 entries_store.attach_run(self.store, entry.id, prepared.run_id)
                 self.watchers.append(start_detached(self.store.url, prepared, options.fake_gpus, options.watch()))
         except Exception as exc:  # noqa: BLE001 (a claimed entry that does not start must end, never stay running)

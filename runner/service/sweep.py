@@ -180,9 +180,11 @@ def run_item(
     stop: Stop | None = None,
     force: bool = False,
     summary: dict[str, Any] | None = None,
+    resumed_from: int | None = None,
 ) -> SweepResult:
     """One item as a run of its own, under ``sweep_id`` (None: a run of no sweep), ``summary``'s keys added
-    to its summary; an item that cannot start is recorded as a failed run with the reason."""
+    to its summary, recorded as continuing run ``resumed_from`` (None: none); an item that cannot start is
+    recorded as a failed run with the reason."""
     extra = {"sweep_note": item.note, "sweep_grid": item.grid, **(summary or {})}
     row = table.get(item.strategy)
     try:
@@ -193,7 +195,7 @@ def run_item(
     except RecipeError as exc:
         run_id = _refused(store, recipe_path, item, sweep_id, f"refused before launch: {exc}", summary)
         return SweepResult(run_id, "failed", f"refused before launch: {exc}")
-    prepared = prepare(store, recipe, source=str(recipe_path), sweep_id=sweep_id)
+    prepared = prepare(store, recipe, source=str(recipe_path), sweep_id=sweep_id, resumed_from=resumed_from)
     assert prepared.run_id is not None
     if warnings:  # e.g. "mp on a CPU-only machine: ... the single-process run"
         extra["sweep_note"] = "; ".join([item.note, *warnings])

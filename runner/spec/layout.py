@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from runner.spec import strategies
 
 if TYPE_CHECKING:
-    from runner.spec.recipe import Recipe
+    from runner.spec.recipe import Recipe, TrainSection
 
 NO_CHECKPOINTS = "writes no checkpoints yet (runner/rank/pipeline.py)"
 
@@ -55,6 +55,13 @@ def expert_parallel_problem(recipe: Recipe) -> str | None:
     """One line refusing ``launch.ep_size`` above 1 (None: no expert parallelism asked for)."""
     size = recipe.launch.ep_size
     return None if size is None or size == 1 else f"launch.ep_size: {size}: {EXPERT_PARALLEL_MISSING}"
+
+
+def stop_problem(train: TrainSection) -> str | None:
+    """``train.stop_after`` past the schedule's end (``train.max_steps``), or None."""
+    if train.max_steps and train.stop_after > train.max_steps:
+        return f"train.stop_after: {train.stop_after} is past the schedule's end (train.max_steps = {train.max_steps})"
+    return None
 
 
 def recipe_problem(recipe: Recipe) -> str | None:

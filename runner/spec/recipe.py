@@ -176,6 +176,9 @@ class TrainSection(_Section):
     warmup_steps: NonNegInt = 0
     max_steps: NonNegInt = 0
     """Optimizer steps; 0 means train for ``epochs``."""
+    stop_after: NonNegInt = 0
+    """Stop after this many steps (0: never) of the lr schedule, which still spans ``max_steps`` (or ``epochs``):
+    the whole run's first steps, which a checkpoint then (``save_every``) lets a later run continue."""
     epochs: Annotated[float, Field(gt=0.0)] = 1.0
     precision: Literal["fp32", "bf16", "fp16", "fp8"] = "fp32"
     """``fp8``: torchao's float8 training (the decoder's Linear layers as ``Float8Linear``) inside bf16
@@ -215,7 +218,6 @@ class TrainSection(_Section):
     compile_mode: kernels.CompileMode = "default"
     """``torch.compile``'s ``mode`` with ``compile = true``: ``default``, ``reduce-overhead`` (CUDA graphs on
     GPU) or ``max-autotune`` (autotuned kernels: a longer compile)."""
-
 
     @field_validator("lr")
     @classmethod
@@ -358,7 +360,7 @@ class Recipe(_Section):
             raise ValueError(f"launch.gpus: {len(launch.gpus)} GPUs listed for nproc = {launch.nproc}")
         if launch.script_args and launch.script is None:
             raise ValueError("launch.script_args: script arguments without launch.script")
-        problem = layout.recipe_problem(self)  # pp / mp over processes / tp
+        problem = layout.recipe_problem(self) or layout.stop_problem(self.train)  # pp / mp / tp; train.stop_after
         if problem:
             raise ValueError(problem)
         if self.method.type == "qlora" and launch.device == "cpu":

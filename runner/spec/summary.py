@@ -47,6 +47,28 @@ class HeapCheck(TypedDict):
     span: str
 
 
+class GpuLibrary(TypedDict):
+    """GPU: what a rank holds beyond its tensors at the end of the measured steps
+    (:meth:`runner.rank.memtrack.CudaPeaks.library_figures`): the CUDA context and libraries outside the
+    allocator (NVML's memory of the process minus ``torch.cuda.memory_reserved``) and the allocator's reserve
+    (peak reserved minus peak allocated); ``beyond_tensors_bytes`` is their sum."""
+
+    process_bytes: int
+    reserved_bytes: int
+    outside_allocator_bytes: int
+    allocator_reserve_bytes: int
+    beyond_tensors_bytes: int
+    span: str
+
+
+def library_measured(figures: RankFigures) -> int | None:
+    """What a rank measured beyond its tensors over its measured steps (CPU: ``heap_check``; GPU:
+    ``gpu_library``), or None (a run recorded before the figure, whose heap check spans one forward only)."""
+    check: Mapping[str, Any] = figures.get("gpu_library") or figures.get("heap_check") or {}
+    value = check.get("beyond_tensors_bytes")
+    return None if value is None else int(value)
+
+
 class RankFigures(TypedDict, total=False):
     """What one rank measured about itself (the trainer's ``end`` event, one entry per rank)."""
 
@@ -87,6 +109,7 @@ class RankFigures(TypedDict, total=False):
     """How ``peak_tensor_bytes`` was measured."""
     measured_steps: int
     heap_check: HeapCheck
+    gpu_library: GpuLibrary
     peak_rss_bytes: int
     """getrusage peak resident set of the rank's process (CPU: includes the ~600 MB runtime). Not a
     training-memory figure: it is shown as "peak RSS", never as "measured" memory."""
@@ -119,6 +142,9 @@ class EstimateSummary(TypedDict, total=False):
     """``family/strategy`` (:func:`runner.planner.error_band.band_key`) of the error band."""
     error_band: dict[str, Any] | None
     """:class:`runner.planner.error_band.Band` of that key, None when the grid never measured it."""
+    library: dict[str, Any]
+    """The maths library's line (:class:`runner.spec.library.LibraryTerm`): bytes per process measured on
+    this host by ``ftui estimate --library`` (from its cache), or why not; never in ``per_device_bytes``."""
     error: str
 
 
@@ -377,6 +403,10 @@ class RunSummary:
     sweep_grid: str | None = None
     committed_by_plan: str | None = None
     """The plan (``ftui plan --commit``) whose winner this run is."""
+    continued_from_trial: int | None = None
+    """The plan's trial run whose checkpoint the committed run continues (``resumed_from`` has the checkpoint)."""
+    started_over: str | None = None
+    """Why the committed run starts at step 0 rather than from its trial's checkpoint (one line)."""
     find_batch: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     """Keys this version does not declare (a newer version's, a user's own), kept as stored."""

@@ -14,6 +14,7 @@ from runner.spec import strategies
 from runner.spec.recipe import Recipe
 from runner.spec.script import described
 from runner.watch.host import runs_on_cpu
+from runner.watch.library import cached_term
 
 
 def estimate_summary(recipe: Recipe) -> dict[str, Any]:
@@ -43,6 +44,7 @@ def estimate_summary(recipe: Recipe) -> dict[str, Any]:
             **({"approximate": breakdown.approximate} if breakdown.approximate else {}),
             "band_key": band_key(inp.shape.family, inp.strategy, inp.engine),
             "error_band": None if band is None else asdict(band),
+            "library": dict(cached_term(recipe)),  # its own line, never in per_device_bytes
         }
     except Exception as exc:  # noqa: BLE001 (an estimate is informative only)
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}

@@ -115,19 +115,34 @@ def preflight(recipe: Recipe, allow_data_change: bool = False, dry_run: bool = F
 def _check_switches(recipe: Recipe, on_cpu: bool, fake_gpus: int = 0) -> None:
     """Context parallel, fp8, activation and NVMe offload need what this host may lack: CUDA, a GPU's compute
     capability, torchao, DeepSpeed's async_io op (:func:`runner.spec.switches.host_problems`)."""
+    problems = switch_host_problems(recipe, on_cpu, fake_gpus)
+    if problems:
+        field, _, problem = problems[0].partition(": ")
+        raise PreflightError(problems[0], field=field, problem=problem)
+
+
+def switch_host_problems(recipe: Recipe, on_cpu: bool, fake_gpus: int = 0) -> list[str]:
+    """Why this host cannot run the recipe's context parallel, fp8, activation or NVMe offload, one line each
+    (:func:`runner.spec.switches.host_problems` with this host's facts); empty when it can."""
     launch, train = recipe.launch, recipe.train
     if launch.cp_size == 1 and train.precision != "fp8" and not train.activation_offload and launch.offload != "nvme":
-        return
+        return []
     infos = probe_for(fake_gpus).nvml.gpu_infos() if not on_cpu and train.precision == "fp8" else []
     used = [i for i in infos if launch.gpus is None or i.index in launch.gpus]
     host = switches.HostFacts(
         cuda=not on_cpu, capabilities=[i.compute_capability for i in used],
         torchao=importlib.util.find_spec("torchao") is not None,
         async_io=async_io_problem() if launch.offload == "nvme" else None)
-    problems = switches.host_problems(recipe, host)
-    if problems:
-        field, _, problem = problems[0].partition(": ")
-        raise PreflightError(problems[0], field=field, problem=problem)
+    return switches.host_problems(recipe, host)
+
+
+def host_problem(recipe: Recipe, fake_gpus: int = 0) -> str | None:
+    """The first thing this host lacks for the recipe's efficiency switches and kernels (one line naming the
+    field), or None: what :func:`preflight` refuses them for, without raising (``ftui estimate`` and Compose
+    ask it of each switch)."""
+    on_cpu = runs_on_cpu(recipe)
+    found = switch_host_problems(recipe, on_cpu, fake_gpus)
+    return found[0] if found else kernels.host_problem(recipe, on_cpu)
 
 
 def async_io_problem() -> str | None:

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +21,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from runner.service import queue
+from runner.service import plan_commit, queue
+from runner.service.sweep import SweepItem
 from runner.spec.status import DONE
 from runner.watch import procs
 from store import Store
@@ -136,3 +138,52 @@ def test_bad_input_to_the_queue_is_one_line_and_queues_nothing(
     result = run_in_process(capsys, *argv)
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1 and line in result.stderr, result
     assert entries_store.entries(Store(home.db)) == [] and queue.runner_pid(home.db) is None
+
+
+def _committed(store: Store, home: Ftui, steps: int, start_runner: bool) -> plan_commit.Queued:
+    """A plan's commit of a scripted run (``steps`` steps) through the queue, continuing a trial recorded by
+    hand, as :func:`runner.service.plan_commit.enqueue_commit` queues one."""
+    trial = store.create_run(name="trial", recipe_text="", recipe_hash="", strategy="single", nproc=1, method="-",
+                             model="-", run_dir="", sweep_id="plan-x")
+    store.update_run(trial, status="completed")  # ended: it holds no device
+    start = plan_commit.Continuation(home.home / "checkpoints" / "step-00000004", trial, 4)
+    item = SweepItem("single", 1, [], "", f"the winner of plan plan-x; {start.line}")
+    text = f'name = "commit"\n[launch]\nscript = "{SCRIPT}"\nscript_args = ["--steps", "{steps}", "--step-s", "0.05"]\n'
+    options = queue.QueueOptions(sample_interval_s=0, summary={"committed_by_plan": "plan-x", **start.summary()},
+                                 resumed_from=trial)
+    return plan_commit.Queued(item, start, queue.enqueue(text, store=store, options=options, start_runner=start_runner))
+
+
+def test_a_plans_commit_starts_from_the_queue_records_the_trial_and_is_followed_to_its_end(home: Ftui) -> None:
+    store = Store(home.db)
+    queued = _committed(store, home, 3, start_runner=True)
+    started: list[tuple[str, int]] = []
+    events: list[dict[str, object]] = []
+    bound = threading.Timer(240, (stop := threading.Event()).set)  # a bound for a loaded machine, not a wait
+    bound.start()
+    try:
+        outcome = plan_commit.follow_commit(store, queued, on_start=lambda item, run_id: started.append((item.note,
+                                                                                                      run_id)),
+                                            on_event=events.append, stop=stop, poll_s=0.05)
+    finally:
+        bound.cancel()
+    assert outcome.status == "completed" and outcome.run_id is not None, outcome
+    assert started == [(queued.item.note, outcome.run_id)]
+    assert [e["step"] for e in events if e["type"] == "step"] == [1, 2, 3]  # the journal, each event once
+    assert events[-1]["type"] == "end"
+    run = store.get_run(outcome.run_id)
+    assert run is not None and run.resumed_from == queued.start.trial
+    assert run.summary.committed_by_plan == "plan-x" and run.summary.continued_from_trial == queued.start.trial
+    assert run.summary.resumed_from == {"run_id": queued.start.trial, "checkpoint": str(queued.start.checkpoint),
+                                        "step": 4}
+
+
+def test_a_commit_stopped_before_its_turn_leaves_the_queue(home: Ftui) -> None:
+    store = Store(home.db)
+    queued = _committed(store, home, 3, start_runner=False)  # no runner: it waits
+    stop = threading.Event()
+    stop.set()  # Ctrl-C while it waits
+    outcome = plan_commit.follow_commit(store, queued, stop=stop, poll_s=0.05)
+    assert outcome == plan_commit.Outcome(None, "stopped", f"taken out of the queue (entry {queued.entry.entry_id}) "
+                                                           "before it started")
+    assert entries_store.entries(store) == [] and len(store.list_runs()) == 1  # the trial alone

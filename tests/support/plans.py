@@ -51,7 +51,8 @@ def add_trial(store: Store, setup: plan.Setup, label: str, tps: float | None, st
     candidate's recipe, the plan's id as sweep, its grid and batch note; a completed one with its tokens/s,
     measured peak, utilisation and first step; a running one with none of those yet."""
     c = next(c for c in setup.candidates if c.label == label)
-    recipe = load_recipe(QUICKSTART, [*SETS, *c.overrides, *plan.TRIAL_SETS, f"train.max_steps={setup.steps}"])
+    recipe = load_recipe(QUICKSTART, [*SETS, *c.overrides,
+                                      *plan.trial_sets(c, setup.steps, setup.base.train.max_steps)])
     run_id = store.create_run(name=recipe.name, recipe_text=recipe.to_toml(), recipe_hash=recipe.digest(),
                               strategy=c.strategy, nproc=c.nproc, method="lora", model=recipe.model.name, run_dir="",
                               sweep_id=setup.pid, total_steps=setup.steps,

@@ -29,7 +29,7 @@ SECTIONS = {
     "model": ["name", "dtype", "trust_remote_code", "revision"],
     "data": ["source", "text_field", "template", "rows", "context_length", "pack", "shuffle"],
     "method": ["type"],
-    "train": ["batch_size", "grad_accum", "lr", "schedule", "warmup_steps", "max_steps", "epochs", "precision",
+    "train": ["batch_size", "grad_accum", "lr", "schedule", "warmup_steps", "max_steps", "stop_after", "epochs", "precision",
               "seed", "log_every", "save", "max_grad_norm", "weight_decay"],
     "launch": ["strategy", "nproc", "gpus", "device", "fsdp_version", "accelerate_config", "peak_tflops",
                "mem_cap", "replicate", "shard"],

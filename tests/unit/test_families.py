@@ -34,10 +34,14 @@ CONFIGS: dict[str, Callable[[], Any]] = {
     "falcon": lambda: tf.FalconConfig(**_PLAIN),  # multi-query, attention and MLP on one norm
     "falcon-gqa": lambda: tf.FalconConfig(**_PLAIN, num_kv_heads=2, new_decoder_architecture=True),
     "mixtral": lambda: tf.MixtralConfig(**_LLAMA, num_local_experts=4, num_experts_per_tok=2),
+    # Routed experts 96 wide beside a shared expert 80 wide (the dense layers' 160 unused: every layer is sparse).
+    "qwen2_moe": lambda: tf.Qwen2MoeConfig(**{**_LLAMA, "intermediate_size": 160}, moe_intermediate_size=96,
+                                           shared_expert_intermediate_size=80, num_experts=4, num_experts_per_tok=2),
+    "olmoe": lambda: tf.OlmoeConfig(**_LLAMA, num_experts=4, num_experts_per_tok=2, eos_token_id=0, pad_token_id=1),
 }
 LORA_TARGETS = {"phi3": ["qkv_proj", "o_proj"], "gpt2": ["c_attn"], "gpt_neox": ["query_key_value"],
                 "falcon": ["query_key_value", "dense_4h_to_h"], "falcon-gqa": ["query_key_value"],
-                "opt": ["q_proj", "v_proj", "fc2"]}
+                "opt": ["q_proj", "v_proj", "fc2"], "qwen2_moe": ["q_proj", "v_proj", "gate_proj", "down_proj"]}
 
 
 def _model(name: str, method: str, precision: str, dropout: float) -> Any:
@@ -99,9 +103,10 @@ def test_shape_counts_every_parameter_exactly(name: str) -> None:
 # Every family full in fp32 (autocast-free) and LoRA in bf16 (autocast over 16-bit weights); the other two
 # combinations and LoRA dropout on families where they take other paths (fp32 casts, parallel MLPs, experts).
 CASES = [(n, "full", "fp32", 0.0) for n in sorted(CONFIGS)] + [(n, "lora", "bf16", 0.0) for n in sorted(CONFIGS)]
-CASES += [(n, "full", "bf16", 0.0) for n in ("gpt_neox", "mixtral", "opt")]
+CASES += [(n, "full", "bf16", 0.0) for n in ("gpt_neox", "mixtral", "opt", "olmoe", "qwen2_moe")]
 CASES += [(n, "lora", "fp32", 0.0) for n in ("falcon", "phi")]
-CASES += [("gemma-mqa", "lora", "bf16", 0.1), ("falcon", "lora", "fp32", 0.1), ("mixtral", "lora", "bf16", 0.1)]
+CASES += [("gemma-mqa", "lora", "bf16", 0.1), ("falcon", "lora", "fp32", 0.1), ("mixtral", "lora", "bf16", 0.1),
+          ("qwen2_moe", "lora", "bf16", 0.1)]
 
 
 # Eager attention (model.attn_implementation = "eager") on every family, full in fp32 and LoRA in bf16.

@@ -4,6 +4,7 @@ and from a real forward (runner/rank/router_load.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -140,16 +141,37 @@ def test_an_unknown_builtin_model_names_the_builtin_ones() -> None:
 
 
 def test_the_builtin_qwen2_moe_is_counted_and_its_router_load_read() -> None:
-    """Qwen2-MoE's routed experts beside a shared expert: every parameter counted; its activations are estimated
-    with the Llama layer and labelled so; its router (``Qwen2MoeTopKRouter``) is found and counted like Mixtral's."""
+    """Qwen2-MoE's routed experts beside a shared expert: every parameter counted; its activations (the shared
+    expert's gated MLP and its sigmoid gate beside the routed copies) are what the planner counts; its router
+    (``Qwen2MoeTopKRouter``) is found and counted like Mixtral's."""
     config = builtin.model_config(builtin.TINY_QWEN2_MOE, VOCAB)
     model = _model(config)
     shape = shape_from_config(config)
     assert shape.total_params == sum(p.numel() for p in model.parameters())
-    assert shape.approximate is not None and "'qwen2_moe' is not modelled" in shape.approximate
+    assert (shape.approximate, shape.shared_expert, shape.norm_topk) == (None, 256, False)
+    estimated, measured = _saved_vs_estimate(config)  # bf16 and LoRA: tests/unit/test_families.py's qwen2_moe
+    assert estimated == pytest.approx(measured, rel=0.01)
     load = RouterLoad(model, config.num_hidden_layers, config.num_experts)
     ids = torch.randint(0, VOCAB, (BATCH, SEQ))
     with torch.no_grad():
         model(input_ids=ids)
     counts = load.take().view(config.num_hidden_layers, config.num_experts)
     assert counts.sum(dim=1).tolist() == [BATCH * SEQ * config.num_experts_per_tok] * config.num_hidden_layers
+
+
+def test_the_shared_expert_and_the_query_key_norms_are_what_they_add() -> None:
+    """Without its shared expert a Qwen2-MoE saves what a Mixtral of the same router saves; the shared expert
+    adds, per token and layer, its gated MLP's three intermediates and the down projection's input (``4I_s``),
+    its gate's sigmoid (one element) and the output that sigmoid scales (``h``); OLMoE's query and key norms add
+    each projection's fp32 input and rsqrt, and the normalized input for the trained weight."""
+    config = builtin.model_config(builtin.TINY_QWEN2_MOE, VOCAB)
+    shape = shape_from_config(config)
+    inp = EstimateInput(shape, micro_batch=BATCH, seq_len=SEQ, precision="fp32", device="cpu")
+    bare = replace(inp, shape=replace(shape, shared_expert=0))
+    tokens, h, i_s = BATCH * SEQ, 128, 256
+    # fp32: the shared linears save the MoE block's input once (the router's F.linear reads the same tensor).
+    assert activation_bytes(inp).stored - activation_bytes(bare).stored == tokens * 2 * 4 * (4 * i_s + 1 + h)
+    olmoe = replace(shape, shared_expert=0, qk_norm=True)
+    q, k = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    normed = activation_bytes(replace(bare, shape=olmoe)).stored - activation_bytes(bare).stored
+    assert normed == tokens * 2 * ((4 * q + 4 + 4 * q) + (4 * k + 4 + 4 * k))

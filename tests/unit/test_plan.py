@@ -20,7 +20,7 @@ from runner.analysis.ranking import rank
 from runner.analysis.track_record import track_record
 from runner.planner.error_band import band_for, widest_band
 from runner.planner.recommend import fit_band, fit_verdict
-from runner.service import plan
+from runner.service import plan, plan_commit
 from runner.spec import strategies
 from runner.spec.layout import keep_global_batch
 from runner.spec.recipe import Recipe, load_recipe
@@ -279,12 +279,34 @@ def test_commit_runs_the_winner_with_its_own_values_to_the_recipes_steps() -> No
             _row(4, "single", 1, 1010.0), _row(5, "ddp", 2, 2100.0), _row(6, "zero2", 2, 990.0)]
     ranking = rank(build_comparison(runs, {}).rows, None)
     assert plan.winner(found, ranking) is _by_label(found)["ddp x2"]
-    item = plan.commit_item(_setup(found), ranking, ["data.context_length=64"])
-    assert (item.strategy, item.nproc, item.note) == ("ddp", 2, "the winner of plan plan-x")
+    chosen = plan_commit.chosen(_setup(found), ranking)
+    assert chosen is _by_label(found)["ddp x2"]
+    over = plan_commit.Continuation(why="the trial's checkpoint is missing (run 2)")
+    item = plan_commit.commit_item(_setup(found), chosen, ["data.context_length=64"], over)
+    assert (item.strategy, item.nproc) == ("ddp", 2)
+    assert item.note == "the winner of plan plan-x; starts at step 0: the trial's checkpoint is missing (run 2)"
     recipe = _loader()(item.overrides)
     assert (recipe.launch.strategy, recipe.launch.nproc, recipe.train.batch_size) == ("ddp", 2, 2)
     assert recipe.train.max_steps == _loader()([]).train.max_steps  # the recipe's own, not a trial's
+    assert recipe.train.stop_after == 0 and recipe.train.resume_from is None
     assert recipe.train.save and not any(s in item.overrides for s in plan.TRIAL_SETS)
+    go = plan_commit.Continuation(Path("/runs/r/checkpoints/step-00000008"), 2, 8)
+    resumed = _loader()(plan_commit.commit_item(_setup(found), chosen, [], go).overrides)
+    assert resumed.train.resume_from == "/runs/r/checkpoints/step-00000008" and resumed.train.stop_after == 0
+    assert go.summary() == {"continued_from_trial": 2, "resumed_from": {
+        "run_id": 2, "checkpoint": "/runs/r/checkpoints/step-00000008", "step": 8}}
+    assert over.summary() == {"started_over": "the trial's checkpoint is missing (run 2)"}
+
+
+def test_a_trial_trains_the_first_steps_of_the_runs_own_schedule_and_checkpoints_the_last() -> None:
+    found = _by_label(_space(lambda r: need(50), ["single", "ddp", "pp"]))
+    single = _loader()([*found["single"].overrides, *plan.trial_sets(found["single"], 8, 30)])
+    assert (single.train.max_steps, single.train.stop_after, single.train.save_every) == (30, 8, 8)
+    assert not single.train.save and single.train.eval_every == 0
+    pipeline = _loader()([*found["pp x2"].overrides, *plan.trial_sets(found["pp x2"], 8, 30)])
+    assert (pipeline.train.stop_after, pipeline.train.save_every) == (8, 0)  # pp writes no checkpoint
+    short = _loader()([*found["single"].overrides, *plan.trial_sets(found["single"], 8, 5)])
+    assert (short.train.max_steps, short.train.stop_after, short.train.save_every) == (8, 0, 0)  # its own schedule
 
 
 def test_commit_without_a_winner_launches_nothing_and_says_why() -> None:
@@ -292,11 +314,10 @@ def test_commit_without_a_winner_launches_nothing_and_says_why() -> None:
     tie = rank(build_comparison([_row(1, "single", 1, 100.0), _row(2, "ddp", 2, 500.0)], {}).rows, None)
     assert plan.winner(found, tie) is None
     with pytest.raises(plan.PlanError, match=r"^--commit: the plan names no winner, so nothing is launched \(") as err:
-        plan.commit_item(_setup(found), tie, [])
+        plan_commit.chosen(_setup(found), tie)
     assert "\n" not in str(err.value)
     with pytest.raises(plan.PlanError, match="no trial completed"):
-        plan.commit_item(_setup(found), None, [])
-
+        plan_commit.chosen(_setup(found), None)
 
 # ---------------------------------------------------------------------- the report
 

@@ -96,3 +96,14 @@ def test_the_report_shows_predictions_errors_and_what_was_not_raced() -> None:
     assert "performance model: fitted on ddp x2, single" in text
     assert any(line.startswith("- predicted, not raced: ddp x2, micro-batch 4") for line in
                plan_markdown(report).splitlines())
+
+
+def test_a_plan_rebuilt_without_its_record_says_why_it_has_no_model() -> None:
+    """A plan rebuilt from its trials in the store has no batch split per candidate: no model, and the reason
+    names the missing record rather than the trials."""
+    setup, progress, ranking = _plan()
+    unsplit = [dataclasses.replace(c, split=None) for c in setup.candidates]
+    model = model_of(dataclasses.replace(setup, candidates=unsplit), progress, ranking)
+    assert model.fit.device is None
+    assert model.source() == "not fitted: the plan's record (each candidate's micro-batch and accumulation) is not on this host"
+    assert model_of(setup, plan.Progress(runs={}), None).source() == "not fitted: no completed trial"

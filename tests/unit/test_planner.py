@@ -54,7 +54,8 @@ def test_seed_7b_full_finetune_is_112_gb_of_model_states(ftui: Cli) -> None:
                             "--gpu-mem", "80GiB")
     single = report["strategies"]["single"]["per_device_bytes"]
     assert single["params"] + single["grads"] + single["optimizer"] + single["master"] == 112 * 10**9
-    assert set(report) == {"strategies", "recommendation", "switches", "measured_here"}
+    assert set(report) == {"strategies", "recommendation", "switches", "measured_here", "every_switch", "proposals"}
+    assert report["every_switch"] == report["proposals"] == []  # no recipe: no host check to make
     assert report["measured_here"] == []  # no recipe: no plan of it
     assert {"params", "grads", "optimizer", "master", "activations", "total"} <= set(single)  # the contract
     assert sum(single[k] for k in PARTS) == single["total"]  # the shown parts add up

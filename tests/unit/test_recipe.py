@@ -27,6 +27,9 @@ def test_defaults_round_trip_through_toml() -> None:
         ("[train]\nbatch_size = '4'\n", "train.batch_size: Input should be a valid integer"),
         ("[model\nname='x'", "<t>: invalid TOML"),
         ("[method.lora]\nr = 8\ntarget = ['q_proj']\n", "<t>:3: method.lora.target: unknown field"),
+        ("[train]\nstop_after = -2\n", "<t>:2: train.stop_after: Input should be greater than or equal to 0"),
+        ("[train]\nmax_steps = 5\nstop_after = 6\n",
+         "train.stop_after: 6 is past the schedule's end (train.max_steps = 5)"),
     ],
 )
 def test_bad_recipes_name_the_field_and_line(text: str, expected: str) -> None:

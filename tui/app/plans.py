@@ -15,7 +15,7 @@ from typing import Any
 
 from runner.analysis.ranking import Ranking
 from runner.analysis.track_record import host_track_record
-from runner.service import plan, plan_record
+from runner.service import plan, plan_commit, plan_record
 from runner.service.plan_record import PlanCommand, PlanRecord, Process
 from runner.spec.paths import make_private_dir
 from runner.spec.recipe import Recipe, RecipeError
@@ -173,7 +173,7 @@ class CommitStart:
 
 def start_commit(view: PlanView, db_url: str) -> CommitStart:
     """The commit key: ``ftui plan ... --commit`` started detached when the plan names a winner (the
-    decision :func:`runner.service.plan.commit_item` makes, as the command makes it again); otherwise nothing
+    decision :func:`runner.service.plan_commit.chosen` makes, as the command makes it again); otherwise nothing
     is started and the line says why. Blocking (the recipe is read again): from a worker."""
     record = view.record
     if view.racing:
@@ -182,7 +182,7 @@ def start_commit(view: PlanView, db_url: str) -> CommitStart:
         return CommitStart(f"no record of plan {view.pid} on this host: commit it where it was raced "
                            f"(ftui plan RECIPE ... --commit)")
     try:
-        plan.commit_item(record.setup, view.ranking, record.command.sets)
+        plan_commit.chosen(record.setup, view.ranking)
         now = record.command.setup(inputs=False)  # its id: the process checks the data and model
     except (plan.PlanError, RecipeError) as exc:
         return CommitStart(str(exc))

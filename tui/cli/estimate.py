@@ -21,18 +21,19 @@ from runner.analysis.track_record import host_track_record
 from runner.hardware import NvmlBackend
 from runner.planner.error_band import band_key
 from runner.planner.memory import DEFAULT_RESERVE
-from runner.service import decisions
+from runner.service import decisions, switch_report
 from runner.service.batch import BatchTrial, find_batch_size
 from runner.service.decisions import PastDecision
 from runner.spec import strategies
 from runner.spec.recipe import Recipe, RecipeError, load_recipe
 from runner.spec.units import parse_bytes
+from runner.watch import library
 from runner.watch.host import runs_on_cpu
 from runner.watch.preflight import preflight
 from tui.cli.common import open_store
 from tui.cli.exits import UsageError, fail
 from tui.cli.parser import SHAPE_FLAGS
-from tui.render.estimate import estimate_table
+from tui.render.estimate import estimate_table, library_line
 from tui.render.report import fmt_bytes
 
 
@@ -57,6 +58,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         fail("estimate: give a recipe file, --model NAME or --params N"
               + (f" ({', '.join(shape_flags)} {'needs' if len(shape_flags) == 1 else 'need'} --params)"
                  if shape_flags else ""))
+    if args.overrides and args.recipe is None:
+        fail("estimate: --set overrides a recipe's fields; give a recipe file")
+    if args.library:
+        _library_flags(args)
     notes: list[str] = []
     inp, recipe = _model_input(args, notes)
     if (warning := _approximate_note(inp.shape)) is not None:
@@ -105,11 +110,30 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     report = E.estimate_report(inp, gpu_mem, n_gpus, chosen)
     _add_track_record(args, report, inp)
     report["measured_here"] = [d.json() for d in _past_decisions(args, recipe, inp)]
+    _add_switches(args, report, recipe, inp)
+    if recipe is not None:  # the maths library's line: measured by --library, else from this host's cache
+        report["library"] = (library.calibrate(recipe, args.recipe, args.overrides) if args.library
+                             else library.cached_term(recipe))
     if args.format == "json":
         print(json.dumps(report, indent=2))
         return 0
     _print_text(report, inp, gpu_mem, n_gpus, notes)
     return 0
+
+
+LIBRARY_REFUSES = ("method", "precision", "lora_r", "micro_batch", "seq", "grad_ckpt", "attn", "compile", "params",
+                   "model")
+"""Flags that change what a recipe trains: ``--library`` measures the recipe (``--set`` changes its fields)."""
+
+
+def _library_flags(args: argparse.Namespace) -> None:
+    """``--library`` needs a recipe as it will run: one line naming a flag that changes it."""
+    if args.recipe is None:
+        fail("estimate --library: needs a recipe file (the probe trains its model for two steps)")
+    given = [f"--{f.replace('_', '-')}" for f in LIBRARY_REFUSES if getattr(args, f, None)]
+    if given:
+        fail(f"estimate --library: {', '.join(given)} change what the recipe trains; the probe measures the "
+             "recipe as it runs (change its fields with --set FIELD=VALUE)")
 
 
 def _past_decisions(args: argparse.Namespace, recipe: Recipe | None, inp: E.EstimateInput) -> list[PastDecision]:
@@ -123,6 +147,26 @@ def _past_decisions(args: argparse.Namespace, recipe: Recipe | None, inp: E.Esti
     except UsageError:  # a --db or $FTUI_DB that does not exist: no plans
         return []
     return decisions.for_recipe(store, recipe, inp.shape, runs_on_cpu(recipe))
+
+
+def _add_switches(args: argparse.Namespace, report: dict[str, Any], recipe: Recipe | None,
+                  inp: E.EstimateInput) -> None:
+    """``every_switch``: each efficiency switch turned to its other states, what that does to the estimate and
+    whether it runs here; ``proposals``: the switch the recommendation proposes, with its number and source
+    (:mod:`runner.service.switch_report`). A recipe's only: without one there is no host check to make."""
+    if recipe is None:
+        report["every_switch"], report["proposals"] = [], []
+        return
+    rows = switch_report.switch_rows(recipe, inp)
+    report["every_switch"] = [r.json() for r in rows]
+    proposals = [p for p in [switch_report.memory_proposal(rows, inp)] if p]
+    try:
+        store = open_store(args, create=False)
+    except UsageError:  # a --db or $FTUI_DB that does not exist: nothing measured
+        store = None
+    if store is not None:
+        proposals += switch_report.speed_proposals(store, recipe, inp.shape, rows)
+    report["proposals"] = proposals
 
 
 def _add_track_record(args: argparse.Namespace, report: dict[str, Any], inp: E.EstimateInput) -> None:
@@ -163,7 +207,7 @@ def _model_input(args: argparse.Namespace, notes: list[str]) -> tuple[E.Estimate
                               lora_r=args.lora_r or 8)
     else:
         try:
-            recipe = load_recipe(args.recipe)
+            recipe = load_recipe(args.recipe, args.overrides)
             source = E.resolve_model_shape(recipe.model.name)
         except (RecipeError, ValueError, OSError) as exc:
             return fail(str(exc) if str(exc).startswith(str(args.recipe)) else f"{args.recipe}: {exc}")
@@ -204,7 +248,15 @@ def _print_text(report: dict[str, Any], inp: E.EstimateInput, gpu_mem: int, n_gp
         con.print(Text(f"{who}: {reason}", style="bold yellow"))
     for line in report.get("switches", []):  # context parallel, fp8, activation and NVMe offload: one line each
         con.print(Text(line))
+    if report.get("every_switch"):
+        con.print(Text("every switch, turned (estimated memory; whether it runs here):", style="bold"))
+        for row in report["every_switch"]:
+            con.print(Text(f"  {row['line']}", style="" if row["runs_here"] else "dim"))
     con.print(Text.assemble(("recommendation (estimated):", "bold"), f" {report['recommendation']['reason']}"))
+    for line in report.get("proposals", []):
+        con.print(Text.assemble(("  proposed: ", "bold"), line))
+    if (term := report.get("library")) is not None:  # its own line: never inside the tensor total above
+        con.print(Text(library_line(term), style="bold" if "bytes" in term else "dim"))
     for past in report.get("measured_here", []):  # ftui plan's decisions for this recipe on this host
         con.print(Text(past["line"], style="bold"))
 
@@ -213,7 +265,7 @@ def _probe(args: argparse.Namespace) -> int:
     if args.recipe is None:
         return fail("estimate --probe: needs a recipe file")
     try:
-        recipe = load_recipe(args.recipe)
+        recipe = load_recipe(args.recipe, args.overrides)
         preflight(recipe)
     except RecipeError as exc:
         return fail(f"{args.recipe}: {exc}")

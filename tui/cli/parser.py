@@ -420,6 +420,11 @@ def _estimate(sub: Any) -> None:
     p.add_argument("--probe", action="store_true",
                    help="find the largest micro-batch with short real runs of the recipe (batch-size finder)")
     p.add_argument("--mem-cap", metavar="SIZE", help="with --probe: memory budget per rank (required on CPU)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a recipe field, e.g. --set train.precision='\"bf16\"' (repeatable)")
+    p.add_argument("--library", action="store_true",
+                   help="measure the maths library's memory beyond tensors for this recipe on this host with a "
+                        "probe process (two real steps of the model, random weights; once per shape set, cached)")
     db_option(p)
     p.set_defaults(handler="tui.cli.estimate:cmd_estimate")
 

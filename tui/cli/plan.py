@@ -12,7 +12,7 @@ from rich.text import Text
 
 from runner.analysis.ranking import Ranking
 from runner.analysis.track_record import host_track_record
-from runner.service import plan, plan_record
+from runner.service import plan, plan_commit, plan_record
 from runner.service.plan_record import PlanCommand
 from runner.service.sweep import SweepItem, SweepResult
 from runner.spec.recipe import RecipeError
@@ -91,8 +91,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     restore = stop.install()  # Ctrl-C/SIGTERM/SIGHUP stop the running trial and end the plan; its trials stay
     try:
         progress = plan.race(store, args.recipe, setup.candidates, setup.pid, args.overrides, setup.steps,
-                             setup.repeat, budget_s=budget_s,
-                             on_start=on_start, on_done=on_done, on_event=live.on_event, stop=stop)
+                             setup.repeat, budget_s=budget_s, on_start=on_start, on_done=on_done,
+                             on_event=live.on_event, stop=stop, max_steps=setup.base.train.max_steps)
     except plan.PlanError as exc:
         raise UsageError(str(exc)) from None
     finally:
@@ -117,8 +117,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _commit(args: argparse.Namespace, store: Store, setup: plan.Setup, ranking: Ranking | None,
             console: Console) -> int:
-    """``--commit``: the winner run for real, followed like ``ftui run``; a plan without a winner launches
+    """``--commit``: the winner put in this host's queue (it starts when no run holds its devices) and followed
+    like ``ftui run`` until its run ends; a plan without a winner, or a commit the pre-flight refuses, queues
     nothing and says why (exit 1: the plan itself is stored and complete)."""
+    try:
+        winner = plan_commit.chosen(setup, ranking)
+        queued = plan_commit.enqueue_commit(store, Path(args.recipe), setup, winner, args.overrides)
+    except (plan.PlanError, RecipeError) as exc:
+        line = str(exc) if isinstance(exc, plan.PlanError) else f"--commit: not queued: {exc}"
+        console.print(line, markup=False)
+        plan_record.committed(setup.pid, refused=line)
+        return ExitCode.FAILED
+    entry = queued.entry
+    for warning in entry.warnings:
+        console.print(f"warning: {warning}", markup=False)
+    where = "next" if entry.position == 1 else f"number {entry.position} in line"
+    console.print(f"commit: queued entry {entry.entry_id} ({where} on this host; takes {', '.join(entry.devices)}): "
+                  f"{queued.start.line}", markup=False, soft_wrap=True)
     live = SweepProgress(console)
 
     def on_start(item: SweepItem, run_id: int) -> None:
@@ -127,19 +142,14 @@ def _commit(args: argparse.Namespace, store: Store, setup: plan.Setup, ranking: 
         live.begin(f"run {run_id} {item.strategy}")
 
     stop = StopRequest()
-    restore = stop.install()
+    restore = stop.install()  # Ctrl-C: out of the queue before it starts, else its run is stopped
     try:
-        result = plan.commit(store, args.recipe, setup, ranking, args.overrides, on_start=on_start,
-                             on_event=live.on_event, stop=stop)
-    except plan.PlanError as exc:
-        console.print(str(exc), markup=False)
-        plan_record.committed(setup.pid, refused=str(exc))
-        return ExitCode.FAILED
+        result = plan_commit.follow_commit(store, queued, on_start=on_start, on_event=live.on_event, stop=stop)
     finally:
         live.end()
         restore()
-    console.print(f"run {result.run_id}: {result.status}" + (f": {result.reason}" if result.reason else ""),
-                  markup=False)
+    what = f"run {result.run_id}" if result.run_id is not None else f"commit (queue entry {entry.entry_id})"
+    console.print(f"{what}: {result.status}" + (f": {result.reason}" if result.reason else ""), markup=False)
     if result.status == "completed":
         return ExitCode.OK
     return ExitCode.INTERRUPTED if result.status in ENDED_BY_USER else ExitCode.FAILED

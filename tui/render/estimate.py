@@ -114,3 +114,11 @@ def estimate_table(report: dict[str, Any], parts_order: tuple[str, ...], title: 
     if "buffers" in present:
         notes.append("buffers: autocast's 16-bit weight copies, or the gathered units under zero3/fsdp")
     return Group(Text(title, style="bold"), table, *(Text(n, style="dim") for n in notes))
+
+
+def library_line(term: dict[str, Any]) -> str:
+    """The estimate's maths-library line (:class:`runner.spec.library.LibraryTerm`): its bytes per process,
+    beside the tensor total (never added to it), or why it was not measured."""
+    if "bytes" not in term:
+        return str(term["label"])
+    return f"{term['label']}: {fmt_bytes(int(term['bytes']))} per process, beside the tensor total (not in it)"

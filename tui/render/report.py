@@ -26,7 +26,15 @@ from runner.planner.error_band import Band
 from runner.spec import first_step
 from runner.spec.events import RECIPE_FILE
 from runner.spec.strategies import STRATEGIES, recipe_global_batch
-from runner.spec.summary import RunSummary, busiest_peak, error_pct, model_state_bytes, rank_peak, rank_rss
+from runner.spec.summary import (
+    RunSummary,
+    busiest_peak,
+    error_pct,
+    library_measured,
+    model_state_bytes,
+    rank_peak,
+    rank_rss,
+)
 from store import MetricPoint, NamedMetricPoint, RunInfo
 from tui.render.ledger import ledger_rows
 from tui.render.plain import row as text_row
@@ -409,7 +417,28 @@ def estimate_table(summary: RunSummary) -> Group | None:
         table.add_column(col, justify="left" if col == "figure" else "right", no_wrap=True)
     for kind, est, measured, err in compared:
         table.add_row(kind, fmt_bytes(est), fmt_bytes(measured), "-" if err is None else f"{err:+.1f}%")
-    return Group(table, sources, Text(band_line(summary.estimate or {}), style="dim"))
+    library = library_text(summary)
+    return Group(table, sources, *([Text(library)] if library else []),
+                 Text(band_line(summary.estimate or {}), style="dim"))
+
+
+def library_text(summary: RunSummary) -> str | None:
+    """The maths library's line: the estimate's term (measured on this host by ``ftui estimate --library``)
+    beside what the ranks measured beyond tensors over their measured steps (the largest rank), and the
+    difference; None when neither side has one."""
+    term = (summary.estimate or {}).get("library") or {}
+    measured = [m for m in (library_measured(r) for r in summary.ranks) if m is not None]
+    if not term and not measured:
+        return None
+    est = term.get("bytes")
+    label = str(term.get("label") or "maths library: not in this run's estimate")
+    ranks = f"{len(measured)} ranks, the largest" if len(measured) > 1 else "rank 0"
+    beside = (f"; measured in the run: {fmt_bytes(max(measured))} beyond tensors ({ranks}: heap or NVML minus "
+              f"tensors over the measured steps)" if measured else "; not measured in the run")
+    diff = (f"; difference {'+' if est >= max(measured) else '-'}{fmt_bytes(abs(est - max(measured)))}"
+            if est is not None and measured else "")
+    head = f"{label}: {fmt_bytes(est)} per process" if est is not None else label
+    return f"{head} (beside the tensor rows, not in them){beside}{diff}"
 
 
 def band_line(estimate: Mapping[str, Any]) -> str:

@@ -34,6 +34,7 @@ from runner.watch.preflight import check_files
 from store import Store
 from tui.app import plans
 from tui.app.messages import EstimateReady, LaunchFailed, OpenPlan, PlanPrepared, PreviewReady, RunLaunched
+from tui.app.screens.compose_switches import switches_text
 from tui.app.screens.modals import ConfirmScreen, PickFileScreen, PromptScreen
 from tui.render.report import fmt_bytes
 
@@ -153,6 +154,7 @@ def estimate_text(recipe: Recipe, probe: Any, store: Store | None = None) -> Tex
         out.append(f"  {mark} {name:<6} {fmt_bytes(entry['per_device_bytes']['total']):>10}{star}{mine}\n",
                    style="bold" if star else "")
     out.append(f"★ recommended: {rec['strategy'] or 'none'}: {rec['reason']}")
+    out.append_text(switches_text(recipe, inp, store))
     if store is not None:
         for past in decisions.for_recipe(store, recipe, source.shape, runs_on_cpu(recipe)):
             out.append(f"\n{past.line()}", style="bold")
