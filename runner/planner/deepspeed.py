@@ -115,9 +115,16 @@ def add_deepspeed_parts(inp: EstimateInput, stage: int, params_sharded: bool, n:
         if stage < 3:  # ZeRO-1/2 free the gradients once flattened (stage_1_and_2.py: free_grad_in_param_list)
             moments["optimizer"]["grads"] = 0.0
     bucket = float(reduce_bucket_bytes(inp, stage, tw))
+    if stage < 3:
+        # ZeRO-1/2 allocate the bucket at the first gradient (the head's weight), once the loss's backward has
+        # freed the saved log-softmax and one of its two logits-sized temporaries (the logits' gradient stays);
+        # it lives to the end of backward.
+        loss = moments["backward"]
+        moments["backward_bucket"] = {**loss, "activations": loss["activations"] - logits,
+                                      "transient": loss["transient"] / 2}
     for name, parts in moments.items():
-        # ZeRO-3 allocates its bucket with the optimizer; ZeRO-1/2 from the first gradient to the end of backward.
-        if stage == 3 or name.startswith("backward"):
+        # ZeRO-3 allocates its bucket with the optimizer.
+        if stage == 3 or (name.startswith("backward") and name != "backward"):
             parts["ds_reduce_bucket"] = bucket
     if stage != 3 or not params_sharded:
         return
