@@ -62,6 +62,15 @@ def test_zero12_hold_the_reduce_bucket_through_the_backward_only(strategy: str) 
     assert b.peak_phase == "backward" and b.ds_reduce_bucket == bucket
 
 
+def test_zero2_allocates_its_bucket_at_the_heads_gradient() -> None:
+    b = _estimate(_recipe("zero2", "method.type='full'"))
+    # The first gradient is the head's: the loss's backward has freed the saved fp32 log-softmax and one of
+    # its two logits-sized temporaries; the logits' gradient is alive beside the bucket.
+    logits = 4 * 64 * 4096 * 4  # micro-batch 4 x context 64 x vocabulary 4096, fp32
+    assert b.ds_reduce_bucket > 0
+    assert b.activations == b.activations_stored - logits and b.transient == logits
+
+
 def _large_parameters() -> list[int]:
     """An independent count: the tiny Llama's parameters at or above the persistence threshold, built on
     the meta device."""
