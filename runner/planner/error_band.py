@@ -59,7 +59,8 @@ def bands_from_rows(rows: Iterable[Mapping[str, Any]], source: str) -> dict[str,
         if row.get("error_pct") is None:
             continue
         words = str(row["config"]).split()
-        family, strategy = words[0], words[3]
+        # The grid's variants of an architecture (``mistral-sw``, ``llama-deep``) count as their family.
+        family, strategy = words[0].split("-")[0], words[3]
         name, _, engine = strategy.partition("@")
         errors.setdefault(band_key(family, name, engine or "auto"), []).append(float(row["error_pct"]))
     return {key: Band(key, len(errs), statistics.median(errs), max(errs, key=abs), source)

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from runner.planner.activations import ActivationBytes, activation_bytes, kernels_note
-from runner.planner.deepspeed import reduce_bucket_bytes, zero3_gathered_bytes
+from runner.planner.deepspeed import add_deepspeed_parts, zero3_persistent_bytes
 from runner.planner.fsdp import Gathered, gathered_units
 from runner.planner.inputs import DTYPE_BYTES, EstimateInput, weight_bytes
 from runner.planner.pipeline import (
@@ -38,7 +38,6 @@ from runner.planner.pipeline import (
 from runner.planner.shapes import lora_targeted, lora_trainable_params
 from runner.planner.switches import fp8_copy_share, ring_buffer_bytes, tokens_per_device
 from runner.spec import layout, strategies
-from runner.spec.deepspeed_config import ZERO3_PERSISTENCE_THRESHOLD
 
 ADAM_BYTES = 8  # two fp32 moments per trainable parameter
 MASTER_BYTES = 4  # fp32 master copy of 16-bit weights
@@ -47,8 +46,6 @@ NF4_BITS = 4.0
 # 256 such blocks (QLoRA paper, section 3): 8/64 + 32/(64*256) = 0.127 bits per parameter.
 NF4_DOUBLE_QUANT_OVERHEAD_BITS = 8 / 64 + 32 / (64 * 256)
 GIB = 2**30
-ZERO3_LOWER_BOUND = ("a lower bound under DeepSpeed ZeRO-3: the forward holds more gathered parameter memory "
-                     "than one copy of the gathered parameters counted here (quickstart LoRA: 24% more at the peak)")
 FSDP_MIXED_CHECKPOINTED_UPPER_BOUND = (
     "an upper bound under FSDP full fine-tuning with 16-bit compute and checkpointing: the end of the backward "
     "holds less than the root and a layer gathered beside a layer's unsharded gradient counted here "
@@ -87,6 +84,8 @@ class MemoryBreakdown:
             when it is alive at the peak.
         ds_gathered: DeepSpeed ZeRO-3's gathered parameters (every one above the persistence threshold) at
             the peak.
+        ds_prefetch: DeepSpeed ZeRO-3's flat all-gather buffer of one prefetch bucket, alive beside the
+            gathered copies until the head's fetch in the forward (runner/planner/deepspeed.py).
         activations_stored: Not a part: what one forward saves for backward (the ``saved_tensors_hooks``
             figure, autocast's weight casts included).
         grads_total: Not a part: every gradient (what the optimizer step holds).
@@ -108,6 +107,7 @@ class MemoryBreakdown:
     grad_buckets: int = 0
     ds_reduce_bucket: int = 0
     ds_gathered: int = 0
+    ds_prefetch: int = 0
     dropout: int = 0
     recompute: int = 0
     transient: int = 0
@@ -132,21 +132,6 @@ def _largest_trainable(inp: EstimateInput) -> int:
         return max([sh.vocab * sh.hidden, sh.largest_weight, *(s.in_features * s.out_features for s in sh.linears.values())])
     return max([0, *(inp.lora_r * max(s.in_features, s.out_features)
                      for s in lora_targeted(sh, inp.lora_targets).values())])
-
-
-def _zero3_persistent(inp: EstimateInput, w: int, tw: int) -> float:
-    """Bytes DeepSpeed ZeRO-3 keeps gathered on every rank beside the partitions: each parameter under its
-    persistence threshold (``stage3_param_persistence_threshold``, 1e5 elements: norms, small projections,
-    LoRA matrices)."""
-    sh = inp.shape
-    small = sum(s.in_features * s.out_features * s.count for s in sh.linears.values()
-                if s.in_features * s.out_features < ZERO3_PERSISTENCE_THRESHOLD) * w
-    norms = (2 * sh.layers + 1) * sh.hidden * (2 if sh.norm == "layer" else 1)
-    small += norms * w if sh.hidden < ZERO3_PERSISTENCE_THRESHOLD else 0
-    if inp.method != "full":
-        small += sum(inp.lora_r * (s.in_features + s.out_features) * s.count
-                     for s in lora_targeted(sh, inp.lora_targets).values()) * tw
-    return float(small)
 
 
 @dataclass(frozen=True)
@@ -274,6 +259,8 @@ class _Activations:
         logits: The saved log-softmax of the micro-batch whose backward runs (0 on a stage without the head).
         dropout: LoRA dropout's part of ``stored``.
         pipeline: A pipeline stage's receive buffers (alive all step).
+        accumulated: What one micro-batch saves on a pipeline stage of several micro-batches per step: its
+            last backward runs beside the gradients the earlier ones left (0: one micro-batch).
     """
 
     whole: ActivationBytes
@@ -286,6 +273,7 @@ class _Activations:
     logits: float
     dropout: float
     pipeline: float = 0.0
+    accumulated: float = 0.0
 
 
 def _activations(inp: EstimateInput, run: _Run, rows: int | None = None) -> _Activations:
@@ -324,7 +312,8 @@ def _split_layers(inp: EstimateInput, run: _Run, s: _States, stage: Stage) -> tu
     return s, replace(a, stored=float(stored), copies=acts.weight_copies * weight_share,
                       fwd_copies=acts.forward_copies * weight_share, logits_fwd=a.logits_fwd * head,
                       logits_bwd=logits_bwd, logits=a.logits * head, dropout=a.dropout * layer_share * k,
-                      pipeline=float(receive_buffers(inp, stage, run.e)))
+                      pipeline=float(receive_buffers(inp, stage, run.e)),
+                      accumulated=float(stored) / k if stage.microbatches > 1 else 0.0)
 
 
 def _tensor_group(inp: EstimateInput, run: _Run) -> int:
@@ -332,13 +321,26 @@ def _tensor_group(inp: EstimateInput, run: _Run) -> int:
     return min(run.n, inp.tp_size or run.n) if run.row.tensor_parallel else 1
 
 
+def _tensor_local(inp: EstimateInput, run: _Run) -> EstimateInput:
+    """``tp``: the run as one process's activations see it: the column-split projections give each process
+    its heads (query and key/value) and its slice of the MLP's intermediate width, so the attention and MLP
+    internals are 1/t; the layer inputs, the row-split outputs (after their all-reduce) and the logits are
+    whole (the hidden width and vocabulary are unchanged)."""
+    t = _tensor_group(inp, run)
+    if t == 1:
+        return inp
+    sh = inp.shape
+    return replace(inp, shape=replace(sh, heads=max(1, sh.heads // t), kv_heads=max(1, sh.kv_heads // t),
+                                      intermediate=max(1, sh.intermediate // t)))
+
+
 def _split_tensors(inp: EstimateInput, t: int, s: _States) -> _States:
     """``tp``: the device's share of the model states under a split over ``t`` processes.
 
     Megatron-style split of every decoder layer's projections: those weights (and, for full fine-tuning,
     their gradients and optimizer state) are 1/t per device; the embedding, norms and head stay whole.
-    LoRA's A or B is split with its base, the other whole: about half the adapter. Activations are counted
-    whole (the residual stream is replicated): an upper bound.
+    LoRA's A or B is split with its base, the other whole: about half the adapter. Activations: see
+    :func:`_tensor_local`.
     """
     sh = inp.shape
     layer_frac = min(1.0, sh.layers * sh.layer_params / max(1, sh.total_params))
@@ -384,18 +386,20 @@ def _shard_states(inp: EstimateInput, run: _Run, s: _States, shards: frozenset[s
             # FSDP1's gradient is flat per unit: it covers the frozen parameters of every unit that holds an
             # adapter (the decoder layers), not only the adapters.
             grads = float((sh.layers * sh.layer_params + s.train) * s.tw / n)
-    params = s.params
+    params, persistent_grads = s.params, s.persistent_grads
     if "params" in shards:
         params = params / n
         if run.deepspeed and run.stage == 3:
-            params += _zero3_persistent(inp, run.w, s.tw)
+            params += zero3_persistent_bytes(inp, run.w, s.tw)
+            if not inp.offload_optimizer:  # offloaded: DeepSpeed keeps both on the host
+                persistent_grads = grads  # its flat gradient partition, allocated with the optimizer
     return replace(s, params=params, grads=grads, optimizer=optimizer, master=master,
-                   opt_transient=opt_transient, head_grads=head_grads)
+                   opt_transient=opt_transient, head_grads=head_grads, persistent_grads=persistent_grads)
 
 
 def _gathered(inp: EstimateInput, run: _Run, s: _States, shards: frozenset[str]) -> Gathered:
     """The gathered weights and unsharded layer gradient of a run that shards its weights
-    (:mod:`runner.planner.fsdp`; DeepSpeed ZeRO-3's own gathering: :func:`_deepspeed_parts`)."""
+    (:mod:`runner.planner.fsdp`; DeepSpeed ZeRO-3's own gathering: :mod:`runner.planner.deepspeed`)."""
     if "params" not in shards or (run.deepspeed and run.stage == 3):
         return Gathered()
     gather_e = run.e if run.e < run.w else run.w  # FSDP's mixed precision gathers in the compute dtype
@@ -409,7 +413,7 @@ def _ddp_buckets(inp: EstimateInput, run: _Run, s: _States) -> _States:
     and live through the whole step; without that, the buckets are a second copy.
     """
     ddp = run.row.wraps_in_ddp
-    return replace(s, persistent_grads=s.grads if ddp else 0.0,
+    return replace(s, persistent_grads=s.grads if ddp else s.persistent_grads,
                    buckets=s.grads if ddp and not inp.grad_bucket_view else 0.0)
 
 
@@ -430,23 +434,6 @@ def _offload(inp: EstimateInput, run: _Run, s: _States) -> tuple[_States, dict[s
 
 Moments = dict[str, dict[str, float]]
 """Candidate peak moments of a step, each as the parts alive then (beside the model states)."""
-
-
-def _deepspeed_parts(inp: EstimateInput, run: _Run, s: _States, moments: Moments) -> None:
-    """DeepSpeed's reduce bucket and ZeRO-3's gathered parameters, added to the moments they are alive in
-    (runner/planner/deepspeed.py says when DeepSpeed allocates and frees each)."""
-    if not run.deepspeed or run.stage is None:
-        return
-    bucket = float(reduce_bucket_bytes(inp, run.stage, s.tw))
-    for name, parts in moments.items():
-        # ZeRO-3 allocates its bucket with the optimizer; ZeRO-1/2 from the first gradient to the end of backward.
-        if run.stage == 3 or name.startswith("backward"):
-            parts["ds_reduce_bucket"] = bucket
-    if run.stage == 3 and "params" in _sharded(inp, run):  # offloaded parameters are gathered onto the device too
-        gathered = float(zero3_gathered_bytes(inp, run.w))
-        for name in ("forward", "backward", "backward_recompute"):
-            if name in moments:
-                moments[name]["ds_gathered"] = gathered
 
 
 def _moments(inp: EstimateInput, run: _Run, s: _States, a: _Activations, g: Gathered) -> Moments:
@@ -471,6 +458,9 @@ def _moments(inp: EstimateInput, run: _Run, s: _States, a: _Activations, g: Gath
             "activations": a.stored - a.logits, "recompute": a.recompute, "transient": acts.layer_backward,
             "buffers": a.copies + max(g.gathered, g.at_backward), "grads": max(persistent_grads, s.head_grads),
             "grad_buckets": g.flat_grads}
+    if a.accumulated:  # the last micro-batch's backward, every earlier one's gradients alive
+        moments["backward_accumulated"] = {"activations": a.accumulated, "transient": a.logits_bwd,
+                                           "buffers": a.copies, "grads": s.grads}
     if a.dropout and not inp.gradient_checkpointing:
         for name in ("forward", "backward"):
             moments[name]["activations"] -= a.dropout
@@ -482,7 +472,9 @@ def _moments(inp: EstimateInput, run: _Run, s: _States, a: _Activations, g: Gath
     for name in ("forward", "backward", "backward_root", "backward_recompute"):
         if ring and name in moments:
             moments[name]["transient"] += ring
-    _deepspeed_parts(inp, run, s, moments)
+    if run.deepspeed and run.stage is not None:
+        add_deepspeed_parts(inp, run.stage, "params" in _sharded(inp, run), _shard_group(inp, run), run.w, s.tw,
+                            a.logits, moments, s.train / _shard_group(inp, run))
     return moments
 
 
@@ -494,14 +486,14 @@ def _breakdown(inp: EstimateInput, s: _States, a: _Activations, moments: Moments
     def size(parts: Mapping[str, float]) -> float:
         return state - s.persistent_grads + sum(parts.values())
 
-    phases = {"forward": size(moments["forward"]),
+    phases = {"forward": max(size(m) for k, m in moments.items() if k.startswith("forward")),
               "backward": max(size(m) for k, m in moments.items() if k.startswith("backward")),
               "optimizer": size(moments["optimizer"])}
     peak_name = max(moments, key=lambda k: size(moments[k]))
     at_peak = moments[peak_name]
     part = {k: round(at_peak.get(k, 0.0)) for k in
             ("grads", "activations", "dropout", "recompute", "transient", "buffers", "grad_buckets",
-             "ds_reduce_bucket", "ds_gathered")}
+             "ds_reduce_bucket", "ds_gathered", "ds_prefetch")}
     part["grad_buckets"] += round(s.buckets)
     p, o, m = round(s.params), round(s.optimizer), round(s.master)
     r = inp.reserve_bytes
@@ -511,6 +503,7 @@ def _breakdown(inp: EstimateInput, s: _States, a: _Activations, moments: Moments
         p, part["grads"], o, m, part["activations"], part["buffers"], total=total, reserve=r,
         grad_buckets=part["grad_buckets"], dropout=part["dropout"], recompute=part["recompute"],
         transient=part["transient"], ds_reduce_bucket=part["ds_reduce_bucket"], ds_gathered=part["ds_gathered"],
+        ds_prefetch=part["ds_prefetch"],
         activations_stored=round(acts.stored * (a.stored / max(1, acts.stored)) + a.copies),
         grads_total=round(s.grads), peak_phase=peak_name.split("_")[0],
         phases={k: round(v) for k, v in phases.items()}, offloaded=offloaded, nvme=nvme,
@@ -533,7 +526,7 @@ def estimate(inp: EstimateInput) -> MemoryBreakdown:
     if run.row.layer_split:  # every stage's own estimate: the busiest is the largest
         return max((_estimate_part(inp, run, *_split_layers(inp, run, _model_states(inp, run), stage))
                     for stage in stages(inp, run.n)), key=lambda b: b.total)
-    return _estimate_part(inp, run, _model_states(inp, run), _activations(inp, run))
+    return _estimate_part(inp, run, _model_states(inp, run), _activations(_tensor_local(inp, run), run))
 
 
 def _estimate_part(inp: EstimateInput, run: _Run, states: _States, acts: _Activations) -> MemoryBreakdown:
@@ -557,8 +550,6 @@ def _estimate_part(inp: EstimateInput, run: _Run, states: _States, acts: _Activa
 
 def _bound(inp: EstimateInput, run: _Run, b: MemoryBreakdown) -> str | None:
     """Which side of the measured peak an estimate is known to fall on, where it is not within 5%."""
-    if run.deepspeed and run.stage == 3:
-        return ZERO3_LOWER_BOUND
     fsdp_mixed = "params" in run.row.shards and not run.deepspeed and run.e < run.w
     if fsdp_mixed and inp.method == "full" and inp.gradient_checkpointing and b.peak_phase == "backward":
         return FSDP_MIXED_CHECKPOINTED_UPPER_BOUND
@@ -567,7 +558,8 @@ def _bound(inp: EstimateInput, run: _Run, b: MemoryBreakdown) -> str | None:
 
 # The parts of ``MemoryBreakdown.total``, in the order ``ftui estimate`` shows them.
 PARTS: tuple[str, ...] = ("params", "grads", "grad_buckets", "ds_reduce_bucket", "optimizer", "master", "activations",
-                          "dropout", "recompute", "transient", "buffers", "ds_gathered", "reserve")
+                          "dropout", "recompute", "transient", "buffers", "ds_gathered", "ds_prefetch",
+                          "reserve")
 
 
 def breakdown_json(b: MemoryBreakdown) -> dict[str, int]:

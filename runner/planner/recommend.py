@@ -99,10 +99,11 @@ class Recommendation:
 
 
 def _gib(x: float) -> str:
-    return f"{x / GIB:.1f} GiB"
+    """A size in GiB, or in MiB below a tenth of one (a tiny model's states are not "0.0 GiB")."""
+    return f"{x / GIB:.1f} GiB" if x >= GIB / 10 or x == 0 else f"{x / 2**20:.1f} MiB"
 
 
-def recommend(inputs: EstimateInput, gpu_mem_bytes: int, n_gpus: int) -> Recommendation:
+def recommend(inputs: EstimateInput, gpu_mem_bytes: int, n_gpus: int, on_host: bool = False) -> Recommendation:
     """Pick a strategy the seed's way: replicate when one device holds a copy, else shard as little as fits.
 
     If the model states plus one micro-batch fit on one device: ``ddp`` for speed (``single`` with one
@@ -115,6 +116,8 @@ def recommend(inputs: EstimateInput, gpu_mem_bytes: int, n_gpus: int) -> Recomme
         inputs: The run (its strategy and device count are ignored).
         gpu_mem_bytes: Memory of one GPU.
         n_gpus: GPUs available.
+        on_host: No GPU: the processes train on the CPU and ``gpu_mem_bytes`` is the host's memory (the
+            reason's words).
 
     Returns:
         The recommendation.
@@ -137,9 +140,12 @@ def recommend(inputs: EstimateInput, gpu_mem_bytes: int, n_gpus: int) -> Recomme
             what = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA"}[method]
             if method != inputs.method:
                 what += f" (a {inputs.method} fine-tune fits nowhere)"
-            where = f"each of {n_gpus} GPUs" if n_gpus > 1 else "the GPU"
+            if on_host:
+                unit, where = "process", "host memory"
+            else:
+                unit, where = "GPU", f"each of {n_gpus} GPUs" if n_gpus > 1 else "the GPU"
             reason = (
-                f"{inputs.precision} {what} with {s} needs {_gib(est.total)} per GPU "
+                f"{inputs.precision} {what} with {s} needs {_gib(est.total)} per {unit} "
                 f"(model states {_gib(est.model_states)}, activations {_gib(est.activations)}), "
                 f"within the {_gib(gpu_mem_bytes)} of {where}."
             )
@@ -147,19 +153,21 @@ def recommend(inputs: EstimateInput, gpu_mem_bytes: int, n_gpus: int) -> Recomme
                 fsdp = estimate(_at(inp, "fsdp", n_gpus))
                 reason += (
                     f" `ftui run` cannot launch {s} yet (launch.strategy takes {', '.join(table.names(launchable=True))})"
-                    + (f"; fsdp fits too, at {_gib(fsdp.total)} per GPU." if fsdp.total <= gpu_mem_bytes else ".")
+                    + (f"; fsdp fits too, at {_gib(fsdp.total)} per {unit}." if fsdp.total <= gpu_mem_bytes else ".")
                 )
             return Recommendation(s, reason, fits, method)
     best = min(estimate(_at(replace(inputs, method=methods[-1]), s, n_gpus)).total for s in order)
     reason = (
-        f"Nothing fits: even {methods[-1]} needs {_gib(best)} per GPU against {_gib(gpu_mem_bytes)} on "
-        f"{n_gpus} GPU(s); add GPUs, shorten sequences, or enable gradient checkpointing or offload."
+        f"Nothing fits: even {methods[-1]} needs {_gib(best)} per {'process' if on_host else 'GPU'} against "
+        f"{_gib(gpu_mem_bytes)} " + ("of host memory" if on_host else f"on {n_gpus} GPU(s)")
+        + "; add GPUs, shorten sequences, or enable gradient checkpointing or offload."
     )
     return Recommendation(None, reason, fits, inputs.method)
 
 
 def estimate_report(
-    base_inputs: EstimateInput, gpu_mem_bytes: int, n_gpus: int, strategies: Sequence[Strategy] | None = None
+    base_inputs: EstimateInput, gpu_mem_bytes: int, n_gpus: int, strategies: Sequence[Strategy] | None = None,
+    on_host: bool = False,
 ) -> dict[str, Any]:
     """A JSON-ready report of every strategy and the recommendation.
 
@@ -168,6 +176,7 @@ def estimate_report(
         gpu_mem_bytes: Memory of one GPU.
         n_gpus: GPUs available (``single`` uses one).
         strategies: Strategies to report (default: every row of the strategy table).
+        on_host: No GPU: ``gpu_mem_bytes`` is the host's memory (see :func:`recommend`).
 
     Returns:
         ``{"strategies": {name: {"per_device_bytes": {...}, "fits": bool, "gpus_needed": int | None,
@@ -185,7 +194,7 @@ def estimate_report(
             "gpus_needed": gpus_needed(inp, gpu_mem_bytes),
             "error_band": None if band is None else asdict(band),
         }
-    rec = recommend(base_inputs, gpu_mem_bytes, n_gpus)
+    rec = recommend(base_inputs, gpu_mem_bytes, n_gpus, on_host)
     own = estimate(base_inputs)  # the switches' effect on the run as given (its own strategy)
     return {"strategies": out, "recommendation": {"strategy": rec.strategy, "reason": rec.reason},
             "switches": switch_lines(base_inputs, own.offloaded, own.nvme)}

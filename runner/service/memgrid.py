@@ -25,11 +25,12 @@ from runner.watch.follow import execute
 from runner.watch.prepare import prepare
 
 ARCHS: tuple[str, ...] = ("llama", "mistral", "mistral-sw", "qwen2", "gemma", "gemma-mqa", "phi3", "phi", "gpt2",
-                          "gpt_neox", "opt", "falcon", "falcon-gqa", "mixtral")
+                          "gpt_neox", "opt", "falcon", "falcon-gqa", "mixtral", "llama-deep")
 """Architectures with a tiny config here (``tiny_config``)."""
 
 LORA_TARGETS: dict[str, list[str]] = {
     "llama": ["q_proj", "v_proj"],
+    "llama-deep": ["q_proj", "v_proj"],
     "mistral": ["q_proj", "v_proj"],
     "qwen2": ["q_proj", "v_proj"],
     "gemma": ["q_proj", "v_proj"],
@@ -84,6 +85,8 @@ def tiny_config(arch: str, vocab: int) -> Any:
     if arch == "falcon-gqa":  # Falcon's new decoder: grouped kv heads, two LayerNorms, parallel
         return tf.FalconConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_kv_heads=2,
                                new_decoder_architecture=True, vocab_size=vocab, bos_token_id=0, eos_token_id=0)
+    if arch == "llama-deep":  # deep and narrow: 9 layers of hidden 128 (cut 5 + 4 by the pipeline)
+        return tf.LlamaConfig(**{**llama_like, "hidden_size": 128, "intermediate_size": 344, "num_hidden_layers": 9})
     if arch == "mixtral":  # 4 experts, 2 routed per token
         return tf.MixtralConfig(**llama_like, num_local_experts=4, num_experts_per_tok=2)
     raise ValueError(f"unknown architecture {arch!r} (have {', '.join(ARCHS)})")
@@ -109,7 +112,8 @@ def model_folder(arch: str, root: Path) -> Path:
 
 @dataclass(frozen=True)
 class GridPoint:
-    """One configuration of the grid."""
+    """One configuration of the grid. ``strategy`` may name its engine: ``zero3@torch`` (``launch.engine``;
+    the strategy alone: its default engine)."""
 
     arch: str
     method: str = "lora"
@@ -147,6 +151,8 @@ def point_from_label(label: str) -> GridPoint:
 def recipe_for(point: GridPoint, folder: Path | str) -> Any:
     """The recipe of a grid point: two steps, no save, the builtin corpus at the point's sequence length."""
 
+    strategy, _, engine = point.strategy.partition("@")
+    engine = engine or "auto"
     targets = json.dumps(LORA_TARGETS.get(point.arch, ["q_proj", "v_proj"]))
     text = f"""
 name = "memgrid"
@@ -171,7 +177,8 @@ gradient_checkpointing = {str(point.ckpt).lower()}
 save = false
 log_every = 1
 [launch]
-strategy = "{point.strategy}"
+strategy = "{strategy}"
+engine = "{engine}"
 nproc = {point.nproc}
 device = "cpu"
 """

@@ -23,6 +23,10 @@ into the config so that the planner and the run agree)."""
 ZERO3_MAX_LIVE_PARAMETERS = 1_000_000_000
 """ZeRO-3 keeps at most this many gathered parameter elements alive (DeepSpeed's default, written into the
 config so that the planner and the run agree)."""
+ZERO3_PREFETCH_BUCKET = 50_000_000
+"""ZeRO-3 all-gathers up to this many elements of upcoming parameters at once into one flat buffer
+(DeepSpeed's default ``stage3_prefetch_bucket_size``, written into the config so that the planner and the
+run agree)."""
 GPU_BUCKET = 200_000_000
 """The seed's bucket on GPU, in elements."""
 CPU_BUCKET = 20_000_000
@@ -76,6 +80,7 @@ def deepspeed_config(recipe: Recipe, on_cpu: bool, trainable: int | None = None)
     if row.stage == 3:
         zero["stage3_param_persistence_threshold"] = ZERO3_PERSISTENCE_THRESHOLD
         zero["stage3_max_live_parameters"] = ZERO3_MAX_LIVE_PARAMETERS
+        zero["stage3_prefetch_bucket_size"] = ZERO3_PREFETCH_BUCKET
         zero["stage3_gather_16bit_weights_on_model_save"] = True  # the saved adapter/model: gathered on rank 0
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": train.batch_size,

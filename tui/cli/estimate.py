@@ -82,15 +82,21 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         inp = replace(inp, attention=args.attn)
     if args.compile:
         inp = replace(inp, compiled=True)
+    nvml = _nvml_gpus()
+    on_host = not args.gpu_mem and not nvml  # no GPU to plan for: the processes train on this host's CPU
     try:
-        reserve = E.parse_bytes(args.reserve or DEFAULT_RESERVE, allow_zero=True)
+        reserve = E.parse_bytes(args.reserve or ("0" if on_host else DEFAULT_RESERVE), allow_zero=True)
     except ValueError as exc:
         return fail(f"--reserve: {exc}")
     inp = replace(inp, reserve_bytes=reserve)
-    notes.append(f"reserve: {reserve / E.GIB:.1f} GiB per GPU for the CUDA context, NCCL and allocator slack "
-                 + ("(--reserve)" if args.reserve else f"(default {DEFAULT_RESERVE}; --reserve to change)"))
+    if args.reserve:
+        notes.append(f"reserve: {reserve / E.GIB:.1f} GiB per device (--reserve)")
+    elif on_host:
+        notes.append("reserve: none (no GPU: no CUDA context or allocator slack to hold; --reserve to add one)")
+    else:
+        notes.append(f"reserve: {reserve / E.GIB:.1f} GiB per GPU for the CUDA context, NCCL and allocator slack "
+                     f"(default {DEFAULT_RESERVE}; --reserve to change)")
 
-    nvml = _nvml_gpus()
     if args.gpu_mem:
         try:
             gpu_mem = E.parse_bytes(args.gpu_mem)
@@ -107,7 +113,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
                      "--gpu-mem SIZE plans for a GPU instead")
     n_gpus = args.gpus or len(nvml) or (recipe.launch.nproc if recipe is not None else 1)
     chosen = args.strategy or strategies.names()
-    report = E.estimate_report(inp, gpu_mem, n_gpus, chosen)
+    report = E.estimate_report(inp, gpu_mem, n_gpus, chosen, on_host=on_host)
     _add_track_record(args, report, inp)
     report["measured_here"] = [d.json() for d in _past_decisions(args, recipe, inp)]
     _add_switches(args, report, recipe, inp)

@@ -15,7 +15,8 @@ from runner.planner.error_band import FOOTNOTE, UNKNOWN_CELL, Band
 from tui.render.report import fmt_bytes
 
 HEADERS = {"activations": "activ-\nations", "grad_buckets": "grad\nbuckets", "recompute": "recom-\npute",
-           "ds_reduce_bucket": "reduce\nbucket", "ds_gathered": "zero3\ngathered"}
+           "ds_reduce_bucket": "reduce\nbucket", "ds_gathered": "zero3\ngathered",
+           "ds_prefetch": "zero3\nprefetch"}
 """Two-line headers where the word is wider than its figures."""
 
 
@@ -106,9 +107,10 @@ def estimate_table(report: dict[str, Any], parts_order: tuple[str, ...], title: 
         notes.append(f"other = {' + '.join(other)} (a wider terminal shows each)")
     if zero:
         notes.append(f"0 for every strategy, not shown: {', '.join(zero)}")
-    if "ds_reduce_bucket" in present or "ds_gathered" in present:
+    if {"ds_reduce_bucket", "ds_gathered", "ds_prefetch"} & set(present):
         notes.append("reduce bucket: DeepSpeed's reduce_bucket_size from the config ftui writes; zero3 gathered: "
-                     "DeepSpeed ZeRO-3's parameters gathered at the peak")
+                     "DeepSpeed ZeRO-3's parameters gathered at the peak; zero3 prefetch: the flat buffer of "
+                     "its prefetch bucket, alive until the head is fetched")
     if "buffers" in present:
         notes.append("buffers: autocast's 16-bit weight copies, or the gathered units under zero3/fsdp")
     return Group(Text(title, style="bold"), table, *(Text(n, style="dim") for n in notes))

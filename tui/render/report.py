@@ -28,6 +28,7 @@ from runner.spec.events import RECIPE_FILE
 from runner.spec.strategies import STRATEGIES, recipe_global_batch
 from runner.spec.summary import (
     RunSummary,
+    TelemetrySummary,
     busiest_peak,
     error_pct,
     library_measured,
@@ -173,6 +174,38 @@ def run_summary_table(run: RunInfo | None) -> Table:
     for row in tokens_per_s_rows(run):
         table.add_row(*row)
     table.add_row("final loss", _num(run.final_loss, ".4f"), "measured (mean over ranks)")
+    _add_rank_rows(table, run)
+    for row in sharding_rows(run):
+        table.add_row(*text_row(*row))
+    approximate = (run.summary.estimate or {}).get("approximate")
+    if approximate:
+        table.add_row(*text_row("estimate", "approximate", str(approximate)))
+    _add_telemetry_rows(table, run.summary.telemetry)
+    if run.status == "completed" and run.tokens_per_s:
+        mfu, why = stored_mfu(run)
+        table.add_row(*text_row("MFU", "-" if mfu is None else f"{mfu:.2%}", why))
+    mfu_peak = run.summary.mfu_peak
+    if mfu_peak is not None and mfu_peak.get("flops"):
+        stored = Peak.from_json(mfu_peak)
+        if stored is not None:
+            # the source's first clause (its details, the CPU's ISA flags, are in `ftui compare`'s notes)
+            source = stored.source.split(", ")[0]  # a probe's source says it was beside the run
+            table.add_row(*text_row("MFU peak/device", stored.figure(),
+                                    source if stored.kind == "probe" else f"{stored.provenance()}: {source}"))
+    if run.summary.ledger is not None:  # device-hours, energy, cost (runner.analysis.ledger)
+        for row in ledger_rows(ledger.figures(run.summary)):
+            table.add_row(*text_row(*row))
+    if run.error:
+        table.add_row("error", Text(run.error, style="red"), "")
+    stacks = run.summary.stacks
+    if stacks is not None:  # where each rank was when the watcher asked (a hang, a collective timeout)
+        table.add_row(*text_row("stacks", stacks["summary"],
+                                f"faulthandler at the {stacks['cause']}; full dumps: {stacks['folder']}"))
+    return table
+
+
+def _add_rank_rows(table: Table, run: RunInfo) -> None:
+    """Each rank's measured memory: peak and phases (unless the memory table has them), model states, RSS."""
     ranks = run.summary.ranks
     # One rank: the memory table (estimate_table) shows its peak and phases; printing them here too was
     # the same figure twice under two names.
@@ -194,12 +227,10 @@ def run_summary_table(run: RunInfo | None) -> Table:
             table.add_row(f"rank {rank['rank']} peak RSS", fmt_bytes(rss), "getrusage: whole process, not training memory")
             if baseline:
                 table.add_row(f"rank {rank['rank']} RSS before the model", fmt_bytes(baseline), "psutil (the runtime)")
-    for row in sharding_rows(run):
-        table.add_row(*text_row(*row))
-    approximate = (run.summary.estimate or {}).get("approximate")
-    if approximate:
-        table.add_row(*text_row("estimate", "approximate", str(approximate)))
-    telemetry = run.summary.telemetry
+
+
+def _add_telemetry_rows(table: Table, telemetry: TelemetrySummary | None) -> None:
+    """The sampled devices' and ranks' utilisation and memory, then the mean over the devices."""
     for key, dev in (telemetry["devices"] if telemetry is not None else {}).items():
         if dev["kind"] == "host":
             continue
@@ -231,27 +262,6 @@ def run_summary_table(run: RunInfo | None) -> Table:
         if overall["devices"] > 1 and low is not None and high is not None:
             table.add_row(*text_row("util min-max over devices", f"{low:.0f}-{high:.0f}%",
                                     f"{unit}: the lowest and highest device's mean, {span}"))
-    if run.status == "completed" and run.tokens_per_s:
-        mfu, why = stored_mfu(run)
-        table.add_row(*text_row("MFU", "-" if mfu is None else f"{mfu:.2%}", why))
-    mfu_peak = run.summary.mfu_peak
-    if mfu_peak is not None and mfu_peak.get("flops"):
-        stored = Peak.from_json(mfu_peak)
-        if stored is not None:
-            # the source's first clause (its details, the CPU's ISA flags, are in `ftui compare`'s notes)
-            source = stored.source.split(", ")[0]  # a probe's source says it was beside the run
-            table.add_row(*text_row("MFU peak/device", stored.figure(),
-                                    source if stored.kind == "probe" else f"{stored.provenance()}: {source}"))
-    if run.summary.ledger is not None:  # device-hours, energy, cost (runner.analysis.ledger)
-        for row in ledger_rows(ledger.figures(run.summary)):
-            table.add_row(*text_row(*row))
-    if run.error:
-        table.add_row("error", Text(run.error, style="red"), "")
-    stacks = run.summary.stacks
-    if stacks is not None:  # where each rank was when the watcher asked (a hang, a collective timeout)
-        table.add_row(*text_row("stacks", stacks["summary"],
-                                f"faulthandler at the {stacks['cause']}; full dumps: {stacks['folder']}"))
-    return table
 
 
 def sharding_rows(run: RunInfo) -> list[tuple[str, str, str]]:
