@@ -30,7 +30,9 @@ allocator's reserve (peak reserved minus peak allocated over the measured steps)
 Compiled layers (``train.compile``, and flex_attention's kernel) run compiled under the meter
 (``ignore_compile_internals``): what a compiled graph saves for backward and returns is counted (it passes
 through the dispatcher), the temporaries inductor's fused kernels allocate and free inside the graph are
-not, so on CPU the peak of a compiled run is a lower bound.
+not, so on CPU the peak of a compiled run is a lower bound. A layer first met inside DDP's forward is
+compiled under the meter too (Dynamo's DDPOptimizer path keeps the dispatch modes its plain path turns off):
+the FakeTensors and FunctionalTensors it traces with hold no memory and are not counted (:func:`holds_memory`).
 
 Why not the profiler's memory timeline: with ``profile_memory=True`` one step of the tiny Llama took 15 s
 on this machine (against 0.4 s), and ``prof.events()`` held no ``[memory]`` records in torch 2.13.
@@ -98,13 +100,12 @@ class LiveTensorPeaks:
         if not isinstance(t, torch.Tensor):
             return
         local = t.to_local() if hasattr(t, "to_local") else t
-        if local.device.type == "meta":
-            return
         try:
             storage = local.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse or wrapper tensors have no plain storage
             return
-        self._storage(storage)
+        if holds_memory(storage):
+            self._storage(storage)
 
     def _storage(self, storage: Any) -> None:
         key = id(storage)
@@ -312,6 +313,22 @@ class NoMeter:
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         yield
+
+
+def holds_memory(storage: Any) -> bool:
+    """Whether ``storage`` holds memory of its own. Not a storage on meta (meta tensors, and the FakeTensors
+    that torch.compile traces with: they report the device they stand for while their storage is on meta),
+    nor the data-less storage of a wrapper subclass (the FunctionalTensors of AOTAutograd's tracing), whose
+    data pointer cannot be read. Compilation runs under the meter when Dynamo compiles a layer inside DDP's
+    forward (its DDPOptimizer path keeps the dispatch modes the plain path turns off), and its graphs keep
+    those tensors alive as example values for the life of the process."""
+    if storage.device.type == "meta":
+        return False
+    try:
+        storage.data_ptr()
+    except RuntimeError:  # "Attempted to access the data pointer on an invalid python storage"
+        return False
+    return True
 
 
 def training_tensors(model: Any, optimizer: Any) -> list[Any]:

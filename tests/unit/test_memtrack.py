@@ -138,3 +138,81 @@ def test_the_batch_finder_fits_against_the_measured_peak() -> None:
     # A summary from before the measurement existed: model states plus saved activations.
     assert trial_bytes([_rank(activation_bytes=100)]) == 113
     assert trial_bytes([_rank()]) is None
+
+
+def test_storages_without_memory_of_their_own_are_not_counted() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+
+    with FakeTensorMode():
+        fake = torch.empty(256, 256)  # reports cpu; its storage is on meta
+    with FunctionalTensorMode():
+        functional = FunctionalTensor.to_functional(fake)  # a wrapper: a storage with no data pointer
+    real = torch.empty(256, 256)
+    freed = torch.empty(256, 256)
+    freed.untyped_storage().resize_(0)  # FSDP's freed unsharded parameter: a real storage, empty now
+    assert str(fake.device) == "cpu" and str(functional.device) == "cpu"
+    assert not memtrack.holds_memory(fake.untyped_storage())
+    assert not memtrack.holds_memory(functional.untyped_storage())
+    assert not memtrack.holds_memory(torch.empty(256, device="meta").untyped_storage())
+    assert memtrack.holds_memory(real.untyped_storage()) and memtrack.holds_memory(freed.untyped_storage())
+    meter = memtrack.LiveTensorPeaks([fake, functional, real])
+    assert meter.live == 256 * 256 * F32
+
+
+@pytest.fixture()
+def one_process_group(tmp_path: Any) -> Any:
+    """A gloo process group of this process alone (DDP needs one)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+class _Block(torch.nn.Module):
+    """A residual MLP, as a decoder layer's: what each compiled graph is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(64, 512), torch.nn.Linear(512, 64)
+
+    def forward(self, x: Any) -> Any:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+def _ddp_step(compiled: bool) -> tuple[int, int, int]:
+    """One measured step of a frozen layer and two blocks under DDP: the meter's peak and live bytes after it,
+    and the bytes training holds then (weights, bucketed grads, Adam's state), read by a fresh meter (while
+    the model lives: the meter subtracts what is freed)."""
+    import gc
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), _Block(), _Block())
+    model[0].requires_grad_(False)  # frozen, as a LoRA base weight
+    if compiled:
+        for block in model[1:]:
+            block.compile(backend="aot_eager")  # AOTAutograd's tracing, without inductor's C++ build
+    ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    meter = memtrack.LiveTensorPeaks(memtrack.training_tensors(model, optimizer))
+    with meter.phase("forward"):
+        loss = ddp(torch.randn(32, 64)).square().mean()
+    with meter.phase("backward"):
+        loss.backward()
+    with meter.phase("optimizer"):
+        optimizer.step()
+    del loss
+    gc.collect()
+    return meter.peak, meter.live, memtrack.LiveTensorPeaks(memtrack.training_tensors(model, optimizer)).live
+
+
+def test_layers_compiled_inside_ddp_leave_nothing_counted_but_training(one_process_group: Any) -> None:
+    """Dynamo compiles a layer met inside DDP's forward through its DDPOptimizer, with the meter's dispatch mode
+    active: the FakeTensors and FunctionalTensors it traces with pass through the meter, and the graphs keep
+    the fake ones alive. The meter counts what training holds, and a compiled step peaks no higher than the
+    eager one (the partitioner recomputes the ReLU rather than keep it)."""
+    peak, live, held = _ddp_step(compiled=True)
+    assert live == held
+    eager_peak, eager_live, _ = _ddp_step(compiled=False)
+    assert eager_live == held and peak <= eager_peak
