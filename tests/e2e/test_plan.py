@@ -72,9 +72,10 @@ def test_a_plan_cut_by_its_budget_continues_where_it_stopped(tmp_path: Path, mat
     assert ddp_pred["tokens_per_s"] is None and ddp_pred["error_pct"] is None
     assert "no collective measured" in ddp_pred["error_source"] and ddp_pred["fitted_tokens_per_s"] > 0
     # not raced: DDP over 4 processes (2 a core), each at twice its micro-batch (single takes one process only)
+    doubled = {label: 2 * found[label]["micro_batch"] for label in ("single", "ddp x2")}
     assert sorted((w["label"], w["change"].split(",")[0]) for w in model["not_raced"]) == [
-        ("ddp x2", "micro-batch 4 and accumulation kept"), ("ddp x4", "4 processes"),
-        ("single", "micro-batch 8 and accumulation kept")]
+        ("ddp x2", f"micro-batch {doubled['ddp x2']} and accumulation kept"), ("ddp x4", "4 processes"),
+        ("single", f"micro-batch {doubled['single']} and accumulation kept")]
     decision = report["decision"]  # one trial each, no spread measured: never a winner on one run each
     assert decision["kind"] in ("unknown", "tie") and decision["winner_run_id"] is None
     assert set(decision["ties"]) == {"single", "ddp x2"}
