@@ -249,10 +249,11 @@ def test_batch_finder_stops_at_the_cap(ftui: Ftui) -> None:
 
 # ---------------------------------------------------------------------- the engines' runs of the matrix, within 5%
 
-ENGINE_RUNS = ["zero2-torch", "pp", "pp-gpipe"]
-"""torch ZeRO-2 (FSDP2 without reshard after forward), the sweep's 1F1B pipeline and the GPipe one: the
+ENGINE_RUNS = ["zero2-torch", "pp", "pp-gpipe", "zero1", "zero2", "zero3"]
+"""torch ZeRO-2 (FSDP2 without reshard after forward), the sweep's 1F1B pipeline and the GPipe one, and the
+sweep's DeepSpeed ZeRO-1, 2 and 3 (buckets, prefetch and gathered parameters from the config ftui writes): the
 estimate of the busiest device (the largest stage's, for a pipeline) against the busiest rank's measured
-live-tensor peak (runner/planner/fsdp.py, runner/planner/pipeline.py)."""
+live-tensor peak (runner/planner/fsdp.py, runner/planner/pipeline.py, runner/planner/deepspeed.py)."""
 
 
 @pytest.mark.parametrize("key", ENGINE_RUNS)
