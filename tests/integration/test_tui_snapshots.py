@@ -12,7 +12,7 @@ import pytest
 from runner.hardware import DeviceSample, ProcessGpuMemory
 from runner.spec.recipe import load_recipe
 from store import Store
-from tests.support.dashboard import NO_WATCHER_CHECK, ONE_READ_S, trainer_summary, wait_for
+from tests.support.dashboard import NO_WATCHER_CHECK, ONE_READ_S, trainer_summary, wait_for, wait_painted
 from tui.app import app as app_module
 from tui.app import make_app
 
@@ -101,9 +101,7 @@ async def settle(pilot) -> None:  # type: ignore[no-untyped-def]
     preview is built, then until the app is idle with no animation pending (the tables' deferred column
     sizing and a repaint), so that load on the machine cannot change what the snapshot sees."""
     await wait_for(pilot, lambda: _filled(pilot.app.screen), what="the screen's reads")
-    await pilot.wait_for_scheduled_animations()
-    await pilot.pause()
-    await pilot.pause()
+    await wait_painted(pilot)
 
 
 def _filled(screen) -> bool:  # type: ignore[no-untyped-def]
@@ -275,16 +273,15 @@ async def _modal(pilot, key: str) -> None:  # type: ignore[no-untyped-def]
     """Press ``key`` and wait for the modal it opens to be on screen and painted."""
     from textual.screen import ModalScreen
 
-    # The modal shows the screen under it as last painted: repaint it whole first, so that a partial
-    # repaint still pending under load (the table's header after its columns were sized) is not what stays.
-    pilot.app.screen.refresh(layout=True)
-    await pilot.wait_for_scheduled_animations()
-    await pilot.pause()
-    await pilot.pause()
+    # The modal shows the screen under it as last painted, and a screen under a modal paints nothing more:
+    # everything pending on it (a table's column sizing, its header's repaint) is done first, then it is laid
+    # out and painted whole once more.
+    await wait_painted(pilot)
+    pilot.app.screen.refresh(layout=True, repaint=True)
+    await wait_painted(pilot)
     await pilot.press(key)
     await wait_for(pilot, lambda: isinstance(pilot.app.screen, ModalScreen), what=f"the modal of {key}")
-    await pilot.pause()
-    await pilot.pause()
+    await wait_painted(pilot)
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")

@@ -49,6 +49,27 @@ async def wait_for(pilot: Any, predicate: Callable[[], object], timeout: float =
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def painted(app: Any) -> bool:
+    """Nothing left to lay out or paint on the app's screen: no layout, scroll, repaint or recompose pending, no
+    dirty widget, and no table with cells or rows whose column widths are still to be computed (a table sizes
+    its columns when idle, then asks for a layout). Read from Textual's own flags (textual 8:
+    ``Screen._on_idle`` and ``DataTable._on_idle`` test the same ones)."""
+    screen = app.screen
+    if (screen._layout_required or screen._scroll_required or screen._repaint_required
+            or screen._recompose_required or screen._dirty_widgets):
+        return False
+    return not any(t._updated_cells or t._new_rows or t._require_update_dimensions for t in screen.query(DataTable))
+
+
+async def wait_painted(pilot: Any) -> None:
+    """Let the app run until :func:`painted` holds twice in a row with a turn of its loop between, so that a
+    repaint the last one scheduled is done too."""
+    await pilot.wait_for_scheduled_animations()
+    for _ in range(2):
+        await pilot.pause()
+        await wait_for(pilot, lambda: painted(pilot.app), what="the screen painted")
+
+
 QUICKSTART_DIMS = {"layers": 6, "heads": 6, "head_dim": 64, "seq_len": 256, "embedding_params": 1572864}
 """What the trainer stores as ``summary.model_dims`` for quickstart's ``builtin:tiny-llama`` at context 256
 (``runner.analysis.run_figures.model_dims`` of the recipe gives the same)."""
