@@ -134,6 +134,32 @@ def test_the_peak_is_the_time_weighted_rate_of_each_rank_and_their_mean() -> Non
         cpu_peak.peak_from_probe(_probe([failed]), 0.0)
 
 
+def test_the_peak_says_how_the_ranks_openmp_threads_waited_in_show_and_compare() -> None:
+    """The ranks record how their OpenMP threads waited beside their probes; the peak keeps it, and ``ftui
+    show``'s peak row and the compare table's peak note say it (the MFU's conditions)."""
+    from rich.console import Console
+
+    from runner.analysis.compare import build_comparison
+    from tests.support import run_info
+    from tui.render.report import run_summary_table
+
+    probe = {**_probe([{"rank": 0, "rates": [4e10], "seconds": []}]), "omp_wait": "yield"}
+    peak = cpu_peak.peak_from_probe(probe, 1_790_000_000.0)
+    assert peak.omp_wait == "yield" and peak.waits() == "OpenMP waits yield"
+    assert peak.label() == "40.0 GFLOP/s fp32, 1 thread, probed beside the run, OpenMP waits yield"
+    stored = peak.to_json()
+    assert stored["omp_wait"] == "yield" and mfu.Peak.from_json(stored) == peak
+    run = run_info(1, "single", 1, 1000.0, threads=1, mfu_peak=stored, flops_per_token=_fpt())
+    console = Console(width=300, record=True)
+    console.print(run_summary_table(run))
+    row = next(line for line in console.export_text().splitlines() if "MFU peak/device" in line)
+    assert "40.0 GFLOP/s fp32" in row and "OpenMP waits yield" in row
+    assert "probed beside the run, OpenMP waits yield; " in markdown(build_comparison([run], {}))
+    # a run recorded before the ranks said it: nothing claimed
+    older = mfu.Peak.from_json({k: v for k, v in stored.items() if k != "omp_wait"})
+    assert older is not None and older.waits() == "" and "OpenMP" not in older.label()
+
+
 def test_the_run_peak_follows_its_precision_and_a_cpu_run_without_a_probe_has_none() -> None:
     bf16 = cpu_peak.peak_for_run("cpu", _probe([{"rank": 0, "rates": [8e10], "seconds": []}], "bf16"), "bf16")
     assert bf16 is not None and bf16.flops == 8e10 and bf16.dtype == "bf16" and bf16.kind == "probe"
