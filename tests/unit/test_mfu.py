@@ -134,29 +134,32 @@ def test_the_peak_is_the_time_weighted_rate_of_each_rank_and_their_mean() -> Non
         cpu_peak.peak_from_probe(_probe([failed]), 0.0)
 
 
-def test_the_peak_says_how_the_ranks_openmp_threads_waited_in_show_and_compare() -> None:
-    """The ranks record how their OpenMP threads waited beside their probes; the peak keeps it, and ``ftui
-    show``'s peak row and the compare table's peak note say it (the MFU's conditions)."""
+def test_the_peak_says_how_the_ranks_openmp_threads_waited_in_show_and_compare(home: Path) -> None:
+    """The ranks record how their OpenMP threads waited beside their probes; the stored peak keeps it, and
+    ``ftui show``'s peak row and the compare table's peak note say it (the MFU's conditions)."""
     from rich.console import Console
 
-    from runner.analysis.compare import build_comparison
-    from tests.support import run_info
     from tui.render.report import run_summary_table
 
-    probe = {**_probe([{"rank": 0, "rates": [4e10], "seconds": []}]), "omp_wait": "yield"}
+    probe = {**_probe([{"rank": 0, "rates": [5e11], "seconds": []}]), "omp_wait": "yield"}
     peak = cpu_peak.peak_from_probe(probe, 1_790_000_000.0)
     assert peak.omp_wait == "yield" and peak.waits() == "OpenMP waits yield"
-    assert peak.label() == "40.0 GFLOP/s fp32, 1 thread, probed beside the run, OpenMP waits yield"
-    stored = peak.to_json()
-    assert stored["omp_wait"] == "yield" and mfu.Peak.from_json(stored) == peak
-    run = run_info(1, "single", 1, 1000.0, threads=1, mfu_peak=stored, flops_per_token=_fpt())
+    assert peak.label() == "500.0 GFLOP/s fp32, 1 thread, probed beside the run, OpenMP waits yield"
+    assert peak.to_json()["omp_wait"] == "yield" and mfu.Peak.from_json(peak.to_json()) == peak
+    store = Store(f"sqlite:///{home / 'ftui.db'}")
+    rid = _stored_run(store, peak=peak)
+    (run,) = store.get_runs([rid])
+    assert run.summary.mfu_peak is not None and run.summary.mfu_peak["omp_wait"] == "yield"
     console = Console(width=300, record=True)
     console.print(run_summary_table(run))
     row = next(line for line in console.export_text().splitlines() if "MFU peak/device" in line)
-    assert "40.0 GFLOP/s fp32" in row and "OpenMP waits yield" in row
-    assert "probed beside the run, OpenMP waits yield; " in markdown(build_comparison([run], {}))
+    assert "500.0 GFLOP/s fp32" in row and "OpenMP waits yield" in row
+    cmp = load_comparison(store, [rid])
+    assert cmp.rows[0].mfu is not None  # the MFU this peak is the condition of
+    assert f"] 500.0 GFLOP/s fp32, 1 thread, probed beside the run, OpenMP waits yield; {cpu_peak.PROBE_SOURCE}" in (
+        markdown(cmp))
     # a run recorded before the ranks said it: nothing claimed
-    older = mfu.Peak.from_json({k: v for k, v in stored.items() if k != "omp_wait"})
+    older = mfu.Peak.from_json({k: v for k, v in peak.to_json().items() if k != "omp_wait"})
     assert older is not None and older.waits() == "" and "OpenMP" not in older.label()
 
 
