@@ -2,11 +2,11 @@
 
 At the end of each parallel region an OpenMP thread waits for its partners. GNU OpenMP's default spins
 (``GOMP_SPINCOUNT`` 300,000 turns) before it sleeps, on a core that a partner or another process needs.
-On a shared host a 2-thread rank's training then collapses while the peak probe beside it does not: the
-same run measured 1.8-3.1x apart in MFU under two loads, and 46.54% vs 46.44% with
-``OMP_WAIT_POLICY=PASSIVE`` (BENCHMARKS.md "CPU MFU under two loads"). A CPU run on a shared host is the
-common case (a laptop, a CI box, a login node), so CPU ranks yield by default; a user's own setting of any
-of :data:`WAIT_VARS` wins and is passed through untouched. GPU ranks keep OpenMP's default.
+On a shared host a 2-thread rank's training then collapses while the peak probe beside it does not (the
+quickstart at 106-428 tokens/s spinning beside other load, against 586-1,362 yielding; its MFU 1.8-3.1x
+apart under two loads; BENCHMARKS.md "CPU MFU under two loads"). A CPU run on a shared host is the common
+case (a laptop, a CI box, a login node), so CPU ranks yield by default; a user's own setting of any of
+:data:`WAIT_VARS` wins and is passed through untouched. GPU ranks keep OpenMP's default.
 
 The runtime reads these variables once, as the library loads (with torch), so they are in the ranks'
 environment from their start (:func:`runner.spec.launch.build_launch`).
