@@ -23,11 +23,13 @@ BAND_FILE = Path(__file__).with_name("measured_error.json")
 ZERO_ENGINES = ("zero1", "zero2", "zero3")
 
 
-def band_key(family: str, strategy: str, engine: str = "auto") -> str:
-    """``family/strategy``, with the engine for the ZeRO stages (``llama/zero2@torch``): the two engines
-    hold different buffers, so one's error says nothing of the other's."""
+def band_key(family: str, strategy: str, engine: str = "auto", fsdp_version: int = 2) -> str:
+    """``family/strategy``, with the engine for the ZeRO stages (``llama/zero2@torch``) and FSDP1 for fsdp
+    (``llama/fsdp@fsdp1``): each holds different buffers, so one's error says nothing of the other's."""
     if strategy in ZERO_ENGINES:
         return f"{family}/{strategy}@{'torch' if engine == 'torch' else 'deepspeed'}"
+    if strategy == "fsdp" and fsdp_version == 1:
+        return f"{family}/fsdp@fsdp1"
     return f"{family}/{strategy}"
 
 
@@ -62,7 +64,8 @@ def bands_from_rows(rows: Iterable[Mapping[str, Any]], source: str) -> dict[str,
         # The grid's variants of an architecture (``mistral-sw``, ``llama-deep``) count as their family.
         family, strategy = words[0].split("-")[0], words[3]
         name, _, engine = strategy.partition("@")
-        errors.setdefault(band_key(family, name, engine or "auto"), []).append(float(row["error_pct"]))
+        errors.setdefault(band_key(family, name, engine or "auto", 1 if engine == "fsdp1" else 2),
+                          []).append(float(row["error_pct"]))
     return {key: Band(key, len(errs), statistics.median(errs), max(errs, key=abs), source)
             for key, errs in sorted(errors.items())}
 
@@ -78,9 +81,10 @@ def _load(path: Path) -> dict[str, Band]:
     return {k: Band(**v) for k, v in json.loads(path.read_text()).items()}
 
 
-def band_for(family: str, strategy: str, engine: str = "auto", path: Path = BAND_FILE) -> Band | None:
+def band_for(family: str, strategy: str, engine: str = "auto", fsdp_version: int = 2,
+             path: Path = BAND_FILE) -> Band | None:
     """The band of this family and strategy, None when the grid never measured it (the error is unknown)."""
-    return _load(path).get(band_key(family, strategy, engine))
+    return _load(path).get(band_key(family, strategy, engine, fsdp_version))
 
 
 def widest_band(path: Path = BAND_FILE) -> Band | None:

@@ -187,7 +187,7 @@ def estimate_report(
     for s in strategies if strategies is not None else table.names():
         inp = _at(base_inputs, s, n_gpus)
         est = estimate(inp)
-        band = band_for(inp.shape.family, s, inp.engine)
+        band = band_for(inp.shape.family, s, inp.engine, inp.fsdp_version)
         out[s] = {
             "per_device_bytes": breakdown_json(est),
             "fits": est.total <= gpu_mem_bytes,

@@ -94,15 +94,15 @@ def memory_proposal(rows: list[SwitchRow], inp: EstimateInput) -> str | None:
     """The switch that runs here and cuts its part of the estimate the most, when the cut is beyond the
     estimate's error band for this family and strategy (:func:`runner.planner.recommend.fit_band`): ``sdpa
     instead of eager cuts activations by 38% here (estimate)``."""
-    family, strategy, engine = inp.shape.family, inp.strategy, inp.engine
-    band, _ = fit_band(band_key(family, strategy, engine), band_for(family, strategy, engine))
+    key = band_key(inp.shape.family, inp.strategy, inp.engine, inp.fsdp_version)
+    band, _ = fit_band(key, band_for(inp.shape.family, inp.strategy, inp.engine, inp.fsdp_version))
     cuts = [r for r in rows if r.problem is None and r.effect.change is not None and -r.effect.change > band]
     if not cuts:
         return None
     best = min(cuts, key=lambda r: r.effect.change or 0.0).effect
     return (f"{best.field} = {best.to} (instead of {best.state}) cuts {best.part} by "
             f"{-(best.change or 0.0) * 100:.0f}% here (estimate; beyond its error band of {band * 100:.0f}% for "
-            f"{band_key(family, strategy, engine)})")
+            f"{key})")
 
 
 def _kernel_state(k: Kernels | None) -> tuple[str, bool] | None:

@@ -36,6 +36,18 @@ def test_the_zero_stages_are_banded_per_engine() -> None:
     assert set(bands) == {"llama/zero2@torch"}
 
 
+def test_fsdp1_is_banded_apart_from_fsdp2_and_is_unknown_until_the_grid_measures_it(tmp_path: Path) -> None:
+    assert band_key("llama", "fsdp", fsdp_version=1) == "llama/fsdp@fsdp1"
+    assert band_key("llama", "fsdp") == band_key("llama", "fsdp", fsdp_version=2) == "llama/fsdp"
+    assert band_key("llama", "ddp", fsdp_version=1) == "llama/ddp"  # the version is fsdp's choice only
+    path = tmp_path / "bands.json"
+    write_bands(bands_from_rows(rows(("llama lora fp32 fsdp no-ckpt seq128", -2.0)), source="g"), path)
+    assert band_for("llama", "fsdp", path=path) is not None
+    assert band_for("llama", "fsdp", fsdp_version=1, path=path) is None  # FSDP2's rows say nothing of FSDP1
+    assert set(bands_from_rows(rows(("llama lora fp32 fsdp@fsdp1 no-ckpt seq128", 1.0)), source="g")) == {
+        "llama/fsdp@fsdp1"}
+
+
 def test_a_written_band_is_found_and_an_unmeasured_one_is_unknown(tmp_path: Path) -> None:
     path = tmp_path / "bands.json"
     write_bands(bands_from_rows(rows(("qwen2 lora fp32 single no-ckpt seq128", -1.5)), source="g"), path)
