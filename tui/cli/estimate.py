@@ -7,8 +7,8 @@ Everything printed is an estimate from ``runner.planner`` (formulas in docs/memo
 from __future__ import annotations
 
 import argparse
-import textwrap
 import json
+import textwrap
 from dataclasses import replace
 from typing import Any
 
