@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from runner.analysis import verdict
 from runner.analysis.compare import load_comparison
 from runner.analysis.run_figures import Kernels
-from runner.planner.error_band import band_for, band_key
+from runner.planner.error_band import band_of, key_of
 from runner.planner.inputs import EstimateInput
 from runner.planner.recommend import fit_band
 from runner.planner.shapes import ModelShape
@@ -94,8 +94,8 @@ def memory_proposal(rows: list[SwitchRow], inp: EstimateInput) -> str | None:
     """The switch that runs here and cuts its part of the estimate the most, when the cut is beyond the
     estimate's error band for this family and strategy (:func:`runner.planner.recommend.fit_band`): ``sdpa
     instead of eager cuts activations by 38% here (estimate)``."""
-    key = band_key(inp.shape.family, inp.strategy, inp.engine, inp.fsdp_version)
-    band, _ = fit_band(key, band_for(inp.shape.family, inp.strategy, inp.engine, inp.fsdp_version))
+    key = key_of(inp)
+    band, _ = fit_band(key, band_of(inp))
     cuts = [r for r in rows if r.problem is None and r.effect.change is not None and -r.effect.change > band]
     if not cuts:
         return None

@@ -48,6 +48,18 @@ def test_fsdp1_is_banded_apart_from_fsdp2_and_is_unknown_until_the_grid_measures
         "llama/fsdp@fsdp1"}
 
 
+def test_offload_is_banded_apart_and_an_estimate_input_gives_its_own_key() -> None:
+    from runner.planner import EstimateInput, shape_from_params
+    from runner.planner.error_band import key_of
+
+    assert band_key("llama", "zero3", "deepspeed", offload=True) == "llama/zero3@deepspeed+offload"
+    assert set(bands_from_rows(rows(("llama full fp32 zero3@torch+offload no-ckpt seq128", 1.0)), source="g")) == {
+        "llama/zero3@torch+offload"}
+    inp = EstimateInput(shape_from_params(1e9), strategy="zero3", engine="torch", offload_params=True)
+    assert key_of(inp) == f"{inp.shape.family}/zero3@torch+offload"
+    assert key_of(inp, "fsdp") == f"{inp.shape.family}/fsdp+offload"
+
+
 def test_a_written_band_is_found_and_an_unmeasured_one_is_unknown(tmp_path: Path) -> None:
     path = tmp_path / "bands.json"
     write_bands(bands_from_rows(rows(("qwen2 lora fp32 single no-ckpt seq128", -1.5)), source="g"), path)

@@ -20,7 +20,7 @@ from rich.text import Text
 from runner import planner as E
 from runner.analysis.track_record import host_track_record
 from runner.hardware import NvmlBackend
-from runner.planner.error_band import band_key
+from runner.planner.error_band import key_of
 from runner.planner.memory import DEFAULT_RESERVE
 from runner.service import decisions, switch_report
 from runner.service.batch import BatchTrial, find_batch_size
@@ -185,7 +185,7 @@ def _add_track_record(args: argparse.Namespace, report: dict[str, Any], inp: E.E
     except UsageError:  # a --db or $FTUI_DB that does not exist: no runs, so no record
         records = {}
     for name, entry in report["strategies"].items():
-        record = records.get(band_key(inp.shape.family, name, inp.engine, inp.fsdp_version))
+        record = records.get(key_of(inp, name))
         entry["track_record"] = None if record is None else record.json()
 
 
