@@ -7,7 +7,9 @@ steps took 0.7 to 4.2 s under other agents' load; one machine's cached fp32 2-th
 198.0 GFLOP/s, BENCHMARKS.md). So the probe follows the run: one window right before the first steady
 step (the first after the memory-metered ones) and one after each steady step at least
 :data:`PROBE_EVERY_S` after the last; the span between two probes is weighted by its seconds and rated at
-the mean of its two ends. The run's FLOP/s over that time-weighted rate measures the run, not the load.
+the mean of its two ends. Even so the wall-clock rate of a 20 ms window does not share the training's
+schedule (the same run's MFU against it moved 1.1-1.5x with two CPU hogs beside it), while what a
+CPU-second of the process does held within 1.03x (BENCHMARKS.md "CPU MFU under two loads").
 
 A window repeats one ``n x n`` matmul until :data:`PROBE_WINDOW_S` is full and measures two rates: its FLOPs
 over its wall time (descheduled time included, as in a training step), and its FLOPs over the CPU-seconds
