@@ -77,10 +77,12 @@ class Divisor:
         count: The devices, or (a peak per CPU-second) the CPUs the ranks ran over their steady steps; None
             when the run did not store them (``words`` says so).
         words: ``2 devices``; ``0.52 CPU the rank ran over its steady steps``.
+        ranks: The run's processes (whose CPU-seconds are summed).
     """
 
     count: float | None
     words: str
+    ranks: int = 1
 
 
 def ran_cpus(summary: RunSummary) -> float | None:
@@ -97,12 +99,13 @@ def mfu_divisor(run: RunInfo, peak: Peak) -> Divisor:
     CPU-second it ran turned into, so its MFU is its FLOPs over (FLOPs per CPU-second x CPU-seconds ran)."""
     devices = device_count(run)
     if not peak.per_cpu_second:
-        return Divisor(devices, f"{devices} device{'s' if devices != 1 else ''}")
+        return Divisor(devices, f"{devices} device{'s' if devices != 1 else ''}", devices)
     cpus = ran_cpus(run.summary)
     if cpus is None:
-        return Divisor(None, "its peak is per CPU-second, and the run stored no CPU-seconds over its steady steps")
+        return Divisor(None, "its peak is per CPU-second, and the run stored no CPU-seconds over its steady steps",
+                       devices)
     who = "the rank ran" if devices == 1 else f"its {devices} ranks ran"
-    return Divisor(cpus, f"{cpus:.2f} CPU {who} over {'its' if devices == 1 else 'their'} steady steps")
+    return Divisor(cpus, f"{cpus:.2f} CPU {who} over {'its' if devices == 1 else 'their'} steady steps", devices)
 
 
 def mfu_words(peak: Peak, divisor: Divisor) -> str:
@@ -111,7 +114,7 @@ def mfu_words(peak: Peak, divisor: Divisor) -> str:
     waits yield; 0.52 CPU the rank ran over its steady steps)``."""
     if not peak.per_cpu_second:
         return f"FLOPs/token x tokens/s / (peak x {divisor.words})"
-    ranks = "the rank" if "the rank ran" in divisor.words else "the ranks"
+    ranks = "the rank" if divisor.ranks == 1 else "the ranks"
     return f"per CPU-second {ranks} ran (peak {peak.figure()}, {peak.provenance()}; {divisor.words})"
 
 
