@@ -39,10 +39,11 @@ MAX_WORKERS = 4
 """``-n auto``: a worker per core, at most this many (each two-rank training uses two cores). A third
 worker on the 2-core machine did not make the suite faster (docs/testing.md)."""
 
-# OpenMP threads that wait yield their core instead of spinning. The workers train at once on the same cores,
-# and a spinning thread takes the core another worker's rank needs: five quickstart steps on a loaded 2-core
-# machine took 17.0 s of CPU (16.2 s of training) spinning, 8.6 s (4.6 s) yielding (docs/testing.md). Set
-# here, at import, so the workers, the commands they run and the ranks those start all inherit it.
+# OpenMP threads that wait yield their core instead of spinning. ftui gives its CPU ranks this itself; the
+# session sets it for its own processes that are not ranks (the workers' in-process torch, the maths-library
+# probe), which run while the other worker's ranks train on the same cores: a spinning thread takes the core
+# a rank needs (five quickstart steps on a loaded 2-core machine: 17.0 s of CPU spinning, 8.6 s yielding;
+# docs/testing.md). Set here, at import, so the workers and the commands they run inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
