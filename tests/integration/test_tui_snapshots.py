@@ -222,6 +222,13 @@ async def test_monitor_relayouts_on_resize(store: Store) -> None:
         await settle(pilot)
         assert "mem history" in labels() and devices.row_count == 9
         assert sum(c.get_render_width(devices) for c in devices.columns.values()) <= 118
+    for run_id in (1, 4):  # a finished CPU run and a running one on 8 GPUs, each narrowed from 120 columns
+        async with app_for(store).run_test(size=(120, 40)) as pilot:
+            await _open_monitor(pilot, run_id)
+            await pilot.resize_terminal(80, 24)
+            await settle(pilot)
+            # the narrow columns fit: no table keeps the scrollbar (a line) the wide ones needed for a moment
+            assert not any(t.show_horizontal_scrollbar for t in pilot.app.screen.query(DataTable)), run_id
 
 
 class _FixedHost:
