@@ -403,7 +403,7 @@ def _gathered(inp: EstimateInput, run: _Run, s: _States, shards: frozenset[str])
     if "params" not in shards or (run.deepspeed and run.stage == 3):
         return Gathered()
     gather_e = run.e if run.e < run.w else run.w  # FSDP's mixed precision gathers in the compute dtype
-    return gathered_units(inp, gather_e, s.train, s.tw, run.row.keeps_gathered)
+    return gathered_units(inp, gather_e, s.train, s.tw, run.row.keeps_gathered, _shard_group(inp, run))
 
 
 def _ddp_buckets(inp: EstimateInput, run: _Run, s: _States) -> _States:
@@ -444,19 +444,20 @@ def _moments(inp: EstimateInput, run: _Run, s: _States, a: _Activations, g: Gath
                     "grads": persistent_grads},
         "backward": {"activations": a.stored, "transient": a.logits_bwd, "buffers": a.copies + g.at_backward,
                      "grads": persistent_grads},
-        # The end of backward: every gradient, the activations released; the embedding's input gradient
-        # and its copy remain.
+        # The end of backward: every gradient (FSDP: a tied head's still unsharded), the activations
+        # released; the embedding's input gradient and its copy remain.
         "backward_end": {"transient": 2.0 * run.e * inp.shape.hidden * inp.micro_batch * tokens_per_device(inp),
-                         "buffers": g.gathered, "grads": s.grads, "grad_buckets": g.flat_grads},
+                         "buffers": g.at_end, "grads": s.grads - s.head_grads + max(s.head_grads, g.head_grad),
+                         "grad_buckets": g.flat_grads},
         "optimizer": {"grads": s.grads, "transient": s.opt_transient},
     }
-    if g.root:  # the root gathered for the head's backward, beside one of the loss's gradients
-        moments["backward_root"] = {"activations": a.stored, "transient": a.logits_bwd / 2,
-                                    "buffers": a.copies + max(g.root, g.at_backward), "grads": persistent_grads}
+    if g.at_head:  # FSDP: the head's backward, beside one of the loss's gradients and the tail's prefetch
+        moments["backward_head"] = {"activations": a.stored, "transient": a.logits_bwd / 2,
+                                    "buffers": a.copies + g.at_head, "grads": persistent_grads}
     if inp.gradient_checkpointing:
         moments["backward_recompute"] = {
             "activations": a.stored - a.logits, "recompute": a.recompute, "transient": acts.layer_backward,
-            "buffers": a.copies + max(g.gathered, g.at_backward), "grads": max(persistent_grads, s.head_grads),
+            "buffers": a.copies + g.in_stack, "grads": max(persistent_grads, s.head_grads, g.stack_grads),
             "grad_buckets": g.flat_grads}
     if a.accumulated:  # the last micro-batch's backward, every earlier one's gradients alive
         moments["backward_accumulated"] = {"activations": a.accumulated, "transient": a.logits_bwd,
