@@ -75,11 +75,10 @@ class Gathered:
         in_stack: Inside the layer stack in the backward: the layer being computed and the next one's
             all-gather output (its prefetch), the root's own parameters, and a tied tail.
         at_end: At the embedding's backward: its unit (a tied tail) and the root's own parameters.
-        flat_grads: A layer's unsharded gradient in its reduce-scatter input, alive until the next layer's
-            reduce-scatter (FSDP1: the flat gradient).
-        stack_grads: Gradients alive inside the layer stack's backward at its second-lowest layer: the
-            sharded gradients of the layers above it, and the head's (a tied head's unsharded until the end).
-        head_grad: The head's gradient from its backward to the end of the backward (unsharded when tied).
+        flat_grads: A layer's unsharded gradient (in the gathered dtype) in its reduce-scatter input, alive
+            until the next layer's reduce-scatter (FSDP1: the flat gradient).
+        head_grad: The head's gradient from its backward to the end of the backward (unsharded, in the
+            gathered dtype, when tied: the tail reduces it last).
     """
 
     at_loss: float = 0.0
@@ -88,7 +87,6 @@ class Gathered:
     in_stack: float = 0.0
     at_end: float = 0.0
     flat_grads: float = 0.0
-    stack_grads: float = 0.0
     head_grad: float = 0.0
 
 
@@ -132,9 +130,9 @@ def gathered_units(inp: EstimateInput, gather_e: int, train: int, tw: int, keeps
     tied_tail = u.tail if u.tied else 0.0
     in_stack = max(tied_tail + u.leftover + 2 * u.layer, at_backward)
     at_end = (u.tail if u.tied else u.embedding) + u.leftover
-    flat = layer_grads(inp, train, tw)
-    head = float(sh.vocab * sh.hidden * tw) if inp.method == "full" else 0.0
-    head_grad = head if u.tied else head / max(1, shards)
-    above = max(0, sh.layers - 2) * flat / max(1, shards)  # the layers above the second-lowest, reduced
+    # An unsharded gradient is in the gathered weights' dtype; the reduced shards in the trainable dtype.
+    flat = layer_grads(inp, train, gather_e)
+    head = float(sh.vocab * sh.hidden) if inp.method == "full" else 0.0
+    head_grad = head * gather_e if u.tied else head * tw / max(1, shards)
     return Gathered(at_loss=at_loss, at_backward=at_backward, at_head=at_head, in_stack=in_stack,
-                    at_end=at_end, flat_grads=flat, stack_grads=head_grad + above, head_grad=head_grad)
+                    at_end=at_end, flat_grads=flat, head_grad=head_grad)

@@ -457,7 +457,7 @@ def _moments(inp: EstimateInput, run: _Run, s: _States, a: _Activations, g: Gath
     if inp.gradient_checkpointing:
         moments["backward_recompute"] = {
             "activations": a.stored - a.logits, "recompute": a.recompute, "transient": acts.layer_backward,
-            "buffers": a.copies + g.in_stack, "grads": max(persistent_grads, s.head_grads, g.stack_grads),
+            "buffers": a.copies + g.in_stack, "grads": max(persistent_grads, _stack_grads(inp, s, g)),
             "grad_buckets": g.flat_grads}
     if a.accumulated:  # the last micro-batch's backward, every earlier one's gradients alive
         moments["backward_accumulated"] = {"activations": a.accumulated, "transient": a.logits_bwd,
@@ -477,6 +477,17 @@ def _moments(inp: EstimateInput, run: _Run, s: _States, a: _Activations, g: Gath
         add_deepspeed_parts(inp, run.stage, "params" in _sharded(inp, run), _shard_group(inp, run), run.w, s.tw,
                             a.logits, moments, s.train / _shard_group(inp, run))
     return moments
+
+
+def _stack_grads(inp: EstimateInput, s: _States, g: Gathered) -> float:
+    """The gradients alive in the checkpointed backward of the second-lowest decoder layer (where the
+    recomputed layer peaks: the gradients grow layer by layer, and below it the lowest has no layer's
+    prefetch beside it under FSDP): the head's (FSDP: a tied head's unsharded, :mod:`runner.planner.fsdp`)
+    and those of the layers above it, as they are held (whole, or reduced to their shard)."""
+    sh = inp.shape
+    in_layers = 1.0 if inp.method != "full" else sh.layers * sh.layer_params / max(1, sh.total_params)
+    above = s.grads * in_layers * max(0, sh.layers - 2) / max(1, sh.layers)
+    return max(s.head_grads, g.head_grad) + above
 
 
 def _breakdown(inp: EstimateInput, s: _States, a: _Activations, moments: Moments,
