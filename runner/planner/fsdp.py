@@ -128,7 +128,9 @@ def gathered_units(inp: EstimateInput, gather_e: int, train: int, tw: int, keeps
     at_loss = at_backward + last_all_gather(inp, adapters, gather_e)
     at_head = at_backward + (0.0 if u.tied else u.layer)
     tied_tail = u.tail if u.tied else 0.0
-    in_stack = max(tied_tail + u.leftover + 2 * u.layer, at_backward)
+    in_stack = tied_tail + u.leftover + 2 * u.layer
+    if keeps_gathered:  # each unit reshards after its backward: the layers below are still gathered
+        in_stack = max(in_stack, at_backward)
     at_end = (u.tail if u.tied else u.embedding) + u.leftover
     # An unsharded gradient is in the gathered weights' dtype; the reduced shards in the trainable dtype.
     flat = layer_grads(inp, train, gather_e)

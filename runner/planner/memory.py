@@ -46,10 +46,6 @@ NF4_BITS = 4.0
 # 256 such blocks (QLoRA paper, section 3): 8/64 + 32/(64*256) = 0.127 bits per parameter.
 NF4_DOUBLE_QUANT_OVERHEAD_BITS = 8 / 64 + 32 / (64 * 256)
 GIB = 2**30
-FSDP_MIXED_CHECKPOINTED_UPPER_BOUND = (
-    "an upper bound under FSDP full fine-tuning with 16-bit compute and checkpointing: the end of the backward "
-    "holds less than the root and a layer gathered beside a layer's unsharded gradient counted here "
-    "(quickstart: 5.8% less was measured)")
 DEFAULT_RESERVE = "1GiB"
 """Per GPU, for the CUDA context, NCCL and allocator slack (why 1 GiB: docs/memory-model.md)."""
 
@@ -556,16 +552,8 @@ def _estimate_part(inp: EstimateInput, run: _Run, states: _States, acts: _Activa
         acts = replace(acts, stored=0.0, copies=0.0, fwd_copies=0.0, dropout=0.0, logits=0.0)
     b = _breakdown(inp, states, acts, _moments(inp, run, states, acts, gathered), offloaded, nvme)
     if b.approximate is None:
-        return replace(b, approximate=kernels_note(inp) or _bound(inp, run, b))
+        return replace(b, approximate=kernels_note(inp))
     return b
-
-
-def _bound(inp: EstimateInput, run: _Run, b: MemoryBreakdown) -> str | None:
-    """Which side of the measured peak an estimate is known to fall on, where it is not within 5%."""
-    fsdp_mixed = "params" in run.row.shards and not run.deepspeed and run.e < run.w
-    if fsdp_mixed and inp.method == "full" and inp.gradient_checkpointing and b.peak_phase == "backward":
-        return FSDP_MIXED_CHECKPOINTED_UPPER_BOUND
-    return None
 
 
 # The parts of ``MemoryBreakdown.total``, in the order ``ftui estimate`` shows them.
