@@ -68,6 +68,9 @@ class Gathered:
     Attributes:
         at_loss: Gathered at the loss in the forward: the tail, the root's own parameters and the last unit's
             all-gather output (every unit too when the layers stay gathered).
+        at_gather: Gathered in the forward as the last unit's all-gather is copied out: that output and the
+            unit's gathered weights beside the unit before's output, which ``wait_for_unshard`` still holds
+            (``prev_all_gather_state``) until the copy-out returns.
         at_backward: Gathered when backward starts: the tail and the root's own parameters (every unit when
             the layers stay gathered).
         at_head: At the head's backward: :attr:`at_backward` and, with an untied head, the last layer's
@@ -82,6 +85,7 @@ class Gathered:
     """
 
     at_loss: float = 0.0
+    at_gather: float = 0.0
     at_backward: float = 0.0
     at_head: float = 0.0
     in_stack: float = 0.0
@@ -125,9 +129,14 @@ def gathered_units(inp: EstimateInput, gather_e: int, train: int, tw: int, keeps
     at_backward = kept
     if keeps_gathered:  # every unit stays gathered from its forward to its backward
         at_backward = kept + u.embedding + sh.layers * u.layer
-    at_loss = at_backward + last_all_gather(inp, adapters, gather_e)
-    at_head = at_backward + (0.0 if u.tied else u.layer)
+    last = last_all_gather(inp, adapters, gather_e)
+    at_loss = at_backward + last
     tied_tail = u.tail if u.tied else 0.0
+    before = u.leftover + tied_tail  # gathered before the last unit's all-gather
+    if keeps_gathered:  # and every unit before it
+        before += u.embedding + sh.layers * u.layer - (u.layer if u.tied else 0.0)
+    at_gather = before + u.layer + 2 * last  # the previous layer's output, the last's and its weights
+    at_head = at_backward + (0.0 if u.tied else u.layer)
     in_stack = tied_tail + u.leftover + 2 * u.layer
     if keeps_gathered:  # each unit reshards after its backward: the layers below are still gathered
         in_stack = max(in_stack, at_backward)
@@ -136,5 +145,5 @@ def gathered_units(inp: EstimateInput, gather_e: int, train: int, tw: int, keeps
     flat = layer_grads(inp, train, gather_e)
     head = float(sh.vocab * sh.hidden) if inp.method == "full" else 0.0
     head_grad = head * gather_e if u.tied else head * tw / max(1, shards)
-    return Gathered(at_loss=at_loss, at_backward=at_backward, at_head=at_head, in_stack=in_stack,
+    return Gathered(at_loss=at_loss, at_gather=at_gather, at_backward=at_backward, at_head=at_head, in_stack=in_stack,
                     at_end=at_end, flat_grads=flat, head_grad=head_grad)

@@ -447,6 +447,9 @@ def _moments(inp: EstimateInput, run: _Run, s: _States, a: _Activations, g: Gath
                          "grad_buckets": g.flat_grads},
         "optimizer": {"grads": s.grads, "transient": s.opt_transient},
     }
+    if g.at_gather:  # FSDP: the forward's last all-gather, every layer's activations saved, no logits yet
+        moments["forward_gather"] = {"activations": a.stored - a.logits, "buffers": a.fwd_copies + g.at_gather,
+                                     "grads": persistent_grads}
     if g.at_head:  # FSDP: the head's backward, beside one of the loss's gradients and the tail's prefetch
         moments["backward_head"] = {"activations": a.stored, "transient": a.logits_bwd / 2,
                                     "buffers": a.copies + g.at_head, "grads": persistent_grads}

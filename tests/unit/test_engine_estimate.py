@@ -152,6 +152,19 @@ def test_fsdp2_backward_holds_the_tail_the_prefetch_and_the_reduce_scatter_input
     assert t.head_grad == head * 2  # unsharded until the root's final callback
 
 
+def test_fsdp2_last_all_gather_is_copied_out_beside_the_one_before() -> None:
+    # Untied: the last layer's all-gather output, the tail's (the head) and the gathered head; tied: the tail
+    # is gathered from the start, and the last layer's output and weights come beside the one before's.
+    head, norm, layer = 4096 * 128, 128, LLAMA.layer_params
+    g = gathered_units(_inp(), 4, 0, 4, False, 2)
+    assert g.at_gather == (norm + layer + 2 * head) * 4
+    t = gathered_units(_inp(shape=GPT2), 4, 0, 4, False, 2)
+    assert t.at_gather == (head + 256 * 128 + 128 + 3 * GPT2.layer_params) * 4
+    # torch ZeRO-2: every unit before the last is still gathered too.
+    kept = gathered_units(_inp(), 4, 0, 4, True, 2)
+    assert kept.at_gather == (norm + head + LLAMA.layers * layer + layer + 2 * head) * 4
+
+
 def test_checkpointed_backward_holds_the_gradients_of_the_layers_above() -> None:
     # One device, full fine-tuning, a small vocabulary and long sequences (the recomputed layer is the peak):
     # the head's gradient and those of the 2 layers above the second-lowest (of 4) beside the recomputed
