@@ -11,8 +11,8 @@ Model states: weights (``w`` B/param), gradients in the trainable dtype, AdamW's
 trainable dtype (torch's AdamW uses ``zeros_like(param)``: bf16 weights keep bf16 moments and no master),
 an fp32 master only under DeepSpeed's bf16/fp16 (ZeRO's ``K = 12``). LoRA adapters are fp32 (peft); QLoRA
 stores NF4 with double quantization (0.127 bits/param of constants). Sharding follows ZeRO (Rajbhandari et
-al. 2020); DDP's buckets are the gradients (``gradient_as_bucket_view``) and live all step; FSDP gathers its
-root unit at the loss and one layer inside the stack.
+al. 2020); DDP's buckets are the gradients (``gradient_as_bucket_view``) and live all step; what FSDP2
+gathers at each moment follows the units accelerate makes (``runner.planner.fsdp``).
 
 :func:`estimate` reads top to bottom as its steps: the model states of one replica, the activations of one
 micro-batch, the busiest device's share of both (layer split, tensor split, ZeRO/FSDP sharding, DDP's
@@ -469,7 +469,7 @@ def _moments(inp: EstimateInput, run: _Run, s: _States, a: _Activations, g: Gath
         for parts in moments.values():
             parts["buffers"] = parts.get("buffers", 0.0) + a.pipeline
     ring = ring_buffer_bytes(inp, run.e)  # context parallelism's gathered keys and values, inside attention
-    for name in ("forward", "backward", "backward_root", "backward_recompute"):
+    for name in ("forward", "backward", "backward_head", "backward_recompute"):
         if ring and name in moments:
             moments[name]["transient"] += ring
     if run.deepspeed and run.stage is not None:
