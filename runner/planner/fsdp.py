@@ -74,7 +74,8 @@ class Gathered:
         at_backward: Gathered when backward starts: the tail and the root's own parameters (every unit when
             the layers stay gathered).
         at_head: At the head's backward: :attr:`at_backward` and, with an untied head, the last layer's
-            all-gather output the tail prefetched (a tied tail's forward came first: it prefetches nothing).
+            all-gather output the tail prefetched (a tied tail's forward came first: it prefetches nothing;
+            layers kept gathered need no prefetch).
         in_stack: Inside the layer stack in the backward: the layer being computed and the next one's
             all-gather output (its prefetch), the root's own parameters, and a tied tail.
         at_end: At the embedding's backward: its unit (a tied tail) and the root's own parameters.
@@ -136,7 +137,8 @@ def gathered_units(inp: EstimateInput, gather_e: int, train: int, tw: int, keeps
     if keeps_gathered:  # and every unit before it
         before += u.embedding + sh.layers * u.layer - (u.layer if u.tied else 0.0)
     at_gather = before + u.layer + 2 * last  # the previous layer's output, the last's and its weights
-    at_head = at_backward + (0.0 if u.tied else u.layer)
+    # An untied tail prefetches the last layer at the head's backward (a no-op when the layers stayed gathered).
+    at_head = at_backward + (0.0 if u.tied or keeps_gathered else u.layer)
     in_stack = tied_tail + u.leftover + 2 * u.layer
     if keeps_gathered:  # each unit reshards after its backward: the layers below are still gathered
         in_stack = max(in_stack, at_backward)

@@ -163,6 +163,7 @@ def test_fsdp2_last_all_gather_is_copied_out_beside_the_one_before() -> None:
     # torch ZeRO-2: every unit before the last is still gathered too.
     kept = gathered_units(_inp(), 4, 0, 4, True, 2)
     assert kept.at_gather == (norm + head + LLAMA.layers * layer + layer + 2 * head) * 4
+    assert kept.at_head == kept.at_backward  # the layers stayed gathered: the tail prefetches nothing
 
 
 def test_checkpointed_backward_holds_the_gradients_of_the_layers_above() -> None:
