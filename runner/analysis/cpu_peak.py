@@ -240,7 +240,8 @@ def peak_from_probe(probe: PeakProbe, measured_at: float, fingerprint: Fingerpri
               f"{len(peaks)} rank(s) (min {flops_text(min(rates))}, max {flops_text(max(rates))}), "
               f"on {fp.describe()} [{fp.key}]")
     return Peak(flops=flops, source=source, kind="probe", dtype=dtype, threads=threads, measured_at=measured_at,
-                fingerprint=fp.key, machine=fp.describe(), size=n, spread=(min(rates), flops, max(rates)))
+                fingerprint=fp.key, machine=fp.describe(), size=n, spread=(min(rates), flops, max(rates)),
+                omp_wait=probe.get("omp_wait"))
 
 
 def peak_for_run(device_type: str | None, probe: PeakProbe | None, precision: str | None,

@@ -57,6 +57,8 @@ class Peak:
         size: Square matrix size of the matmuls measured.
         spread: (min, median, max) FLOP/s over the probe's windows (a benchmark's repeats).
         load: The host's 1-minute load average when a benchmark measured it (none for a probe).
+        omp_wait: How the run's OpenMP threads waited (CPU: :func:`runner.spec.openmp.wait_words`, ``yield``): the
+            conditions of the probe and of the training alike; None when not recorded.
     """
 
     flops: float
@@ -70,6 +72,7 @@ class Peak:
     size: int | None = None
     spread: tuple[float, float, float] | None = field(default=None, compare=False)
     load: float | None = field(default=None, compare=False)
+    omp_wait: str | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON object for the run's summary and the cache."""
@@ -88,7 +91,7 @@ class Peak:
                 flops=float(data["flops"]), source=str(data.get("source") or ""), kind=str(data.get("kind") or "given"),
                 dtype=data.get("dtype"), threads=_int(data.get("threads")), measured_at=_float(data.get("measured_at")),
                 fingerprint=data.get("fingerprint"), machine=data.get("machine"), size=_int(data.get("size")),
-                load=_float(data.get("load")),
+                load=_float(data.get("load")), omp_wait=_str(data.get("omp_wait")),
                 spread=(float(spread[0]), float(spread[1]), float(spread[2]))
                 if isinstance(spread, list) and len(spread) == 3 else None,
             )
@@ -107,7 +110,7 @@ class Peak:
     def provenance(self) -> str:
         """How the rate was had: ``probed beside the run``, ``measured after the run 2026-11-23``..."""
         if self.kind == "probe":
-            return "probed beside the run"
+            return "probed beside the run" + (f", {self.waits()}" if self.omp_wait else "")
         if self.kind == "measured" and self.measured_at:
             words = "measured after the run " + time.strftime("%Y-%m-%d", time.gmtime(self.measured_at))
             if self.load is not None and self.load > (os.cpu_count() or 1):
@@ -115,8 +118,12 @@ class Peak:
             return words
         return self.kind
 
+    def waits(self) -> str:
+        """``OpenMP waits yield``: how the run's OpenMP threads waited, or empty when not recorded."""
+        return f"OpenMP waits {self.omp_wait}" if self.omp_wait else ""
+
     def label(self) -> str:
-        """A short cell: ``52.1 GFLOP/s bf16, 1 thread, probed beside the run``."""
+        """A short cell: ``52.1 GFLOP/s bf16, 1 thread, probed beside the run, OpenMP waits yield``."""
         return f"{self.figure()}, {self.provenance()}"
 
 
@@ -126,6 +133,10 @@ def _int(v: Any) -> int | None:
 
 def _float(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) else None
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) and v else None
 
 
 def flops_text(flops: float) -> str:

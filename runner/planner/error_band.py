@@ -16,19 +16,28 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runner.planner.inputs import EstimateInput
 
 BAND_FILE = Path(__file__).with_name("measured_error.json")
 """The bands, written by ``bench/bench_memory_grid.py --write-band`` from ``bench/memory_grid.jsonl``."""
 ZERO_ENGINES = ("zero1", "zero2", "zero3")
 
 
-def band_key(family: str, strategy: str, engine: str = "auto") -> str:
-    """``family/strategy``, with the engine for the ZeRO stages (``llama/zero2@torch``): the two engines
-    hold different buffers, so one's error says nothing of the other's."""
+def band_key(family: str, strategy: str, engine: str = "auto", fsdp_version: int = 2, offload: bool = False) -> str:
+    """``family/strategy``, with the engine for the ZeRO stages (``llama/zero2@torch``), FSDP1 for fsdp
+    (``llama/fsdp@fsdp1``) and ``+offload`` when optimizer states or weights live on the host
+    (``llama/zero3@deepspeed+offload``): each holds different buffers, so one's error says nothing of the
+    other's."""
     if strategy in ZERO_ENGINES:
-        return f"{family}/{strategy}@{'torch' if engine == 'torch' else 'deepspeed'}"
-    return f"{family}/{strategy}"
+        key = f"{family}/{strategy}@{'torch' if engine == 'torch' else 'deepspeed'}"
+    elif strategy == "fsdp" and fsdp_version == 1:
+        key = f"{family}/fsdp@fsdp1"
+    else:
+        key = f"{family}/{strategy}"
+    return key + ("+offload" if offload else "")
 
 
 @dataclass(frozen=True)
@@ -62,7 +71,9 @@ def bands_from_rows(rows: Iterable[Mapping[str, Any]], source: str) -> dict[str,
         # The grid's variants of an architecture (``mistral-sw``, ``llama-deep``) count as their family.
         family, strategy = words[0].split("-")[0], words[3]
         name, _, engine = strategy.partition("@")
-        errors.setdefault(band_key(family, name, engine or "auto"), []).append(float(row["error_pct"]))
+        engine, offload = engine.removesuffix("+offload"), engine.endswith("+offload")
+        errors.setdefault(band_key(family, name, engine or "auto", 1 if engine == "fsdp1" else 2, offload),
+                          []).append(float(row["error_pct"]))
     return {key: Band(key, len(errs), statistics.median(errs), max(errs, key=abs), source)
             for key, errs in sorted(errors.items())}
 
@@ -78,9 +89,10 @@ def _load(path: Path) -> dict[str, Band]:
     return {k: Band(**v) for k, v in json.loads(path.read_text()).items()}
 
 
-def band_for(family: str, strategy: str, engine: str = "auto", path: Path = BAND_FILE) -> Band | None:
+def band_for(family: str, strategy: str, engine: str = "auto", fsdp_version: int = 2, offload: bool = False,
+             path: Path = BAND_FILE) -> Band | None:
     """The band of this family and strategy, None when the grid never measured it (the error is unknown)."""
-    return _load(path).get(band_key(family, strategy, engine))
+    return _load(path).get(band_key(family, strategy, engine, fsdp_version, offload))
 
 
 def widest_band(path: Path = BAND_FILE) -> Band | None:
@@ -92,3 +104,14 @@ UNKNOWN_CELL = "?"
 FOOTNOTE = ("error here: the largest |estimated - measured| / measured of this planner over the runs of the "
             "same model family and strategy on the project's held-out grid (tiny models trained on CPU; count "
             "in brackets; bench/memory_grid.jsonl); ? = never measured: the error is unknown")
+
+
+def key_of(inp: EstimateInput, strategy: str | None = None) -> str:
+    """:func:`band_key` of an estimate's input (under ``strategy`` instead of its own, when given)."""
+    return band_key(inp.shape.family, strategy or inp.strategy, inp.engine, inp.fsdp_version,
+                    inp.offload_optimizer or inp.offload_params)
+
+
+def band_of(inp: EstimateInput, strategy: str | None = None) -> Band | None:
+    """:func:`band_for` of an estimate's input (under ``strategy`` instead of its own, when given)."""
+    return _load(BAND_FILE).get(key_of(inp, strategy))

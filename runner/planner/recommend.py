@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from runner.planner.error_band import Band, band_for, widest_band
+from runner.planner.error_band import Band, band_of, widest_band
 from runner.planner.inputs import EstimateInput, Method, Strategy
 from runner.planner.memory import GIB, breakdown_json, estimate
 from runner.planner.switches import switch_lines
@@ -187,7 +187,7 @@ def estimate_report(
     for s in strategies if strategies is not None else table.names():
         inp = _at(base_inputs, s, n_gpus)
         est = estimate(inp)
-        band = band_for(inp.shape.family, s, inp.engine)
+        band = band_of(inp, s)
         out[s] = {
             "per_device_bytes": breakdown_json(est),
             "fits": est.total <= gpu_mem_bytes,

@@ -17,6 +17,7 @@ GPU runs are not probed: they keep the datasheet peak.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -25,6 +26,7 @@ import torch
 
 from runner.rank.measure import gather_list
 from runner.spec import events as ev
+from runner.spec import openmp
 
 if TYPE_CHECKING:
     from runner.rank.context import Setup
@@ -124,4 +126,4 @@ class Probe:
             mine["error"] = self.error
         ranks = gather_list([mine]) if acc.num_processes > 1 else [mine]
         return ev.PeakProbe(dtype=self.dtype, threads=torch.get_num_threads(), size=self.size,
-                            window_s=PROBE_WINDOW_S, ranks=ranks)
+                            window_s=PROBE_WINDOW_S, ranks=ranks, omp_wait=openmp.wait_words(os.environ))

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from runner.analysis import verdict
 from runner.analysis.compare import load_comparison
 from runner.analysis.run_figures import Kernels
-from runner.planner.error_band import band_for, band_key
+from runner.planner.error_band import band_of, key_of
 from runner.planner.inputs import EstimateInput
 from runner.planner.recommend import fit_band
 from runner.planner.shapes import ModelShape
@@ -94,15 +94,15 @@ def memory_proposal(rows: list[SwitchRow], inp: EstimateInput) -> str | None:
     """The switch that runs here and cuts its part of the estimate the most, when the cut is beyond the
     estimate's error band for this family and strategy (:func:`runner.planner.recommend.fit_band`): ``sdpa
     instead of eager cuts activations by 38% here (estimate)``."""
-    family, strategy, engine = inp.shape.family, inp.strategy, inp.engine
-    band, _ = fit_band(band_key(family, strategy, engine), band_for(family, strategy, engine))
+    key = key_of(inp)
+    band, _ = fit_band(key, band_of(inp))
     cuts = [r for r in rows if r.problem is None and r.effect.change is not None and -r.effect.change > band]
     if not cuts:
         return None
     best = min(cuts, key=lambda r: r.effect.change or 0.0).effect
     return (f"{best.field} = {best.to} (instead of {best.state}) cuts {best.part} by "
             f"{-(best.change or 0.0) * 100:.0f}% here (estimate; beyond its error band of {band * 100:.0f}% for "
-            f"{band_key(family, strategy, engine)})")
+            f"{key})")
 
 
 def _kernel_state(k: Kernels | None) -> tuple[str, bool] | None:

@@ -282,6 +282,9 @@ class PeakProbe(TypedDict):
     window_s: float
     """The least seconds of one probe (its rate is its FLOPs over its wall time)."""
     ranks: list[ProbeRank]
+    omp_wait: NotRequired[str]
+    """How the ranks' OpenMP threads waited (:func:`runner.spec.openmp.wait_words`: ``yield``, ``spin``...): the
+    probe's and the training's conditions."""
 
 
 class EndEvent(TypedDict):

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner.spec import deepspeed_config, layout, strategies
+from runner.spec import deepspeed_config, layout, openmp, strategies
 from runner.spec import events as ev
 from runner.spec.recipe import Recipe
 from runner.spec.rendezvous import NodeSpec, accelerate_fields
@@ -124,6 +125,7 @@ def build_launch(
     nodes: NodeSpec | None = None,
     workdir: Path | None = None,
     trainable: int | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> LaunchSpec:
     """Build the launch of ``recipe`` in ``run_dir`` (pure: writes nothing).
 
@@ -139,10 +141,13 @@ def build_launch(
             arguments mean what they meant where ``ftui run`` was typed; default the current folder.
         trainable: the model's trainable parameter count (the planner's), which caps DeepSpeed's buckets;
             None: not known (the configured sizes).
+        environ: the environment the ranks start in, before this launch's variables (the caller's: the user's
+            own settings there win over ftui's defaults); None: an empty one.
     """
     import yaml
 
     launch = recipe.launch
+    on_cpu = launch.device == "cpu" or cpu_threads is not None  # the caller's runner.watch.host.runs_on_cpu
     files = {ev.RECIPE_FILE: recipe.to_toml()}
     text: str | None
     if launch.accelerate_config:
@@ -154,7 +159,6 @@ def build_launch(
         files[ev.ACCELERATE_FILE] = text
     if strategies.resolve(launch.strategy, launch.engine).accelerate_type == "DEEPSPEED":
         # Kept in the run folder beside accelerate.yaml, which names it (also with the recipe's own config).
-        on_cpu = launch.device == "cpu" or cpu_threads is not None
         ds_config = deepspeed_config.deepspeed_config(recipe, on_cpu, trainable)
         files[deepspeed_config.DEEPSPEED_FILE] = json.dumps(ds_config, indent=2) + "\n"
     # Several processes on one machine: accelerate launch through runner/rank/loopback_launch.py, which binds
@@ -190,6 +194,8 @@ def build_launch(
         # Inductor compiles in the rank: a pool of compile workers would import torch once more each and take
         # the cores the ranks train on (a cold quickstart compile on 2 cores: 57 s of CPU against 69 s).
         env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+    # CPU ranks' OpenMP threads yield while they wait (runner/spec/openmp.py), unless the user said otherwise.
+    env |= openmp.rank_wait_env(on_cpu, environ or {})
     return LaunchSpec(argv=argv, env=env, accelerate_config=config_path, accelerate_config_text=text, files=files)
 
 

@@ -6,6 +6,7 @@ complete checkpoint) and a prepared run read back from its folder (the backgroun
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -177,7 +178,7 @@ def record_summary(store: Store, run_id: int, run_dir: Path, summary: dict[str, 
 def write_launch(recipe: Recipe, run_dir: Path, port: int, nodes: NodeSpec | None) -> LaunchSpec:
     """Build the launch of ``recipe`` and write its files and ``launch.json`` into ``run_dir``."""
     spec = build_launch(recipe, run_dir, port=port, cpu_threads=cpu_threads(recipe), nodes=nodes,
-                        trainable=trainable_count(recipe))
+                        trainable=trainable_count(recipe), environ=os.environ)
     for name, text in spec.files.items():
         (run_dir / name).write_text(text)
     (run_dir / ev.LAUNCH_FILE).write_text(json.dumps(spec.to_json(), indent=2) + "\n")

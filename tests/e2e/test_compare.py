@@ -160,11 +160,13 @@ def test_show_names_the_thread_unit_the_spread_and_the_peak(ftui: Ftui, sweep: S
     assert code == 0, err
     assert "util min-max over devices" in shown and "CPU % of its 1 thread" in shown
     assert "MFU peak/device" in shown and "fp32, 1 thread" in shown and "matmul probe in the ranks" in shown
+    assert "OpenMP waits yield" in shown  # the ranks' OpenMP threads yielded (ftui's CPU default, the session's too)
     assert re.search(r"│ MFU +│ +(\d+\.\d\d%|-) ", shown), shown
     summary = ftui.show(ddp["run_id"])["summary"]
     assert summary["threads"] == 1 and summary["model_dims"]["layers"] == 6
     peak = summary["mfu_peak"]
-    assert (peak["dtype"], peak["threads"], peak["kind"]) == ("fp32", 1, "probe") and peak["flops"] > 0
+    assert (peak["dtype"], peak["threads"], peak["kind"], peak["omp_wait"]) == ("fp32", 1, "probe", "yield")
+    assert peak["flops"] > 0
     assert peak["fingerprint"] == cpu_peak.machine_fingerprint().key and peak["measured_at"] > 0
     # Both ranks probed through the steady steps, and the probes' rates are the peak's spread.
     assert "mean over 2 rank(s)" in peak["source"] and peak["spread"][0] <= peak["flops"] <= peak["spread"][2]

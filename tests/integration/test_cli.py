@@ -97,6 +97,19 @@ def test_dry_run_prints_the_launch_and_runs_nothing(ftui: Ftui, in_process) -> N
     assert not list((ftui.home / "runs").glob("dry-run-*")), "nothing is left in the runs folder"
 
 
+def test_dry_run_shows_the_cpu_ranks_openmp_default_and_passes_a_users_own(  # type: ignore[no-untyped-def]
+        in_process, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launch env of a CPU run, through the command's real path (the session's own setting removed for it:
+    it would be a user's to ftui)."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    proc = in_process("run", str(QUICKSTART), "--set", "launch.device=cpu", "--dry-run", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["env"]["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("GOMP_SPINCOUNT", "300000")  # the user's: it reaches the ranks as it is, nothing added
+    proc = in_process("run", str(QUICKSTART), "--set", "launch.device=cpu", "--dry-run", "--format", "json")
+    assert "OMP_WAIT_POLICY" not in json.loads(proc.stdout)["env"]
+
+
 def test_sweep_dry_run_prints_its_runs_and_runs_nothing(ftui: Ftui, in_process) -> None:  # type: ignore[no-untyped-def]
     runs = ftui.home / "runs"
     before, folders = len(ftui.runs()), sorted(runs.iterdir()) if runs.is_dir() else []

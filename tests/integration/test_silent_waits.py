@@ -27,7 +27,7 @@ def test_the_progress_line_names_the_phase_before_step_one() -> None:
     progress.on_event({"type": "start", "distributed_type": "FSDP", "world_size": 2, "total_steps": 8,
                        "tokens_per_step": 2048, "context_length": 256})
     # the bar says the global batch (a --nproc 2 run trains twice the rows per step)
-    assert description() == "training (FSDP, 2 proc, global batch 8)"
+    assert description() == "training: FSDP × 2, global batch 8"
 
 
 def test_the_progress_line_names_a_save_or_an_evaluation_until_the_next_step() -> None:
@@ -41,7 +41,7 @@ def test_the_progress_line_names_a_save_or_an_evaluation_until_the_next_step() -
     progress.on_event({"type": "phase", "phase": "evaluating", "detail": "step 2"})
     assert description() == "evaluating (step 2)"
     progress.on_event({"type": "step", "step": 3, "loss": 1.9, "tokens_per_s": 10.0})
-    assert description() == "training (NO, 1 proc)"
+    assert description() == "training: one process"
 
 
 def test_the_monitor_says_the_trainers_phase_before_step_one(tmp_path: Path) -> None:

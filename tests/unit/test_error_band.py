@@ -36,6 +36,30 @@ def test_the_zero_stages_are_banded_per_engine() -> None:
     assert set(bands) == {"llama/zero2@torch"}
 
 
+def test_fsdp1_is_banded_apart_from_fsdp2_and_is_unknown_until_the_grid_measures_it(tmp_path: Path) -> None:
+    assert band_key("llama", "fsdp", fsdp_version=1) == "llama/fsdp@fsdp1"
+    assert band_key("llama", "fsdp") == band_key("llama", "fsdp", fsdp_version=2) == "llama/fsdp"
+    assert band_key("llama", "ddp", fsdp_version=1) == "llama/ddp"  # the version is fsdp's choice only
+    path = tmp_path / "bands.json"
+    write_bands(bands_from_rows(rows(("llama lora fp32 fsdp no-ckpt seq128", -2.0)), source="g"), path)
+    assert band_for("llama", "fsdp", path=path) is not None
+    assert band_for("llama", "fsdp", fsdp_version=1, path=path) is None  # FSDP2's rows say nothing of FSDP1
+    assert set(bands_from_rows(rows(("llama lora fp32 fsdp@fsdp1 no-ckpt seq128", 1.0)), source="g")) == {
+        "llama/fsdp@fsdp1"}
+
+
+def test_offload_is_banded_apart_and_an_estimate_input_gives_its_own_key() -> None:
+    from runner.planner import EstimateInput, shape_from_params
+    from runner.planner.error_band import key_of
+
+    assert band_key("llama", "zero3", "deepspeed", offload=True) == "llama/zero3@deepspeed+offload"
+    assert set(bands_from_rows(rows(("llama full fp32 zero3@torch+offload no-ckpt seq128", 1.0)), source="g")) == {
+        "llama/zero3@torch+offload"}
+    inp = EstimateInput(shape_from_params(1e9), strategy="zero3", engine="torch", offload_params=True)
+    assert key_of(inp) == f"{inp.shape.family}/zero3@torch+offload"
+    assert key_of(inp, "fsdp") == f"{inp.shape.family}/fsdp+offload"
+
+
 def test_a_written_band_is_found_and_an_unmeasured_one_is_unknown(tmp_path: Path) -> None:
     path = tmp_path / "bands.json"
     write_bands(bands_from_rows(rows(("qwen2 lora fp32 single no-ckpt seq128", -1.5)), source="g"), path)

@@ -134,6 +134,35 @@ def test_the_peak_is_the_time_weighted_rate_of_each_rank_and_their_mean() -> Non
         cpu_peak.peak_from_probe(_probe([failed]), 0.0)
 
 
+def test_the_peak_says_how_the_ranks_openmp_threads_waited_in_show_and_compare(home: Path) -> None:
+    """The ranks record how their OpenMP threads waited beside their probes; the stored peak keeps it, and
+    ``ftui show``'s peak row and the compare table's peak note say it (the MFU's conditions)."""
+    from rich.console import Console
+
+    from tui.render.report import run_summary_table
+
+    probe = {**_probe([{"rank": 0, "rates": [5e11], "seconds": []}]), "omp_wait": "yield"}
+    peak = cpu_peak.peak_from_probe(probe, 1_790_000_000.0)
+    assert peak.omp_wait == "yield" and peak.waits() == "OpenMP waits yield"
+    assert peak.label() == "500.0 GFLOP/s fp32, 1 thread, probed beside the run, OpenMP waits yield"
+    assert peak.to_json()["omp_wait"] == "yield" and mfu.Peak.from_json(peak.to_json()) == peak
+    store = Store(f"sqlite:///{home / 'ftui.db'}")
+    rid = _stored_run(store, peak=peak)
+    (run,) = store.get_runs([rid])
+    assert run.summary.mfu_peak is not None and run.summary.mfu_peak["omp_wait"] == "yield"
+    console = Console(width=300, record=True)
+    console.print(run_summary_table(run))
+    row = next(line for line in console.export_text().splitlines() if "MFU peak/device" in line)
+    assert "500.0 GFLOP/s fp32" in row and "OpenMP waits yield" in row
+    cmp = load_comparison(store, [rid])
+    assert cmp.rows[0].mfu is not None  # the MFU this peak is the condition of
+    assert f"] 500.0 GFLOP/s fp32, 1 thread, probed beside the run, OpenMP waits yield; {cpu_peak.PROBE_SOURCE}" in (
+        markdown(cmp))
+    # a run recorded before the ranks said it: nothing claimed
+    older = mfu.Peak.from_json({k: v for k, v in peak.to_json().items() if k != "omp_wait"})
+    assert older is not None and older.waits() == "" and "OpenMP" not in older.label()
+
+
 def test_the_run_peak_follows_its_precision_and_a_cpu_run_without_a_probe_has_none() -> None:
     bf16 = cpu_peak.peak_for_run("cpu", _probe([{"rank": 0, "rates": [8e10], "seconds": []}], "bf16"), "bf16")
     assert bf16 is not None and bf16.flops == 8e10 and bf16.dtype == "bf16" and bf16.kind == "probe"

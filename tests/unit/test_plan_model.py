@@ -96,6 +96,14 @@ def test_the_report_shows_predictions_errors_and_what_was_not_raced() -> None:
     assert "performance model: fitted on ddp x2, single" in text
     assert any(line.startswith("- predicted, not raced: ddp x2, micro-batch 4") for line in
                plan_markdown(report).splitlines())
+    # at 80 columns: two tables, every header and label whole, nothing past the edge
+    narrow = Console(width=80, record=True)
+    narrow.print(plan_table(report, narrow.width))
+    lines = narrow.export_text().splitlines()
+    assert max(map(len, lines)) <= 80 and "…" not in "".join(lines)
+    for header in ("candidate", "tokens/s", "predicted", "model err", "est. mem", "meas. mem", "1st step", "runs"):
+        assert header in "\n".join(lines), header
+    assert sum("fsdp x2" in line for line in lines) >= 2  # a row in each table
 
 
 def test_a_plan_rebuilt_without_its_record_says_why_it_has_no_model() -> None:

@@ -12,7 +12,7 @@ from tui.cli.progress import RunProgress
 
 START = {"type": "start", "distributed_type": "MULTI_CPU", "world_size": 2, "tokens_per_step": 2048,
          "context_length": 256, "total_steps": 1000}
-DESCRIPTION = "training (MULTI_CPU, 2 proc, global batch 8)"
+DESCRIPTION = "training: DDP (CPU) × 2, global batch 8"
 
 
 def _line(width: int, label: str = "") -> str:
@@ -35,7 +35,7 @@ def _line(width: int, label: str = "") -> str:
 def test_the_line_keeps_step_loss_speed_and_eta(width: int, label: str) -> None:
     line = _line(width, label)
     assert len(line) <= width, line
-    assert line.startswith(label or "training "), line  # at least the head of the description
+    assert line.startswith(label or "training"), line  # at least the head of the description
     # 877 steps left at 2 s each: 29 min 14 s
     for kept in ("123/1000", "loss 7.6912", "1,232 tok/s", "0:04:06", "ETA 0:29:14"):
         assert kept in line, (width, kept, line)

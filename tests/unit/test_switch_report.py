@@ -138,7 +138,7 @@ def test_ftui_estimate_and_compose_list_every_switch_and_the_proposals(store: St
     assert len(fields) == 10 and fields[("launch.ep_size", "2")]["runs_here"] is False
     assert any(p.startswith("model.attn_implementation = eager: +29% tokens/s measured") for p in report["proposals"])
     text = " ".join(run_in_process(capsys, "estimate", str(recipe_file)).stdout.split())
-    assert "every switch, turned" in text and "model.attn_implementation sdpa -> flash_attention_2" in text
+    assert "every switch of the recipe (single, 1 process), turned" in text and "model.attn_implementation sdpa -> flash_attention_2" in text
     assert "proposed: model.attn_implementation = eager: +29% tokens/s measured on this host" in text
     from tui.app.screens.compose import estimate_text
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 from dataclasses import replace
 from typing import Any
 
@@ -19,7 +20,7 @@ from rich.text import Text
 from runner import planner as E
 from runner.analysis.track_record import host_track_record
 from runner.hardware import NvmlBackend
-from runner.planner.error_band import band_key
+from runner.planner.error_band import key_of
 from runner.planner.memory import DEFAULT_RESERVE
 from runner.service import decisions, switch_report
 from runner.service.batch import BatchTrial, find_batch_size
@@ -184,7 +185,7 @@ def _add_track_record(args: argparse.Namespace, report: dict[str, Any], inp: E.E
     except UsageError:  # a --db or $FTUI_DB that does not exist: no runs, so no record
         records = {}
     for name, entry in report["strategies"].items():
-        record = records.get(band_key(inp.shape.family, name, inp.engine))
+        record = records.get(key_of(inp, name))
         entry["track_record"] = None if record is None else record.json()
 
 
@@ -255,16 +256,25 @@ def _print_text(report: dict[str, Any], inp: E.EstimateInput, gpu_mem: int, n_gp
     for line in report.get("switches", []):  # context parallel, fp8, activation and NVMe offload: one line each
         con.print(Text(line))
     if report.get("every_switch"):
-        con.print(Text("every switch, turned (estimated memory; whether it runs here):", style="bold"))
+        con.print(Text(f"every switch of the recipe ({inp.strategy}, {inp.n_devices} process"
+                       f"{'es' if inp.n_devices != 1 else ''}), turned (estimated memory; whether it runs here):",
+                       style="bold"))
         for row in report["every_switch"]:
-            con.print(Text(f"  {row['line']}", style="" if row["runs_here"] else "dim"))
+            con.print(_hanging(row["line"], con.width), style="" if row["runs_here"] else "dim")
     con.print(Text.assemble(("recommendation (estimated):", "bold"), f" {report['recommendation']['reason']}"))
     for line in report.get("proposals", []):
-        con.print(Text.assemble(("  proposed: ", "bold"), line))
+        con.print(_hanging(f"proposed: {line}", con.width), style="bold")
     if (term := report.get("library")) is not None:  # its own line: never inside the tensor total above
         con.print(Text(library_line(term), style="bold" if "bytes" in term else "dim"))
     for past in report.get("measured_here", []):  # ftui plan's decisions for this recipe on this host
         con.print(Text(past["line"], style="bold"))
+
+
+def _hanging(line: str, width: int) -> Text:
+    """``line`` indented two columns, its continuation lines four, wrapped at ``width`` (a list that stays
+    readable at 80 columns)."""
+    return Text(textwrap.fill(line, width=max(width, 40), initial_indent="  ", subsequent_indent="    ",
+                              break_on_hyphens=False))
 
 
 def _probe(args: argparse.Namespace) -> int:

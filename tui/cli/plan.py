@@ -106,7 +106,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     elif args.format == "md":
         print(plan_markdown(report), end="")
     else:
-        console.print(plan_table(report))
+        console.print(plan_table(report, console.width))
     if progress.stopped or stop.is_set():
         console.print(f"plan stopped: run the same command again to continue {setup.pid}", markup=False)
         return ExitCode.INTERRUPTED

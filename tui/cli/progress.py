@@ -27,6 +27,7 @@ from rich.table import Column
 from rich.text import Text
 
 from runner.spec.events import phase_words
+from tui.render.words import distributed_words
 
 BAR_WIDTH = 18
 """The bar's width where there is room: at 120 columns it leaves the whole training description."""
@@ -112,14 +113,17 @@ class RunProgress:
         if kind == "phase":  # say what the minutes of loading, evaluating or saving are spent on
             self.progress.update(self.task, description=phase_words(event))  # plain text: a data path is the user's
         elif kind == "start":
-            dist = event.get("distributed_type") or "not reported"  # a script may not say (runner.track)
+            # a script may not say (runner.track)
+            dist = distributed_words(event.get("distributed_type")) if event.get("distributed_type") else "not reported"
+            world = event.get("world_size")
+            who = dist if world == 1 and dist == "one process" else f"{dist} × {world}"
             # the global batch is what a speed means: a --nproc 2 DDP run trains twice the rows per step
             rows = (event.get("tokens_per_step") or 0) // max(1, event.get("context_length") or 1) or None
             batch = f", global batch {rows}" if rows else ""
-            self.training = f"training ({dist}, {event.get('world_size')} proc{batch})"
+            self.training = f"training: {who}{batch}"
             self.progress.update(self.task, description=self.training, total=event.get("total_steps"))
             self.progress.console.print(Text(
-                f"start: {dist} on {event.get('device_type') or 'not reported'} × {event.get('world_size')}, "
+                f"start: {who} on {event.get('device_type') or 'not reported'}, "
                 f"{(event.get('params') or 0) / 1e6:.1f}M params, {(event.get('trainable_params') or 0) / 1e6:.2f}M trainable"
                 + (f", global batch {rows} rows x {event.get('context_length')} tokens per step" if rows else "")
             ))

@@ -178,15 +178,31 @@ def model_lines(report: dict[str, Any]) -> list[str]:
               for w in model["not_raced"])]
 
 
-def plan_table(report: dict[str, Any]) -> RenderableType:
-    """The candidates as a table, each one's reason or batch split under it, then the decision."""
-    table = Table(title=f"plan {report['plan_id']} · {report['steps']} steps per trial", box=box.SIMPLE_HEAD)
-    for h in HEADERS:
+WIDE = 120
+"""Below this many columns the table is printed as two (speed, then memory and start), each readable at 80."""
+SPEED = ("candidate", "result", "tokens/s", "predicted", "model err", "runs")
+MEMORY = ("candidate", "est. mem", "meas. mem", "util", "1st step")
+
+
+def _table(report: dict[str, Any], title: str, headers: tuple[str, ...]) -> Table:
+    table = Table(title=title, box=box.SIMPLE_HEAD)
+    for h in headers:
         table.add_column(h, justify="left" if h in ("candidate", "result") else "right")
+    at = [HEADERS.index(h) for h in headers]
     for e in report["candidates"]:
-        table.add_row(*(Text(c) for c in cells(e)))
+        row = cells(e)
+        table.add_row(*(Text(row[i]) for i in at))
+    return table
+
+
+def plan_table(report: dict[str, Any], width: int = WIDE) -> RenderableType:
+    """The candidates as a table (two under :data:`WIDE` columns), each one's reason or batch split under it,
+    then the decision."""
+    title = f"plan {report['plan_id']} · {report['steps']} steps per trial"
+    tables = ([_table(report, title, HEADERS)] if width >= WIDE else
+              [_table(report, title, SPEED), _table(report, "memory and start", MEMORY)])
     mem = report["memory"]
-    return Group(table, *(Text(note_line(e), style="dim") for e in report["candidates"]),
+    return Group(*tables, *(Text(note_line(e), style="dim") for e in report["candidates"]),
                  *(Text(line, style="dim") for line in track_lines(report)),
                  *(Text(line, style="dim") for line in model_lines(report)),
                  Text(f"memory judged against: {fmt_bytes(mem['bytes'])} ({mem['source']})", style="dim"),

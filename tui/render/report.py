@@ -190,8 +190,10 @@ def run_summary_table(run: RunInfo | None) -> Table:
         if stored is not None:
             # the source's first clause (its details, the CPU's ISA flags, are in `ftui compare`'s notes)
             source = stored.source.split(", ")[0]  # a probe's source says it was beside the run
-            table.add_row(*text_row("MFU peak/device", stored.figure(),
-                                    source if stored.kind == "probe" else f"{stored.provenance()}: {source}"))
+            # a probe's conditions: how the run's OpenMP threads waited (runner/spec/openmp.py)
+            why = (", ".join(filter(None, (source, stored.waits()))) if stored.kind == "probe"
+                   else f"{stored.provenance()}: {source}")
+            table.add_row(*text_row("MFU peak/device", stored.figure(), why))
     if run.summary.ledger is not None:  # device-hours, energy, cost (runner.analysis.ledger)
         for row in ledger_rows(ledger.figures(run.summary)):
             table.add_row(*text_row(*row))

@@ -5,6 +5,7 @@ memory estimate."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import time
@@ -390,7 +391,7 @@ class ComposeScreen(Screen[None]):
     @work(thread=True, exclusive=True, group="preview")
     def build_preview(self, recipe: Recipe, generation: int) -> None:
         spec = build_launch(recipe, PLACEHOLDER_RUN_DIR, port=29500, cpu_threads=self.ftui.cpu_threads(recipe),
-                            python=self.ftui.python)
+                            python=self.ftui.python, environ=os.environ)
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items())
         self.post_message(PreviewReady(Text.assemble(("launch command", "bold"),
                                                      " (run folder and port are set at launch)\n",
