@@ -416,7 +416,9 @@ def activation_bytes(inp: EstimateInput) -> ActivationBytes:
     layer_backward = tokens * e * (2 * sh.intermediate * max(1, sh.experts_per_token) + 2 * h)
     if s.math_attention or s.eager:  # or the gradients of the scores: through the dropout and the softmax
         score_e = (4 if sh.eager_softmax_fp32 else e) if s.eager else s.att_e  # eager's softmax dtype
-        layer_backward = max(layer_backward, tokens * (3 * score_e * sh.heads * inp.seq_len + 2 * e * h))
+        # They come after the MLP's backward (sequential blocks), which has freed what the MLP saved.
+        mlp_saved = 0 if sh.parallel_block or sh.parallel_residual else s.mlp(True).saved
+        layer_backward = max(layer_backward, tokens * (3 * score_e * sh.heads * inp.seq_len + 2 * e * h - mlp_saved))
     router = sh.experts * h * sh.layers  # a mixture of experts' routers (F.linear: autocast casts them)
     all_copies = 2 * (sh.linear_params + router + (head_w if sh.tied_embeddings else 0)) if s.autocast else 0
     # Under autocast the fp32 LoRA adapters are cast too (trainable leaves: cached to the forward's end).

@@ -11,8 +11,8 @@ Model states: weights (``w`` B/param), gradients in the trainable dtype, AdamW's
 trainable dtype (torch's AdamW uses ``zeros_like(param)``: bf16 weights keep bf16 moments and no master),
 an fp32 master only under DeepSpeed's bf16/fp16 (ZeRO's ``K = 12``). LoRA adapters are fp32 (peft); QLoRA
 stores NF4 with double quantization (0.127 bits/param of constants). Sharding follows ZeRO (Rajbhandari et
-al. 2020); DDP's buckets are the gradients (``gradient_as_bucket_view``) and live all step; FSDP gathers its
-root unit at the loss and one layer inside the stack.
+al. 2020); DDP's buckets are the gradients (``gradient_as_bucket_view``) and live all step; what FSDP2
+gathers at each moment follows the units accelerate makes (``runner.planner.fsdp``).
 
 :func:`estimate` reads top to bottom as its steps: the model states of one replica, the activations of one
 micro-batch, the busiest device's share of both (layer split, tensor split, ZeRO/FSDP sharding, DDP's
@@ -46,10 +46,6 @@ NF4_BITS = 4.0
 # 256 such blocks (QLoRA paper, section 3): 8/64 + 32/(64*256) = 0.127 bits per parameter.
 NF4_DOUBLE_QUANT_OVERHEAD_BITS = 8 / 64 + 32 / (64 * 256)
 GIB = 2**30
-FSDP_MIXED_CHECKPOINTED_UPPER_BOUND = (
-    "an upper bound under FSDP full fine-tuning with 16-bit compute and checkpointing: the end of the backward "
-    "holds less than the root and a layer gathered beside a layer's unsharded gradient counted here "
-    "(quickstart: 5.8% less was measured)")
 DEFAULT_RESERVE = "1GiB"
 """Per GPU, for the CUDA context, NCCL and allocator slack (why 1 GiB: docs/memory-model.md)."""
 
@@ -403,7 +399,7 @@ def _gathered(inp: EstimateInput, run: _Run, s: _States, shards: frozenset[str])
     if "params" not in shards or (run.deepspeed and run.stage == 3):
         return Gathered()
     gather_e = run.e if run.e < run.w else run.w  # FSDP's mixed precision gathers in the compute dtype
-    return gathered_units(inp, gather_e, s.train, s.tw, run.row.keeps_gathered)
+    return gathered_units(inp, gather_e, s.train, s.tw, run.row.keeps_gathered, _shard_group(inp, run))
 
 
 def _ddp_buckets(inp: EstimateInput, run: _Run, s: _States) -> _States:
@@ -444,19 +440,23 @@ def _moments(inp: EstimateInput, run: _Run, s: _States, a: _Activations, g: Gath
                     "grads": persistent_grads},
         "backward": {"activations": a.stored, "transient": a.logits_bwd, "buffers": a.copies + g.at_backward,
                      "grads": persistent_grads},
-        # The end of backward: every gradient, the activations released; the embedding's input gradient
-        # and its copy remain.
+        # The end of backward: every gradient (FSDP: a tied head's still unsharded), the activations
+        # released; the embedding's input gradient and its copy remain.
         "backward_end": {"transient": 2.0 * run.e * inp.shape.hidden * inp.micro_batch * tokens_per_device(inp),
-                         "buffers": g.gathered, "grads": s.grads, "grad_buckets": g.flat_grads},
+                         "buffers": g.at_end, "grads": s.grads - s.head_grads + max(s.head_grads, g.head_grad),
+                         "grad_buckets": g.flat_grads},
         "optimizer": {"grads": s.grads, "transient": s.opt_transient},
     }
-    if g.root:  # the root gathered for the head's backward, beside one of the loss's gradients
-        moments["backward_root"] = {"activations": a.stored, "transient": a.logits_bwd / 2,
-                                    "buffers": a.copies + max(g.root, g.at_backward), "grads": persistent_grads}
+    if g.at_gather:  # FSDP: the forward's last all-gather, every layer's activations saved, no logits yet
+        moments["forward_gather"] = {"activations": a.stored - a.logits, "buffers": a.fwd_copies + g.at_gather,
+                                     "grads": persistent_grads}
+    if g.at_head:  # FSDP: the head's backward, beside one of the loss's gradients and the tail's prefetch
+        moments["backward_head"] = {"activations": a.stored, "transient": a.logits_bwd / 2,
+                                    "buffers": a.copies + g.at_head, "grads": persistent_grads}
     if inp.gradient_checkpointing:
         moments["backward_recompute"] = {
             "activations": a.stored - a.logits, "recompute": a.recompute, "transient": acts.layer_backward,
-            "buffers": a.copies + max(g.gathered, g.at_backward), "grads": max(persistent_grads, s.head_grads),
+            "buffers": a.copies + g.in_stack, "grads": max(persistent_grads, _stack_grads(inp, s, g)),
             "grad_buckets": g.flat_grads}
     if a.accumulated:  # the last micro-batch's backward, every earlier one's gradients alive
         moments["backward_accumulated"] = {"activations": a.accumulated, "transient": a.logits_bwd,
@@ -469,13 +469,24 @@ def _moments(inp: EstimateInput, run: _Run, s: _States, a: _Activations, g: Gath
         for parts in moments.values():
             parts["buffers"] = parts.get("buffers", 0.0) + a.pipeline
     ring = ring_buffer_bytes(inp, run.e)  # context parallelism's gathered keys and values, inside attention
-    for name in ("forward", "backward", "backward_root", "backward_recompute"):
+    for name in ("forward", "backward", "backward_head", "backward_recompute"):
         if ring and name in moments:
             moments[name]["transient"] += ring
     if run.deepspeed and run.stage is not None:
         add_deepspeed_parts(inp, run.stage, "params" in _sharded(inp, run), _shard_group(inp, run), run.w, s.tw,
                             a.logits, moments, s.train / _shard_group(inp, run))
     return moments
+
+
+def _stack_grads(inp: EstimateInput, s: _States, g: Gathered) -> float:
+    """The gradients alive in the checkpointed backward of the second-lowest decoder layer (where the
+    recomputed layer peaks: the gradients grow layer by layer, and below it the lowest has no layer's
+    prefetch beside it under FSDP): the head's (FSDP: a tied head's unsharded, :mod:`runner.planner.fsdp`)
+    and those of the layers above it, as they are held (whole, or reduced to their shard)."""
+    sh = inp.shape
+    in_layers = 1.0 if inp.method != "full" else sh.layers * sh.layer_params / max(1, sh.total_params)
+    above = s.grads * in_layers * max(0, sh.layers - 2) / max(1, sh.layers)
+    return max(s.head_grads, g.head_grad) + above
 
 
 def _breakdown(inp: EstimateInput, s: _States, a: _Activations, moments: Moments,
@@ -544,16 +555,8 @@ def _estimate_part(inp: EstimateInput, run: _Run, states: _States, acts: _Activa
         acts = replace(acts, stored=0.0, copies=0.0, fwd_copies=0.0, dropout=0.0, logits=0.0)
     b = _breakdown(inp, states, acts, _moments(inp, run, states, acts, gathered), offloaded, nvme)
     if b.approximate is None:
-        return replace(b, approximate=kernels_note(inp) or _bound(inp, run, b))
+        return replace(b, approximate=kernels_note(inp))
     return b
-
-
-def _bound(inp: EstimateInput, run: _Run, b: MemoryBreakdown) -> str | None:
-    """Which side of the measured peak an estimate is known to fall on, where it is not within 5%."""
-    fsdp_mixed = "params" in run.row.shards and not run.deepspeed and run.e < run.w
-    if fsdp_mixed and inp.method == "full" and inp.gradient_checkpointing and b.peak_phase == "backward":
-        return FSDP_MIXED_CHECKPOINTED_UPPER_BOUND
-    return None
 
 
 # The parts of ``MemoryBreakdown.total``, in the order ``ftui estimate`` shows them.

@@ -85,16 +85,18 @@ class LiveTensorPeaks:
         self.heap: dict[str, int] = {}
         self.tensor_marks: dict[str, int] = {}
         self.optimizer_steps = 0
-        # FTUI_MEMTRACK_DUMP=FILE appends the storages alive at the peak to FILE (a debugging aid).
+        # FTUI_MEMTRACK_DUMP=FILE appends the storages alive at the peak to FILE (a debugging aid), each as its
+        # size and what made it: the op, the shape and dtype of the tensor it was first seen through.
         self.dump = os.environ.get("FTUI_MEMTRACK_DUMP")
-        self.at_peak: tuple[str | None, list[int]] = (None, [])
-        self.at_phase_peak: dict[str, list[int]] = {}
+        self.labels: dict[int, str] = {}
+        self.at_peak: tuple[str | None, list[tuple[int, str]]] = (None, [])
+        self.at_phase_peak: dict[str, list[tuple[int, str]]] = {}
         for t in seed:
-            self._track(t)
+            self._track(t, "before the step")
 
     # ---------------------------------------------------------------- storages
 
-    def _track(self, t: Any) -> None:
+    def _track(self, t: Any, made_by: str = "") -> None:
         import torch
 
         if not isinstance(t, torch.Tensor):
@@ -105,14 +107,16 @@ class LiveTensorPeaks:
         except (RuntimeError, NotImplementedError):  # sparse or wrapper tensors have no plain storage
             return
         if holds_memory(storage):
-            self._storage(storage)
+            self._storage(storage, f"{made_by} {tuple(local.shape)} {local.dtype}" if self.dump is not None else "")
 
-    def _storage(self, storage: Any) -> None:
+    def _storage(self, storage: Any, made_by: str = "") -> None:
         key = id(storage)
         size = int(storage.nbytes())
         old = self.sizes.get(key)
         if old is None:
             self.sizes[key] = size
+            if self.dump is not None:
+                self.labels[key] = made_by
             weakref.finalize(storage, self._freed, key)
             self._add(size)
         elif old != size:
@@ -120,18 +124,23 @@ class LiveTensorPeaks:
             self._add(size - old)
 
     def _freed(self, key: int) -> None:
+        self.labels.pop(key, None)
         self._add(-self.sizes.pop(key, 0))
+
+    def _alive(self) -> list[tuple[int, str]]:
+        """The live storages, largest first, each with what made it (the dump's entries)."""
+        return sorted(((size, self.labels.get(key, "")) for key, size in self.sizes.items()), reverse=True)
 
     def _add(self, delta: int) -> None:
         self.live += delta
         if self.live > self.peak:
             self.peak = self.live
             if self.dump is not None:  # what made the peak: the live storages by size, and the phase
-                self.at_peak = (self.current, sorted(self.sizes.values(), reverse=True))
+                self.at_peak = (self.current, self._alive())
         if self.current is not None and self.live > self.phase_peaks.get(self.current, 0):
             self.phase_peaks[self.current] = self.live
             if self.dump is not None:
-                self.at_phase_peak[self.current] = sorted(self.sizes.values(), reverse=True)
+                self.at_phase_peak[self.current] = self._alive()
 
     # ---------------------------------------------------------------- measuring
 
@@ -154,17 +163,17 @@ class LiveTensorPeaks:
             def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
                 out = func(*args, **(kwargs or {}))
                 for t in tree_leaves(out):
-                    tracker._track(t)
+                    tracker._track(t, str(func))
                 # In-place and out= ops may grow a storage, or touch one allocated before the step.
                 for t in tree_leaves((args, kwargs)):
-                    tracker._track(t)
+                    tracker._track(t, f"input of {func}")
                 return out
 
         original = torch.UntypedStorage.resize_
 
         def resize(storage: Any, size: int) -> Any:
             result = original(storage, size)
-            tracker._storage(storage)
+            tracker._storage(storage, f"resize_ to {size}")
             return result
 
         torch.UntypedStorage.resize_ = resize  # type: ignore[method-assign,assignment]
@@ -203,8 +212,8 @@ class LiveTensorPeaks:
         if self.dump is not None:
             with open(self.dump, "a") as fh:
                 fh.write(json.dumps({"pid": os.getpid(), "peak": self.peak, "phase": self.at_peak[0],
-                                     "sizes": self.at_peak[1][:60],
-                                     "phases": {k: v[:60] for k, v in self.at_phase_peak.items()}}) + "\n")
+                                     "sizes": self.at_peak[1][:80],
+                                     "phases": {k: v[:80] for k, v in self.at_phase_peak.items()}}) + "\n")
         out: dict[str, Any] = {
             "peak_tensor_bytes": self.peak,
             "phase_peaks": {k: self.phase_peaks[k] for k in PHASES if k in self.phase_peaks},

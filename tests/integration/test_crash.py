@@ -127,7 +127,7 @@ def test_two_stores_sharing_a_data_folder_get_different_run_folders(tmp_path: Pa
 
 
 def test_ftui_run_with_a_name_that_climbs_stays_in_its_folder(ftui: Ftui) -> None:
-    result = ftui.run("run", str(QUICKSTART), "--name", "../../escape", "--dry-run", "--format", "json")
+    result = ftui.call("run", str(QUICKSTART), "--name", "../../escape", "--dry-run", "--format", "json")
     assert result.returncode == 0, result.stderr
     argv = json.loads(result.stdout)["argv"]
     run_dir = Path(argv[argv.index("--run-dir") + 1])

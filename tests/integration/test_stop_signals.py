@@ -24,11 +24,16 @@ import pytest
 from runner.watch import journal, procs
 from store import Store
 from tests.integration.test_recover import STARTS, record_orphan_run, stranger
-from tests.support import QUICKSTART, ROOT, Ftui
+from tests.support import QUICKSTART, ROOT, Ftui, run_in_process
 from tests.support.scripted_rank import SCRIPT
 from tui.cli import main
 
 DDP = ["--strategy", "ddp", "--nproc", "2"]
+"""Two ranks under ``accelerate launch`` (torchrun's agent), in sessions of their own: for what is about ranks
+apart from their launcher (each signalled, one hung, one suspended, ranks outliving their watcher)."""
+SOLO = ["--strategy", "single"]
+"""One rank, which is its launcher (runner/rank/solo_launch.py): for what is about the watcher and ``ftui stop``
+(one interpreter and one torch import fewer than DDP's three processes)."""
 
 
 class Background:
@@ -142,8 +147,9 @@ def stop_journalled(bg: Background) -> None:
     assert ends and ends[-1]["status"] == "stopped", "the rank did not finish its step and journal its end"
 
 
-def test_stop_unknown_run_is_one_line_exit_2(ftui: Ftui) -> None:
-    proc = ftui.run("stop", "99999")
+def test_stop_unknown_run_is_one_line_exit_2(ftui: Ftui, capsys: pytest.CaptureFixture[str]) -> None:
+    """A refusal before anything starts, in process (its real process: tests/integration/test_bad_arguments.py)."""
+    proc = run_in_process(capsys, "stop", "99999", "--db", ftui.db)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "ftui: run 99999: no such run"
     assert proc.stdout == ""
@@ -216,10 +222,11 @@ def test_second_ctrl_c_kills_at_once_and_records_the_status(background) -> None:
     assert_all_gone(bg)
 
 
-def test_ftui_stop_from_another_process(ftui: Ftui, background) -> None:  # type: ignore[no-untyped-def]
-    """``ftui stop ID`` asks the run's watcher (the ``ftui run`` process) and waits for the status."""
-    bg = background("stop-cmd", *DDP, "--grace", "120")
-    bg.wait_for_steps(ranks=2)
+def test_ftui_stop_from_another_process(ftui: Ftui, background, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    """``ftui stop ID`` asks the run's watcher (the ``ftui run`` process) and waits for the status; a second
+    one is refused (in process: a refusal starts nothing)."""
+    bg = background("stop-cmd", *SOLO, "--grace", "120")
+    bg.wait_for_steps(ranks=1)
     assert bg.run_id is not None
     proc = ftui.run("stop", str(bg.run_id), "--grace", "120", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -229,7 +236,7 @@ def test_ftui_stop_from_another_process(ftui: Ftui, background) -> None:  # type
     assert bg.show()["status"] == "stopped"
     stop_journalled(bg)
     assert_all_gone(bg)
-    again = ftui.run("stop", str(bg.run_id))
+    again = run_in_process(capsys, "stop", str(bg.run_id), "--db", ftui.db)
     assert (again.returncode, again.stderr.strip()) == (2, f"ftui: run {bg.run_id}: not running (status stopped)")
 
 
@@ -239,8 +246,8 @@ def test_a_second_ftui_stop_waits_for_the_save_in_flight(ftui: Ftui, background,
     say what the watcher recorded. The ranks' save lasts until the test releases it, after the second
     command has said what it decided."""
     release = tmp_path / "release"
-    bg = background("stop-twice-cmd", *DDP, "--grace", "120", script_args=("--save-until", str(release)))
-    bg.wait_for_steps(ranks=2)
+    bg = background("stop-twice-cmd", *SOLO, "--grace", "120", script_args=("--save-until", str(release)))
+    bg.wait_for_steps(ranks=1)
     assert bg.run_id is not None
     command = [sys.executable, "-m", "tui.cli", "stop", str(bg.run_id)]
     said = [tmp_path / "first.txt", tmp_path / "second.txt"]
@@ -280,8 +287,8 @@ def test_a_second_ftui_stop_waits_for_the_save_in_flight(ftui: Ftui, background,
 def test_ftui_stop_continues_a_suspended_watcher(ftui: Ftui, background) -> None:  # type: ignore[no-untyped-def]
     """The watcher is suspended (SIGSTOP, Ctrl-Z in its terminal): ``ftui stop`` continues it, and the
     watcher itself stops the run and records it, rather than being waited for in vain."""
-    bg = background("stop-suspended", *DDP, "--grace", "120")
-    bg.wait_for_steps(ranks=2)
+    bg = background("stop-suspended", *SOLO, "--grace", "120")
+    bg.wait_for_steps(ranks=1)
     assert bg.run_id is not None
     watcher = psutil.Process(bg.proc.pid)
     watcher.suspend()
@@ -354,8 +361,8 @@ def test_ftui_stop_finds_the_launcher_of_a_row_without_a_start_time_by_its_envir
 
 
 def test_one_machine_rendezvous_listens_on_loopback(ftui: Ftui) -> None:
-    """Through the dry run: the accelerate config and the environment name the loopback."""
-    proc = ftui.run("run", str(QUICKSTART), *DDP, "--dry-run", "--format", "json", check=True)
+    """Through the dry run (in process): the accelerate config and the environment name the loopback."""
+    proc = ftui.call("run", str(QUICKSTART), *DDP, "--dry-run", "--format", "json", check=True)
     spec = json.loads(proc.stdout)
     assert spec["env"]["MASTER_ADDR"] == "127.0.0.1"
     assert spec["env"]["GLOO_SOCKET_IFNAME"] == "lo"

@@ -225,6 +225,9 @@ def test_compare_and_the_monitor_read_named_metrics_from_their_summaries(tmp_pat
 
 # ---------------------------------------------------------------------- many runs
 
+pytestmark = pytest.mark.xdist_group(name="store-scale")
+"""The many-runs store (about 2 s of CPU to write) is made once: the module's tests go to one worker."""
+
 
 @pytest.fixture(scope="module")
 def many(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:

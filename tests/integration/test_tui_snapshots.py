@@ -1,5 +1,7 @@
 """Snapshot tests of every screen at 120x40 and 80x24, over a store filled by hand (no training)
-with every time-dependent figure frozen (the app's clock, the interpreter path, CPU threads)."""
+with every time-dependent figure frozen (the app's clock, the interpreter path, CPU threads). One app per
+screen takes both sizes, resized between them (``snap_sizes``: the files are those of a test parametrized by
+size); Textual's start costs about a second of CPU per app."""
 
 from __future__ import annotations
 
@@ -12,7 +14,14 @@ import pytest
 from runner.hardware import DeviceSample, ProcessGpuMemory
 from runner.spec.recipe import load_recipe
 from store import Store
-from tests.support.dashboard import NO_WATCHER_CHECK, ONE_READ_S, trainer_summary, wait_for, wait_painted
+from tests.support.dashboard import (
+    NO_WATCHER_CHECK,
+    ONE_READ_S,
+    snap_sizes,
+    trainer_summary,
+    wait_for,
+    wait_painted,
+)
 from tui.app import app as app_module
 from tui.app import make_app
 
@@ -20,6 +29,11 @@ ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 1, 2, 3, 4, 5)
 NOW = T0 + timedelta(minutes=7)
 SIZES = [(120, 40), (80, 24)]
+"""The sizes of every screen's snapshots, in the order one app is resized through them (tests/support/dashboard.py
+``snap_sizes``)."""
+MONITOR_SIZES = SIZES[::-1]
+"""The Monitor's order: narrow first. Widened from 80x24 it draws what an app started at 120x40 draws; narrowed
+from 120x40, the processes table of a finished run sits one row lower than in an app started at 80x24."""
 
 
 @pytest.fixture(scope="module")
@@ -117,50 +131,40 @@ def _filled(screen) -> bool:  # type: ignore[no-untyped-def]
     return not previews or not getattr(screen, "valid", False) or "launch command" in str(previews[0].render())
 
 
-@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_runs(snap_compare, store: Store, size) -> None:  # type: ignore[no-untyped-def]
-    assert snap_compare(app_for(store), terminal_size=size, run_before=settle)
+async def test_runs(snapshot, request, store: Store) -> None:  # type: ignore[no-untyped-def]
+    await snap_sizes(snapshot, request, app_for(store), SIZES, settle)
 
 
-@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_compose(snap_compare, store: Store, size) -> None:  # type: ignore[no-untyped-def]
-    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+async def test_compose(snapshot, request, store: Store) -> None:  # type: ignore[no-untyped-def]
+    async def show(pilot) -> None:  # type: ignore[no-untyped-def]
         await pilot.press("2")
         await pilot.pause()
         pilot.app.screen.query_one("#f-train-batch_size").value = "0"
         await settle(pilot)
 
-    assert snap_compare(app_for(store), terminal_size=size, run_before=before)
+    await snap_sizes(snapshot, request, app_for(store), SIZES, show, again=settle)
 
 
-@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_compose_valid(snap_compare, store: Store, size) -> None:  # type: ignore[no-untyped-def]
+async def test_compose_valid(snapshot, request, store: Store) -> None:  # type: ignore[no-untyped-def]
     """A valid form: the launch command, and the estimate from its thread worker (scrollable at 80x24)."""
-    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+    async def show(pilot) -> None:  # type: ignore[no-untyped-def]
         await pilot.press("2")
         await wait_for(pilot, lambda: "recommended" in str(pilot.app.screen.query_one("#estimate").render()),
                        what="the estimate")
         await settle(pilot)
 
-    assert snap_compare(app_for(store), terminal_size=size, run_before=before)
+    await snap_sizes(snapshot, request, app_for(store), SIZES, show, again=settle)
 
 
-@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("run_id", [1, 4], ids=["cpu", "8gpu"])
-def test_monitor(snap_compare, store: Store, size, run_id) -> None:  # type: ignore[no-untyped-def]
-    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
-        await settle(pilot)
-        pilot.app.open_run(run_id)
-        # the monitor's first read lands from a worker thread
-        await wait_for(pilot, lambda: getattr(pilot.app.screen, "snapshot", None) is not None, what="the monitor")
-        await settle(pilot)
-
-    assert snap_compare(app_for(store), terminal_size=size, run_before=before)
+async def test_monitor(snapshot, request, store: Store) -> None:  # type: ignore[no-untyped-def]
+    """A finished run on the CPU (run 1) and a running one on 8 GPUs (run 4)."""
+    for run_id, prefix in ((1, "cpu-"), (4, "8gpu-")):
+        await snap_sizes(snapshot, request, app_for(store), MONITOR_SIZES,
+                         lambda pilot, run_id=run_id: _open_monitor(pilot, run_id), again=settle, prefix=prefix)
 
 
-@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_compare(snap_compare, store: Store, size) -> None:  # type: ignore[no-untyped-def]
-    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+async def test_compare(snapshot, request, store: Store) -> None:  # type: ignore[no-untyped-def]
+    async def show(pilot) -> None:  # type: ignore[no-untyped-def]
         await settle(pilot)
         await pilot.press("space", "down", "space", "down", "space", "c")
         # the comparison lands from a thread worker (seconds on a loaded machine: it reads the model's config)
@@ -168,11 +172,10 @@ def test_compare(snap_compare, store: Store, size) -> None:  # type: ignore[no-u
                        what="the comparison")
         await settle(pilot)
 
-    assert snap_compare(app_for(store), terminal_size=size, run_before=before)
+    await snap_sizes(snapshot, request, app_for(store), SIZES, show, again=settle)
 
 
-@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_plan(snap_compare, store: Store, size) -> None:  # type: ignore[no-untyped-def]
+async def test_plan(snapshot, request, store: Store) -> None:  # type: ignore[no-untyped-def]
     """A finished plan: the decision on top, the leader first, a failed candidate and one the budget left out."""
     from tests.support.plans import add_trial, fixed_setup, record
     from tui.app.screens.plan import PlanScreen
@@ -184,13 +187,13 @@ def test_plan(snap_compare, store: Store, size) -> None:  # type: ignore[no-unty
     add_trial(store, setup, "zero1 x2", None, status="failed")
     record(setup, command, over_budget=["zero1 x2 [launch.engine=torch]"])
 
-    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+    async def show(pilot) -> None:  # type: ignore[no-untyped-def]
         await settle(pilot)
         pilot.app.push_screen(PlanScreen(setup.pid))
         await wait_for(pilot, lambda: getattr(pilot.app.screen, "view", None) is not None, what="the plan")
         await settle(pilot)
 
-    assert snap_compare(app_for(store), terminal_size=size, run_before=before)
+    await snap_sizes(snapshot, request, app_for(store), SIZES, show, again=settle)
 
 
 async def test_monitor_relayouts_on_resize(store: Store) -> None:
@@ -219,6 +222,13 @@ async def test_monitor_relayouts_on_resize(store: Store) -> None:
         await settle(pilot)
         assert "mem history" in labels() and devices.row_count == 9
         assert sum(c.get_render_width(devices) for c in devices.columns.values()) <= 118
+    for run_id in (1, 4):  # a finished CPU run and a running one on 8 GPUs, each narrowed from 120 columns
+        async with app_for(store).run_test(size=(120, 40)) as pilot:
+            await _open_monitor(pilot, run_id)
+            await pilot.resize_terminal(80, 24)
+            await settle(pilot)
+            # the narrow columns fit: no table keeps the scrollbar (a line) the wide ones needed for a moment
+            assert not any(t.show_horizontal_scrollbar for t in pilot.app.screen.query(DataTable)), run_id
 
 
 class _FixedHost:
@@ -229,8 +239,7 @@ class _FixedHost:
                              None, None, None, "psutil", None)]
 
 
-@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_devices(snap_compare, store: Store, size) -> None:  # type: ignore[no-untyped-def]
+async def test_devices(snapshot, request, store: Store) -> None:  # type: ignore[no-untyped-def]
     """Key 3: 8 scripted GPUs at a fixed tick, with processes nobody in the store owns."""
     from runner.hardware import FakeNvml, NvmlBackend, Probe
 
@@ -239,13 +248,13 @@ def test_devices(snap_compare, store: Store, size) -> None:  # type: ignore[no-u
     probe = Probe(nvml=NvmlBackend(lib=lib, host="box"), processes=_FixedHost())  # type: ignore[arg-type]
     app = make_app(store, probe=probe, fake_gpus=8, now=lambda: NOW, python="python", refresh_s=0.2, monitor_s=ONE_READ_S, watcher_check_s=NO_WATCHER_CHECK)
 
-    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+    async def show(pilot) -> None:  # type: ignore[no-untyped-def]
         await settle(pilot)
         await pilot.press("3")
         await wait_for(pilot, lambda: getattr(pilot.app.screen, "snapshot", None) is not None, what="the devices")
         await settle(pilot)
 
-    assert snap_compare(app, terminal_size=size, run_before=before)
+    await snap_sizes(snapshot, request, app, SIZES, show, again=settle)
 
 
 def test_runs_empty(snap_compare, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
@@ -284,32 +293,51 @@ async def _modal(pilot, key: str) -> None:  # type: ignore[no-untyped-def]
     await wait_painted(pilot)
 
 
-@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("where", ["runs", "monitor"])
-def test_keys(snap_compare, store: Store, size, where) -> None:  # type: ignore[no-untyped-def]
-    """? lists the screen's own keys first, then the app's, inside the terminal (it scrolls at 80x24)."""
-    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
-        await (_open_monitor(pilot, 1) if where == "monitor" else settle(pilot))
+async def _close_modal(pilot) -> None:  # type: ignore[no-untyped-def]
+    """Escape out of the modal in front (a question answered no, the keys closed)."""
+    from textual.screen import ModalScreen
+
+    await pilot.press("escape")
+    await wait_for(pilot, lambda: not isinstance(pilot.app.screen, ModalScreen), what="the modal closed")
+
+
+async def test_keys(snapshot, request, store: Store) -> None:  # type: ignore[no-untyped-def]
+    """? lists the screen's own keys first, then the app's, inside the terminal (it scrolls at 80x24): on the
+    Runs screen and on the Monitor."""
+    async def again(pilot) -> None:  # type: ignore[no-untyped-def]
+        await settle(pilot)
         await _modal(pilot, "question_mark")
 
-    assert snap_compare(app_for(store), terminal_size=size, run_before=before)
+    for where in ("runs", "monitor"):
+        async def show(pilot, where: str = where) -> None:  # type: ignore[no-untyped-def]
+            await (_open_monitor(pilot, 1) if where == "monitor" else settle(pilot))
+            await _modal(pilot, "question_mark")
+
+        await snap_sizes(snapshot, request, app_for(store), SIZES if where == "runs" else MONITOR_SIZES, show,
+                         again=again, leave=_close_modal, prefix=f"{where}-")
 
 
-@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_stop_confirmation(snap_compare, store: Store, size) -> None:  # type: ignore[no-untyped-def]
+async def test_stop_confirmation(snapshot, request, store: Store) -> None:  # type: ignore[no-untyped-def]
     """s on the Monitor of a running run asks first; the question wraps inside 80 columns."""
-    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+    async def show(pilot) -> None:  # type: ignore[no-untyped-def]
         await _open_monitor(pilot, 4)
         await _modal(pilot, "s")
 
-    assert snap_compare(app_for(store), terminal_size=size, run_before=before)
+    async def again(pilot) -> None:  # type: ignore[no-untyped-def]
+        await settle(pilot)
+        await _modal(pilot, "s")
+
+    await snap_sizes(snapshot, request, app_for(store), SIZES, show, again=again, leave=_close_modal)
 
 
-@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_delete_confirmation(snap_compare, store: Store, size) -> None:  # type: ignore[no-untyped-def]
-    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+async def test_delete_confirmation(snapshot, request, store: Store) -> None:  # type: ignore[no-untyped-def]
+    async def show(pilot) -> None:  # type: ignore[no-untyped-def]
         await settle(pilot)
         await pilot.press("down")  # run 3: the newest (run 4) is running, which d refuses
         await _modal(pilot, "d")
 
-    assert snap_compare(app_for(store), terminal_size=size, run_before=before)
+    async def again(pilot) -> None:  # type: ignore[no-untyped-def]
+        await settle(pilot)
+        await _modal(pilot, "d")
+
+    await snap_sizes(snapshot, request, app_for(store), SIZES, show, again=again, leave=_close_modal)

@@ -7,8 +7,9 @@ another store (pre-filled, in another folder) defines its own ``store``, which t
 
 from __future__ import annotations
 
+import pickle
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,66 @@ async def wait_painted(pilot: Any) -> None:
     for _ in range(2):
         await pilot.pause()
         await wait_for(pilot, lambda: painted(pilot.app), what="the screen painted")
+
+
+async def screenshot(pilot: Any) -> str:
+    """The SVG of the screen as pytest-textual-snapshot's ``snap_compare`` takes it (textual's
+    ``take_svg_screenshot``: the same pauses and animation waits, then ``export_screenshot`` simplified)."""
+    await pilot.pause()
+    await pilot.wait_for_scheduled_animations()
+    await pilot.pause()
+    await pilot.pause()
+    await pilot.wait_for_scheduled_animations()
+    return str(pilot.app.export_screenshot(title=pilot.app.title, simplify=True))
+
+
+async def snap_sizes(snapshot: Any, request: pytest.FixtureRequest, app: Any, sizes: Sequence[tuple[int, int]],
+                     show: Callable[[Any], Awaitable[None]], again: Callable[[Any], Awaitable[None]] | None = None,
+                     leave: Callable[[Any], Awaitable[None]] | None = None, prefix: str = "") -> None:
+    """Snapshots of one app at each of ``sizes``, in the files ``snap_compare`` writes for a test parametrized
+    by size (``test_x[120x40].svg``, ``test_x[8gpu-80x24].svg`` with ``prefix="8gpu-"``): the app starts at the
+    first size; ``show(pilot)`` brings up what is pictured; before each next size ``leave(pilot)`` (if given)
+    undoes what must be opened at that size (a modal), the terminal is resized, and ``again(pilot)`` (``show``
+    when not given) waits for the screen to settle at the new size and opens it again. One
+    app for all sizes: Textual's start and the store's first reads are paid once. Every size is compared (and
+    written under ``--snapshot-update``) before the test fails on the ones that differ; each one's comparison
+    goes to pytest-textual-snapshot's report as ``snap_compare``'s does."""
+    from pytest_textual_snapshot import SVGImageExtension
+
+    assertion = snapshot.use_extension(SVGImageExtension)
+    differ = []
+    async with app.run_test(size=sizes[0], notifications=True, tooltips=True) as pilot:
+        for n, (width, height) in enumerate(sizes):
+            if n:
+                if leave is not None:
+                    await leave(pilot)
+                await pilot.resize_terminal(width, height)
+            await (show if n == 0 or again is None else again)(pilot)
+            name = f"{prefix}{width}x{height}"
+            svg = await screenshot(pilot)
+            if not _compared(assertion, request, name, svg):
+                differ.append(name)
+    assert not differ, f"snapshots that differ: {differ} (see snapshot_report.html)"
+
+
+def _compared(assertion: Any, request: pytest.FixtureRequest, name: str, svg: str) -> bool:
+    """``svg`` against the snapshot ``name`` of this test; the outcome written where pytest-textual-snapshot's
+    report reads it (a pickle per comparison in its session folder), as its ``snap_compare`` writes it."""
+    from pytest_textual_snapshot import PseudoApp, PseudoConsole, node_to_report_path
+    from rich.console import Console
+
+    same = bool(assertion(name=name) == svg)
+    console = Console(legacy_windows=False, force_terminal=True)
+    node = request.node
+    path, line, test_name = node.reportinfo()
+    index = assertion._execution_name_index.get(name, assertion.num_executions - 1)
+    result = assertion.executions.get(index)
+    exists = bool(result is not None and result.final_data is not None)
+    data = (same, str(assertion), svg, PseudoApp(PseudoConsole(console.legacy_windows, console.size)), path, line,
+            f"{test_name}[{name}]", node.function.__doc__ or "", "", exists)
+    report = node_to_report_path(node)
+    report.with_name(f"{report.name}_{name}").write_bytes(pickle.dumps(data))
+    return same
 
 
 QUICKSTART_DIMS = {"layers": 6, "heads": 6, "head_dim": 64, "seq_len": 256, "embedding_params": 1572864}

@@ -1,7 +1,7 @@
 """The engines' terms in the estimate, each from a written config: torch ZeRO-2's units kept gathered and the
 forward's last all-gather output (runner/planner/fsdp.py), pipeline stages with their micro-batches in flight
-(runner/planner/pipeline.py, runner/spec/layout.py), and the bound an estimate is labelled with where it is
-known not to be within 5% of the measured peak."""
+(runner/planner/pipeline.py, runner/spec/layout.py), FSDP2's units as accelerate makes them with what each
+moment of the backward holds of them, and the checkpointed backward's gradients and temporaries."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from transformers import GPT2Config, LlamaConfig
 
 from runner.planner import EstimateInput, estimate, shape_from_config
 from runner.planner.activations import activation_bytes
-from runner.planner.fsdp import last_all_gather
-from runner.planner.memory import FSDP_MIXED_CHECKPOINTED_UPPER_BOUND
+from runner.planner.fsdp import gathered_units, last_all_gather, units
 from runner.planner.pipeline import kept_outputs, receive_buffers, stage_activations, stage_weights, stages
 from runner.spec.layout import in_flight, runs_1f1b, stage_bounds
 
@@ -122,13 +121,73 @@ def test_naive_model_parallel_is_one_micro_batch_on_each_stage() -> None:
     assert [(s.rows, s.in_flight, s.microbatches) for s in split] == [(4, 1, 1), (4, 1, 1)]
 
 
-# ---------------------------------------------------------------------- the bound
+# ---------------------------------------------------------------------- FSDP2's units and the backward
 
-def test_an_estimate_known_to_miss_says_which_bound_it_is() -> None:
-    # (the end of the backward is the peak here: one row)
-    checkpointed = _inp(strategy="fsdp", method="full", precision="bf16", gradient_checkpointing=True, micro_batch=1)
-    assert estimate(checkpointed).approximate == FSDP_MIXED_CHECKPOINTED_UPPER_BOUND
-    for exact in (_inp(strategy="fsdp", method="full", precision="bf16"),
-                  _inp(strategy="zero2", engine="torch"), _inp(strategy="pp", microbatches=2),
-                  _inp(strategy="zero3", engine="deepspeed")):
-        assert estimate(exact).approximate is None
+def test_fsdp2_units_tied_and_untied() -> None:
+    # GPT-2 ties its head: the tail is the embedding (4096 x 128), the root keeps the positions (256 x 128)
+    # and the final norm (the shape counts it as ``hidden``, its LayerNorm's bias spread over the layers);
+    # Llama's embedding is its own unit, the root keeps the final RMSNorm.
+    tied, untied = units(_inp(shape=GPT2), 800.0, 4), units(_inp(), 0.0, 2)
+    assert (tied.tail, tied.embedding, tied.leftover) == (4096 * 128 * 4, 0, (256 * 128 + 128) * 4)
+    assert tied.layer == GPT2.layer_params * 4 + 800.0 / 4
+    assert (untied.tail, untied.embedding, untied.leftover) == (4096 * 128 * 2, 4096 * 128 * 2, 128 * 2)
+
+
+def test_fsdp2_backward_holds_the_tail_the_prefetch_and_the_reduce_scatter_input() -> None:
+    head, norm, positions = 4096 * 128, 128, 256 * 128
+    layer = LLAMA.layer_params
+    g = gathered_units(_inp(method="full"), 2, LLAMA.total_params, 4, False, 2)
+    assert g.at_backward == (head + norm) * 2  # the tail (and the root's norm) at the backward's start
+    assert g.at_loss == (head + norm + head) * 2  # and the tail's all-gather output
+    assert g.at_head == (head + norm + layer) * 2  # the tail prefetches the last layer
+    assert g.in_stack == (norm + 2 * layer) * 2  # a layer and the next one's prefetch
+    assert g.at_end == (head + norm) * 2  # the embedding's unit
+    assert g.flat_grads == layer * 2  # the reduce-scatter input, in the gathered dtype
+    assert g.head_grad == head * 4 / 2  # reduced to its shard
+    t = gathered_units(_inp(shape=GPT2, method="full"), 2, GPT2.total_params, 4, False, 2)
+    tied_root = (head + positions + 128) * 2
+    assert t.in_stack == tied_root + 2 * GPT2.layer_params * 2  # a tied tail stays gathered all backward
+    assert t.at_head == t.at_backward == tied_root  # nothing prefetched: the tail came first in the forward
+    assert t.at_loss == tied_root + GPT2.layer_params * 2  # the last layer's all-gather output
+    assert t.head_grad == head * 2  # unsharded until the root's final callback
+
+
+def test_fsdp2_last_all_gather_is_copied_out_beside_the_one_before() -> None:
+    # Untied: the last layer's all-gather output, the tail's (the head) and the gathered head; tied: the tail
+    # is gathered from the start, and the last layer's output and weights come beside the one before's.
+    head, norm, layer = 4096 * 128, 128, LLAMA.layer_params
+    g = gathered_units(_inp(), 4, 0, 4, False, 2)
+    assert g.at_gather == (norm + layer + 2 * head) * 4
+    t = gathered_units(_inp(shape=GPT2), 4, 0, 4, False, 2)
+    assert t.at_gather == (head + 256 * 128 + 128 + 3 * GPT2.layer_params) * 4
+    # torch ZeRO-2: every unit before the last is still gathered too.
+    kept = gathered_units(_inp(), 4, 0, 4, True, 2)
+    assert kept.at_gather == (norm + head + LLAMA.layers * layer + layer + 2 * head) * 4
+    assert kept.at_head == kept.at_backward  # the layers stayed gathered: the tail prefetches nothing
+
+
+def test_checkpointed_backward_holds_the_gradients_of_the_layers_above() -> None:
+    # One device, full fine-tuning, a small vocabulary and long sequences (the recomputed layer is the peak):
+    # the head's gradient and those of the 2 layers above the second-lowest (of 4) beside the recomputed
+    # layer; without them the recompute moment is that much lower.
+    sh = shape_from_config(GPT2Config(n_embd=128, n_layer=4, n_head=4, vocab_size=512, n_positions=512))
+    run = _inp(shape=sh, method="full", strategy="single", n_devices=1, gradient_checkpointing=True,
+               seq_len=512, micro_batch=2)
+    b = estimate(run)
+    acts = activation_bytes(run)
+    stack_grads = 512 * 128 * 4 + 2 * sh.layer_params * 4
+    params_and_state = sh.total_params * 4 * 3
+    recompute = params_and_state + stack_grads + acts.stored - acts.logits + acts.recompute + acts.layer_backward
+    assert b.peak_phase == "backward" and b.grads == stack_grads
+    assert b.total == recompute
+
+
+def test_score_gradients_come_after_the_mlp_has_freed_its_saves() -> None:
+    # GPT-2 trains with attention dropout (the math path): its scores' gradients, 3 x 4 B x heads x seq per
+    # token (CPU autocast keeps them fp32) with the hidden gradient, come once the MLP's backward has freed
+    # what it saved: the fc output and gelu_new's four pieces (5 x I per token, I = 512).
+    run = _inp(shape=GPT2, strategy="single", n_devices=1, seq_len=256, micro_batch=2)
+    tokens = 2 * 256
+    scores = tokens * (3 * 4 * 4 * 256 + 2 * 4 * 128)
+    mlp = tokens * 4 * (2 * 512 + 2 * 128)
+    assert activation_bytes(run).layer_backward == max(mlp, scores - tokens * 5 * 4 * 512)

@@ -216,3 +216,21 @@ def test_layers_compiled_inside_ddp_leave_nothing_counted_but_training(one_proce
     assert live == held
     eager_peak, eager_live, _ = _ddp_step(compiled=False)
     assert eager_live == held and peak <= eager_peak
+
+
+def test_the_dump_names_what_made_each_storage_alive_at_the_peak(tmp_path: Any, monkeypatch: Any) -> None:
+    import json
+
+    dump = tmp_path / "dump.jsonl"
+    monkeypatch.setenv("FTUI_MEMTRACK_DUMP", str(dump))
+    w = torch.ones(8, 4)
+    meter = memtrack.LiveTensorPeaks(seed=[w])
+    with meter.phase("forward"):
+        y = torch.mm(torch.ones(16, 8), w)  # the mm's output (16, 4) and its input (16, 8) at the peak
+        del y
+    meter.result()
+    entry = json.loads(dump.read_text().splitlines()[0])
+    alive = {tuple(x) for x in entry["phases"]["forward"]}
+    assert (16 * 8 * F32, "aten.ones.default (16, 8) torch.float32") in alive
+    assert (16 * 4 * F32, "aten.mm.default (16, 4) torch.float32") in alive
+    assert (8 * 4 * F32, "before the step (8, 4) torch.float32") in alive

@@ -122,6 +122,11 @@ class MonitorScreen(Screen[None]):
             self._layout_tables(*self._layout[1:])
             self._shown.clear()
             self.watch_snapshot(self.snapshot)
+            # The wide columns overflowed the narrowed terminal for a moment and gave the tables a horizontal
+            # scrollbar (a line); with the narrow columns they fit again, and Textual decides its scrollbars
+            # again only when told to (its own call on a size change came before the columns changed).
+            for table in self.query(DataTable):
+                table.call_after_refresh(table._refresh_scrollbars)
 
     @work(thread=True, exclusive=True, group="monitor")
     def follow(self) -> None:
