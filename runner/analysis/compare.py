@@ -31,6 +31,8 @@ from runner.analysis.run_figures import (
 from runner.analysis.run_peak import (
     default_peak,
     device_count,
+    mfu_divisor,
+    mfu_words,
     over_100_note,
     peak_note,
     stored_flops_per_token,
@@ -73,7 +75,7 @@ class RunRow:
     achieved_tflops: float | None
     peak_source: str | None
     peak_flops: float | None
-    """Peak FLOP/s of one device that MFU divides by."""
+    """Peak FLOP/s of one device that MFU divides by, or FLOP per CPU-second (``peak_per_cpu_second``)."""
     peak_dtype: str | None
     peak_threads: int | None
     peak_kind: str | None
@@ -83,6 +85,10 @@ class RunRow:
     peak_fingerprint: str | None
     peak_label: str
     """``40.6 GFLOP/s fp32, 2 threads, probed beside the run``, or ``-``."""
+    peak_per_cpu_second: bool
+    """The peak is FLOPs per CPU-second the process ran (CPU): the MFU divides by it x the CPUs ran."""
+    mfu_basis: str
+    """How the MFU was had (:func:`runner.analysis.run_peak.mfu_words`), or empty without one."""
     mem_measured: int | None
     mem_measured_source: str
     mem_estimated: int | None
@@ -256,21 +262,25 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
     mfu = achieved = rejected = None
     peak_source = peak.source if peak else None
     params = run.summary.params
-    over_note = None
+    mfu_why = None
+    basis = ""
     fpt = stored_flops_per_token(run)
     if fpt is None and dims and params:
         trainable = run.summary.trainable_params if run.method != "full" else None
         matmul_params = int(params) - int(dims.get("embedding_params", 0))
         fpt = flops_per_token(matmul_params, dims["layers"], dims["heads"], dims["head_dim"], dims["seq_len"], trainable)
-    if tps and peak and fpt:
-        m = compute_mfu(fpt, tps, peak, devices)
+    divisor = mfu_divisor(run, peak) if peak else None
+    if tps and peak and fpt and divisor is not None and divisor.count is not None:
+        m = compute_mfu(fpt, tps, peak, divisor.count)
         achieved = m.achieved_flops / 1e12
         if trustworthy(m.mfu):
-            mfu = m.mfu
+            mfu, basis = m.mfu, mfu_words(peak, divisor)
         else:  # never printed: a figure above 100% says the peak is wrong, not that the run was fast
             rejected = m.mfu
-            over_note = (f"MFU > 100% against {peak.label()} x {devices} device(s): peak not trustworthy; "
+            mfu_why = (f"MFU > 100% against {peak.label()} x {divisor.words}: peak not trustworthy; "
                          f"{over_100_note(peak)}")
+    elif tps and fpt and divisor is not None:
+        mfu_why = divisor.words  # its peak is per CPU-second, and the CPU-seconds were not stored
     util = utilisation(run)
     measured_at = None
     if peak and peak.measured_at:
@@ -292,11 +302,12 @@ def build_row(run: RunInfo, metrics: Sequence[MetricPoint], peak: Peak | None,
         peak_flops=peak.flops if peak else None, peak_dtype=peak.dtype if peak else None,
         peak_threads=peak.threads if peak else None, peak_kind=peak.kind if peak else None,
         peak_measured_at=measured_at, peak_fingerprint=peak.fingerprint if peak else None,
-        peak_label=peak.label() if peak else "-",
+        peak_label=peak.label() if peak else "-", peak_per_cpu_second=bool(peak and peak.per_cpu_second),
+        mfu_basis=basis,
         mem_measured=mem, mem_measured_source=mem_source, mem_estimated=est, mem_estimated_source=est_source,
         final_loss=run.final_loss, best_loss=best_loss(metrics), status=run.status, reason=reason,
         note=run.summary.sweep_note, grid=grid or (run.summary.sweep_grid or ""),
-        mfu_note=over_note or (None if mfu is not None else _mfu_note(run, peak, peak_note, dims)),
+        mfu_note=mfu_why or (None if mfu is not None else _mfu_note(run, peak, peak_note, dims)),
         mfu_rejected=rejected, script=bool(recipe.get("launch", {}).get("script")),
         host_other_util=host_other_util(run.summary.telemetry), first_step=run.summary.time_to_first_step,
         training=training, mesh=_mesh(run, recipe), ledger=ledger_figures(run.summary),

@@ -4,7 +4,7 @@ No datasheet figure holds on a shared virtual machine, and no figure measured at
 either: what a rank computes per second is its share of the cores, which moves with the other load. So a
 CPU run's peak is the matmul probe its ranks took right before its first step and after its last
 (:mod:`runner.rank.peak_probe`), turned into a :class:`~runner.analysis.mfu.Peak` here
-(:func:`peak_from_probe`), with the machine's fingerprint (CPU model, cores, ISA flags, torch version:
+(:func:`peak_from_probe`: FLOPs per CPU-second the process ran), with the machine's fingerprint (CPU model, cores, ISA flags, torch version:
 never the hostname, which virtual machines share). :func:`peak_for_run` picks a run's peak: the datasheet
 on GPU (:func:`runner.analysis.mfu.gpu_peak`), the probe on CPU. :func:`measure_cpu_peak` is the
 benchmark of the machine's best matmul rate (``bench/bench_cpu_peak.py``).
@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.analysis.mfu import Peak, flops_text, gpu_peak
+from runner.analysis.mfu import Peak, gpu_peak, rate_text
 from runner.spec.events import PeakProbe, ProbeRank
 from runner.spec.flops import run_dtype
 
@@ -201,10 +201,11 @@ def _calls_for(call: Any, seconds: float) -> int:
 # ---------------------------------------------------------------------- the peak beside the run
 
 
-def rank_peak(rank: ProbeRank) -> float | None:
+def rank_peak(rank: ProbeRank, per_cpu_second: bool = False) -> float | None:
     """One rank's peak over its steady steps: each span between two probes rated at the mean of its ends,
-    weighted by its seconds; a single probe is its own rate; None when it measured nothing."""
-    rates = [float(r) for r in rank.get("rates") or []]
+    weighted by its seconds; a single probe is its own rate; None when it measured nothing.
+    ``per_cpu_second``: the probes' FLOPs per CPU-second (``cpu_rates``), else per wall second (``rates``)."""
+    rates = _rates(rank, per_cpu_second)
     seconds = [float(s) for s in rank.get("seconds") or []]
     if not rates or any(r <= 0 for r in rates):
         return None
@@ -213,10 +214,24 @@ def rank_peak(rank: ProbeRank) -> float | None:
     return sum(s * (a + b) / 2 for s, a, b in zip(seconds, rates, rates[1:], strict=False)) / sum(seconds)
 
 
+def _rates(rank: ProbeRank, per_cpu_second: bool) -> list[float]:
+    """A rank's probe rates, per CPU-second or per wall second."""
+    return [float(r) for r in (rank.get("cpu_rates") if per_cpu_second else rank.get("rates")) or []]
+
+
+def per_cpu_second(probe: PeakProbe) -> bool:
+    """Whether the ranks measured their probes per CPU-second and their steady CPU-seconds (every run since
+    ftui counted them; an older journal holds wall-clock rates only)."""
+    ranks = [r for r in probe["ranks"] if r.get("rates")]
+    return bool(ranks) and all(r.get("cpu_rates") and r.get("steady_cpu_seconds") is not None for r in ranks)
+
+
 def peak_from_probe(probe: PeakProbe, measured_at: float, fingerprint: Fingerprint | None = None) -> Peak:
-    """The peak of one rank of a CPU run from the matmul probes its ranks took between its steady steps
+    """The peak of a CPU run from the matmul probes its ranks took between its steady steps
     (:mod:`runner.rank.peak_probe`): each rank's time-weighted rate (:func:`rank_peak`), the mean over the
-    ranks (so peak x ranks is their sum), under the run's own load step by step.
+    ranks, under the run's own load step by step. The rate is FLOPs per CPU-second the process ran when the
+    ranks measured it (:func:`per_cpu_second`: the MFU then divides by it times the CPU-seconds the ranks
+    ran, :func:`runner.analysis.run_peak.mfu_divisor`), else FLOP/s of one rank (peak x ranks is their sum).
 
     Args:
         probe: The end event's ``peak_probe``.
@@ -226,22 +241,24 @@ def peak_from_probe(probe: PeakProbe, measured_at: float, fingerprint: Fingerpri
     Raises:
         ValueError: No rank measured anything (each rank's error is in the message).
     """
-    peaks = [p for p in (rank_peak(r) for r in probe["ranks"]) if p is not None]
+    per_cpu = per_cpu_second(probe)
+    peaks = [p for p in (rank_peak(r, per_cpu) for r in probe["ranks"]) if p is not None]
     if not peaks:
         errors = sorted({str(r["error"]) for r in probe["ranks"] if r.get("error")})
         raise ValueError(f"the peak probe measured nothing: {'; '.join(errors) or 'no probes'}")
     fp = fingerprint or machine_fingerprint()
-    rates = [float(r) for rank in probe["ranks"] for r in rank.get("rates") or []]
+    rates = [r for rank in probe["ranks"] for r in _rates(rank, per_cpu)]
     flops = sum(peaks) / len(peaks)
     dtype, threads, n = probe["dtype"], int(probe["threads"]), int(probe["size"])
     per_rank = max(len(rank.get("rates") or []) for rank in probe["ranks"])
-    source = (f"{PROBE_SOURCE}, {dtype} {n}x{n}, {threads} thread(s), {per_rank} probe(s) of >= "
+    unit = "per CPU-second the process ran" if per_cpu else "per wall second"
+    source = (f"{PROBE_SOURCE}, {unit}, {dtype} {n}x{n}, {threads} thread(s), {per_rank} probe(s) of >= "
               f"{probe['window_s'] * 1000:g} ms per rank through the steady steps, time-weighted, mean over "
-              f"{len(peaks)} rank(s) (min {flops_text(min(rates))}, max {flops_text(max(rates))}), "
+              f"{len(peaks)} rank(s) (min {rate_text(min(rates), per_cpu)}, max {rate_text(max(rates), per_cpu)}), "
               f"on {fp.describe()} [{fp.key}]")
     return Peak(flops=flops, source=source, kind="probe", dtype=dtype, threads=threads, measured_at=measured_at,
                 fingerprint=fp.key, machine=fp.describe(), size=n, spread=(min(rates), flops, max(rates)),
-                omp_wait=probe.get("omp_wait"))
+                omp_wait=probe.get("omp_wait"), per_cpu_second=per_cpu)
 
 
 def peak_for_run(device_type: str | None, probe: PeakProbe | None, precision: str | None,

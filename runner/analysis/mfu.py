@@ -3,7 +3,9 @@
 The FLOPs per token come from :mod:`runner.spec.flops`. A peak (:class:`Peak`) is one device's FLOP/s
 and where the figure comes from: on GPU the dense (no 2:4 sparsity) vendor datasheet figure per model and
 dtype (:data:`PEAK_TFLOPS`, :func:`gpu_peak`); on CPU, where no datasheet holds on a shared virtual
-machine, the matmul rate probed in the ranks beside the run (:mod:`runner.analysis.cpu_peak`). The
+machine, the matmul rate probed in the ranks beside the run, per CPU-second the process ran
+(:mod:`runner.analysis.cpu_peak`), which the MFU takes times the CPU-seconds the ranks ran over their steady
+steps, not times the devices (:func:`runner.analysis.run_peak.mfu_divisor`). The
 orchestrator stores the peak in the run's summary (``summary.mfu_peak``, :meth:`Peak.to_json`) when the
 run ends, so ``ftui compare`` needs no benchmark. An MFU above 100% means the peak (or the FLOP count) is
 wrong: :func:`trustworthy` says so, and it is never shown.
@@ -44,7 +46,8 @@ class Peak:
     """Peak FLOP/s of one device, and where the figure comes from.
 
     Attributes:
-        flops: FLOP/s of one device (a GPU, or one rank's threads on CPU).
+        flops: FLOP/s of one device (a GPU, or one rank's threads on CPU), or FLOP per CPU-second the process
+            ran (``per_cpu_second``).
         source: One line: where the figure comes from.
         kind: ``probe`` (CPU: probed in the ranks beside the run), ``datasheet`` (GPU table), ``given`` (a
             flag, the recipe) or ``measured`` (CPU: a benchmark after the run, as runs recorded before the
@@ -59,6 +62,8 @@ class Peak:
         load: The host's 1-minute load average when a benchmark measured it (none for a probe).
         omp_wait: How the run's OpenMP threads waited (CPU: :func:`runner.spec.openmp.wait_words`, ``yield``): the
             conditions of the probe and of the training alike; None when not recorded.
+        per_cpu_second: ``flops`` is FLOPs per CPU-second the process ran (CPU: probed beside the run since
+            ftui counted the ranks' CPU-seconds), not per second of one device.
     """
 
     flops: float
@@ -73,6 +78,7 @@ class Peak:
     spread: tuple[float, float, float] | None = field(default=None, compare=False)
     load: float | None = field(default=None, compare=False)
     omp_wait: str | None = field(default=None, compare=False)
+    per_cpu_second: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """A JSON object for the run's summary and the cache."""
@@ -92,6 +98,7 @@ class Peak:
                 dtype=data.get("dtype"), threads=_int(data.get("threads")), measured_at=_float(data.get("measured_at")),
                 fingerprint=data.get("fingerprint"), machine=data.get("machine"), size=_int(data.get("size")),
                 load=_float(data.get("load")), omp_wait=_str(data.get("omp_wait")),
+                per_cpu_second=data.get("per_cpu_second") is True,
                 spread=(float(spread[0]), float(spread[1]), float(spread[2]))
                 if isinstance(spread, list) and len(spread) == 3 else None,
             )
@@ -99,8 +106,9 @@ class Peak:
             return None
 
     def figure(self) -> str:
-        """The rate with its dtype and threads: ``52.1 GFLOP/s bf16, 1 thread``."""
-        parts = [flops_text(self.flops)]
+        """The rate with its dtype and threads: ``52.1 GFLOP/s bf16, 1 thread``, ``118.0 GFLOP per CPU-second
+        fp32, 2 threads``."""
+        parts = [rate_text(self.flops, self.per_cpu_second)]
         if self.dtype:
             parts[0] += f" {self.dtype}"
         if self.threads:
@@ -144,6 +152,14 @@ def flops_text(flops: float) -> str:
     return f"{flops / 1e12:.1f} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:.1f} GFLOP/s"
 
 
+def rate_text(flops: float, per_cpu_second: bool = False, short: bool = False) -> str:
+    """:func:`flops_text`, or per CPU-second: ``118.0 GFLOP per CPU-second`` (``short``: ``118.0 GFLOP/CPU-s``)."""
+    if not per_cpu_second:
+        return flops_text(flops)
+    unit = "/CPU-s" if short else " per CPU-second"
+    return f"{flops / 1e12:.1f} TFLOP{unit}" if flops >= 1e12 else f"{flops / 1e9:.1f} GFLOP{unit}"
+
+
 @dataclass(frozen=True)
 class Mfu:
     """The MFU of a run.
@@ -151,23 +167,25 @@ class Mfu:
     Attributes:
         flops_per_token: Training FLOPs per token (forward and backward).
         achieved_flops: ``flops_per_token * tokens_per_s``: FLOP/s over all devices.
-        peak: Peak FLOP/s of one device.
-        devices: Devices the run used.
+        peak: Peak FLOP/s of one device (or FLOP per CPU-second).
+        devices: Devices the run used, or (a per-CPU-second peak) the CPUs its ranks ran over their steady
+            steps: CPU-seconds over wall seconds (:func:`runner.analysis.run_peak.mfu_divisor`).
         mfu: ``achieved_flops / (peak * devices)``, a fraction.
     """
 
     flops_per_token: float
     achieved_flops: float
     peak: Peak
-    devices: int
+    devices: float
     mfu: float
 
 
-def compute_mfu(fpt: float, tokens_per_s: float, peak: Peak, devices: int) -> Mfu:
-    """MFU of a run that trained ``tokens_per_s`` tokens per second over ``devices`` devices."""
+def compute_mfu(fpt: float, tokens_per_s: float, peak: Peak, devices: float) -> Mfu:
+    """MFU of a run that trained ``tokens_per_s`` tokens per second over ``devices`` devices (or, against a
+    per-CPU-second peak, CPUs ran: then ``tokens_per_s x seconds`` over ``P x CPU-seconds``, the same ratio)."""
     achieved = fpt * tokens_per_s
     return Mfu(flops_per_token=fpt, achieved_flops=achieved, peak=peak, devices=devices,
-               mfu=achieved / (peak.flops * max(1, devices)))
+               mfu=achieved / (peak.flops * devices) if devices > 0 else float("inf"))
 
 
 def trustworthy(mfu: float) -> bool:

@@ -1,15 +1,19 @@
 """The MFU of one stored run: its devices, its FLOPs per token, the peak FLOP/s it is measured against and
-why a run has none (:func:`default_peak`, :func:`peak_note`), and the MFU from what the run stored
-(:func:`stored_mfu`, ``ftui show``). Light: no planner, no torch (``ftui show`` imports it).
+why a run has none (:func:`default_peak`, :func:`peak_note`), what the peak is multiplied by
+(:func:`mfu_divisor`: the devices, or on CPU the CPUs the ranks ran over their steady steps) and the MFU
+from what the run stored (:func:`stored_mfu`, ``ftui show``). Light: no planner, no torch (``ftui show``
+imports it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from runner.analysis.mfu import Peak, compute_mfu, flops_text, gpu_peak, trustworthy
+from runner.analysis.mfu import Peak, compute_mfu, gpu_peak, rate_text, trustworthy
 from runner.spec.flops import run_dtype
+from runner.spec.summary import RunSummary
 from store import RunInfo, SampleInfo
 
 
@@ -65,6 +69,55 @@ def unshared_peak(peak: Peak) -> bool:
     return peak.kind == "measured"
 
 
+@dataclass(frozen=True)
+class Divisor:
+    """What one peak is multiplied by in a run's MFU, and the words a reader checks it by.
+
+    Attributes:
+        count: The devices, or (a peak per CPU-second) the CPUs the ranks ran over their steady steps; None
+            when the run did not store them (``words`` says so).
+        words: ``2 devices``; ``0.52 CPU the rank ran over its steady steps``.
+        ranks: The run's processes (whose CPU-seconds are summed).
+    """
+
+    count: float | None
+    words: str
+    ranks: int = 1
+
+
+def ran_cpus(summary: RunSummary) -> float | None:
+    """The CPUs a run's ranks ran over their steady steps: the CPU-seconds their processes ran, summed over
+    the ranks, over rank 0's wall seconds of those steps (both measured in the ranks); None when not stored."""
+    cpu, wall = summary.steady_cpu_seconds, summary.steady_seconds
+    return cpu / wall if cpu is not None and cpu > 0 and wall else None
+
+
+def mfu_divisor(run: RunInfo, peak: Peak) -> Divisor:
+    """What ``peak`` is multiplied by in the run's MFU: its devices, or, for a peak per CPU-second the process
+    ran (CPU runs: :func:`runner.analysis.cpu_peak.peak_from_probe`), the CPUs its ranks ran over their steady
+    steps. On a shared CPU the neighbours set how much CPU a run gets; what is the run's own is what each
+    CPU-second it ran turned into, so its MFU is its FLOPs over (FLOPs per CPU-second x CPU-seconds ran)."""
+    devices = device_count(run)
+    if not peak.per_cpu_second:
+        return Divisor(devices, f"{devices} device{'s' if devices != 1 else ''}", devices)
+    cpus = ran_cpus(run.summary)
+    if cpus is None:
+        return Divisor(None, "its peak is per CPU-second, and the run stored no CPU-seconds over its steady steps",
+                       devices)
+    who = "the rank ran" if devices == 1 else f"its {devices} ranks ran"
+    return Divisor(cpus, f"{cpus:.2f} CPU {who} over {'its' if devices == 1 else 'their'} steady steps", devices)
+
+
+def mfu_words(peak: Peak, divisor: Divisor) -> str:
+    """How an MFU was had, in words a reader can check: ``FLOPs/token x tokens/s / (peak x 2 devices)``, or per
+    CPU-second: ``per CPU-second the rank ran (peak 118.0 GFLOP per CPU-second, probed beside the run, OpenMP
+    waits yield; 0.52 CPU the rank ran over its steady steps)``."""
+    if not peak.per_cpu_second:
+        return f"FLOPs/token x tokens/s / (peak x {divisor.words})"
+    ranks = "the rank" if divisor.ranks == 1 else "the ranks"
+    return f"per CPU-second {ranks} ran (peak {peak.figure()}, {peak.provenance()}; {divisor.words})"
+
+
 def over_100_note(peak: Peak) -> str:
     """What an MFU above 100% says about ``peak`` (such an MFU is never shown)."""
     if peak.kind == "probe":
@@ -73,20 +126,27 @@ def over_100_note(peak: Peak) -> str:
     return "check the peak (--peak-tflops)"
 
 
-def differing_peaks(rows: Iterable[tuple[int, str | None, int | None, float | None, str | None]]) -> list[str]:
+def differing_peaks(rows: Iterable[tuple[int, str | None, int | None, float | None, str | None, bool]]) -> list[str]:
     """One line per dtype and thread count that runs of one table hold different peaks for, saying why;
-    ``rows`` is (run id, peak dtype, peak threads, peak FLOP/s, peak kind) per run."""
-    groups: dict[tuple[str, int | None], list[tuple[int, float, str | None]]] = {}
-    for run_id, dtype, threads, flops, kind in rows:
+    ``rows`` is (run id, peak dtype, peak threads, peak FLOP/s or per CPU-second, peak kind, per CPU-second)
+    per run. A peak per CPU-second and one per second are never set side by side as one quantity: the line
+    says which runs take which."""
+    groups: dict[tuple[str, int | None], list[tuple[int, float, str | None, bool]]] = {}
+    for run_id, dtype, threads, flops, kind, per_cpu in rows:
         if dtype and flops:
-            groups.setdefault((dtype, threads), []).append((run_id, flops, kind))
+            groups.setdefault((dtype, threads), []).append((run_id, flops, kind, per_cpu))
     out = []
     for (dtype, threads), runs in groups.items():
-        if len({flops_text(f) for _, f, _ in runs}) < 2:  # as printed: a difference a reader can see
+        if len({rate_text(f, c) for _, f, _, c in runs}) < 2:  # as printed: a difference a reader can see
             continue
-        why = ("each probed beside its own run, under that run's load" if all(k == "probe" for _, _, k in runs)
-               else "each run's own (probed beside it, its GPU's datasheet, or given)")
-        who = ", ".join(f"run {rid} {flops_text(f)}" for rid, f, _ in runs)
+        if len({c for *_, c in runs}) > 1:
+            why = ("some per CPU-second the ranks ran, some per second of one device (runs recorded before ftui "
+                   "counted the ranks' CPU-seconds): their MFUs are not the same measure")
+        elif all(k == "probe" for _, _, k, _ in runs):
+            why = "each probed beside its own run, under that run's load"
+        else:
+            why = "each run's own (probed beside it, its GPU's datasheet, or given)"
+        who = ", ".join(f"run {rid} {rate_text(f, c)}" for rid, f, _, c in runs)
         unit = f", {threads} thread{'s' if threads != 1 else ''}" if threads else ""
         out.append(f"MFU peaks differ for {dtype}{unit} ({who}): {why}")
     return out
@@ -104,11 +164,13 @@ def stored_mfu(run: RunInfo) -> tuple[float | None, str]:
     fpt = stored_flops_per_token(run)
     if fpt is None:
         return None, "FLOPs per token not stored with the run (ftui compare derives them)"
-    devices = device_count(run)
-    m = compute_mfu(fpt, run.tokens_per_s, peak, devices)
+    divisor = mfu_divisor(run, peak)
+    if divisor.count is None:
+        return None, divisor.words
+    m = compute_mfu(fpt, run.tokens_per_s, peak, divisor.count)
     if not trustworthy(m.mfu):
-        return None, f"MFU > 100% against {peak.label()} x {devices} device(s): {over_100_note(peak)}"
-    return m.mfu, f"FLOPs/token x tokens/s / (peak x {devices} device{'s' if devices != 1 else ''})"
+        return None, f"MFU > 100% against {peak.label()} x {divisor.words}: {over_100_note(peak)}"
+    return m.mfu, mfu_words(peak, divisor)
 
 
 def peak_note(run: RunInfo, recipe: Mapping[str, Any], samples: Sequence[SampleInfo] = ()) -> str:

@@ -34,7 +34,7 @@ from runner.rank.engine import Engine, MicroBatch
 from runner.rank.measure import gather_list
 from runner.rank.model_load import load_model
 from runner.rank.router_load import RouterLoad, experts_of, load_summary
-from runner.rank.throughput import Steady, Window, throughput
+from runner.rank.throughput import Span, Steady, Window, throughput
 from runner.spec import events as ev
 from runner.spec import layout, zero
 from runner.spec.flops import dims_from_config, run_dtype
@@ -62,10 +62,12 @@ class _Progress:
     last_memory_event: float = -math.inf
     first_step_start: float = 0.0
     last_step_end: float = 0.0
+    last_step_cpu: float = 0.0
+    """``time.process_time()`` at the end of the last step: the steady CPU-seconds end there."""
     memory: dict[str, Any] = field(default_factory=dict)
     precision_pending: bool = True
     scale: float | None = None
-    eval_spans: list[tuple[float, float]] = field(default_factory=list)
+    eval_spans: list[Span] = field(default_factory=list)
     steady: Steady = field(default_factory=Steady)
     """The steps the steady state is measured over (neither memory-metered nor compiling)."""
     live_model: Any = None
@@ -211,12 +213,12 @@ def _run_steps(setup: Setup, engine: Engine, shape: DataShape, scheduler: Any, p
             setup.emit(ev.PhaseEvent(type="phase", phase="compiling", detail=f"torch.compile "
                                      f"{recipe.train.compile_mode}, {p.compiled_layers} decoder layers"))
         graphs = compiling.graphs_compiled()
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         if step == p.start_step:
             p.first_step_start = t0
         metered = step - p.start_step < memtrack.MEASURED_STEPS
         p.profiling = step == profiled
-        p.steady.begin(t0, p.tokens_done, metered, profiled=p.profiling)
+        p.steady.begin(t0, p.tokens_done, metered, profiled=p.profiling, cpu=cpu0)
         # The first steps measure peak memory per phase (runner/rank/memtrack.py); later steps pay nothing.
         peaks: memtrack.Meter = meter if metered else memtrack.NoMeter()
         if p.router is not None:
@@ -234,6 +236,7 @@ def _run_steps(setup: Setup, engine: Engine, shape: DataShape, scheduler: Any, p
         engine.zero_grad()
         p.tokens_done += reduced.tokens
         t1 = p.last_step_end = time.perf_counter()
+        p.last_step_cpu = time.process_time()
         p.steady.end(compiled=compiling.graphs_compiled() > graphs)  # no compiling step in the steady state
         p.final_loss = reduced.mean_loss
         notable = step + 1 == shape.stop_step or reduced.stop_requested or bad is not None
@@ -374,10 +377,10 @@ def _cadence(setup: Setup, engine: Engine, shape: DataShape, p: _Progress, stop_
     done = p.step + 1
     if engine.evaluates and setup.dataset.eval is not None and (
             done == shape.stop_step or (train.eval_every and done % train.eval_every == 0)):
-        begin = time.perf_counter()
+        begin, cpu = time.perf_counter(), time.process_time()
         setup.emit(ev.PhaseEvent(type="phase", phase="evaluating", detail=f"step {done}"))
         run_eval(setup, engine, done)
-        p.eval_spans.append((begin, time.perf_counter()))
+        p.eval_spans.append(Span(begin, time.perf_counter(), time.process_time() - cpu))
     every = train.save_every > 0 and done % train.save_every == 0
     if (every or stop_requested) and engine.checkpointer is not None and zero.checkpoints_supported(setup.strategy):
         setup.emit(ev.PhaseEvent(type="phase", phase="saving", detail=f"the checkpoint of step {done}"))
@@ -391,9 +394,11 @@ def _finish(setup: Setup, engine: Engine, p: _Progress, meter: Any) -> Status:
     # Evaluations between steps are not training time; the metered steps are not the steady state.
     probes = p.probe.spans if p.probe is not None else []
     rate = throughput(Window(p.first_step_start, p.tokens_at_start), p.steady.window, p.steady.steps,
-                      p.last_step_end, p.tokens_done, [*p.eval_spans, *probes], steady_until=p.steady.until)
+                      p.last_step_end, p.tokens_done, [*p.eval_spans, *probes], steady_until=p.steady.until,
+                      end_cpu=p.last_step_cpu)
     # Only a completed run with steady steps has an MFU; every rank agrees on both (the step's collective).
-    probed = p.probe.record(setup) if p.probe is not None and p.status == "completed" and p.steady.steps else None
+    probed = (p.probe.record(setup, rate.steady_seconds, rate.steady_cpu_seconds)
+              if p.probe is not None and p.status == "completed" and p.steady.steps else None)
     saved = None
     if train.save and p.status == "completed":
         setup.emit(ev.PhaseEvent(type="phase", phase="saving", detail="the trained model"))
@@ -413,6 +418,7 @@ def _finish(setup: Setup, engine: Engine, p: _Progress, meter: Any) -> Status:
         tokens_per_s=rate.tokens_per_s,
         window_tokens_per_s=rate.window_tokens_per_s,
         steady_steps=rate.steady_steps,
+        steady_seconds=rate.steady_seconds,
         final_loss=p.final_loss,
         saved=saved,
         ranks=ranks,
@@ -421,6 +427,7 @@ def _finish(setup: Setup, engine: Engine, p: _Progress, meter: Any) -> Status:
     )
     if probed is not None:
         end["peak_probe"] = probed
+        end["steady_cpu_seconds"] = peak_probe.ranks_cpu_seconds(probed)
     setup.emit(end)
     setup.accelerator.end_training()
     return p.status

@@ -8,12 +8,18 @@ from the start of its first step to the end of its last, metered steps included.
 spent evaluating between steps. A run with no unmetered step has no steady-state figure (None), never a
 metered one in its place. A step during which torch.compile compiled (``train.compile``: the first step; a
 recompilation later) is left out too: the steady state starts after the last such step (:class:`Steady`).
+
+Beside the steady wall seconds the rank counts the CPU-seconds its process ran over the same steps
+(``time.process_time()``: every thread of the process, torch's intra-op threads included), leaving out the
+same spans (evaluations, the CPU peak's probes): a CPU run's MFU divides by them
+(:func:`runner.analysis.run_peak.mfu_divisor`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -23,10 +29,21 @@ class Window:
     Attributes:
         start: ``time.perf_counter()`` at the start of the span's first step.
         tokens_before: Tokens trained (``tokens_done``) before that step.
+        cpu: ``time.process_time()`` then (None: not taken).
     """
 
     start: float
     tokens_before: int
+    cpu: float | None = None
+
+
+class Span(NamedTuple):
+    """What ran between steps and is not training (an evaluation, a CPU peak probe): its wall start and end
+    (``time.perf_counter()``) and the CPU-seconds the process ran during it (``time.process_time()``)."""
+
+    start: float
+    end: float
+    cpu: float = 0.0
 
 
 @dataclass
@@ -46,14 +63,16 @@ class Steady:
     steps: int = 0
     until: Window | None = None
 
-    def begin(self, start: float, tokens_before: int, metered: bool, profiled: bool = False) -> None:
-        """A step starts at ``start`` with ``tokens_before`` tokens trained; ``metered``: under the memory meter;
-        ``profiled``: the step whose time is split, after the steady ones."""
+    def begin(self, start: float, tokens_before: int, metered: bool, profiled: bool = False,
+              cpu: float | None = None) -> None:
+        """A step starts at ``start`` (``cpu``: the process's CPU-seconds then) with ``tokens_before`` tokens
+        trained; ``metered``: under the memory meter; ``profiled``: the step whose time is split, after the
+        steady ones."""
         if profiled:
-            self.until = Window(start=start, tokens_before=tokens_before)
+            self.until = Window(start=start, tokens_before=tokens_before, cpu=cpu)
         elif not metered:
             if self.window is None:
-                self.window = Window(start=start, tokens_before=tokens_before)
+                self.window = Window(start=start, tokens_before=tokens_before, cpu=cpu)
             self.steps += 1
 
     def end(self, compiled: bool) -> None:
@@ -72,18 +91,35 @@ class Throughput:
         window_tokens_per_s: Over every step of the run (metered ones included).
         steady_steps: How many unmetered steps the steady state is measured over.
         train_seconds: Seconds of the whole window, evaluations excluded.
+        steady_seconds: Wall seconds the steady state's tokens/s covers; None when there is none.
+        steady_cpu_seconds: CPU-seconds the process ran over those same steps (the left-out spans' own
+            CPU-seconds taken away); None when there is no steady state or no CPU clock was read.
     """
 
     tokens_per_s: float | None
     window_tokens_per_s: float | None
     steady_steps: int
     train_seconds: float
+    steady_seconds: float | None = None
+    steady_cpu_seconds: float | None = None
 
 
-def _seconds(window: Window, end: float, evals: Sequence[tuple[float, float]]) -> float:
-    """Seconds from the window's start to ``end``, less the spans left out that ran inside it (evaluations,
-    the CPU peak's probes)."""
-    return end - window.start - sum(e - b for b, e in evals if b >= window.start and e <= end)
+def _inside(window: Window, end: float, spans: Sequence[Span]) -> list[Span]:
+    """The spans left out (evaluations, the CPU peak's probes) that ran between the window's start and ``end``."""
+    return [s for s in spans if s.start >= window.start and s.end <= end]
+
+
+def _seconds(window: Window, end: float, spans: Sequence[Span]) -> float:
+    """Seconds from the window's start to ``end``, less the spans left out that ran inside it."""
+    return end - window.start - sum(s.end - s.start for s in _inside(window, end, spans))
+
+
+def _cpu_seconds(window: Window, end: float, end_cpu: float | None, spans: Sequence[Span]) -> float | None:
+    """CPU-seconds the process ran from the window's start to ``end`` (``end_cpu``: its CPU clock then), less
+    the CPU-seconds of the spans left out inside it; None when a CPU clock was not read."""
+    if window.cpu is None or end_cpu is None:
+        return None
+    return end_cpu - window.cpu - sum(s.cpu for s in _inside(window, end, spans))
 
 
 def _rate(tokens: int, seconds: float) -> float | None:
@@ -91,17 +127,27 @@ def _rate(tokens: int, seconds: float) -> float | None:
 
 
 def throughput(whole: Window, steady: Window | None, steady_steps: int, end: float, tokens_done: int,
-               evals: Sequence[tuple[float, float]] = (), steady_until: Window | None = None) -> Throughput:
-    """Steady-state and whole-window tokens/s of a run whose last step ended at ``end`` with
-    ``tokens_done`` tokens trained; ``steady`` is the window of the first unmetered step (None: no such
-    step ran); ``evals`` the (start, end) of what ran between steps and is not training (evaluations, the
-    CPU peak's probes: runner/rank/peak_probe.py); ``steady_until`` the start of a step after the steady ones
-    that the steady state leaves out (the profiled step, runner/rank/step_split.py), with the tokens before it."""
+               evals: Sequence[Span] = (), steady_until: Window | None = None,
+               end_cpu: float | None = None) -> Throughput:
+    """Steady-state and whole-window tokens/s of a run whose last step ended at ``end`` (``end_cpu``: the
+    process's CPU clock then) with ``tokens_done`` tokens trained; ``steady`` is the window of the first
+    unmetered step (None: no such step ran); ``evals`` what ran between steps and is not training
+    (evaluations, the CPU peak's probes: runner/rank/peak_probe.py); ``steady_until`` the start of a step
+    after the steady ones that the steady state leaves out (the profiled step, runner/rank/step_split.py),
+    with the tokens before it."""
     seconds = _seconds(whole, end, evals)
     window_rate = _rate(tokens_done - whole.tokens_before, seconds)
-    steady_rate = None
+    steady_rate: float | None = None
+    steady_seconds: float | None = None
+    steady_cpu: float | None = None
     if steady is not None and steady_steps > 0:
-        stop, tokens = (steady_until.start, steady_until.tokens_before) if steady_until else (end, tokens_done)
-        steady_rate = _rate(tokens - steady.tokens_before, _seconds(steady, stop, evals))
+        stop, stop_cpu, tokens = ((steady_until.start, steady_until.cpu, steady_until.tokens_before)
+                                  if steady_until else (end, end_cpu, tokens_done))
+        steady_seconds = _seconds(steady, stop, evals)
+        steady_rate = _rate(tokens - steady.tokens_before, steady_seconds)
+        steady_cpu = _cpu_seconds(steady, stop, stop_cpu, evals)
+    if steady_rate is None:
+        steady_seconds = steady_cpu = None
     return Throughput(tokens_per_s=steady_rate, window_tokens_per_s=window_rate,
-                      steady_steps=steady_steps if steady_rate is not None else 0, train_seconds=seconds)
+                      steady_steps=steady_steps if steady_rate is not None else 0, train_seconds=seconds,
+                      steady_seconds=steady_seconds, steady_cpu_seconds=steady_cpu)

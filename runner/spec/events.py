@@ -57,7 +57,9 @@ Every event carries ``seq`` (0, 1, 2, ... within the run: its stable id), ``type
 - ``eval_samples``: ``step`` and ``samples``, ``[{"prompt", "completion"}]`` generated at an evaluation.
 - ``end``: ``status`` (completed / stopped / failed), ``steps``, ``train_seconds``, ``tokens``,
   ``tokens_per_s`` (steady state: this run's steps after the memory-metered ones; null when every step
-  was metered), ``window_tokens_per_s`` (every step of this run), ``steady_steps``, ``final_loss``, ``saved``, ``ranks``, ``skipped``,
+  was metered), ``window_tokens_per_s`` (every step of this run), ``steady_steps``, ``steady_seconds``,
+  ``steady_cpu_seconds`` (CPU: every rank's process over its steady steps), ``final_loss``, ``saved``,
+  ``ranks``, ``skipped``,
   ``checkpoint`` (the newest complete one, or null).
 
 The orchestrator adds its own (``launch``, ``exit``, ``hang``) to the store only. JSON has no NaN or
@@ -265,8 +267,15 @@ class ProbeRank(TypedDict):
 
     rank: int
     rates: list[float]
+    """FLOPs over the wall seconds of each probe."""
     seconds: list[float]
     """``seconds[i]`` is the training between probes ``i`` and ``i + 1`` (one fewer than ``rates``)."""
+    cpu_rates: NotRequired[list[float]]
+    """FLOPs over the CPU-seconds the process ran in each probe (``time.process_time()``, every thread)."""
+    steady_seconds: NotRequired[float]
+    """The rank's wall seconds over its steady steps (what tokens/s covers; probes and evaluations left out)."""
+    steady_cpu_seconds: NotRequired[float]
+    """The CPU-seconds the rank's process ran over those same steps (probes and evaluations left out)."""
     error: NotRequired[str]
 
 
@@ -301,6 +310,11 @@ class EndEvent(TypedDict):
     """Every step of this run, the memory-metered ones included."""
     steady_steps: NotRequired[int]
     """The unmetered steps ``tokens_per_s`` is measured over."""
+    steady_seconds: NotRequired[float | None]
+    """Rank 0's wall seconds over those steps (what ``tokens_per_s`` divides by)."""
+    steady_cpu_seconds: NotRequired[float | None]
+    """CPU runs that completed: the CPU-seconds every rank's process ran over its steady steps, summed over the
+    ranks (``time.process_time()``; probes and evaluations left out): what a CPU run's MFU divides by."""
     final_loss: float | None
     saved: str | None
     ranks: list[dict[str, Any]]

@@ -373,6 +373,12 @@ class RunSummary:
     """tokens/s over every step of the run, the memory-metered ones included."""
     steady_steps: int | None = None
     """How many unmetered steps ``tokens_per_s`` is measured over."""
+    steady_seconds: float | None = None
+    """Rank 0's wall seconds over those steps (what ``tokens_per_s`` divides by)."""
+    steady_cpu_seconds: float | None = None
+    """CPU runs: the CPU-seconds every rank's process ran over its steady steps, summed over the ranks
+    (``time.process_time()`` in the rank; its probes and evaluations left out): a CPU run's MFU divides by
+    them (:func:`runner.analysis.run_peak.mfu_divisor`). None for GPU runs and runs recorded before."""
     final_loss: float | None = None
     tokens: int | None = None
     steps: int | None = None

@@ -144,6 +144,8 @@ def project_end(store: Store, stream: RunStream, status: str, exit_code: int | N
             "tokens_per_s": end.get("tokens_per_s"),
             "window_tokens_per_s": end.get("window_tokens_per_s"),
             "steady_steps": end.get("steady_steps"),
+            "steady_seconds": end.get("steady_seconds"),
+            "steady_cpu_seconds": end.get("steady_cpu_seconds"),
             "final_loss": end.get("final_loss"),
             "tokens": end.get("tokens"),
             "steps": end.get("steps"),

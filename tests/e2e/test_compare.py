@@ -106,6 +106,9 @@ def test_every_format_has_one_plausible_row_per_strategy(ftui: Ftui, sweep: Swee
         assert (r["peak_dtype"], r["peak_threads"]) == ("fp32", threads)
         assert r["peak_fingerprint"] == cpu_peak.machine_fingerprint().key
         assert (0 < r["mfu"] <= 1) if r["mfu"] is not None else "peak not trustworthy" in r["mfu_note"], r
+        # CPU MFU is per CPU-second the ranks ran (the probe's FLOPs per CPU-second x the CPU-seconds they ran)
+        assert r["peak_per_cpu_second"] is True
+        assert r["mfu"] is None or r["mfu_basis"].startswith("per CPU-second the rank"), r
         # a device holds at least its share of the fp32 weights (builtin:tiny-llama: 12,587,904 parameters)
         assert r["mem_measured"] > 12_587_904 * 4 / r["devices"] and r["mem_estimated"] > 0
         assert 0 < r["final_loss"] < 20 and math.isfinite(r["best_loss"]) and r["best_loss"] <= r["final_loss"]
@@ -159,14 +162,16 @@ def test_show_names_the_thread_unit_the_spread_and_the_peak(ftui: Ftui, sweep: S
     code, shown, err = run_ftui(["show", str(ddp["run_id"])], {**ftui.env, "COLUMNS": "400"}, ROOT)  # no wrapped cells
     assert code == 0, err
     assert "util min-max over devices" in shown and "CPU % of its 1 thread" in shown
-    assert "MFU peak/device" in shown and "fp32, 1 thread" in shown and "matmul probe in the ranks" in shown
+    assert "MFU peak per CPU-second" in shown and "fp32, 1 thread" in shown and "matmul probe in the ranks" in shown
     assert "OpenMP waits yield" in shown  # the ranks' OpenMP threads yielded (ftui's CPU default, the session's too)
     assert re.search(r"│ MFU +│ +(\d+\.\d\d%|-) ", shown), shown
     summary = ftui.show(ddp["run_id"])["summary"]
     assert summary["threads"] == 1 and summary["model_dims"]["layers"] == 6
     peak = summary["mfu_peak"]
     assert (peak["dtype"], peak["threads"], peak["kind"], peak["omp_wait"]) == ("fp32", 1, "probe", "yield")
-    assert peak["flops"] > 0
+    assert peak["flops"] > 0 and peak["per_cpu_second"] is True
+    # both ranks' CPU-seconds over their steady steps, summed: at most 2 cores' worth of rank 0's wall seconds
+    assert 0 < summary["steady_cpu_seconds"] <= 2 * 1.5 * summary["steady_seconds"]
     assert peak["fingerprint"] == cpu_peak.machine_fingerprint().key and peak["measured_at"] > 0
     # Both ranks probed through the steady steps, and the probes' rates are the peak's spread.
     assert "mean over 2 rank(s)" in peak["source"] and peak["spread"][0] <= peak["flops"] <= peak["spread"][2]

@@ -79,13 +79,22 @@ def test_the_probe_size_grows_with_the_threads() -> None:
     assert [peak_probe.probe_size(t) for t in (1, 2, 8, 64, 1000)] == [512, 640, 1024, 2048, 2048]
 
 
-def test_a_probe_window_counts_real_matmuls_over_its_clock() -> None:
+def test_a_probe_window_counts_real_matmuls_over_its_wall_and_cpu_clocks() -> None:
     import torch
 
     ticks = iter(range(100))
+    cpu_ticks = iter(x * 0.25 for x in range(100))  # the process ran a quarter CPU-second per wall second
     a = torch.ones(64, 64)
-    rate = peak_probe.probe_rate(a, a, torch.empty(64, 64), window_s=3.0, clock=lambda: float(next(ticks)))
-    assert rate == 2 * 64**3 * 3 / 3.0  # one tick per matmul: 3 matmuls fill 3 seconds
+    rate = peak_probe.probe_rate(a, a, torch.empty(64, 64), window_s=3.0, clock=lambda: float(next(ticks)),
+                                 cpu_clock=lambda: next(cpu_ticks))
+    assert rate.per_s == 2 * 64**3 * 3 / 3.0  # one tick per matmul: 3 matmuls fill 3 seconds
+    # the CPU clock is read at the start and once the window is full: 0.25 CPU-second, 3 matmuls
+    assert rate.cpu_seconds == 0.25 and rate.per_cpu_s == 2 * 64**3 * 3 / 0.25
+    still = iter([0.0] * 10)  # a CPU clock that did not move gives no per-CPU-second rate, never infinity
+    ticks = iter(range(100))
+    frozen = peak_probe.probe_rate(a, a, torch.empty(64, 64), window_s=1.0, clock=lambda: float(next(ticks)),
+                                   cpu_clock=lambda: next(still))
+    assert frozen.per_cpu_s is None and frozen.per_s > 0
 
 
 def test_the_probe_follows_the_steps_and_leaves_its_time_out() -> None:
@@ -103,7 +112,8 @@ def test_the_probe_follows_the_steps_and_leaves_its_time_out() -> None:
     probe.take()
     assert len(probe.rates) == 2 and all(r > 0 for r in probe.rates) and len(probe.seconds) == 1
     assert probe.seconds[0] >= peak_probe.PROBE_EVERY_S and len(probe.spans) == 2
-    assert all(end - start >= peak_probe.PROBE_WINDOW_S for start, end in probe.spans)
+    assert all(span.end - span.start >= peak_probe.PROBE_WINDOW_S and span.cpu >= 0 for span in probe.spans)
+    assert len(probe.cpu_rates) == 2 and all(r > 0 for r in probe.cpu_rates)  # the process's CPU clock moved
     assert not peak_probe.Probe(False, "fp32").due(last=True)  # GPU runs keep the datasheet peak
     broken = peak_probe.Probe(True, "int8")
     broken.take()
@@ -132,6 +142,27 @@ def test_the_peak_is_the_time_weighted_rate_of_each_rank_and_their_mean() -> Non
     assert cpu_peak.peak_from_probe(_probe([probe["ranks"][1], failed]), 0.0).flops == 15e9
     with pytest.raises(ValueError, match="no bf16 kernel"):
         cpu_peak.peak_from_probe(_probe([failed]), 0.0)
+
+
+def test_a_cpu_run_s_peak_is_its_probes_flops_per_cpu_second() -> None:
+    """Ranks that counted their CPU-seconds give a peak per CPU-second: each rank's time-weighted
+    ``cpu_rates``, the mean over the ranks; their wall rates stay in the journal only."""
+    probe = {**_probe([{"rank": 0, "rates": [50e9, 40e9], "seconds": [1.0], "cpu_rates": [120e9, 110e9],
+                        "steady_seconds": 2.0, "steady_cpu_seconds": 1.0},
+                       {"rank": 1, "rates": [45e9], "seconds": [], "cpu_rates": [130e9],
+                        "steady_seconds": 2.0, "steady_cpu_seconds": 0.5}]), "omp_wait": "yield"}
+    assert cpu_peak.per_cpu_second(probe) and peak_probe.ranks_cpu_seconds(probe) == 1.5
+    peak = cpu_peak.peak_from_probe(probe, 1_790_000_000.0)
+    assert peak.per_cpu_second and peak.flops == pytest.approx((115e9 + 130e9) / 2)
+    assert peak.spread == (110e9, peak.flops, 130e9)
+    assert "per CPU-second the process ran, fp32 512x512" in peak.source
+    assert "(min 110.0 GFLOP per CPU-second, max 130.0 GFLOP per CPU-second)" in peak.source
+    assert peak.label() == "122.5 GFLOP per CPU-second fp32, 1 thread, probed beside the run, OpenMP waits yield"
+    assert mfu.Peak.from_json(peak.to_json()) == peak
+    # one rank without its CPU-seconds (a journal written before ftui counted them): the wall-clock peak
+    older = _probe([{"rank": 0, "rates": [50e9], "seconds": []}])
+    assert not cpu_peak.per_cpu_second(older) and peak_probe.ranks_cpu_seconds(older) is None
+    assert not cpu_peak.peak_from_probe(older, 0.0).per_cpu_second
 
 
 def test_the_peak_says_how_the_ranks_openmp_threads_waited_in_show_and_compare(home: Path) -> None:
@@ -218,7 +249,7 @@ def test_flops_per_token_matches_torch_flop_counter(method: str) -> None:
 
 def _stored_run(store: Store, *, precision: str = "fp32", tps: float = 1000.0, threads: int = 1,
                 strategy: str = "single", nproc: int = 1, peak: mfu.Peak | None = None,
-                telemetry: dict[str, Any] | None = None) -> int:
+                telemetry: dict[str, Any] | None = None, **more: Any) -> int:
     recipe = (f'name = "q"\n[model]\nname = "builtin:tiny-llama"\n[data]\ncontext_length = 256\n'
               f'[train]\nbatch_size = 4\ngrad_accum = 1\nprecision = "{precision}"\n'
               f'[launch]\nstrategy = "{strategy}"\nnproc = {nproc}\n')
@@ -230,6 +261,7 @@ def _stored_run(store: Store, *, precision: str = "fp32", tps: float = 1000.0, t
         summary["mfu_peak"] = peak.to_json()
     if telemetry is not None:
         summary["telemetry"] = telemetry
+    summary.update(more)
     store.update_run(rid, status="completed", device_type="cpu", tokens_per_s=tps, train_seconds=10.0,
                      final_loss=2.0, summary=summary)
     return rid
@@ -280,6 +312,75 @@ def test_a_cpu_peak_not_measured_beside_the_run_gives_no_mfu(home: Path) -> None
                                         "FLOPs/token x tokens/s / (peak x 1 device)")
     # A given peak still gives one.
     assert load_comparison(store, [old], peak_tflops=0.5).rows[0].mfu == pytest.approx(_fpt() * 1000 / 5e11)
+
+
+def _per_cpu_peak(flops: float, threads: int = 2) -> mfu.Peak:
+    """A peak as the watcher stores it from ranks that counted their CPU-seconds."""
+    return replace(_probe_peak(flops, threads=threads), per_cpu_second=True, omp_wait="yield")
+
+
+def test_cpu_mfu_is_the_flops_over_the_peak_per_cpu_second_times_the_cpu_seconds_ran(home: Path) -> None:
+    """On CPU, MFU = FLOPs over the steady steps / (FLOPs per CPU-second x CPU-seconds the ranks ran), by hand:
+    1,000 tokens/s over 2 s of steady steps is 2,000 tokens; at 500 GFLOP per CPU-second and 0.8 CPU-second
+    ran, the run could have done 400 GFLOP. Show and compare say it in words, and tokens/s stays wall-clock."""
+    from rich.console import Console
+
+    from runner.analysis.run_peak import stored_mfu
+    from tui.render.report import run_summary_table
+
+    store = Store(f"sqlite:///{home / 'ftui.db'}")
+    fpt = _fpt()
+    one = _stored_run(store, tps=1000.0, threads=2, peak=_per_cpu_peak(500e9), flops_per_token=fpt,
+                      steady_seconds=2.0, steady_cpu_seconds=0.8)
+    # two ranks of one thread: their CPU-seconds summed (0.9 + 0.7) over rank 0's 2 wall seconds
+    two = _stored_run(store, tps=1000.0, threads=1, strategy="ddp", nproc=2, peak=_per_cpu_peak(500e9, 1),
+                      flops_per_token=fpt, steady_seconds=2.0, steady_cpu_seconds=1.6)
+    expected_one = fpt * 1000.0 * 2.0 / (500e9 * 0.8)
+    expected_two = fpt * 1000.0 * 2.0 / (500e9 * 1.6)
+    runs = {r.id: r for r in store.get_runs([one, two])}
+    mfu_one, why = stored_mfu(runs[one])
+    assert mfu_one == pytest.approx(expected_one)
+    assert why == ("per CPU-second the rank ran (peak 500.0 GFLOP per CPU-second fp32, 2 threads, probed beside "
+                   "the run, OpenMP waits yield; 0.40 CPU the rank ran over its steady steps)")
+    mfu_two, why_two = stored_mfu(runs[two])
+    assert mfu_two == pytest.approx(expected_two) and "1.6" not in why_two
+    assert why_two.startswith("per CPU-second the ranks ran") and "0.80 CPU its 2 ranks ran over their steady" in why_two
+    console = Console(width=400, record=True)
+    console.print(run_summary_table(runs[one]))
+    shown = console.export_text()
+    assert f"{expected_one:.2%}" in shown and "0.40 CPU the rank ran over its steady steps" in shown
+    peak_row = next(line for line in shown.splitlines() if "MFU peak per CPU-second" in line)
+    assert "500.0 GFLOP per CPU-second fp32, 2 threads" in peak_row
+    cmp = load_comparison(store, [one, two])
+    assert [r.mfu for r in cmp.rows] == [pytest.approx(expected_one), pytest.approx(expected_two)]
+    assert [r.tokens_per_s for r in cmp.rows] == [1000.0, 1000.0]  # wall-clock, as measured
+    md = markdown(cmp)
+    assert f"| {expected_one * 100:.2f}% |" in md and "500.0 GFLOP/CPU-s fp32" in md
+    assert f"MFU of run {one}: per CPU-second the rank ran (peak 500.0 GFLOP per CPU-second" in md
+    assert "FLOPs/token x tokens/s / (peak x devices)" not in md  # no run here divides by devices
+    assert json.loads(to_json(cmp))["runs"][0]["peak_per_cpu_second"] is True
+
+
+def test_a_cpu_run_without_its_cpu_seconds_keeps_its_figure_or_says_why(home: Path) -> None:
+    """A run stored before the ranks counted their CPU-seconds keeps its wall-clock MFU against its stored
+    peak (and says so beside a per-CPU-second one); a peak per CPU-second without the CPU-seconds it
+    multiplies gives '-' and the reason, never a number."""
+    from runner.analysis.run_peak import stored_mfu
+
+    store = Store(f"sqlite:///{home / 'ftui.db'}")
+    fpt = _fpt()
+    old = _stored_run(store, peak=_probe_peak(100e9), flops_per_token=fpt)
+    lost = _stored_run(store, peak=_per_cpu_peak(100e9, 1), flops_per_token=fpt, steady_seconds=2.0)
+    runs = {r.id: r for r in store.get_runs([old, lost])}
+    assert stored_mfu(runs[old]) == (pytest.approx(fpt * 1000 / 100e9), "FLOPs/token x tokens/s / (peak x 1 device)")
+    assert stored_mfu(runs[lost]) == (None, "its peak is per CPU-second, and the run stored no CPU-seconds over its "
+                                            "steady steps")
+    cmp = load_comparison(store, [old, lost])
+    assert cmp.rows[0].mfu == pytest.approx(fpt * 1000 / 100e9) and cmp.rows[1].mfu is None
+    assert "stored no CPU-seconds" in (cmp.rows[1].mfu_note or "")
+    md = markdown(cmp)
+    assert ("MFU peaks differ for fp32, 1 thread (run 1 100.0 GFLOP/s, run 2 100.0 GFLOP per CPU-second): some "
+            "per CPU-second the ranks ran, some per second of one device") in md
 
 
 def test_bf16_runs_divide_by_the_bf16_peak(home: Path) -> None:

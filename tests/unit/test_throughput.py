@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from runner.rank.throughput import Window, throughput
+from runner.rank.throughput import Span, Steady, Window, throughput
 from tests.support import run_info
 from tui.render.report import tokens_per_s_rows
 
@@ -30,9 +30,27 @@ def test_the_profiled_last_step_is_left_out_of_the_steady_state_only() -> None:
 def test_evaluations_are_left_out_of_both_windows() -> None:
     # A 4 s evaluation after the third step, inside both windows.
     figures = throughput(Window(10.0, 0), Window(16.0, 200), 3, end=23.0, tokens_done=500,
-                         evals=[(17.0, 21.0)])
+                         evals=[Span(17.0, 21.0)])
     assert figures.tokens_per_s == pytest.approx(100.0)
     assert figures.window_tokens_per_s == pytest.approx(500 / 9)
+
+
+def test_the_steady_cpu_seconds_cover_the_same_steps_and_leave_the_same_spans_out() -> None:
+    # The steps of the test above on the CPU clock: the steady window opens at 7.0 CPU-seconds, an evaluation
+    # (4 s wall, 1.5 CPU-seconds) runs inside it, the last step ends at 10.5: 10.5 - 7.0 - 1.5 = 2.0.
+    steady = Steady()
+    steady.begin(16.0, 200, metered=False, cpu=7.0)
+    figures = throughput(Window(10.0, 0, cpu=4.0), steady.window, 3, end=23.0, tokens_done=500,
+                         evals=[Span(17.0, 21.0, 1.5), Span(9.0, 9.5, 0.4)], end_cpu=10.5)
+    assert figures.steady_seconds == pytest.approx(3.0) and figures.steady_cpu_seconds == pytest.approx(2.0)
+    assert figures.tokens_per_s == pytest.approx(100.0)  # tokens/s stays wall-clock
+    # the profiled step after the steady ones: both clocks stop at its start
+    until = throughput(Window(10.0, 0), Window(16.0, 200, cpu=7.0), 3, end=21.0, tokens_done=600,
+                       steady_until=Window(19.0, 500, cpu=8.25), end_cpu=99.0)
+    assert until.steady_seconds == pytest.approx(3.0) and until.steady_cpu_seconds == pytest.approx(1.25)
+    # no CPU clock read (a caller that does not count): None, never a guess
+    assert throughput(Window(10.0, 0), Window(16.0, 200), 3, end=19.0, tokens_done=500).steady_cpu_seconds is None
+    assert throughput(Window(10.0, 0), None, 0, end=16.0, tokens_done=200, end_cpu=3.0).steady_seconds is None
 
 
 def test_a_resumed_run_counts_only_its_own_tokens() -> None:

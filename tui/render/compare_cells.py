@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from runner.analysis.compare import Comparison, RunRow
-from runner.analysis.mfu import flops_text
+from runner.analysis.mfu import rate_text
 from runner.analysis.run_peak import differing_peaks
 from runner.analysis.shard_verdict import NOT_MEASURED
 from runner.spec import first_step
@@ -167,7 +167,7 @@ def peak_brief(r: RunRow) -> str:
 def _gist(header: str, r: RunRow, text: str) -> tuple[str, str | None]:
     """A cell's short text and, when something was left out of it, the footnote that holds it."""
     if header == PEAK and r.peak_flops is not None:
-        return f"{flops_text(r.peak_flops)} {r.peak_dtype or ''}".rstrip(), peak_brief(r)
+        return f"{rate_text(r.peak_flops, r.peak_per_cpu_second, short=True)} {r.peak_dtype or ''}".rstrip(), peak_brief(r)
     if header == SHARDING and text.startswith("NOT"):  # what is not as promised, kind by kind
         return text if len(text) <= CELL_MAX else "NOT as promised", f"run {r.run_id} sharding: {r.sharding_line}"
     if len(text) <= CELL_MAX:
@@ -235,9 +235,14 @@ def figure_sources(cmp: Comparison) -> list[str]:
     if any(r.script for r in cmp.rows):
         out.append("script runs: what the script reported through runner.track or FtuiCallback (train time from "
                    "its start to its last step); 'not reported' where it did not")
-    if any(r.peak_source for r in cmp.rows):
+    if any(r.peak_source and not r.peak_per_cpu_second for r in cmp.rows):
         out.append("MFU: FLOPs/token x tokens/s / (peak x devices), in the run's dtype (docs/compare.md)")
-    out += differing_peaks((r.run_id, r.peak_dtype, r.peak_threads, r.peak_flops, r.peak_kind) for r in cmp.rows)
+    if any(r.peak_per_cpu_second for r in cmp.rows):
+        out.append("MFU on CPU: the run's FLOPs over its steady steps / (the matmul FLOPs per CPU-second probed "
+                   "beside it x the CPU-seconds its ranks ran over those steps), in the run's dtype (docs/compare.md)")
+    out += [f"MFU of run {r.run_id}: {r.mfu_basis}" for r in cmp.rows if r.mfu is not None and r.peak_per_cpu_second]
+    out += differing_peaks((r.run_id, r.peak_dtype, r.peak_threads, r.peak_flops, r.peak_kind, r.peak_per_cpu_second)
+                           for r in cmp.rows)
     out += [f"MFU '-' for run {r.run_id}: {r.mfu_note}" for r in cmp.rows if r.mfu_note]
     mem = sorted({r.mem_measured_source for r in cmp.rows if r.mem_measured is not None})
     if mem:

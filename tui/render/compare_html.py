@@ -152,7 +152,9 @@ def _details(cmp: Comparison) -> str:
     peaks = "".join(f"<li>run {r.run_id}: {esc(r.peak_label)}; {esc(r.peak_source)}</li>"
                     for r in cmp.rows if r.peak_source)
     formula = ("MFU = (6N_trainable + 4N_frozen + 12*L*H*Q*T) x tokens/s / (peak x devices), N without the input "
-               "embedding (a lookup); the peak is of one device in the run's dtype; an MFU above 100% is never shown")
+               "embedding (a lookup); the peak is of one device in the run's dtype (on CPU: FLOPs per CPU-second "
+               "probed beside the run, and the devices are the CPUs its ranks ran over their steady steps); an MFU "
+               "above 100% is never shown")
     notes = "".join(f"<li>{esc(s)}</li>" for s in figure_sources(cmp))
     return (f'<details class="provenance"><summary>Provenance: where this report and its figures come from'
             f'</summary><table class="provenance">{prov}</table><ul>{notes}<li>{esc(formula)}</li></ul>'

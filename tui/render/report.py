@@ -193,7 +193,8 @@ def run_summary_table(run: RunInfo | None) -> Table:
             # a probe's conditions: how the run's OpenMP threads waited (runner/spec/openmp.py)
             why = (", ".join(filter(None, (source, stored.waits()))) if stored.kind == "probe"
                    else f"{stored.provenance()}: {source}")
-            table.add_row(*text_row("MFU peak/device", stored.figure(), why))
+            label = "MFU peak per CPU-second" if stored.per_cpu_second else "MFU peak/device"
+            table.add_row(*text_row(label, stored.figure(), why))
     if run.summary.ledger is not None:  # device-hours, energy, cost (runner.analysis.ledger)
         for row in ledger_rows(ledger.figures(run.summary)):
             table.add_row(*text_row(*row))
