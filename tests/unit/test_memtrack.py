@@ -3,6 +3,7 @@ live-tensor accounting on CPU, per phase, and "measured" never meaning RSS."""
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import pytest
@@ -99,8 +100,12 @@ def test_the_heap_beyond_the_tensors_is_a_bounded_library_cache() -> None:
     ids = torch.randint(0, 4000, (2, 256))
     model(input_ids=ids, labels=ids).loss.backward()  # the autograd engine's first-use allocations
     model.zero_grad(set_to_none=True)
+    cycle: list[object] = [bytearray(8 * 2**20)]  # garbage from before the span, in a cycle: only the collector frees it
+    cycle.append(cycle)
+    del cycle
     meter = memtrack.meter_for(False, model, optimizer)
     with meter.phase("forward"):
+        gc.collect()  # a collection inside the span (the collector runs when it likes): frees nothing from before
         loss = model(input_ids=ids, labels=ids).loss
     with meter.phase("backward"):
         loss.backward()
