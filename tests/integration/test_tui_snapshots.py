@@ -17,6 +17,7 @@ from store import Store
 from tests.support.dashboard import (
     NO_WATCHER_CHECK,
     ONE_READ_S,
+    repaint_whole,
     snap_sizes,
     trainer_summary,
     wait_for,
@@ -115,7 +116,7 @@ async def settle(pilot) -> None:  # type: ignore[no-untyped-def]
     preview is built, then until the app is idle with no animation pending (the tables' deferred column
     sizing and a repaint), so that load on the machine cannot change what the snapshot sees."""
     await wait_for(pilot, lambda: _filled(pilot.app.screen), what="the screen's reads")
-    await wait_painted(pilot)
+    await repaint_whole(pilot)
 
 
 def _filled(screen) -> bool:  # type: ignore[no-untyped-def]
@@ -283,11 +284,9 @@ async def _modal(pilot, key: str) -> None:  # type: ignore[no-untyped-def]
     from textual.screen import ModalScreen
 
     # The modal shows the screen under it as last painted, and a screen under a modal paints nothing more:
-    # everything pending on it (a table's column sizing, its header's repaint) is done first, then it is laid
-    # out and painted whole once more.
-    await wait_painted(pilot)
-    pilot.app.screen.refresh(layout=True, repaint=True)
-    await wait_painted(pilot)
+    # everything pending on it (a table's column sizing, its header's repaint) is done first, then it is
+    # painted whole once more.
+    await repaint_whole(pilot)
     await pilot.press(key)
     await wait_for(pilot, lambda: isinstance(pilot.app.screen, ModalScreen), what=f"the modal of {key}")
     await wait_painted(pilot)

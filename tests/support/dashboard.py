@@ -62,6 +62,19 @@ def painted(app: Any) -> bool:
     return not any(t._updated_cells or t._new_rows or t._require_update_dimensions for t in screen.query(DataTable))
 
 
+async def repaint_whole(pilot: Any) -> None:
+    """Paint the screen whole from what its tables hold now, then wait until it is painted: each table's
+    rendered lines are cached per update (``DataTable._clear_caches`` drops them), and a line rendered
+    before the last column sizing could otherwise stay on screen (a header or first row of the narrower
+    columns, seen under load)."""
+    await wait_painted(pilot)
+    for table in pilot.app.screen.query(DataTable):
+        table._clear_caches()
+        table.refresh()
+    pilot.app.screen.refresh(layout=True, repaint=True)
+    await wait_painted(pilot)
+
+
 async def wait_painted(pilot: Any) -> None:
     """Let the app run until :func:`painted` holds twice in a row with a turn of its loop between, so that a
     repaint the last one scheduled is done too."""
