@@ -131,7 +131,7 @@ class Probe:
                 self._tensors = (torch.randn(self.size, self.size).to(dt), torch.randn(self.size, self.size).to(dt),
                                  torch.empty(self.size, self.size, dtype=dt))
                 torch.mm(self._tensors[0], self._tensors[1], out=self._tensors[2])  # the warm-up
-            start, cpu_start = self.clock(), self.cpu_clock()
+            start = self.clock()
             rate = probe_rate(*self._tensors, clock=self.clock, cpu_clock=self.cpu_clock)
         except Exception as exc:  # noqa: BLE001 (a peak is informative only: it never fails a run)
             self.error, self._tensors = f"{type(exc).__name__}: {exc}"[:300], None
@@ -142,7 +142,7 @@ class Probe:
         if rate.per_cpu_s is not None:
             self.cpu_rates.append(rate.per_cpu_s)
         self._last_end = self.clock()
-        self.spans.append(Span(start, self._last_end, self.cpu_clock() - cpu_start))
+        self.spans.append(Span(start, self._last_end, rate.cpu_seconds))
 
     def record(self, setup: Setup, steady_seconds: float | None, steady_cpu_seconds: float | None) -> ev.PeakProbe | None:
         """The end event's ``peak_probe``: every rank's probes and its own steady wall and CPU-seconds
